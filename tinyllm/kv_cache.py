@@ -1,0 +1,230 @@
+"""Key/value caches for the model's one forward (the cache protocol, docs/INFERENCE.md 4.1).
+
+A cache owns K/V storage and the positions of the tokens in it. The model calls:
+  cos, sin = cache.begin_step(T, rope)   # RoPE rows for the T new tokens; sets attn kwargs
+  k, v = cache.layer(i).update(k, v)     # store the new K/V, return every key this step sees
+  cache.layer(i).attn_kwargs             # passed to SDPA (is_causal or attn_mask)
+  cache.end_step(T)                      # advance the position
+
+Here:
+- `causal_kwargs(start, T)` and `padded_causal_mask(start, T, first_valid)`: the attention
+  arguments for T queries at positions start.. over keys 0..start+T-1.
+- `KVCache`: the eager cache. Preallocated (B, Hkv, max_len, D) per layer on first use,
+  prefill from any position (a new turn appends after the old), rows may be left-padded
+  (`first_valid` counts each row's pads), `truncate(n)` rewinds. Decode attends over exactly
+  n + 1 keys, with no mask when unpadded: the eager reference path.
+- `SlotKVCache`: the continuous engine's cache, one independent row ("slot") per request,
+  lengths on the host (`lens`) and on the device (`_lens_dev`), decode over a fixed `window`.
+Refuses: writing past max_len ("KV cache full"), a dtype other than the one it holds.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def causal_kwargs(start: int, T: int, device) -> dict:
+    """SDPA kwargs for T queries at positions start..start+T-1 over keys 0..start+T-1."""
+    if T == 1:
+        return {}  # one query sees every key
+    if start == 0:
+        return {"is_causal": True}
+    q_pos = torch.arange(start, start + T, device=device)
+    k_pos = torch.arange(start + T, device=device)
+    return {"attn_mask": k_pos[None, :] <= q_pos[:, None]}  # (T, S)
+
+
+def padded_causal_mask(start: int, T: int, first_valid: Tensor) -> Tensor:
+    """(B, 1, T, S) bool mask, S = start + T: causal, and no key before the row's first valid
+    position. A pad query still sees itself, so no row of the softmax is empty (its output
+    is never read)."""
+    device = first_valid.device
+    q_pos = torch.arange(start, start + T, device=device)[:, None]  # (T, 1)
+    k_pos = torch.arange(start + T, device=device)[None, :]  # (1, S)
+    causal = k_pos <= q_pos  # (T, S)
+    valid = k_pos >= first_valid[:, None, None]  # (B, 1, S)
+    return ((causal & valid) | (k_pos == q_pos))[:, None]  # (B, 1, T, S)
+
+
+def check_dtype(held: Tensor, new: Tensor) -> None:
+    if held.dtype != new.dtype:
+        raise ValueError(f"cache holds {held.dtype}, got {new.dtype}: reset the cache or cast the model")
+
+
+class KVCache:
+    """The eager cache: B rows sharing one position n (host int)."""
+
+    def __init__(self, n_layers: int, batch: int, max_len: int, device=None):
+        self.n_layers, self.batch, self.max_len = n_layers, batch, max_len
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.k: list[Tensor | None] = [None] * n_layers
+        self.v: list[Tensor | None] = [None] * n_layers
+        self.first_valid = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.padded = False
+        self.n = 0
+        self.attn_kwargs: dict = {}
+
+    def reset(self, pad_lens: Tensor | None = None) -> None:
+        """Empty the cache; pad_lens (B,) counts each row's left pads in the next prefill."""
+        self.n = 0
+        self.padded = pad_lens is not None and bool((pad_lens > 0).any())
+        self.first_valid.zero_()
+        if pad_lens is not None:
+            self.first_valid.copy_(pad_lens)
+
+    def truncate(self, n: int) -> None:
+        """Forget every position from n on (regenerate, edit)."""
+        if not 0 <= n <= self.n:
+            raise ValueError(f"cannot truncate to {n}: the cache holds {self.n} positions")
+        self.n = n
+
+    def begin_step(self, T: int, rope) -> tuple[Tensor, Tensor]:
+        if self.n + T > self.max_len:
+            raise ValueError(f"KV cache full: {self.n} + {T} tokens > max_len {self.max_len}")
+        cos, sin = rope(T, self.n)
+        if self.padded:
+            self.attn_kwargs = {"attn_mask": padded_causal_mask(self.n, T, self.first_valid)}
+        else:
+            self.attn_kwargs = causal_kwargs(self.n, T, cos.device)
+        return cos, sin
+
+    def end_step(self, T: int) -> None:
+        self.n += T
+
+    def layer(self, i: int) -> _LayerKV:
+        return _LayerKV(self, i)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
+
+
+class _LayerKV:
+    """One layer's view of a KVCache or StaticKVCache in prefill mode."""
+
+    def __init__(self, cache: KVCache, i: int):
+        self.cache, self.i = cache, i
+
+    @property
+    def attn_kwargs(self) -> dict:
+        return self.cache.attn_kwargs
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        c, i = self.cache, self.i
+        B, H, T, D = k.shape  # (B, Hkv, T, D)
+        if B != c.batch:
+            raise ValueError(f"batch {B} != cache batch {c.batch}")
+        if c.k[i] is None:
+            shape = (c.batch, H, c.max_len, D)
+            c.k[i] = torch.zeros(shape, dtype=k.dtype, device=k.device)
+            c.v[i] = torch.zeros(shape, dtype=v.dtype, device=v.device)
+        check_dtype(c.k[i], k)
+        end = c.n + T
+        c.k[i][:, :, c.n:end] = k
+        c.v[i][:, :, c.n:end] = v
+        return c.k[i][:, :, :end], c.v[i][:, :, :end]  # (B, Hkv, n + T, D)
+
+
+class SlotKVCache:
+    """One row ("slot") per request, each with its own length, for continuous batching.
+
+    Prefill (eager, one slot): `start_prefill(slot)` then a forward of (1, T) tokens writes
+    the slot's positions 0..T-1. Decode (`window` set, T=1): every slot takes one token at
+    its own position `_lens_dev[s]` and attends over the first `window` keys, masked past
+    its length. Free slots compute too (into their own row) but never advance. The host
+    copy `lens` moves in `advance_host()`, the device copy inside the (captured) step.
+    """
+
+    def __init__(self, n_layers: int, n_slots: int, max_len: int, device=None):
+        self.n_layers, self.n_slots, self.max_len = n_layers, n_slots, max_len
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.k: list[Tensor | None] = [None] * n_layers
+        self.v: list[Tensor | None] = [None] * n_layers
+        self.lens = [0] * n_slots  # host lengths: bounds and bucket choice, no sync
+        self.active = [False] * n_slots
+        self._lens_dev = torch.zeros(n_slots, dtype=torch.long, device=self.device)
+        self._active_dev = torch.zeros(n_slots, dtype=torch.long, device=self.device)
+        self.window: int | None = None  # None = prefill mode
+        self.prefill_slot: int | None = None
+        self.attn_kwargs: dict = {}
+
+    def start_prefill(self, slot: int) -> None:
+        """The next forward (batch 1) prefills `slot` from position 0."""
+        if self.active[slot]:
+            raise ValueError(f"slot {slot} is in use: release it first")
+        self.prefill_slot = slot
+        self.lens[slot] = 0
+
+    def admit(self, slot: int) -> None:
+        """Mark a prefilled slot live: decode steps advance it from now on."""
+        self.active[slot] = True
+        self._lens_dev[slot] = self.lens[slot]
+        self._active_dev[slot] = 1
+
+    def release(self, slot: int) -> None:
+        self.active[slot] = False
+        self.lens[slot] = 0
+        self._lens_dev[slot] = 0
+        self._active_dev[slot] = 0
+
+    def free_slots(self) -> list[int]:
+        return [s for s in range(self.n_slots) if not self.active[s]]
+
+    def advance_host(self) -> None:
+        for s in range(self.n_slots):
+            if self.active[s]:
+                self.lens[s] += 1
+
+    def begin_step(self, T: int, rope) -> tuple[Tensor, Tensor]:
+        if self.window is None:
+            assert self.prefill_slot is not None, "call start_prefill(slot) before a prefill"
+            if T > self.max_len:
+                raise ValueError(f"KV cache full: prompt of {T} tokens > max_len {self.max_len}")
+            cos, sin = rope(T, 0)
+            self.attn_kwargs = causal_kwargs(0, T, cos.device)
+            return cos, sin
+        if T != 1:
+            raise ValueError("decode mode takes one token per slot")
+        k_pos = torch.arange(self.window, device=self._lens_dev.device)
+        valid = k_pos[None, :] <= self._lens_dev[:, None]  # (S, W)
+        self.attn_kwargs = {"attn_mask": valid[:, None, None, :]}  # (S, 1, 1, W)
+        cos = rope.cos.index_select(0, self._lens_dev)[:, None]  # (S, 1, D/2)
+        sin = rope.sin.index_select(0, self._lens_dev)[:, None]
+        return cos, sin
+
+    def end_step(self, T: int) -> None:
+        if self.window is None:
+            self.lens[self.prefill_slot] = T
+            self.prefill_slot = None
+        else:
+            self._lens_dev.add_(self._active_dev)  # captured into the graph
+
+    def layer(self, i: int) -> _SlotLayerKV:
+        return _SlotLayerKV(self, i)
+
+
+class _SlotLayerKV:
+    def __init__(self, cache: SlotKVCache, i: int):
+        self.cache, self.i = cache, i
+
+    @property
+    def attn_kwargs(self) -> dict:
+        return self.cache.attn_kwargs
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        c, i = self.cache, self.i
+        B, H, T, D = k.shape  # (B, Hkv, T, D)
+        if c.k[i] is None:
+            shape = (c.n_slots, H, c.max_len, D)
+            c.k[i] = torch.zeros(shape, dtype=k.dtype, device=k.device)
+            c.v[i] = torch.zeros(shape, dtype=v.dtype, device=v.device)
+        check_dtype(c.k[i], k)
+        if c.window is None:
+            s = c.prefill_slot
+            c.k[i][s:s + 1, :, :T] = k
+            c.v[i][s:s + 1, :, :T] = v
+            return c.k[i][s:s + 1, :, :T], c.v[i][s:s + 1, :, :T]
+        idx = c._lens_dev.clamp(max=c.max_len - 1)[:, None, None, None].expand(B, H, 1, D)
+        c.k[i].scatter_(2, idx, k)  # each slot writes at its own length
+        c.v[i].scatter_(2, idx, v)
+        return c.k[i][:, :, :c.window], c.v[i][:, :, :c.window]  # (S, Hkv, W, D)

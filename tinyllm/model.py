@@ -1,0 +1,249 @@
+"""A Llama-style decoder-only Transformer (RMSNorm, RoPE, grouped-query attention, SwiGLU).
+
+Contract:
+- `Transformer.forward(idx, cache=None, targets=None, last_only=False) -> (logits, loss)`.
+  idx (B, T) token ids. Without a cache it runs a causal forward over positions 0..T-1.
+  With a cache it speaks the cache protocol (docs/INFERENCE.md, 4.1): `cache.begin_step(T,
+  rope) -> (cos, sin)`, `cache.layer(i)` with `update(k, v) -> (k, v)` and `attn_kwargs`
+  (passed to SDPA), then `cache.end_step(T)`. Every cache (eager, static, slot) speaks it,
+  so there is one forward.
+- RoPE uses the "rotate half" layout (the first and second halves of a head form the
+  pairs), as Hugging Face Llama checkpoints do; importers of the interleaved layout permute.
+- The model computes in the dtype of its weights: fp32 on the CPU, bf16 for inference on
+  CUDA. RMSNorm and RoPE run in fp32 internally and cast back.
+- Refuses: sequences longer than `max_seq_len` (ValueError), configs whose heads don't divide.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 32000  # tokens in the tokenizer (embedding and output rows)
+    dim: int = 512  # residual stream width
+    n_layers: int = 8  # transformer blocks
+    n_heads: int = 8  # query heads; head_dim = dim // n_heads
+    n_kv_heads: int = 8  # key/value heads (grouped-query attention when < n_heads)
+    ffn_dim: int = 1408  # SwiGLU hidden width
+    max_seq_len: int = 2048  # longest sequence RoPE tables and caches are built for
+    rope_theta: float = 10000.0  # RoPE base frequency
+    norm_eps: float = 1e-5  # RMSNorm epsilon
+    tie_embeddings: bool = False  # output projection shares the embedding matrix
+
+    def __post_init__(self) -> None:
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if (self.dim // self.n_heads) % 2:
+            raise ValueError(f"head_dim {self.dim // self.n_heads} must be even for RoPE")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown config keys {unknown}; expected a subset of {sorted(known)}")
+        return cls(**d)
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> ModelConfig:
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+# Named shapes. "tiny" is for tests; "tinyllama-1.1b" is TinyLlama-1.1B's shape.
+PRESETS: dict[str, dict] = {
+    "tiny": dict(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=172,
+                 max_seq_len=1024),
+    "tinychat": dict(vocab_size=8192, dim=384, n_layers=6, n_heads=6, n_kv_heads=2, ffn_dim=1024,
+                     max_seq_len=1024, tie_embeddings=True),
+    "125m": dict(vocab_size=32000, dim=768, n_layers=12, n_heads=12, n_kv_heads=4, ffn_dim=2048,
+                 max_seq_len=2048),
+    "tinyllama-1.1b": dict(vocab_size=32000, dim=2048, n_layers=22, n_heads=32, n_kv_heads=4,
+                           ffn_dim=5632, max_seq_len=2048),
+}
+
+
+class Rope:
+    """Rotary position tables: cos, sin (max_seq_len, head_dim // 2), fp32.
+
+    `rope(T, start)` returns rows start..start+T-1; caches may instead gather rows at
+    device-side positions (`rope.cos.index_select(0, pos)`).
+    """
+
+    def __init__(self, head_dim: int, max_seq_len: int, theta: float, device=None):
+        # Built on the CPU even under a meta-device context (checkpoint loading), then moved.
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim)
+        t = torch.arange(max_seq_len, dtype=torch.float64, device="cpu")
+        freqs = torch.outer(t, inv_freq)  # (L, D/2)
+        self.cos = freqs.cos().float().to(device or "cpu")
+        self.sin = freqs.sin().float().to(device or "cpu")
+        self.max_seq_len = max_seq_len
+
+    def __call__(self, T: int, start: int = 0) -> tuple[Tensor, Tensor]:
+        if start + T > self.max_seq_len:
+            raise ValueError(f"positions up to {start + T} exceed max_seq_len {self.max_seq_len}")
+        return self.cos[start:start + T], self.sin[start:start + T]
+
+    def to(self, device) -> Rope:
+        self.cos, self.sin = self.cos.to(device), self.sin.to(device)
+        return self
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (B, H, T, D); cos/sin (T, D/2) shared by all rows, or (B, T, D/2) per row."""
+    if cos.dim() == 3:
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D/2)
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)  # (B, H, T, D/2) each
+    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return out.type_as(x)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv=None) -> Tensor:
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv is None:
+            attn_kwargs = {"is_causal": True}
+        else:
+            k, v = kv.update(k, v)  # (B, Hkv, S, D): every key this step may see
+            attn_kwargs = kv.attn_kwargs
+        if self.n_kv_heads != self.n_heads:
+            rep = self.n_heads // self.n_kv_heads
+            k = k.repeat_interleave(rep, dim=1)  # (B, H, S, D)
+            v = v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, **attn_kwargs)  # (B, H, T, D)
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)  # gate
+        self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)  # up
+        self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)  # down
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.ffn = FeedForward(cfg)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv=None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, kv)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        self.rope = Rope(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+
+    def init_weights(self, seed: int = 0) -> Transformer:
+        """Small-normal init (std 0.02; residual outputs scaled by 1/sqrt(2 * n_layers))."""
+        g = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(p)
+                continue
+            std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("wo.weight", "w2.weight")) else 0.02
+            with torch.no_grad():
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+        return self
+
+    def _apply(self, fn, recurse=True):
+        # Keep the fp32 RoPE tables on the weights' device (they are not parameters).
+        out = super()._apply(fn, recurse)
+        if self.tok_emb.weight.device.type != "meta":
+            self.rope.to(self.tok_emb.weight.device)
+        return out
+
+    @property
+    def device(self) -> torch.device:
+        return self.tok_emb.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tok_emb.weight.dtype
+
+    def forward(self, idx: Tensor, cache=None, targets: Tensor | None = None,
+                last_only: bool = False) -> tuple[Tensor, Tensor | None]:
+        """idx (B, T) -> logits (B, T, V), or (B, 1, V) with last_only; loss if targets
+        (B, T) given (positions with target -100 are ignored)."""
+        B, T = idx.shape
+        if cache is None:
+            if T > self.cfg.max_seq_len:
+                raise ValueError(f"sequence of {T} tokens exceeds max_seq_len {self.cfg.max_seq_len}")
+            cos, sin = self.rope(T, 0)
+        else:
+            cos, sin = cache.begin_step(T, self.rope)
+        x = self.tok_emb(idx)  # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, cache.layer(i) if cache is not None else None)
+        if cache is not None:
+            cache.end_step(T)
+        x = self.norm(x)
+        if last_only:
+            x = x[:, -1:]
+        logits = self.lm_head(x)  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
+                                   ignore_index=-100)
+        return logits, loss
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,90 @@
+"""Turn logits into next tokens: greedy, temperature, top-k, top-p, repetition penalty.
+
+Contract: `sample(logits (B, V), params, generator=None, prev=None) -> (B,) long`, on the
+logits' device, without a host sync (sampling uses the exponential-race trick: argmax of
+p / Exp(1) noise draws from p). Greedy (temperature 0) is argmax and ignores the generator.
+The same params, seed and logits give the same tokens. `prev` (B, N) are the ids already in
+the context, for the repetition penalty (CTRL-style: positive logits divided by the
+penalty, negative ones multiplied). Refuses out-of-range params with a ValueError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # keep the k most likely tokens; 0 = off
+    top_p: float = 1.0  # keep the smallest set with this much probability; 1 = off
+    repeat_penalty: float = 1.0  # > 1 discourages tokens already in the context; 1 = off
+    max_tokens: int = 256  # reply length limit
+    seed: int | None = None  # for a torch.Generator; None = nondeterministic
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.repeat_penalty <= 0:
+            raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+    def with_value(self, name: str, text: str) -> SamplingParams:
+        """A copy with one field parsed from text (for `/set NAME VALUE`)."""
+        kinds = {"temperature": float, "top_k": int, "top_p": float, "repeat_penalty": float,
+                 "max_tokens": int, "seed": int}
+        if name not in kinds:
+            raise ValueError(f"unknown setting {name!r}; one of {', '.join(kinds)}")
+        try:
+            value = None if name == "seed" and text.lower() == "none" else kinds[name](text)
+        except ValueError:
+            raise ValueError(f"{name} needs a {kinds[name].__name__}, got {text!r}") from None
+        return replace(self, **{name: value})
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def make_generator(params: SamplingParams, device) -> torch.Generator | None:
+    if params.seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(params.seed)
+
+
+def apply_repeat_penalty(logits: Tensor, prev: Tensor, penalty: float) -> Tensor:
+    """logits (B, V) float, prev (B, N) ids -> penalized copy."""
+    seen = logits.gather(1, prev)  # (B, N)
+    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
+    return logits.scatter(1, prev, seen)
+
+
+def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+           prev: Tensor | None = None) -> Tensor:
+    """logits (B, V) -> next ids (B,)."""
+    logits = logits.float()
+    if prev is not None and prev.numel() and params.repeat_penalty != 1.0:
+        logits = apply_repeat_penalty(logits, prev, params.repeat_penalty)
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.size(-1):
+        kth = logits.topk(params.top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum - sorted_logits.softmax(dim=-1) >= params.top_p  # mass before this token
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
+    probs = logits.softmax(dim=-1)  # (B, V)
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / noise).argmax(dim=-1)
