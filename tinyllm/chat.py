@@ -1,0 +1,322 @@
+"""ChatSession: the one facade the UI talks to (turns in, events out; no UI here).
+
+It owns the model, tokenizer, a `GraphDecoder` (its `StaticKVCache`) and the sampling
+settings. A conversation is a list of `Message`s, each with the token ids it contributes;
+the cache holds a prefix of their concatenation. A new user turn is rendered with the chat
+template, encoded, and only its NEW ids are prefilled at the current position, so time to
+first token does not grow with the chat. The reply streams as events:
+
+  Prefilled(n_tokens, ms, dropped)      once per reply: the prefill is done
+  Token(text, stats)                    one per generated token (text may be "")
+  Finished(reason, text, stats)         reason: "eos" | "max_tokens" | "stopped" | "context_full"
+
+Contract:
+- `send(text)` / `regenerate()` are generators; run them on ONE worker thread. `stop()`,
+  `set_graphs(on)` and the setters may be called from any thread: they take effect between
+  two tokens. Graphs toggled mid-reply change no token.
+- Context full: when the next turn plus a reply reserve would not fit, the oldest whole
+  turns are dropped from what the model sees (the system prompt stays), the rest is
+  re-prefilled once, and Prefilled.dropped says how many messages went. `messages` still
+  holds everything that was said. A single message too long for the context is a ValueError.
+- Errors at this boundary (bad settings, a message that cannot fit) are ValueErrors; the
+  conversation is unchanged by a failed call.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from tinyllm.chat_template import ChatTemplate, get_template
+from tinyllm.cuda_graph import GraphDecoder
+from tinyllm.model import Transformer
+from tinyllm.sampling import SamplingParams, make_generator, sample
+from tinyllm.tokenizer import StreamDecoder, Tokenizer
+
+
+@dataclass
+class Message:
+    role: str  # "system" | "user" | "assistant"
+    content: str
+    ids: list[int] = field(default_factory=list, repr=False)  # what this message adds to the context
+    stopped: bool = False  # an assistant reply cut short by stop()
+
+
+@dataclass
+class StepStats:
+    window: int  # attention bucket W of the last step
+    position: int  # positions filled in the cache
+    max_len: int
+    tokens: int  # tokens generated in this reply
+    tok_per_s: float  # decode speed over this reply
+    ttft_ms: float  # time to first token of this reply
+    graphs: bool | None  # None: not available (CPU)
+
+
+@dataclass
+class Prefilled:
+    n_tokens: int  # ids prefilled for this turn
+    ms: float
+    dropped: int = 0  # messages dropped from the context to make room
+
+
+@dataclass
+class Token:
+    text: str
+    stats: StepStats
+
+
+@dataclass
+class Finished:
+    reason: str
+    text: str
+    stats: StepStats
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available (use --device cpu)")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}: use auto, cpu or cuda")
+    return torch.device(device)
+
+
+class ChatSession:
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, template: ChatTemplate,
+                 max_len: int | None = None, params: SamplingParams = SamplingParams(),
+                 system: str | None = None, use_graph: bool | None = None, name: str = "model"):
+        self.model, self.tokenizer, self.template, self.name = model, tokenizer, template, name
+        self.graphs_available = model.device.type == "cuda"
+        on = self.graphs_available if use_graph is None else use_graph and self.graphs_available
+        self.decoder = GraphDecoder(model, 1, max_len=max_len, use_graph=on)
+        self.max_len = self.decoder.max_len
+        self.params = params
+        self.system = system
+        self.messages: list[Message] = []
+        self._stop = threading.Event()
+        self._want_graphs: bool | None = None
+        self._stop_ids = self._find_stop_ids()
+        self.last_stats: StepStats | None = None
+        self._rebuild_context()
+
+    # ---- settings (any thread) -------------------------------------------------------
+
+    @property
+    def use_graph(self) -> bool:
+        want = self._want_graphs
+        return self.decoder.use_graph if want is None else want
+
+    def set_graphs(self, on: bool) -> None:
+        """Graphs on/off from the next step on. On a CPU: ValueError."""
+        if on and not self.graphs_available:
+            raise ValueError("CUDA graphs are not available on the CPU")
+        self._want_graphs = on
+
+    def stop(self) -> None:
+        """Ask the running reply to finish after the current token."""
+        self._stop.set()
+
+    def set_param(self, name: str, value: str) -> None:
+        self.params = self.params.with_value(name, value)
+
+    def set_system(self, text: str | None) -> None:
+        """A new system prompt; the conversation's context is rebuilt (next turn re-prefills)."""
+        self.system = text or None
+        self._rebuild_context()
+
+    def new_chat(self) -> None:
+        self.messages = []
+        self._rebuild_context()
+
+    def load_messages(self, messages: list[tuple[str, str]]) -> None:
+        """Restore a conversation (resume): (role, content) pairs, re-encoded."""
+        self.messages = []
+        for role, content in messages:
+            if role == "system":
+                self.system = content
+            elif role == "user":
+                self.messages.append(Message("user", content, self._user_ids(content, len(self.messages) == 0)))
+            else:
+                self.messages.append(Message("assistant", content,
+                                             self.encode(content) + self.encode(self.template.assistant_suffix)))
+        self._rebuild_context()
+
+    # ---- tokens -----------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """Encode text, mapping literal "<s>" / "</s>" to BOS / EOS (templates use them)."""
+        ids: list[int] = []
+        specials = {"<s>": self.tokenizer.bos_id, "</s>": self.tokenizer.eos_id}
+        rest = text
+        while rest:
+            hits = [(rest.find(s), s) for s in specials if s in rest]
+            if not hits:
+                ids += self.tokenizer.encode(rest)
+                break
+            at, s = min(hits)
+            if at:
+                ids += self.tokenizer.encode(rest[:at])
+            ids.append(specials[s])
+            rest = rest[at + len(s):]
+        return ids
+
+    def _find_stop_ids(self) -> set[int]:
+        stops = {self.tokenizer.eos_id}
+        for piece in self.template.stop:
+            i = self.tokenizer.piece_to_id(piece)
+            if i is not None:
+                stops.add(i)
+        return stops
+
+    def _user_ids(self, content: str, first: bool) -> list[int]:
+        system = self.system if first else None
+        return self.encode(self.template.render_user(content, system) + self.template.assistant_prefix)
+
+    def _head_ids(self) -> list[int]:
+        ids = [self.tokenizer.bos_id] if self.template.bos else []
+        if self.system and not self.template.system_in_first_user:
+            ids += self.encode(self.template.render_system(self.system))
+        return ids
+
+    # ---- the context ------------------------------------------------------------------
+
+    def _rebuild_context(self, first: int = 0) -> None:
+        """The ids the model sees: head + messages[first:]. The cache is rewound to the
+        longest prefix it already holds; the next prefill appends the rest."""
+        ids = self._head_ids()
+        for i, m in enumerate(self.messages[first:]):
+            if m.role == "user" and i == 0 and self.template.system_in_first_user:
+                ids += self._user_ids(m.content, True)
+            else:
+                ids += m.ids
+        old = getattr(self, "context", [])
+        keep = 0
+        for a, b in zip(old[:self.decoder.n], ids):
+            if a != b:
+                break
+            keep += 1
+        self.decoder.truncate(max(0, min(keep, len(ids) - 1)))  # a reply needs >= 1 id to prefill
+        self.context, self.first_message = ids, first
+
+    def _fit(self, extra: int) -> int:
+        """Drop the oldest whole turns until context + extra + a reply reserve fits.
+        Returns how many messages were dropped."""
+        reserve = min(self.params.max_tokens, self.max_len // 4)
+        head = len(self._head_ids())
+        if head + extra + reserve > self.max_len:
+            raise ValueError(f"message too long: {extra} tokens, and the context holds {self.max_len} "
+                             f"(with {reserve} kept for the reply); shorten it or raise --max-len")
+        dropped = 0
+        first = self.first_message
+        while len(self.context) + extra + reserve > self.max_len and first < len(self.messages):
+            first += 1
+            while first < len(self.messages) and self.messages[first].role != "user":
+                first += 1  # a turn starts at a user message
+            dropped = first - self.first_message
+            self._rebuild_context(first)
+        return dropped
+
+    # ---- replies (worker thread) ------------------------------------------------------
+
+    def send(self, text: str) -> Iterator[Prefilled | Token | Finished]:
+        """Add a user turn and stream the reply."""
+        if not text.strip():
+            raise ValueError("empty message")
+        first = self.first_message >= len(self.messages)  # no earlier turn in the context
+        ids = self._user_ids(text, first)
+        dropped = self._fit(len(ids))
+        self.messages.append(Message("user", text, ids))
+        self.context = self.context + ids
+        return self._reply(dropped)
+
+    def regenerate(self) -> Iterator[Prefilled | Token | Finished]:
+        """Replace the last reply with a new one (the cache is rewound to before it)."""
+        if not self.messages or self.messages[-1].role != "assistant":
+            raise ValueError("there is no reply to regenerate")
+        self.messages.pop()
+        self._rebuild_context(self.first_message)
+        return self._reply(0)
+
+    def _apply_graph_toggle(self) -> None:
+        if self._want_graphs is not None:
+            self.decoder.use_graph, self._want_graphs = self._want_graphs, None
+
+    def _reply(self, dropped: int) -> Iterator[Prefilled | Token | Finished]:
+        self._stop.clear()
+        dec, params = self.decoder, self.params
+        t0 = time.perf_counter()
+        new = torch.tensor([self.context[dec.n:]], dtype=torch.long, device=self.model.device)
+        logits = dec.append(new)[:, -1]  # (1, V)
+        gen = make_generator(params, self.model.device)
+        prev = torch.tensor([self.context], dtype=torch.long, device=self.model.device)
+        first_tok = sample(logits, params, gen, prev=prev)  # (1,)
+        tok_id = int(first_tok.item())
+        ttft = (time.perf_counter() - t0) * 1000
+        yield Prefilled(n_tokens=new.shape[1], ms=ttft, dropped=dropped)
+        stream = StreamDecoder(self.tokenizer)
+        out_ids: list[int] = []
+        text_parts: list[str] = []
+        t_decode = time.perf_counter()
+        reason = "max_tokens"
+        while True:
+            if tok_id in self._stop_ids:
+                reason = "eos"
+                break
+            out_ids.append(tok_id)
+            piece = stream.push(tok_id)
+            text_parts.append(piece)
+            stats = self._stats(len(out_ids), t_decode, ttft)
+            yield Token(piece, stats)
+            if self._stop.is_set():
+                reason = "stopped"
+                break
+            if len(out_ids) >= params.max_tokens:
+                break
+            if dec.n >= self.max_len:
+                reason = "context_full"
+                break
+            self._apply_graph_toggle()
+            tok = torch.tensor([[tok_id]], device=self.model.device)
+            logits = dec.step(tok)[:, -1]  # (1, V); a static buffer with graphs
+            prev = torch.cat([prev, tok], dim=1)
+            tok_id = int(sample(logits, params, gen, prev=prev).item())
+        tail = stream.flush()
+        text_parts.append(tail)
+        text = "".join(text_parts)
+        # The reply's last sampled id (a stop id or the one past the limit) is not in the
+        # cache: the context holds exactly what was fed, and the suffix closes the turn.
+        ids = out_ids + self.encode(self.template.assistant_suffix)
+        self.messages.append(Message("assistant", text, ids, stopped=reason == "stopped"))
+        self.context = self.context + ids
+        stats = self._stats(len(out_ids), t_decode, ttft)
+        self.last_stats = stats
+        if tail:
+            yield Token(tail, stats)
+        yield Finished(reason, text, stats)
+
+    def _stats(self, n: int, t_decode: float, ttft: float) -> StepStats:
+        dt = time.perf_counter() - t_decode
+        return StepStats(window=self.decoder.window or 0, position=self.decoder.n, max_len=self.max_len,
+                         tokens=n, tok_per_s=(n - 1) / dt if n > 1 and dt > 0 else 0.0, ttft_ms=ttft,
+                         graphs=self.decoder.use_graph if self.graphs_available else None)
+
+
+def open_session(path: str | Path, device: str = "auto", max_len: int | None = None,
+                 params: SamplingParams = SamplingParams(), system: str | None = None,
+                 use_graph: bool | None = None, template: str | None = None) -> ChatSession:
+    """Load a checkpoint folder and open a ChatSession on it."""
+    from tinyllm.checkpoint import load_checkpoint
+
+    dev = resolve_device(device)
+    ckpt = load_checkpoint(path, dev)
+    name = template or ckpt.info.chat.get("template", "chatml")
+    max_len = min(max_len or ckpt.info.config.max_seq_len, ckpt.info.config.max_seq_len)
+    return ChatSession(ckpt.model, ckpt.tokenizer, get_template(name), max_len=max_len, params=params,
+                       system=system, use_graph=use_graph, name=ckpt.info.name)

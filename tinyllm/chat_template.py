@@ -1,0 +1,69 @@
+"""Chat templates: how a conversation becomes text a model was trained on.
+
+A template renders one message at a time, so a conversation's token ids are the
+concatenation of each message's ids: a new turn is encoded and prefilled alone, after the
+conversation so far (no re-render, no re-prefill). Built in: "chatml" (the default model's
+own, and SmolLM2's), "llama2" ([INST] ... [/INST]), "zephyr" (<|user|> ... </s>).
+
+Contract: `TEMPLATES[name]` is a `ChatTemplate`; `get_template(name)` raises a ValueError
+naming the choices. `stop` lists the pieces that end an assistant reply besides EOS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    name: str
+    system: str  # "{content}" rendered as the system message
+    user: str  # "{content}" rendered as a user message
+    assistant_prefix: str  # opens an assistant reply (the generation prompt)
+    assistant_suffix: str  # closes an assistant reply (fed with the next turn)
+    stop: tuple[str, ...] = ()  # pieces that end a reply (besides EOS)
+    bos: bool = True  # the conversation starts with BOS
+    system_in_first_user: bool = False  # llama2: the system text lives inside the first [INST]
+
+    def render_system(self, content: str) -> str:
+        return self.system.format(content=content)
+
+    def render_user(self, content: str, system: str | None = None) -> str:
+        if self.system_in_first_user and system:
+            content = self.system.format(content=system) + content
+        return self.user.format(content=content)
+
+
+TEMPLATES: dict[str, ChatTemplate] = {
+    "chatml": ChatTemplate(
+        name="chatml",
+        system="<|im_start|>system\n{content}<|im_end|>\n",
+        user="<|im_start|>user\n{content}<|im_end|>\n",
+        assistant_prefix="<|im_start|>assistant\n",
+        assistant_suffix="<|im_end|>\n",
+        stop=("<|im_end|>",),
+    ),
+    "llama2": ChatTemplate(
+        name="llama2",
+        system="<<SYS>>\n{content}\n<</SYS>>\n\n",
+        user="[INST] {content} [/INST]",
+        assistant_prefix="",
+        assistant_suffix=" </s><s>",
+        stop=("</s>",),
+        system_in_first_user=True,
+    ),
+    "zephyr": ChatTemplate(
+        name="zephyr",
+        system="<|system|>\n{content}</s>\n",
+        user="<|user|>\n{content}</s>\n",
+        assistant_prefix="<|assistant|>\n",
+        assistant_suffix="</s>\n",
+        stop=("</s>",),
+    ),
+}
+
+
+def get_template(name: str) -> ChatTemplate:
+    if name not in TEMPLATES:
+        raise ValueError(f"unknown chat template {name!r}; choose one of {', '.join(TEMPLATES)}")
+    return TEMPLATES[name]
