@@ -1,0 +1,156 @@
+"""ChatSession: incremental turns against full re-prefill, context trimming, stop, regenerate."""
+
+import pytest
+import torch
+
+from tinyllm.chat import Finished, Prefilled, Token, open_session
+from tinyllm.testing import make_tiny_checkpoint
+
+TURNS = ["Hello!", "What is the capital of France?", "Tell me a joke.", "Numbers: 1 2 3",
+         "Café in Zürich 🙂", "Write a poem about the sea."]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("ck") / "tiny", max_seq_len=1024)
+
+
+def reply(session, text):
+    events = list(session.send(text))
+    assert isinstance(events[0], Prefilled) and isinstance(events[-1], Finished)
+    assert all(isinstance(e, Token) for e in events[1:-1])
+    assert "".join(e.text for e in events[1:-1]) == events[-1].text
+    return events
+
+
+def test_offset_prefill_reply_equals_full_reprefill(ckpt):
+    inc = open_session(ckpt, "cpu", max_len=1024)
+    full = open_session(ckpt, "cpu", max_len=1024)
+    for turn in TURNS:
+        full.set_param("max_tokens", "24")
+        inc.set_param("max_tokens", "24")
+        full.decoder.truncate(0)  # forget the cache: this turn prefills the whole conversation
+        a, b = reply(inc, turn), reply(full, turn)
+        assert b[0].n_tokens == len(full.context) - len(full.messages[-1].ids)
+        assert a[0].n_tokens < b[0].n_tokens or turn == TURNS[0]
+        assert inc.messages[-1].ids == full.messages[-1].ids
+        assert a[-1].text == b[-1].text
+    assert inc.context == full.context
+
+
+def test_cache_holds_a_prefix_of_the_context(ckpt):
+    s = open_session(ckpt, "cpu", max_len=1024)
+    for turn in TURNS[:3]:
+        reply(s, turn)
+        assert s.decoder.n <= len(s.context)
+        # the cache's K at its positions equal a fresh prefill of the same ids
+        ids = torch.tensor([s.context[: s.decoder.n]])
+        ref = open_session(ckpt, "cpu", max_len=1024)
+        ref.decoder.prefill(ids)
+        assert (ref.decoder.cache.k[0][:, :, : s.decoder.n] - s.decoder.cache.k[0][:, :, : s.decoder.n]).abs().max() < 1e-4
+
+
+def test_context_full_drops_oldest_turns_and_keeps_working(ckpt):
+    s = open_session(ckpt, "cpu", max_len=128, system="You are terse.")
+    s.set_param("max_tokens", "40")
+    dropped = 0
+    for i in range(12):
+        events = reply(s, TURNS[i % len(TURNS)])
+        dropped += events[0].dropped
+        assert len(s.context) <= 128
+    assert dropped > 0
+    assert len(s.messages) == 24  # everything said is kept
+    assert s.context[: len(s._head_ids())] == s._head_ids()  # system prompt kept
+
+
+def test_message_too_long_is_a_clear_error_and_changes_nothing(ckpt):
+    s = open_session(ckpt, "cpu", max_len=128)
+    reply(s, "Hello!")
+    before = (list(s.context), len(s.messages))
+    with pytest.raises(ValueError, match="message too long"):
+        s.send("word " * 400)
+    assert (s.context, len(s.messages)) == before
+    reply(s, "Still here?")
+
+
+def test_stop_mid_reply_keeps_partial_text(ckpt):
+    s = open_session(ckpt, "cpu", max_len=1024)
+    s.set_param("max_tokens", "200")
+    it = s.send("Hello!")
+    got = [next(it) for _ in range(6)]  # Prefilled + 5 tokens
+    s.stop()
+    rest = list(it)
+    assert rest[-1].reason == "stopped"
+    assert s.messages[-1].stopped and s.messages[-1].role == "assistant"
+    assert len(s.messages[-1].ids) - len(s.encode(s.template.assistant_suffix)) == 5
+    assert rest[-1].text.startswith("".join(e.text for e in got[1:]))
+    reply(s, "Next message works")
+
+
+def test_regenerate_greedy_gives_the_same_reply(ckpt):
+    s = open_session(ckpt, "cpu", max_len=1024)
+    s.set_param("max_tokens", "30")
+    first = reply(s, "Hello!")[-1].text
+    context = list(s.context)
+    again = list(s.regenerate())
+    assert again[-1].text == first and s.context == context and len(s.messages) == 2
+
+
+def test_sampling_settings_and_seed(ckpt):
+    s = open_session(ckpt, "cpu", max_len=1024)
+    for k, v in [("temperature", "0.9"), ("top_p", "0.9"), ("top_k", "40"), ("seed", "7"), ("max_tokens", "20")]:
+        s.set_param(k, v)
+    a = reply(s, "Hello!")[-1].text
+    b = list(s.regenerate())[-1].text
+    assert a == b  # the same seed restarts the same stream
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        s.set_param("temperature", "-1")
+    with pytest.raises(ValueError, match="unknown setting"):
+        s.set_param("bogus", "1")
+
+
+def test_graphs_unavailable_on_cpu(ckpt):
+    s = open_session(ckpt, "cpu")
+    assert not s.graphs_available and reply(s, "Hi")[-1].stats.graphs is None
+    with pytest.raises(ValueError, match="not available on the CPU"):
+        s.set_graphs(True)
+
+
+def test_new_chat_and_resume(ckpt):
+    s = open_session(ckpt, "cpu", max_len=1024)
+    s.set_param("max_tokens", "10")
+    reply(s, "Hello!")
+    reply(s, "Again")
+    saved = [(m.role, m.content) for m in s.messages]
+    r = open_session(ckpt, "cpu", max_len=1024)
+    r.load_messages(saved)
+    assert [(m.role, m.content) for m in r.messages] == saved
+    reply(r, "And now?")
+    s.new_chat()
+    assert s.messages == [] and s.decoder.n <= 1
+
+
+@pytest.mark.parametrize("template", ["llama2", "zephyr", "chatml"])
+def test_other_templates_run(ckpt, template):
+    s = open_session(ckpt, "cpu", max_len=256, system="Be brief.", template=template)
+    s.set_param("max_tokens", "8")
+    reply(s, "Hello!")
+    reply(s, "Again")
+    assert s.context[0] == s.tokenizer.bos_id
+
+
+@pytest.mark.cuda
+def test_graph_toggle_mid_reply_gives_identical_tokens(ckpt):
+    on = open_session(ckpt, "cuda", max_len=1024, use_graph=True)
+    off = open_session(ckpt, "cuda", max_len=1024, use_graph=False)
+    for s in (on, off):
+        s.set_param("max_tokens", "300")
+    texts = []
+    for s, toggle in ((on, True), (off, False)):
+        out = []
+        for i, ev in enumerate(s.send("Hello!")):
+            if toggle and i % 5 == 0:
+                s.set_graphs(not s.use_graph)
+            out.append(ev)
+        texts.append((out[-1].text, s.messages[-1].ids))
+    assert texts[0] == texts[1]
