@@ -291,6 +291,7 @@ class RowSampler:
     def next(self, batch_size: int) -> tuple[Tensor, Tensor]:
         """x, y (B, T); a batch never straddles two epochs' permutations."""
         n = len(self.tokens)
+        assert batch_size <= n, f"batch of {batch_size} rows from only {n} rows"
         epoch, at = divmod(self.consumed, n)
         if at + batch_size > n:  # skip the tail so each batch has distinct rows
             epoch, at = epoch + 1, 0
@@ -302,7 +303,11 @@ class RowSampler:
 
 def eval_batches(rows: PackedRows, batch_size: int, device: torch.device,
                  max_rows: int | None = None) -> Iterator[tuple[Tensor, Tensor]]:
+    """Sequential batches over the eval rows; whole batches only (one shape for a compiled
+    model) unless there are fewer rows than one batch."""
     n = len(rows) if max_rows is None else min(len(rows), max_rows)
+    if n >= batch_size:
+        n -= n % batch_size
     for i in range(0, n, batch_size):
         j = min(i + batch_size, n)
         yield rows_to_batch(rows.tokens[i:j].to(device), rows.trained[i:j].to(device))

@@ -33,6 +33,7 @@ Refuses:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -64,9 +65,11 @@ def train_sentencepiece(
     """Train a byte-fallback sentencepiece model and return the ``<prefix>.model`` path.
 
     Each text is one training sentence (texts longer than 4096 characters are
-    cut into chunks, so nothing is silently skipped). ``vocab_size`` is an upper
-    bound: on a tiny corpus the model may come out smaller. It must leave room
-    for the 4 base pieces, the 256 byte pieces and ``special_pieces``.
+    cut into chunks, so nothing is silently skipped); the texts are held in
+    memory while training. ``vocab_size`` is an upper bound: on a tiny corpus
+    the model may come out smaller. It must leave room for the 4 base pieces,
+    the 256 byte pieces and ``special_pieces``; if the corpus has more distinct
+    characters than fit in the rest, the rarest ones are left to byte fallback.
     """
     special_pieces = list(special_pieces)
     if model_type not in _MODEL_TYPES:
@@ -82,17 +85,20 @@ def train_sentencepiece(
             f"vocab_size={vocab_size} is too small: byte fallback needs 256 byte pieces plus "
             f"{len(_BASE_PIECES) + len(special_pieces)} special pieces; use vocab_size >= {minimum}"
         )
+    sentences = list(_chunks(texts, _CHUNK_CHARS))
+    if not any(sentences):
+        raise ValueError("no training text: pass a non-empty iterable of non-empty strings")
     prefix = Path(model_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=_chunks(texts, _CHUNK_CHARS),
+            sentence_iterator=iter(sentences),
             model_prefix=str(prefix),
             model_type=model_type,
             vocab_size=vocab_size,
             hard_vocab_limit=False,
             byte_fallback=True,
-            character_coverage=0.9995,
+            character_coverage=_coverage(sentences, room=vocab_size - minimum + 1),
             unk_id=0,
             bos_id=1,
             eos_id=2,
@@ -112,9 +118,24 @@ def train_sentencepiece(
         )
     except RuntimeError as e:
         raise ValueError(
-            f"sentencepiece training failed ({e}); give it more text or change vocab_size"
+            f"sentencepiece training failed ({e}); give it more text or a larger vocab_size"
         ) from e
     return prefix.with_name(prefix.name + ".model")
+
+
+def _coverage(sentences: list[str], room: int, target: float = 0.9995) -> float:
+    """``target``, lowered if needed so that at most ``room`` characters get pieces.
+
+    Sentencepiece gives every character within the coverage its own piece and
+    fails when they do not fit in the vocab. With byte fallback the rarest
+    characters can be left out safely: they encode as bytes.
+    """
+    counts = Counter()
+    for sentence in sentences:
+        counts.update(sentence)
+    freqs = sorted(counts.values(), reverse=True)
+    fit = sum(freqs[: max(1, room - 8)]) / sum(freqs)  # margin: leave a few pieces for merges
+    return min(target, fit * (1 - 1e-6))
 
 
 class Tokenizer:
