@@ -14,13 +14,16 @@ Promises:
     encodings of adjacent strings concatenate).
   * Fixed special ids: ``<unk>``=0, ``<s>``=1, ``</s>``=2, ``<pad>``=3; the
     ``special_pieces`` follow from id 4 on, in the order given.
+  * ``decode`` renders control ids (``<s>``, ``</s>``, ``<pad>``) as nothing,
+    ``<unk>`` as " ⁇ ", and invalid byte sequences as U+FFFD per byte.
   * ``bos_id``/``eos_id``/``pad_id`` are ``None`` when a loaded model lacks them
     (never -1, so they cannot slip silently into a tensor).
   * ``StreamDecoder``: the concatenation of every ``push()`` result and the final
     ``flush()`` equals ``Tokenizer.decode(all ids)`` exactly, for any
-    sentencepiece model (with or without leading-space stripping). It never
-    emits part of a multi-byte character, and each push decodes only a short
-    window of recent ids, so its cost does not grow with the stream length.
+    sentencepiece model without a denormalizer (with or without leading-space
+    stripping). It never emits part of a multi-byte character, and each push
+    decodes only a short window of recent ids, so its cost does not grow with
+    the stream length.
 
 Refuses:
   * Ids outside ``[0, vocab_size)`` (ValueError), files that are missing
@@ -33,6 +36,7 @@ Refuses:
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -79,15 +83,16 @@ def train_sentencepiece(
         raise ValueError(
             f"special_pieces must be unique, non-blank and not one of {_BASE_PIECES}; got {special_pieces!r}"
         )
-    minimum = len(_BASE_PIECES) + 256 + len(special_pieces) + 1
-    if vocab_size < minimum:
+    reserved = len(_BASE_PIECES) + len(special_pieces) + 256  # + the byte pieces
+    if vocab_size <= reserved:
         raise ValueError(
             f"vocab_size={vocab_size} is too small: byte fallback needs 256 byte pieces plus "
-            f"{len(_BASE_PIECES) + len(special_pieces)} special pieces; use vocab_size >= {minimum}"
+            f"{reserved - 256} special pieces; use vocab_size > {reserved}"
         )
     sentences = list(_chunks(texts, _CHUNK_CHARS))
     if not any(sentences):
         raise ValueError("no training text: pass a non-empty iterable of non-empty strings")
+    sentences = _drop_rare_chars(sentences, room=vocab_size - reserved)
     prefix = Path(model_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -98,7 +103,7 @@ def train_sentencepiece(
             vocab_size=vocab_size,
             hard_vocab_limit=False,
             byte_fallback=True,
-            character_coverage=_coverage(sentences, room=vocab_size - minimum + 1),
+            character_coverage=0.9995,
             unk_id=0,
             bos_id=1,
             eos_id=2,
@@ -123,19 +128,21 @@ def train_sentencepiece(
     return prefix.with_name(prefix.name + ".model")
 
 
-def _coverage(sentences: list[str], room: int, target: float = 0.9995) -> float:
-    """``target``, lowered if needed so that at most ``room`` characters get pieces.
+def _drop_rare_chars(sentences: list[str], room: int) -> list[str]:
+    """Split ``sentences`` around characters outside the ``room`` most frequent.
 
-    Sentencepiece gives every character within the coverage its own piece and
-    fails when they do not fit in the vocab. With byte fallback the rarest
-    characters can be left out safely: they encode as bytes.
+    Sentencepiece gives every character it trains on (within its coverage) a
+    piece of its own and fails when they do not fit in the vocab. With byte
+    fallback the rarest characters can safely go without: they encode as bytes.
     """
-    counts = Counter()
+    counts: Counter[str] = Counter()
     for sentence in sentences:
         counts.update(sentence)
-    freqs = sorted(counts.values(), reverse=True)
-    fit = sum(freqs[: max(1, room - 8)]) / sum(freqs)  # margin: leave a few pieces for merges
-    return min(target, fit * (1 - 1e-6))
+    if len(counts) <= room:
+        return sentences
+    keep = "".join(re.escape(ch) for ch, _ in counts.most_common(room))
+    rare = re.compile(f"[^{keep}]+")
+    return [part for sentence in sentences for part in rare.split(sentence) if part]
 
 
 class Tokenizer:

@@ -169,6 +169,15 @@ def test_load_errors(tmp_path: Path) -> None:
         Tokenizer.from_serialized(b"\x00\x01garbage")
 
 
+def test_small_vocab_leaves_rare_characters_to_bytes(tmp_path: Path) -> None:
+    # ~100 distinct characters but room for only ~38 character pieces
+    small = Tokenizer.load(train_sentencepiece(_corpus(), tmp_path / "small", 300, SPECIALS))
+    assert small.vocab_size <= 300
+    assert small.encode("<|im_start|>") == [4]
+    for text in CORPUS_LINES + UNSEEN_TEXTS:
+        assert small.decode(small.encode(text)) == text
+
+
 def test_train_argument_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="vocab_size"):
         train_sentencepiece(_corpus(), tmp_path / "m", vocab_size=100)
@@ -176,6 +185,8 @@ def test_train_argument_errors(tmp_path: Path) -> None:
         train_sentencepiece(_corpus(), tmp_path / "m", 500, special_pieces=["<x>", "<x>"])
     with pytest.raises(ValueError, match="model_type"):
         train_sentencepiece(_corpus(), tmp_path / "m", 500, model_type="wordpiece")
+    with pytest.raises(ValueError, match="no training text"):
+        train_sentencepiece(["", ""], tmp_path / "m", 500)
 
 
 # --- StreamDecoder -----------------------------------------------------------

@@ -1,0 +1,57 @@
+"""Reply: one assistant message, Markdown that streams in, then a note if it was cut short.
+
+Contract: `write(text)` appends a fragment through Textual's MarkdownStream (which merges
+fragments when rendering falls behind; the app calls it once per drained batch, never per
+token); `finish(reason)` flushes the stream and marks a reply that did not end on its own
+("stopped", "context full", "error"). Nothing written is ever dropped: `text` is the full
+source. Control characters from a model (noise, or an escape sequence) are shown as
+visible symbols, never sent to the terminal.
+"""
+
+from __future__ import annotations
+
+from textual.containers import Vertical
+from textual.widgets import Markdown, Static
+from textual.widgets.markdown import MarkdownStream
+
+NOTES = {"stopped": "■ stopped", "context_full": "■ context full", "max_tokens": "■ max_tokens reached",
+         "error": "■ error"}
+# C0 controls (but tab and newline) and DEL become their Unicode "control pictures".
+_VISIBLE = {c: 0x2400 + c for c in range(32) if chr(c) not in "\t\n"} | {0x7F: 0x2421}
+_VISIBLE |= {c: 0xFFFD for c in range(0x80, 0xA0)}
+
+
+def printable(text: str) -> str:
+    return text.translate(_VISIBLE)
+
+
+class Reply(Vertical):
+    def __init__(self, title: str, text: str = "", note: str = "") -> None:
+        super().__init__()
+        self.border_title = title
+        self._initial, self._note = printable(text), note
+        self._stream: MarkdownStream | None = None
+
+    def compose(self):
+        yield Markdown(self._initial)
+        yield Static(NOTES.get(self._note, ""), classes="note", markup=False)
+
+    def on_mount(self) -> None:
+        self.set_class(bool(self._note), "-noted")
+
+    @property
+    def text(self) -> str:
+        return self.query_one(Markdown).source
+
+    async def write(self, text: str) -> None:
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.query_one(Markdown))
+        await self._stream.write(printable(text))
+
+    async def finish(self, reason: str) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        if reason in NOTES:
+            self.query_one(".note", Static).update(NOTES[reason])
+            self.add_class("-noted")
