@@ -148,8 +148,15 @@ class Attention(nn.Module):
         else:
             k, v = kv.update(k, v)  # (B, Hkv, S, D): every key this step may see
             attn_kwargs = kv.attn_kwargs
-        if self.n_kv_heads != self.n_heads:
-            rep = self.n_heads // self.n_kv_heads
+        rep = self.n_heads // self.n_kv_heads
+        if rep > 1 and T == 1:
+            # Decode: the rep query heads of one KV head become rep "positions" of one
+            # query sequence, so K/V are read once, not copied rep times. The mask (if any)
+            # is per key, so it broadcasts over them.
+            q = q.view(B, self.n_kv_heads, rep, self.head_dim)  # (B, Hkv, rep, D)
+            y = F.scaled_dot_product_attention(q, k, v, **attn_kwargs)  # (B, Hkv, rep, D)
+            return self.wo(y.reshape(B, 1, -1))
+        if rep > 1:
             k = k.repeat_interleave(rep, dim=1)  # (B, H, S, D)
             v = v.repeat_interleave(rep, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, **attn_kwargs)  # (B, H, T, D)
