@@ -138,6 +138,9 @@ class _Graphs:
         return pick_bucket(self.buckets, n_keys)
 
     def capture_time_s(self, capture_one, windows) -> float:
+        if not self.use_graph:
+            raise ValueError("capture needs use_graph=True")
+        torch.cuda.synchronize()  # earlier work (a prefill) is not capture time
         t0 = time.perf_counter()
         for w in windows:
             if w not in self.graphs:

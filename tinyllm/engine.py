@@ -18,6 +18,8 @@ Contract:
   goes through `sample()` with its own generator (seeded by params.seed) and its own context
   (for the repetition penalty), so a request draws as one `generate()` with the same params.
   Under greedy, replies equal one `generate()` per request (tested on a CPU in fp32).
+- `is_finished(id)`, `result(id)` (the reply so far), `finish_reason(id)`, `cancel(id)`
+  ("cancelled", frees the slot), `run_until_done() -> {id: reply}`.
 - One host sync per step (the new tokens, to check stops) and one per admission.
 Refuses (ValueError): an empty prompt or one that leaves no room for a reply, ids outside
 the vocabulary, unknown request ids, n_slots < 1, max_len above the model's max_seq_len.
@@ -39,6 +41,8 @@ from tinyllm.cuda_graph import SlotGraphDecoder
 from tinyllm.kv_cache import SlotKVCache
 from tinyllm.model import Transformer
 from tinyllm.sampling import SamplingParams, make_generator, sample
+
+GREEDY = SamplingParams()  # the default: argmax, 256 tokens at most
 
 
 class TokenEvent(NamedTuple):
@@ -95,7 +99,7 @@ class Engine:
 
     # -- requests ------------------------------------------------------------------------
 
-    def add_request(self, prompt_ids: Iterable[int], params: SamplingParams = SamplingParams(),
+    def add_request(self, prompt_ids: Iterable[int], params: SamplingParams = GREEDY,
                     stop_ids: Iterable[int] = ()) -> int:
         """Queue a request; returns its id. Its tokens come out of step()."""
         if not isinstance(params, SamplingParams):

@@ -40,12 +40,13 @@ def test_greedy_equals_generate_with_mixed_lengths_joining_and_leaving(model):
     """Nine requests of 1..100 prompt tokens through 4 slots, five of them added while others
     run; every window bucket is crossed, one request fills its slot, one ends on a stop id."""
     lens, max_toks = (3, 17, 40, 1, 90, 25, 8, 60, 100), (20, 35, 10, 50, 30, 5, 40, 25, 50)
-    reqs = [(prompt(n, seed), SamplingParams(max_tokens=m), ()) for seed, (n, m) in enumerate(zip(lens, max_toks))]
+    reqs = [(prompt(n, seed), SamplingParams(max_tokens=m), ())
+            for seed, (n, m) in enumerate(zip(lens, max_toks, strict=True))]
     stop_ref = reference(model, reqs[7][0], reqs[7][1])
     reqs[7] = (reqs[7][0], reqs[7][1], (stop_ref[12],))  # a stop id the reply reaches
     engine = Engine(model, 4, max_len=128, buckets=BUCKETS)
     ids, steps = drive(engine, {0: reqs[:3], 4: reqs[3:5], 9: reqs[5:6], 30: reqs[6:]})
-    for rid, (ids_, params, stops) in zip(ids, reqs):
+    for rid, (ids_, params, stops) in zip(ids, reqs, strict=True):
         assert engine.result(rid) == reference(model, ids_, params, stops), rid
         assert engine.is_finished(rid)
     reasons = [engine.finish_reason(r) for r in ids]
@@ -79,8 +80,10 @@ def test_finished_slot_is_reused_at_once(model):
     # d finished on its first token, so e was admitted into the same slot in the same step
     assert engine.requests[d].slot == engine.requests[e].slot
     assert engine.result(d) and engine.finish_reason(d) == "length"
-    for rid, (n, seed, m) in zip((a, b, c, d, e), ((5, 1, 3), (9, 2, 10), (4, 3, 4), (6, 4, 1), (7, 5, 5))):
-        assert engine.result(rid) == reference(model, prompt(n, seed), SamplingParams(max_tokens=m), max_len=64)
+    shapes = ((5, 1, 3), (9, 2, 10), (4, 3, 4), (6, 4, 1), (7, 5, 5))  # prompt length, seed, max_tokens
+    for rid, (n, seed, m) in zip((a, b, c, d, e), shapes, strict=True):
+        ref = reference(model, prompt(n, seed), SamplingParams(max_tokens=m), max_len=64)
+        assert engine.result(rid) == ref, rid
 
 
 def test_prefill_finish_reuses_slot_within_the_step(model):
@@ -114,7 +117,7 @@ def test_free_and_dead_slots_never_touch_live_rows():
                       for s in live]
             engine.step()
             for s, n, rows in before:
-                for old, new in zip(rows, engine.slots.k + engine.slots.v):
+                for old, new in zip(rows, engine.slots.k + engine.slots.v, strict=True):
                     assert torch.equal(old[:, :n], new[s, :, :n]), (i, s)
             i += 1
         runs.append((engine.result(a), engine.result(b)))
@@ -134,7 +137,7 @@ def test_per_request_sampling_equals_generate_with_the_same_seed(model):
     engine = Engine(model, 3, max_len=128, buckets=BUCKETS)
     ids = [engine.add_request(prompt(5 + 7 * i, i), p) for i, p in enumerate(params)]
     engine.run_until_done()
-    for i, (rid, p) in enumerate(zip(ids, params)):
+    for i, (rid, p) in enumerate(zip(ids, params, strict=True)):
         assert engine.result(rid) == reference(model, prompt(5 + 7 * i, i), p), i
 
 

@@ -71,7 +71,7 @@ def run_slots(model, use_graph: bool, toggle_every: int = 0, n_steps: int = 300)
             outs.append(logits.clone())
         if toggle_every and i % toggle_every == 0:
             dec.use_graph = not dec.use_graph
-        windows.append(dec.bucket(max(n for n, a in zip(slots.lens, slots.active) if a) + 1))
+        windows.append(dec.bucket(max(n for n, a in zip(slots.lens, slots.active, strict=True) if a) + 1))
         logits = dec.step(tok)  # (S, 1, V)
         outs.append(logits.clone())
         tok = logits[:, -1].argmax(-1, keepdim=True)  # (S, 1)
@@ -83,14 +83,14 @@ def test_slot_replay_bit_identical_to_eager_step_across_admissions_and_releases(
     graph, graph_windows = run_slots(bf16_model, use_graph=True)
     assert sorted(set(windows)) == [128, 256, 512, 1024] and windows == graph_windows
     assert len(eager) == len(graph)
-    for i, (a, b) in enumerate(zip(eager, graph)):
+    for i, (a, b) in enumerate(zip(eager, graph, strict=True)):
         assert torch.equal(a, b), i
 
 
 def test_toggling_graphs_mid_run_changes_nothing(bf16_model):
     eager, _ = run_slots(bf16_model, use_graph=False, n_steps=150)
     toggled, _ = run_slots(bf16_model, use_graph=True, toggle_every=7, n_steps=150)
-    assert all(torch.equal(a, b) for a, b in zip(eager, toggled))
+    assert all(torch.equal(a, b) for a, b in zip(eager, toggled, strict=True))
 
 
 def schedule():
@@ -139,7 +139,7 @@ def test_graph_engine_equals_generate_per_request_fp32():
     greedy token (bf16 rounding would make near-ties flip)."""
     model = make_model(torch.float32)
     got, _ = run_engine(model, use_graph=True)
-    for (_, ids, params, stops), toks in zip(schedule(), got):
+    for (_, ids, params, stops), toks in zip(schedule(), got, strict=True):
         n = min(params.max_tokens, 1024 - len(ids))
         ref = [int(t) for t in generate(model, torch.tensor([ids], device=DEVICE), n, params, stops)]
         assert toks == ref
