@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -60,7 +61,7 @@ class Report:
         self.rows.append(rec)
 
     def table(self) -> str:
-        keys = ("impl", "kind", "prompt_len", "window", "concurrency")
+        keys = ("impl", "kind", "prompt_len", "window", "concurrency", "turn")
         lines = [f"{'metric':<16} {'context':<28} {'value':>12}  unit"]
         for r in self.rows:
             ctx = " ".join(f"{k}={r[k]}" for k in keys if k in r)
@@ -324,6 +325,32 @@ def run_peers(model: Transformer, steps: int, repeats: int, report: Report) -> N
 
 # -- command line -----------------------------------------------------------------------------
 
+def bench_chat(model: Transformer, model_path: str | None, turns: int, report: Report) -> None:
+    """Time to first token per chat turn: only a turn's new tokens are prefilled, so turn N
+    should cost about what turn 2 does (the ratio is the number to watch)."""
+    import tempfile
+
+    from tinyllm.chat import ChatSession
+    from tinyllm.chat_template import get_template
+    from tinyllm.tokenizer import Tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if model_path:
+            tok = Tokenizer.load(Path(model_path) / "tokenizer.model")
+        else:
+            from tinyllm.testing import make_tiny_tokenizer
+            tok = make_tiny_tokenizer(tmp)
+    session = ChatSession(model, tok, get_template("chatml"), params=SamplingParams(max_tokens=12))
+    ttft = []
+    for i in range(turns):
+        events = list(session.send(f"A fact about {i + 1}?"))
+        ttft.append(events[0].ms)
+        report("chat_ttft_ms", events[0].ms, "ms", turn=i + 1, position=events[-1].stats.position,
+               prefilled=events[0].n_tokens, dropped=events[0].dropped)
+    if turns >= 2:
+        report("chat_ttft_ratio", ttft[-1] / ttft[1], "x", kind=f"turn{turns}/turn2")
+
+
 def int_list(text: str) -> list[int]:
     try:
         out = [int(x) for x in text.split(",") if x.strip()]
@@ -347,6 +374,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="TTFT prompt lengths, those within max_seq_len (default 128,512,2048)")
     p.add_argument("--engine", action="store_true", help="measure the continuous engine instead")
     p.add_argument("--concurrency", type=int_list, help="engine requests at once (default 1,8,32,64 / 1,4)")
+    p.add_argument("--chat-turns", type=int, help="measure time to first token over N chat turns instead")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--peers", default="auto", choices=("auto", "on", "off"),
                    help="transformers and torch.compile peers (auto: on CUDA only)")
@@ -371,6 +399,9 @@ def run(args: argparse.Namespace) -> Report:
     report = Report(model=name, device=device.type, dtype=str(dtype).removeprefix("torch."))
     print(f"tinyllm-bench: {name}, {model.num_params() / 1e6:.1f}M params, {device.type} {dtype}",
           file=sys.stderr)
+    if args.chat_turns:
+        bench_chat(model, args.model, args.chat_turns, report)
+        return report
     if args.engine:
         bench_engine(model, args.concurrency or ([1, 8, 32, 64] if cuda else [1, 4]), steps, repeats, report)
         return report

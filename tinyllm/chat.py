@@ -215,7 +215,11 @@ class ChatSession:
                              f"(with {reserve} kept for the reply); shorten it or raise --max-len")
         dropped = 0
         first = self.first_message
-        while len(self.context) + extra + reserve > self.max_len and first < len(self.messages):
+        if len(self.context) + extra + reserve <= self.max_len:
+            return 0
+        # Trim to 3/4 of the context, so the next turns fit without another re-prefill.
+        target = max(self.max_len * 3 // 4, head + extra + reserve)
+        while len(self.context) + extra + reserve > target and first < len(self.messages):
             first += 1
             while first < len(self.messages) and self.messages[first].role != "user":
                 first += 1  # a turn starts at a user message
