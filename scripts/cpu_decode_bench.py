@@ -16,8 +16,8 @@ import statistics
 import time
 
 import torch
-
 from device_train import SHAPES  # scripts/ is on sys.path when run as a script
+
 from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.model import ModelConfig, Transformer
 
@@ -61,7 +61,8 @@ def main() -> None:
                           "bf16_MB": round(disk_bytes(model, 2) / 1e6, 1),
                           "fp32_MB": round(disk_bytes(model, 4) / 1e6, 1),
                           "prefill_ms": round(min(r[0] for r in runs), 1),
-                          "tok_s_best": round(max(speeds), 1), "tok_s_median": round(statistics.median(speeds), 1),
+                          "tok_s_best": round(max(speeds), 1),
+                          "tok_s_median": round(statistics.median(speeds), 1),
                           "threads": args.threads}), flush=True)
 
 

@@ -8,12 +8,15 @@
 Stages (each a `python -m tinyllm.train` subprocess, so every run gets a fresh GPU):
   prepare  data/tokenizer/tokenizer.model (trained unless present), then the tokenized cache in
            data/cache/ (built unless present). Needs data/tinychat-distill/*.jsonl.xz.
-  sweep    every --shapes candidate for --sweep-minutes (whole budget, eval every 15 s), then
-           a table: params, tokens/s, steps, epochs, the eval loss at each minute and at the end.
-  final    --shape (or the sweep's winner) for --final-minutes: runs/final-<shape>/.
-Exports (to $OUT when set, else --export): ckpt/ and best/ of the final run (15 MiB shards),
-every run's log.jsonl, sweep.json. The budget counts everything from process start, setup
-and compile included; each run stops, evaluates and saves before its budget ends.
+  sweep    every --shapes candidate for --sweep-minutes (eager unless --sweep-compile; the
+           whole schedule in that time; eval every 15 s), then a table: params, tokens/s,
+           steps, epochs, the eval loss at each minute and at the end.
+  final    --shape (or the sweep's winner) for --final-minutes, compiled (if compiling
+           fails, the rest of the time eagerly): runs/final-<shape>/.
+Exports (to $OUT when set, else --export): runs.jsonl (all logs and the sweep table) and
+model/ (the final run's best checkpoint, 15 MiB shards). The budget counts everything from
+process start, setup and compile included; each run stops, evaluates and saves before its
+budget ends.
 
 Candidate shapes respect the product limits: <= 50M parameters, <= 64 MB saved in bf16, and
 CPU decode >= 60 tok/s on 2 cores (scripts/cpu_decode_bench.py measures them).
@@ -41,9 +44,9 @@ DEFAULT_SHAPE = "s512x8"
 PY = sys.executable
 
 
-def run(args: list[str]) -> None:
+def run(args: list[str], check: bool = True) -> int:
     print("$ " + " ".join(args), flush=True)
-    subprocess.run(args, check=True)
+    return subprocess.run(args, check=check).returncode
 
 
 def prepare(data: Path, vocab_size: int) -> Path:
@@ -63,12 +66,23 @@ def shape_flags(name: str) -> list[str]:
 
 def train(tok: Path, data: Path, out: Path, shape: str, minutes: float, extra: list[str],
           eval_every_s: float, compile_: bool) -> list[dict]:
+    """One run; if it fails with --compile, once more eagerly in the time that is left."""
+    t0 = time.perf_counter()
     if out.exists():
         shutil.rmtree(out)
-    run([PY, "-m", "tinyllm.train", "model", "--tokenizer", str(tok), "--data", str(data),
-         "--out", str(out), "--preset", "tinychat", *shape_flags(shape), "--budget-minutes", str(minutes),
-         "--eval-every", "0", "--eval-every-s", str(eval_every_s), "--ckpt-every", "0", "--log-every", "50",
-         *(["--compile"] if compile_ else []), *extra])
+    base = [PY, "-m", "tinyllm.train", "model", "--tokenizer", str(tok), "--data", str(data),
+            "--out", str(out), "--preset", "tinychat", *shape_flags(shape), "--eval-every", "0",
+            "--eval-every-s", str(eval_every_s), "--ckpt-every", "0", "--log-every", "50"]
+    rc = run([*base, "--budget-minutes", str(minutes), *(["--compile"] if compile_ else []), *extra],
+             check=not compile_)
+    if rc:
+        left = minutes - (time.perf_counter() - t0) / 60
+        print(f"WARNING: the compiled run failed (exit {rc}); eagerly for the {left:.1f} min left",
+              flush=True)
+        failed = out.with_name(out.name + "-compile-failed")
+        shutil.rmtree(failed, ignore_errors=True)
+        out.rename(failed)
+        run([*base, "--budget-minutes", f"{left:.2f}", *extra])
     return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
 
 
@@ -87,16 +101,26 @@ def summarize(shape: str, records: list[dict]) -> dict:
 
 
 def export(dest: Path, runs: Path, final: Path | None) -> None:
+    """Within what comes back from the device ($OUT: at most 8 files of 16 MiB, 64 MiB in
+    all): runs.jsonl (every run's log lines, tagged with "run", and the sweep table) and
+    model/ (the final run's best checkpoint: config, index, tokenizer, <= 4 shards)."""
     dest.mkdir(parents=True, exist_ok=True)
-    for log in runs.glob("*/log.jsonl"):
-        shutil.copy(log, dest / f"{log.parent.name}.log.jsonl")
-    if (runs / "sweep.json").is_file():
-        shutil.copy(runs / "sweep.json", dest / "sweep.json")
-    if final is not None:
-        for sub in ("ckpt", "best"):
-            if (final / sub).is_dir():
-                shutil.copytree(final / sub, dest / f"{final.name}-{sub}", dirs_exist_ok=True)
-    print(f"exported to {dest}", flush=True)
+    with open(dest / "runs.jsonl", "w") as f:
+        for log in sorted(runs.glob("*/log.jsonl")):
+            for line in log.read_text().splitlines():
+                f.write(json.dumps({"run": log.parent.name, **json.loads(line)}) + "\n")
+        if (runs / "sweep.json").is_file():
+            for row in json.loads((runs / "sweep.json").read_text()):
+                f.write(json.dumps({"run": "sweep", **row}) + "\n")
+    if final is not None and (final / "best").is_dir():
+        files = sorted((final / "best").iterdir())
+        sizes = [p.stat().st_size for p in files]
+        if len(files) > 7 or max(sizes) > 16 * 2**20 or sum(sizes) > 62 * 2**20:
+            print(f"not exporting {final / 'best'}: {len(files)} files, {sum(sizes) / 2**20:.1f} MiB "
+                  "exceed what $OUT brings back", flush=True)
+        else:
+            shutil.copytree(final / "best", dest / "model", dirs_exist_ok=True)
+    print(f"exported to {dest}: {sorted(p.name for p in dest.iterdir())}", flush=True)
 
 
 def main() -> None:
@@ -110,9 +134,12 @@ def main() -> None:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--sweep-minutes", type=float, default=1.25)
     p.add_argument("--no-final", action="store_true")
-    p.add_argument("--shape", default=None, help=f"final shape (default: the sweep's best, else {DEFAULT_SHAPE})")
+    p.add_argument("--shape", default=None,
+                   help=f"final shape (default: the sweep's best, else {DEFAULT_SHAPE})")
     p.add_argument("--final-minutes", type=float, default=8.0)
-    p.add_argument("--no-compile", action="store_true", help="eager training (if torch.compile fails)")
+    p.add_argument("--no-compile", action="store_true", help="train the final run eagerly")
+    p.add_argument("--sweep-compile", action="store_true",
+                   help="compile the sweep's runs too (compiling takes a good part of a short run)")
     p.add_argument("--runs", default="runs")
     p.add_argument("--export", default=os.environ.get("OUT"))
     args = p.parse_args(argv)
@@ -127,15 +154,16 @@ def main() -> None:
     if args.sweep:
         table = []
         for shape in args.shapes.split(","):
-            recs = train(tok, data, runs / f"sweep-{shape}", shape, args.sweep_minutes, extra, 15, not args.no_compile)
+            recs = train(tok, data, runs / f"sweep-{shape}", shape, args.sweep_minutes, extra, 15,
+                         args.sweep_compile)
             table.append(summarize(shape, recs))
             print("SWEEP " + json.dumps(table[-1]), flush=True)
         (runs / "sweep.json").write_text(json.dumps(table, indent=2) + "\n")
         print("\nshape     params  tok/s     steps  epochs  eval by minute              final  best")
         for r in table:
             mins = " ".join(f"{k}:{v:.3f}" for k, v in r["eval_by_minute"].items())
-            print(f"{r['shape']:8s} {r['params_M']:6.1f}M {r['tok_s'] or 0:8d} {r['steps']:7d} {r['epochs']:6.2f}"
-                  f"  {mins:26s} {r['final_eval']:.4f} {r['best_eval']:.4f}", flush=True)
+            print(f"{r['shape']:8s} {r['params_M']:6.1f}M {r['tok_s'] or 0:8d} {r['steps']:7d} "
+                  f"{r['epochs']:6.2f}  {mins:26s} {r['final_eval']:.4f} {r['best_eval']:.4f}", flush=True)
         final_shape = args.shape or min(table, key=lambda r: r["best_eval"])["shape"]
     final = None
     if not args.no_final:

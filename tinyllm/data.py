@@ -1,4 +1,4 @@
-"""Chat training data: read, split, render, tokenize, cache, pack, batch.
+"""Chat training data: read, split, render, train the tokenizer, tokenize, cache, pack, batch.
 
 Contract:
 - Input: a folder of `*.jsonl.xz` files, one conversation a line:
@@ -31,6 +31,7 @@ import hashlib
 import json
 import lzma
 import os
+import random
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ import torch
 from torch import Tensor
 
 from tinyllm.chat_template import ChatTemplate, get_template
-from tinyllm.tokenizer import Tokenizer
+from tinyllm.tokenizer import Tokenizer, train_sentencepiece
 
 CACHE_VERSION = 1  # bump when the rendering or the cache layout changes
 SPECIAL_PIECES = ("<|im_start|>", "<|im_end|>")
@@ -177,6 +178,17 @@ def tokenize_split(tok: Tokenizer, convs: list[Messages], template_name: str = "
     return TokenizedSplit(ids, trained, offsets)
 
 
+def train_tokenizer(data_dir: str | Path, out: str | Path, vocab_size: int, sample: int = 100_000,
+                    template_name: str = "chatml", eval_per_mille: int = 10, seed: int = 0) -> Path:
+    """Sentencepiece (BPE, byte fallback, SPECIAL_PIECES) trained on `sample` rendered training
+    conversations; returns OUT/tokenizer.model."""
+    train, _ = read_split(data_dir, eval_per_mille)
+    template = get_template(template_name)
+    convs = random.Random(seed).sample(train, min(sample, len(train)))
+    texts = ["".join(text for text, _ in render_segments(m, template)) for m in convs]
+    return train_sentencepiece(texts, Path(out) / "tokenizer", vocab_size, SPECIAL_PIECES)
+
+
 # ---- the cache ------------------------------------------------------------------------
 
 def cache_key(tok: Tokenizer, data_dir: str | Path, template_name: str, eval_per_mille: int) -> str:
@@ -251,7 +263,8 @@ def pack_rows(split: TokenizedSplit, row_len: int, pad_id: int) -> PackedRows:
     conv = torch.repeat_interleave(torch.arange(len(lens)), lens)  # (K,) conversation of each kept id
     within = torch.arange(len(conv)) - torch.repeat_interleave(lens.cumsum(0) - lens, lens)  # (K,)
     src = starts[conv] + within  # (K,) index into split.ids
-    dst = torch.tensor(row, dtype=torch.int64)[conv] * row_len + torch.tensor(col, dtype=torch.int64)[conv] + within
+    row_t, col_t = torch.tensor(row, dtype=torch.int64), torch.tensor(col, dtype=torch.int64)  # (C,)
+    dst = row_t[conv] * row_len + col_t[conv] + within  # (K,) index into the flat rows
     tokens = torch.full((n_rows * row_len,), pad_id, dtype=torch.int32)
     trained = torch.zeros(n_rows * row_len, dtype=torch.bool)
     tokens[dst] = split.ids[src]

@@ -2,6 +2,7 @@
 
   tokenizer  trains a byte-fallback BPE sentencepiece model on a sample of the training split
              (ChatML-rendered, "<|im_start|>"/"<|im_end|>" as special pieces) -> OUT/tokenizer.model
+  tokenize   tokenizes the data into the cache of `tinyllm.data` (the model step does it too)
   model      trains a Transformer on the packed, assistant-only-masked rows of `tinyllm.data`
 
 Contract of `model`:
@@ -9,10 +10,10 @@ Contract of `model`:
   from `lr` to `min_lr`. Progress is steps / `max_steps`, or elapsed / budget when only a
   budget is given (the later of the two when both are).
 - bf16 autocast on CUDA over fp32 master weights; fp32 on the CPU. `--compile` wraps the
-  model in torch.compile (the saved weights are the uncompiled module's).
+  model in torch.compile for the training steps (eval and saving use the plain module).
 - Wall-clock budget (`--budget-minutes`, counted from the start of the call plus the time
   of earlier calls on resume): it stops early enough to evaluate and save before the budget
-  ends (the reserve is the last measured eval time plus twice the last save time).
+  ends (the reserve: the last eval, best/ save and ckpt save times, measured from step 0 on).
 - Eval loss (mean over trained tokens of the held-out split) at step 0, every `eval_every`
   steps / `eval_every_s` seconds, and at the end.
 - OUT holds: ckpt/ (the latest tinyllm checkpoint: bf16 shards of at most 15 MiB, the
@@ -28,9 +29,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import inspect
 import json
 import math
-import random
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -42,7 +44,7 @@ from tinyllm import data
 from tinyllm.chat_template import get_template
 from tinyllm.checkpoint import save_checkpoint
 from tinyllm.model import ModelConfig, Transformer
-from tinyllm.tokenizer import Tokenizer, train_sentencepiece
+from tinyllm.tokenizer import Tokenizer
 
 STATE = "train_state.pt"
 LOG = "log.jsonl"
@@ -74,6 +76,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global grad norm (0: off)
     budget_minutes: float = 0.0  # wall-clock budget over all calls (0: none)
     max_steps: int = 0  # stop after this many steps (0: none)
+    stop_at: int = 0  # end this call after this step, the schedule unchanged (0: none); resume later
     eval_every: int = 250  # steps between evals (0: off)
     eval_every_s: float = 0.0  # seconds between evals (0: off)
     eval_rows: int = 0  # cap on held-out rows per eval (0: all)
@@ -88,25 +91,16 @@ class TrainConfig:
     workers: int = 0  # tokenizing processes (0: all cores)
 
 
-# ---- the tokenizer step ---------------------------------------------------------------
+# ---- the tokenizer and tokenize steps -------------------------------------------------
 
-def render_text(messages: data.Messages, template_name: str) -> str:
-    return "".join(text for text, _ in data.render_segments(messages, get_template(template_name)))
-
-
-def train_tokenizer(data_dir: str, out: str, vocab_size: int, sample: int = 100_000,
-                    template: str = "chatml", eval_per_mille: int = 10, seed: int = 0) -> Path:
-    """Train sentencepiece on `sample` training conversations; returns OUT/tokenizer.model."""
+def tokenize(tokenizer: str, data_dir: str, cache_dir: str, template: str = "chatml",
+             eval_per_mille: int = 10, workers: int = 0) -> dict[str, data.TokenizedSplit]:
     t0 = time.perf_counter()
-    train, _ = data.read_split(data_dir, eval_per_mille)
-    convs = random.Random(seed).sample(train, min(sample, len(train)))
-    texts = [render_text(m, template) for m in convs]
-    path = train_sentencepiece(texts, Path(out) / "tokenizer", vocab_size, data.SPECIAL_PIECES)
-    tok = Tokenizer.load(path)
-    log(None, {"event": "tokenizer", "path": str(path), "vocab_size": tok.vocab_size,
-               "conversations": len(texts), "chars": sum(map(len, texts)),
-               "seconds": round(time.perf_counter() - t0, 1)})
-    return path
+    tok = Tokenizer.load(resolve_tokenizer(tokenizer))
+    splits, cached = data.load_tokenized(tok, data_dir, cache_dir, template, eval_per_mille, workers or None)
+    log(None, {"event": "tokenize", "cached": cached, "seconds": round(time.perf_counter() - t0, 1),
+               **{f"{k}_tokens": len(s.ids) for k, s in splits.items()}})
+    return splits
 
 
 # ---- the model step -------------------------------------------------------------------
@@ -164,19 +158,19 @@ def autocast(device: torch.device):
 
 
 @torch.no_grad()
-def evaluate(fmodel, rows: data.PackedRows, cfg: TrainConfig, device: torch.device) -> float:
+def evaluate(model: Transformer, rows: data.PackedRows, cfg: TrainConfig, device: torch.device) -> float:
     """Mean loss over every trained token of the held-out rows."""
-    fmodel.eval()
+    model.eval()
     total = torch.zeros((), device=device)
     count = 0
     for x, y in data.eval_batches(rows, cfg.batch_size, device, cfg.eval_rows or None):
         n = int((y != -100).sum())
         if n:
             with autocast(device):
-                _, loss = fmodel(x, targets=y)
+                _, loss = model(x, targets=y)
             total += loss.float() * n
             count += n
-    fmodel.train()
+    model.train()
     return float(total) / max(count, 1)
 
 
@@ -205,131 +199,187 @@ def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
 
 
-def train_model(cfg: TrainConfig) -> dict:
-    """Train (or resume) one run; returns the final log record."""
-    t0 = time.perf_counter()
-    if not cfg.budget_minutes and not cfg.max_steps:
-        raise ValueError("give --budget-minutes or --max-steps (or both)")
-    out = Path(cfg.out)
-    if cfg.resume and not (out / STATE).is_file():
-        raise FileNotFoundError(f"--resume: no {STATE} in {out}; start without --resume")
-    if not cfg.resume and (out / STATE).is_file():
-        raise ValueError(f"{out} already holds a run; pass --resume to continue it or pick another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    tok_path = resolve_tokenizer(cfg.tokenizer)
-    tok = Tokenizer.load(tok_path)
-    tok_sha = hashlib.sha256(tok.serialized()).hexdigest()
-    splits, cached = data.load_tokenized(tok, cfg.data, cfg.cache_dir, cfg.template, cfg.eval_per_mille,
-                                         cfg.workers or None, log=lambda s: log(out, json.loads(s)))
-    train_rows = data.pack_rows(splits["train"], cfg.seq_len + 1, tok.pad_id)
-    eval_rows = data.pack_rows(splits["eval"], cfg.seq_len + 1, tok.pad_id)
-    if len(train_rows) < cfg.batch_size:
-        raise ValueError(f"only {len(train_rows)} training rows of {cfg.seq_len + 1} tokens; lower --batch-size")
+def pick_device(name: str) -> torch.device:
+    return torch.device(name if name != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
 
-    st, saved = RunState(), None
-    if cfg.resume:
-        saved = torch.load(out / STATE, map_location="cpu", weights_only=True)
-        if saved["tokenizer_sha"] != tok_sha:
+
+class Trainer:
+    """One call of one run: set up (or resume), then `run()` until max_steps, stop_at or the
+    budget, evaluate, save. Timings it measures as it goes size the budget's reserve."""
+
+    def __init__(self, cfg: TrainConfig):
+        self.t0 = time.perf_counter()
+        self.cfg, self.out = cfg, Path(cfg.out)
+        self._check_out()
+        self.device = pick_device(cfg.device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        tok_path = resolve_tokenizer(cfg.tokenizer)
+        self.tok = Tokenizer.load(tok_path)
+        self.tok_sha = hashlib.sha256(self.tok.serialized()).hexdigest()
+        splits, self.cached = data.load_tokenized(self.tok, cfg.data, cfg.cache_dir, cfg.template,
+                                                  cfg.eval_per_mille, cfg.workers or None,
+                                                  log=lambda s: log(self.out, json.loads(s)))
+        self.train_rows = data.pack_rows(splits["train"], cfg.seq_len + 1, self.tok.pad_id)
+        self.eval_rows = data.pack_rows(splits["eval"], cfg.seq_len + 1, self.tok.pad_id)
+        if len(self.train_rows) < cfg.batch_size:
+            raise ValueError(f"only {len(self.train_rows)} training rows of {cfg.seq_len + 1} tokens; "
+                             "lower --batch-size")
+        saved = torch.load(self.out / STATE, map_location="cpu", weights_only=True) if cfg.resume else None
+        if saved is not None and saved["tokenizer_sha"] != self.tok_sha:
             raise ValueError(f"--resume: {tok_path} is not the tokenizer this run was trained with")
-        st = RunState(**saved["run"])
-        mcfg = ModelConfig.from_dict(saved["model_config"])
-    else:
-        mcfg = model_config(cfg, tok.vocab_size)
-    torch.manual_seed(cfg.seed)
-    model = Transformer(mcfg).init_weights(cfg.seed)
-    if saved is not None:
-        model.load_state_dict(saved["model"])
-    model.to(device).train()
-    opt = make_optimizer(model, cfg, device)
-    if saved is not None:
-        opt.load_state_dict(saved["optimizer"])
-    del saved
-    fmodel = torch.compile(model) if cfg.compile else model
-    sampler = data.RowSampler(train_rows, device, cfg.seed, st.consumed)
-    name = cfg.name or out.name
-    tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_len
-    log(out, {"event": "start", "resume": cfg.resume, "from_step": st.step, "device": str(device),
-              "params": model.num_params(), "model": mcfg.to_dict(), "tokens_per_step": tokens_per_step,
-              "train_rows": len(train_rows), "eval_rows": len(eval_rows), "truncated": train_rows.truncated,
-              "cached_tokens": cached, "setup_s": round(time.perf_counter() - t0, 1), "config": asdict(cfg)})
+        self.st = RunState(**saved["run"]) if saved else RunState()
+        mcfg = (ModelConfig.from_dict(saved["model_config"]) if saved
+                else model_config(cfg, self.tok.vocab_size))
+        torch.manual_seed(cfg.seed)
+        self.model = Transformer(mcfg).init_weights(cfg.seed)
+        if saved is not None:
+            self.model.load_state_dict(saved["model"])
+        self.model.to(self.device).train()
+        self.opt = make_optimizer(self.model, cfg, self.device)
+        if saved is not None:
+            self.opt.load_state_dict(saved["optimizer"])
+        self.fmodel = torch.compile(self.model) if cfg.compile else self.model
+        self.sampler = data.RowSampler(self.train_rows, self.device, cfg.seed, self.st.consumed)
+        self.name = cfg.name or self.out.name
+        self.tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_len
+        self.prior = self.st.elapsed  # seconds of earlier calls
+        # Seconds, measured as the run goes (the step-0 eval and save measure them first).
+        self.eval_s, self.ckpt_s, self.best_s, self.step_s = 0.0, 0.0, 0.0, 0.0
+        self.evaluated_at = -1
 
-    budget, prior = cfg.budget_minutes * 60, st.elapsed
-    elapsed = lambda: prior + time.perf_counter() - t0  # noqa: E731
-    eval_s, ckpt_s, best_s, step_s = 0.0, 5.0, 5.0, 0.0  # measured as we go (saves: guesses)
-    reserve = lambda: eval_s + best_s + ckpt_s + 2 * step_s + 2.0  # noqa: E731
-    evaluated_at = -1
+    def _check_out(self) -> None:
+        cfg = self.cfg
+        if not cfg.budget_minutes and not cfg.max_steps:
+            raise ValueError("give --budget-minutes or --max-steps (or both)")
+        if cfg.resume and not (self.out / STATE).is_file():
+            raise FileNotFoundError(f"--resume: no {STATE} in {self.out}; start without --resume")
+        if not cfg.resume and (self.out / STATE).is_file():
+            raise ValueError(f"{self.out} already holds a run; pass --resume to continue it "
+                             "or pick another --out")
+        self.out.mkdir(parents=True, exist_ok=True)
 
-    def save(sub: str = "ckpt") -> float:
+    def elapsed(self) -> float:
+        return self.prior + time.perf_counter() - self.t0
+
+    def reserve(self) -> float:
+        """Seconds to keep for the final eval and saves."""
+        return self.eval_s + self.best_s + 1.5 * self.ckpt_s + 2 * self.step_s + 2.0
+
+    def log(self, record: dict) -> None:
+        log(self.out, record)
+
+    def save(self, sub: str = "ckpt") -> float:
         ts = time.perf_counter()
-        st.consumed, st.elapsed = sampler.consumed, elapsed()
-        save_run(out, model, opt, tok, cfg, st, tok_sha, name, sub, with_state=sub == "ckpt")
+        self.st.consumed, self.st.elapsed = self.sampler.consumed, self.elapsed()
+        save_run(self.out, self.model, self.opt, self.tok, self.cfg, self.st, self.tok_sha, self.name, sub,
+                 with_state=sub == "ckpt")
         return time.perf_counter() - ts
 
-    def run_eval() -> None:
-        nonlocal eval_s, best_s, evaluated_at
-        te = time.perf_counter()
-        st.eval_loss = evaluate(fmodel, eval_rows, cfg, device)
-        eval_s, evaluated_at = time.perf_counter() - te, st.step
-        log(out, {"step": st.step, "eval_loss": round(st.eval_loss, 4), "elapsed": round(elapsed(), 1),
-                  "tokens": st.step * tokens_per_step, "epoch": round(sampler.epoch, 3), "eval_s": round(eval_s, 1)})
+    def run_eval(self) -> None:
+        st, te = self.st, time.perf_counter()
+        st.eval_loss = evaluate(self.model, self.eval_rows, self.cfg, self.device)
+        self.eval_s, self.evaluated_at = time.perf_counter() - te, st.step
+        self.log({"step": st.step, "eval_loss": round(st.eval_loss, 4), "elapsed": round(self.elapsed(), 1),
+                  "tokens": st.step * self.tokens_per_step, "epoch": round(self.sampler.epoch, 3),
+                  "eval_s": round(self.eval_s, 1)})
         if st.eval_loss < st.best_eval:
             st.best_eval = st.eval_loss
-            best_s = save("best")
+            self.best_s = self.save("best")
 
-    run_eval()
-    last_eval_t, reason = time.perf_counter(), "max_steps"
-    win_t, win_steps, loss_sum = time.perf_counter(), 0, torch.zeros((), device=device)
-    while not cfg.max_steps or st.step < cfg.max_steps:
-        if budget and elapsed() + reserve() >= budget:
-            reason = "budget"
-            break
-        ts = time.perf_counter()
-        lr = lr_at(cfg, st.step, elapsed(), reserve())
-        for g in opt.param_groups:
+    def train_step(self, lr: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One optimizer step; (mean loss, grad norm) as device tensors (no sync)."""
+        cfg = self.cfg
+        for g in self.opt.param_groups:
             g["lr"] = lr
+        total = torch.zeros((), device=self.device)
         for _ in range(cfg.grad_accum):
-            x, y = sampler.next(cfg.batch_size)  # (B, T) each
-            with autocast(device):
-                _, loss = fmodel(x, targets=y)
+            x, y = self.sampler.next(cfg.batch_size)  # (B, T) each
+            with autocast(self.device):
+                _, loss = self.fmodel(x, targets=y)
             (loss / cfg.grad_accum).backward()
-            loss_sum += loss.detach().float() / cfg.grad_accum
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip) if cfg.grad_clip else None
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        st.step += 1
-        win_steps += 1
-        step_s = time.perf_counter() - ts if st.step > 3 else step_s  # first steps include compiling
-        if st.step % cfg.log_every == 0:
-            mean_loss = float(loss_sum) / win_steps  # syncs
-            dt = time.perf_counter() - win_t
-            log(out, {"step": st.step, "loss": round(mean_loss, 4), "lr": round(lr, 7),
-                      "grad_norm": round(float(norm), 3) if norm is not None else None,
-                      "tok_s": round(win_steps * tokens_per_step / dt), "elapsed": round(elapsed(), 1),
-                      "tokens": st.step * tokens_per_step, "epoch": round(sampler.epoch, 3)})
-            step_s = dt / win_steps
-            win_t, win_steps, loss_sum = time.perf_counter(), 0, torch.zeros((), device=device)
-        due_s = cfg.eval_every_s and time.perf_counter() - last_eval_t >= cfg.eval_every_s
-        if (cfg.eval_every and st.step % cfg.eval_every == 0) or due_s:
-            run_eval()
-            last_eval_t = time.perf_counter()
-        if cfg.ckpt_every and st.step % cfg.ckpt_every == 0:
-            ckpt_s = save()
-            log(out, {"event": "checkpoint", "step": st.step, "path": str(out / "ckpt"), "save_s": round(ckpt_s, 1)})
-    if evaluated_at != st.step:
-        run_eval()
-    save()
-    final = {"event": "done", "reason": reason, "step": st.step, "eval_loss": round(st.eval_loss, 4),
-             "best_eval_loss": round(st.best_eval, 4), "elapsed": round(elapsed(), 1),
-             "tokens": st.step * tokens_per_step, "epoch": round(sampler.epoch, 3),
-             "params": model.num_params(), "ckpt_bytes": folder_bytes(out / "ckpt"), "ckpt": str(out / "ckpt")}
-    log(out, final)
-    return final
+            total += loss.detach().float() / cfg.grad_accum
+        norm = None
+        if cfg.grad_clip:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.st.step += 1
+        return total, norm
+
+    def stop_reason(self) -> str | None:
+        cfg, step = self.cfg, self.st.step
+        if cfg.max_steps and step >= cfg.max_steps:
+            return "max_steps"
+        if cfg.stop_at and step >= cfg.stop_at:
+            return "stop_at"
+        if cfg.budget_minutes and self.elapsed() + self.reserve() >= cfg.budget_minutes * 60:
+            return "budget"
+        return None
+
+    def run(self) -> dict:
+        cfg, st = self.cfg, self.st
+        self.log({"event": "start", "resume": cfg.resume, "from_step": st.step, "device": str(self.device),
+                  "params": self.model.num_params(), "model": self.model.cfg.to_dict(),
+                  "tokens_per_step": self.tokens_per_step, "train_rows": len(self.train_rows),
+                  "eval_rows": len(self.eval_rows), "truncated": self.train_rows.truncated,
+                  "cached_tokens": self.cached, "setup_s": round(time.perf_counter() - self.t0, 1),
+                  "config": asdict(cfg)})
+        self.run_eval()
+        self.ckpt_s = self.save()  # also measures what the final save will take
+        last_eval_t = win_t = time.perf_counter()
+        win_steps, loss_sum = 0, torch.zeros((), device=self.device)
+        while (reason := self.stop_reason()) is None:
+            ts = time.perf_counter()
+            lr = lr_at(cfg, st.step, self.elapsed(), self.reserve())
+            loss, norm = self.train_step(lr)
+            loss_sum += loss
+            win_steps += 1
+            if st.step > 3:  # the first steps compile; later ones are launch time until synced below
+                self.step_s = time.perf_counter() - ts
+            if st.step % cfg.log_every == 0:
+                dt = time.perf_counter() - win_t
+                self.log({"step": st.step, "loss": round(float(loss_sum) / win_steps, 4), "lr": round(lr, 7),
+                          "grad_norm": round(float(norm), 3) if norm is not None else None,
+                          "tok_s": round(win_steps * self.tokens_per_step / dt),
+                          "elapsed": round(self.elapsed(), 1), "tokens": st.step * self.tokens_per_step,
+                          "epoch": round(self.sampler.epoch, 3)})
+                self.step_s = dt / win_steps
+                win_t, win_steps, loss_sum = time.perf_counter(), 0, torch.zeros((), device=self.device)
+            tp = time.perf_counter()
+            if (cfg.eval_every and st.step % cfg.eval_every == 0) or (
+                    cfg.eval_every_s and tp - last_eval_t >= cfg.eval_every_s):
+                self.run_eval()
+                last_eval_t = time.perf_counter()
+            if cfg.ckpt_every and st.step % cfg.ckpt_every == 0:
+                self.ckpt_s = self.save()
+                self.log({"event": "checkpoint", "step": st.step, "path": str(self.out / "ckpt"),
+                          "save_s": round(self.ckpt_s, 1)})
+            win_t += time.perf_counter() - tp  # tokens/s counts training time only
+        if self.evaluated_at != st.step:
+            self.run_eval()
+        self.save()
+        final = {"event": "done", "reason": reason, "step": st.step, "eval_loss": round(st.eval_loss, 4),
+                 "best_eval_loss": round(st.best_eval, 4), "elapsed": round(self.elapsed(), 1),
+                 "tokens": st.step * self.tokens_per_step, "epoch": round(self.sampler.epoch, 3),
+                 "params": self.model.num_params(), "ckpt_bytes": folder_bytes(self.out / "ckpt"),
+                 "ckpt": str(self.out / "ckpt")}
+        self.log(final)
+        return final
+
+
+def train_model(cfg: TrainConfig) -> dict:
+    """Train (or resume) one run; returns the final log record."""
+    return Trainer(cfg).run()
 
 
 # ---- the CLI --------------------------------------------------------------------------
+
+def _field_comments() -> dict[str, str]:
+    """TrainConfig's per-field comments, as --help text."""
+    src = inspect.getsource(TrainConfig)
+    return {m[1]: m[2] for m in re.finditer(r"^\s+(\w+): [^#\n]*# (.*)$", src, re.M)}
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tinyllm.train", description=__doc__.split("\n")[0])
@@ -341,17 +391,26 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--sample", type=int, default=100_000, help="conversations to train on")
     t.add_argument("--template", default="chatml")
     t.add_argument("--eval-per-mille", type=int, default=10)
+    k = sub.add_parser("tokenize", help="tokenize the data into the cache (the model step does it too)")
+    k.add_argument("--tokenizer", required=True)
+    k.add_argument("--data", default="data/tinychat-distill")
+    k.add_argument("--cache-dir", default="data/cache")
+    k.add_argument("--template", default="chatml")
+    k.add_argument("--eval-per-mille", type=int, default=10)
+    k.add_argument("--workers", type=int, default=0)
     m = sub.add_parser("model", help="train a model")
+    helps = _field_comments()
     for f in fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
+        flag, h = "--" + f.name.replace("_", "-"), helps.get(f.name)
         if f.name == "tie_embeddings":
-            m.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-        elif f.type in ("bool",):
-            m.add_argument(flag, action="store_true")
+            m.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=h)
+        elif f.type == "bool":
+            m.add_argument(flag, action="store_true", help=h)
         else:
             kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
             required = f.name in ("out", "tokenizer")
-            m.add_argument(flag, type=kind, required=required, default=None if required else f.default)
+            m.add_argument(flag, type=kind, required=required, default=None if required else f.default,
+                           help=h if required else f"{h or ''} (default: {f.default})")
     return p
 
 
@@ -359,7 +418,14 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.cmd == "tokenizer":
-            train_tokenizer(args.data, args.out, args.vocab_size, args.sample, args.template, args.eval_per_mille)
+            t0 = time.perf_counter()
+            path = data.train_tokenizer(args.data, args.out, args.vocab_size, args.sample, args.template,
+                                        args.eval_per_mille)
+            log(None, {"event": "tokenizer", "path": str(path), "vocab_size": Tokenizer.load(path).vocab_size,
+                       "seconds": round(time.perf_counter() - t0, 1)})
+        elif args.cmd == "tokenize":
+            tokenize(args.tokenizer, args.data, args.cache_dir, args.template, args.eval_per_mille,
+                     args.workers)
         else:
             cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
             train_model(cfg)
