@@ -18,8 +18,9 @@ Contract:
 - Packing: whole conversations are packed best-fit (longest first) into rows of T+1 tokens;
   the rest of a row is padding (pad id, never trained). A conversation never spans two rows,
   so every answer sees its question; one longer than a row is truncated (counted).
-  Conversations in a row attend to each other causally (plain causal attention, so the flash
-  kernel runs); BOS marks where each starts.
+  With `bos_id`, a row starts with BOS and the conversations in it follow without one, so a
+  row reads as one long multi-turn chat on changing topics: the model learns to answer the
+  latest turn, as the app asks it to (plain causal attention, so the flash kernel runs).
 - Batches: rows live on the training device; `RowSampler` walks a fresh permutation per
   epoch (seeded by seed and epoch, so a resumed run continues the same order).
 """
@@ -255,11 +256,16 @@ def assign_rows(lens: list[int], row_len: int) -> tuple[list[int], list[int], in
     return row, col, n_rows
 
 
-def pack_rows(split: TokenizedSplit, row_len: int, pad_id: int) -> PackedRows:
-    lens_all = (split.offsets[1:] - split.offsets[:-1]).tolist()
+def pack_rows(split: TokenizedSplit, row_len: int, pad_id: int, bos_id: int | None = None) -> PackedRows:
+    starts = split.offsets[:-1]  # (C,)
+    lens_all = (split.offsets[1:] - starts).tolist()
+    head = 0
+    if bos_id is not None:  # strip each conversation's BOS; each row gets one at its start
+        assert bool((split.ids[starts] == bos_id).all()), "every conversation starts with BOS"
+        starts, lens_all, head = starts + 1, [n - 1 for n in lens_all], 1
+    row_len -= head
     row, col, n_rows = assign_rows(lens_all, row_len)
     lens = torch.tensor(lens_all, dtype=torch.int64).clamp(max=row_len)  # (C,)
-    starts = split.offsets[:-1]  # (C,)
     conv = torch.repeat_interleave(torch.arange(len(lens)), lens)  # (K,) conversation of each kept id
     within = torch.arange(len(conv)) - torch.repeat_interleave(lens.cumsum(0) - lens, lens)  # (K,)
     src = starts[conv] + within  # (K,) index into split.ids
@@ -270,7 +276,11 @@ def pack_rows(split: TokenizedSplit, row_len: int, pad_id: int) -> PackedRows:
     tokens[dst] = split.ids[src]
     trained[dst] = split.trained[src]
     truncated = sum(n > row_len for n in lens_all)
-    return PackedRows(tokens.view(n_rows, row_len), trained.view(n_rows, row_len), truncated)
+    tokens, trained = tokens.view(n_rows, row_len), trained.view(n_rows, row_len)
+    if head:
+        tokens = torch.cat([torch.full((n_rows, 1), bos_id, dtype=torch.int32), tokens], dim=1)
+        trained = torch.cat([torch.zeros(n_rows, 1, dtype=torch.bool), trained], dim=1)
+    return PackedRows(tokens, trained, truncated)
 
 
 def rows_to_batch(tokens: Tensor, trained: Tensor) -> tuple[Tensor, Tensor]:

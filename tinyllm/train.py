@@ -220,8 +220,8 @@ class Trainer:
         splits, self.cached = data.load_tokenized(self.tok, cfg.data, cfg.cache_dir, cfg.template,
                                                   cfg.eval_per_mille, cfg.workers or None,
                                                   log=lambda s: log(self.out, json.loads(s)))
-        self.train_rows = data.pack_rows(splits["train"], cfg.seq_len + 1, self.tok.pad_id)
-        self.eval_rows = data.pack_rows(splits["eval"], cfg.seq_len + 1, self.tok.pad_id)
+        self.train_rows = data.pack_rows(splits["train"], cfg.seq_len + 1, self.tok.pad_id, self.tok.bos_id)
+        self.eval_rows = data.pack_rows(splits["eval"], cfg.seq_len + 1, self.tok.pad_id, self.tok.bos_id)
         if len(self.train_rows) < cfg.batch_size:
             raise ValueError(f"only {len(self.train_rows)} training rows of {cfg.seq_len + 1} tokens; "
                              "lower --batch-size")

@@ -259,3 +259,16 @@ def test_compiled_bf16_training_on_cuda(tok_path, data_dir, tmp_path):
     assert evals[-1] < evals[0] - 1.0, evals
     ck = load_checkpoint(out / "ckpt", device="cuda")
     assert ck.model.dtype == torch.bfloat16
+
+
+def test_packing_with_bos_reads_each_row_as_one_multi_turn_chat(tok):
+    convs = [SYSTEM_CONV[1:3], SYSTEM_CONV[3:], SYSTEM_CONV[1:3], SYSTEM_CONV[3:]]
+    split = data.tokenize_split(tok, convs)
+    lens = (split.offsets[1:] - split.offsets[:-1]).tolist()
+    rows = data.pack_rows(split, 2 * max(lens) + 4, tok.pad_id, tok.bos_id)
+    assert len(rows) < len(convs)
+    assert (rows.tokens[:, 0] == tok.bos_id).all() and (rows.tokens == tok.bos_id).sum() == len(rows)
+    assert int((rows.tokens != tok.pad_id).sum()) == sum(lens) - len(convs) + len(rows)
+    x, y = next(data.eval_batches(rows, len(rows), torch.device("cpu")))
+    replies = sorted(m["content"] + "<|im_end|>" for c in convs for m in c if m["role"] == "assistant")
+    assert sorted(tok.decode(r) for row in y for r in _runs(row)) == replies  # the mask survives
