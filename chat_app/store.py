@@ -95,13 +95,14 @@ class Store:
     def set_system(self, text: str | None) -> None:
         self.system = text or None
         if self.conversation is not None:
-            self.db.execute("UPDATE conversations SET system = ? WHERE id = ?", (self.system, self.conversation))
+            self.db.execute("UPDATE conversations SET system = ? WHERE id = ?",
+                            (self.system, self.conversation))
 
     # ---- reading -----------------------------------------------------------------------
 
     def messages(self) -> list[Saved]:
-        rows = self.db.execute("SELECT role, content, stopped FROM messages WHERE conversation = ? ORDER BY id",
-                               (self.conversation,))
+        rows = self.db.execute("SELECT role, content, stopped FROM messages "
+                               "WHERE conversation = ? ORDER BY id", (self.conversation,))
         return [Saved(role, content, bool(stopped)) for role, content, stopped in rows]
 
     def resume_last(self) -> list[Saved]:

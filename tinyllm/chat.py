@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from tinyllm.chat_template import ChatTemplate, get_template
+from tinyllm.chat_template import ChatTemplate
 from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.model import Transformer
 from tinyllm.sampling import SamplingParams, make_generator, sample
@@ -253,7 +253,6 @@ class ChatSession:
             self.decoder.use_graph, self._want_graphs = self._want_graphs, None
 
     def _reply(self, dropped: int) -> Iterator[Prefilled | Token | Finished]:
-        self._stop.clear()
         dec, params = self.decoder, self.params
         t0 = time.perf_counter()
         new = torch.tensor([self.context[dec.n:]], dtype=torch.long, device=self.model.device)
@@ -301,6 +300,7 @@ class ChatSession:
         self.context = self.context + ids
         stats = self._stats(len(out_ids), t_decode, ttft)
         self.last_stats = stats
+        self._stop.clear()  # a stop() that came before this reply began still stopped it
         if tail:
             yield Token(tail, stats)
         yield Finished(reason, text, stats)
@@ -315,12 +315,15 @@ class ChatSession:
 def open_session(path: str | Path, device: str = "auto", max_len: int | None = None,
                  params: SamplingParams = SamplingParams(), system: str | None = None,
                  use_graph: bool | None = None, template: str | None = None) -> ChatSession:
-    """Load a checkpoint folder and open a ChatSession on it."""
-    from tinyllm.checkpoint import load_checkpoint
+    """Open a model (tinyllm checkpoint folder, Hugging Face folder or .gguf file; see
+    tinyllm.open_model) in a ChatSession. Without a system prompt, the model's own default
+    one (what its Jinja chat template writes when there is none) is used."""
+    from tinyllm.open_model import open_any
 
     dev = resolve_device(device)
-    ckpt = load_checkpoint(path, dev)
-    name = template or ckpt.info.chat.get("template", "chatml")
-    max_len = min(max_len or ckpt.info.config.max_seq_len, ckpt.info.config.max_seq_len)
-    return ChatSession(ckpt.model, ckpt.tokenizer, get_template(name), max_len=max_len, params=params,
-                       system=system, use_graph=use_graph, name=ckpt.info.name)
+    model, tokenizer, chat_template, name = open_any(path, dev, template=template)
+    if system is None:
+        system = getattr(chat_template, "default_system", None)
+    max_len = min(max_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
+    return ChatSession(model, tokenizer, chat_template, max_len=max_len, params=params,
+                       system=system, use_graph=use_graph, name=name)

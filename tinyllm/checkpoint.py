@@ -4,7 +4,8 @@ A checkpoint folder holds:
   config.json        {"format": "tinyllm", "model": ModelConfig fields, "chat": {...}, "name": str}
   model.safetensors  the weights, or shards model-0000i-of-0000n.safetensors (each at most
                      `shard_mb` MiB, 15 by default) with model.safetensors.index.json
-  tokenizer.model    the sentencepiece model
+  tokenizer.model    the sentencepiece model, or tokenizer.json + tokenizer_config.json for a
+                     byte-level BPE tokenizer (tinyllm.bpe_tokenizer; needs the `tokenizers` extra)
 
 Contract: `inspect_checkpoint(path)` validates everything it can without allocating a tensor
 (files present, config parses, each safetensors header parses and its file is as long as the
@@ -29,8 +30,10 @@ from tinyllm.model import ModelConfig, Transformer
 from tinyllm.tokenizer import Tokenizer
 
 CONFIG, WEIGHTS, INDEX, TOKENIZER = "config.json", "model.safetensors", "model.safetensors.index.json", "tokenizer.model"
+TOKENIZER_JSON = "tokenizer.json"  # a BPETokenizer, with its tokenizer_config.json
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-_HINT = "a tinyllm checkpoint folder holds config.json, model.safetensors (or shards) and tokenizer.model"
+_HINT = ("a tinyllm checkpoint folder holds config.json, model.safetensors (or shards) and tokenizer.model "
+         "(or tokenizer.json)")
 
 
 @dataclass
@@ -48,7 +51,7 @@ class CheckpointInfo:
 class Checkpoint:
     info: CheckpointInfo
     model: Transformer
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer  # or a BPETokenizer (tokenizer.json), which has the same interface
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -115,8 +118,12 @@ def inspect_checkpoint(path: str | Path) -> CheckpointInfo:
         raise ValueError(f"{path / CONFIG} is not valid JSON ({e})") from None
     except (KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{path / CONFIG} has no valid \"model\" section ({e})") from None
-    if not (path / TOKENIZER).is_file():
-        raise FileNotFoundError(f"{path} has no {TOKENIZER}: {_HINT}")
+    if not (path / TOKENIZER).is_file() and not (path / TOKENIZER_JSON).is_file():
+        raise FileNotFoundError(f"{path} has no {TOKENIZER} (nor {TOKENIZER_JSON}): {_HINT}")
+    tok = load_tokenizer(path)  # a ValueError if it isn't one
+    if tok.vocab_size > cfg.vocab_size:
+        raise ValueError(f"{path}: tokenizer has {tok.vocab_size} pieces but the model only "
+                         f"{cfg.vocab_size} embeddings")
     files = _weight_files(path)
     found: dict[str, dict] = {}
     for f in files:
@@ -154,10 +161,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
     info = inspect_checkpoint(path)
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
-    tokenizer = Tokenizer.load(info.path / TOKENIZER)
-    if tokenizer.vocab_size > info.config.vocab_size:
-        raise ValueError(f"{info.path}: tokenizer has {tokenizer.vocab_size} pieces but the model "
-                         f"only {info.config.vocab_size} embeddings")
+    tokenizer = load_tokenizer(info.path)
     state: dict[str, torch.Tensor] = {}
     for f in info.weight_files:
         state.update(load_file(f, device=str(device)))
@@ -173,6 +177,15 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
     return Checkpoint(info=info, model=model.eval(), tokenizer=tokenizer)
 
 
+def load_tokenizer(path: Path):
+    """tokenizer.model (sentencepiece), else tokenizer.json (a BPETokenizer)."""
+    if (path / TOKENIZER).is_file():
+        return Tokenizer.load(path / TOKENIZER)
+    from tinyllm.bpe_tokenizer import BPETokenizer
+
+    return BPETokenizer.load(path)
+
+
 def save_checkpoint(model: Transformer, tokenizer: Tokenizer, path: str | Path, name: str | None = None,
                     chat: dict | None = None, shard_mb: float = 15, dtype: torch.dtype | None = None) -> Path:
     """Write a checkpoint folder; shards when the weights exceed shard_mb MiB."""
@@ -183,9 +196,13 @@ def save_checkpoint(model: Transformer, tokenizer: Tokenizer, path: str | Path, 
         del state["lm_head.weight"]
     config = {"format": "tinyllm", "name": name or path.name, "model": model.cfg.to_dict(), "chat": chat or {}}
     (path / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    (path / TOKENIZER).write_bytes(tokenizer.serialized())
-    for old in [*path.glob("model*.safetensors"), path / INDEX]:
+    for old in [*path.glob("model*.safetensors"), path / INDEX, path / TOKENIZER, path / TOKENIZER_JSON,
+                path / "tokenizer_config.json"]:
         old.unlink(missing_ok=True)
+    if isinstance(tokenizer, Tokenizer):
+        (path / TOKENIZER).write_bytes(tokenizer.serialized())
+    else:
+        tokenizer.save(path)  # BPETokenizer: tokenizer.json + tokenizer_config.json
     shards = _split(state, int(shard_mb * 2**20))
     if len(shards) == 1:
         save_file(shards[0], path / WEIGHTS)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Markdown
+from textual.widgets import Static
 
 
 class HelpScreen(ModalScreen[None]):
@@ -20,10 +20,10 @@ class HelpScreen(ModalScreen[None]):
         self.keys, self.commands = keys, commands
 
     def compose(self):
-        rows = ["# tinyllm-chat help", "", "| key | does |", "|---|---|"]
-        rows += [f"| {key} | {does} |" for key, does in self.keys]
-        rows += ["", "| command | does |", "|---|---|"]
-        rows += [f"| `{cmd}` | {does} |" for cmd, does in self.commands]
-        rows += ["", "Esc, F1 or q closes this help."]
-        with VerticalScroll(id="help"):
-            yield Markdown("\n".join(rows))
+        width = max(len(name) for name, _ in self.keys + self.commands) + 3
+        with VerticalScroll(id="help") as scroll:
+            scroll.border_title = "tinyllm-chat help"
+            scroll.border_subtitle = "Esc, F1 or q closes"
+            for title, rows in (("Keys", self.keys), ("Commands", self.commands)):
+                yield Static(title, classes="section", markup=False)
+                yield Static("\n".join(f"{name:<{width}}{does}" for name, does in rows), markup=False)

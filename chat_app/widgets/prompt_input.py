@@ -25,7 +25,7 @@ class PromptInput(TextArea):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(soft_wrap=True, tab_behavior="focus", show_line_numbers=False, **kwargs)
-        self.history: list[str] = []
+        self.prompts: list[str] = []
         self._recalled: int | None = None  # index into history while browsing it
         self._draft = ""
 
@@ -46,8 +46,8 @@ class PromptInput(TextArea):
     def accept(self) -> None:
         """The app took the text: remember it and clear the input."""
         text = self.text.strip()
-        if text and (not self.history or self.history[-1] != text):
-            self.history.append(text)
+        if text and (not self.prompts or self.prompts[-1] != text):
+            self.prompts.append(text)
         self._recalled, self._draft = None, ""
         self.clear()
 
@@ -66,16 +66,16 @@ class PromptInput(TextArea):
     def _recall(self, step: int) -> bool:
         """Show the previous (step -1) or next (+1) prompt; False when there is none."""
         if self._recalled is None:
-            if step > 0 or not self.history:
+            if step > 0 or not self.prompts:
                 return False
-            self._draft, self._recalled = self.text, len(self.history)
+            self._draft, self._recalled = self.text, len(self.prompts)
         at = self._recalled + step
         if at < 0:
             return True  # already at the oldest
-        if at >= len(self.history):
+        if at >= len(self.prompts):
             self._recalled, text = None, self._draft
         else:
-            self._recalled, text = at, self.history[at]
+            self._recalled, text = at, self.prompts[at]
         self.load_text(text)
         self.move_cursor(self.document.end)
         return True

@@ -41,7 +41,9 @@ class Reply(Vertical):
 
     @property
     def text(self) -> str:
-        return self.query_one(Markdown).source
+        """Everything written so far (as shown)."""
+        shown = self.query(Markdown)
+        return shown.first().source if shown else self._initial
 
     async def write(self, text: str) -> None:
         if self._stream is None:

@@ -1,9 +1,10 @@
 """StatusBar: one line under the input with what the decoder is doing.
 
-Shows: state (loading / ready / generating), model name, device and dtype, CUDA graphs
-(ON / OFF / "n/a on CPU"), decode tokens/s, time to first token, the attention bucket W and
-position / max_len. The app calls `show(**fields)` at most once per drained batch; fields
-not known yet render as "-". `line` holds the plain text (tests read it).
+Shows: model name, device and dtype, CUDA graphs (ON / OFF / "n/a on CPU"), decode
+tokens/s, time to first token, the attention bucket W, position / max_len, and last the
+state (loading / ready / generating: last, so a narrow terminal clips it first). The app
+calls `show(**fields)` at most once per drained batch; fields not known yet render as "-".
+`line` holds the plain text (tests read it).
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ class StatusBar(Static):
         tok_s = f.get("tok_s")
         ttft = f.get("ttft_ms")
         parts = [
-            str(f["state"]),
             str(f.get("name", "")),
             f"{f.get('device', '-')} {f.get('dtype', '-')}",
             f"graphs {graphs}",
-            f"{tok_s:.1f} tok/s" if tok_s is not None else "- tok/s",
+            f"{tok_s:.0f} tok/s" if tok_s is not None else "- tok/s",
             f"TTFT {ttft:.0f} ms" if ttft is not None else "TTFT -",
             f"W {f.get('window') or '-'}",
             f"pos {f.get('position', '-')}/{f.get('max_len', '-')}",
+            str(f["state"]),
         ]
-        return " │ ".join(parts)
+        return " · ".join(parts)

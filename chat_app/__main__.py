@@ -1,0 +1,95 @@
+"""tinyllm-chat: parse the command line, check it all BEFORE the TUI opens, then run ChatApp.
+
+Contract: `--help` and argument errors import neither torch nor textual. Every bad input (a
+missing or broken checkpoint, an unknown device or template, an out-of-range sampling value,
+an unusable data folder) prints ONE line, `tinyllm-chat: error: ...`, on stderr and exits
+with code 2; never a traceback. The model itself loads inside the app, on its worker
+thread, behind a loading state. Without --model the default model, <repo>/models/tinychat, is
+opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from chat_app.app import ChatApp
+
+PROG = "tinyllm-chat"
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "tinychat"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line, no usage block: argparse's own errors look like ours."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Chat with a small local language model in the terminal.")
+    p.add_argument("--model", type=Path, default=None,
+                   help="tinyllm checkpoint folder, Hugging Face folder (llama/mistral) or .gguf file "
+                        f"(default: {DEFAULT_MODEL})")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto")
+    p.add_argument("--max-len", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("--no-graphs", action="store_true", help="decode eagerly, without CUDA graphs")
+    g = p.add_argument_group("sampling (change them later with /set)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-p", type=float, default=1.0, help="1 = off (default)")
+    g.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
+    g.add_argument("--repeat-penalty", type=float, default=1.0, help="1 = off (default)")
+    g.add_argument("--max-tokens", type=int, default=256, help="reply length limit (default: 256)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--template", default=None, help="chat template: chatml, llama2, zephyr "
+                                                    "(default: the checkpoint's)")
+    p.add_argument("--resume", action="store_true", help="reopen the last conversation")
+    return p
+
+
+def build_app(args: argparse.Namespace) -> ChatApp:
+    """Check everything the command line says; FileNotFoundError/ValueError when it's wrong."""
+    if args.model is None and not DEFAULT_MODEL.exists():
+        raise FileNotFoundError(f"the default model {DEFAULT_MODEL} is not there yet; "
+                                "pass --model PATH (a checkpoint folder, Hugging Face folder or .gguf file)")
+    from functools import partial
+
+    from tinyllm.chat import open_session, resolve_device  # torch from here on
+    from tinyllm.chat_template import get_template
+    from tinyllm.open_model import inspect_any
+    from tinyllm.sampling import SamplingParams
+
+    path = args.model or DEFAULT_MODEL
+    name = inspect_any(path, args.template)  # every check open_session makes, without the weights
+    if args.max_len is not None and args.max_len < 16:
+        raise ValueError(f"--max-len must be at least 16, got {args.max_len}")
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            repeat_penalty=args.repeat_penalty, max_tokens=args.max_tokens, seed=args.seed)
+    resolve_device(args.device)
+    if args.template:
+        get_template(args.template)
+
+    from chat_app.app import ChatApp
+    from chat_app.store import Store
+
+    store = Store.open(model=name, system=args.system)
+    opener = partial(open_session, path, device=args.device, max_len=args.max_len, params=params,
+                     system=args.system, use_graph=False if args.no_graphs else None, template=args.template)
+    return ChatApp(opener, store, model_name=name, resume=args.resume)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        app = build_app(args)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    app.run()
+
+
+if __name__ == "__main__":
+    main()

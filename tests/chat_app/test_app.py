@@ -1,0 +1,254 @@
+"""The app with a real (tiny, random) model on the CPU, driven by Pilot."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from chat_app.app import DRAIN_HZ, ChatApp
+from chat_app.store import Store
+from chat_app.widgets.conversation import UserMessage
+from chat_app.widgets.reply import Reply, printable
+from tests.chat_app.conftest import loaded, notices, send, wait_until
+
+pytestmark = pytest.mark.anyio
+SIZE = (100, 30)
+
+
+async def test_message_streams_a_reply_in_batches(make_app, data_dir, monkeypatch):
+    writes: list[float] = []
+    original = Reply.write
+
+    async def counting_write(self, text):
+        writes.append(time.monotonic())
+        await original(self, text)
+
+    monkeypatch.setattr(Reply, "write", counting_write)
+    app = make_app("--max-tokens", "400")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        assert re.search(r"pos \d+/2048", app.status.line)
+        t0 = time.monotonic()
+        await send(pilot, "Hello there", wait=False)
+        await wait_until(pilot, lambda: app.query(Reply) and app.query_one(Reply).text, what="streamed text")
+        assert app._busy, ("the reply should still be streaming when its first text shows",
+                           time.monotonic() - t0, app.session.last_stats, writes)
+        await wait_until(pilot, lambda: not app._busy, what="the reply to finish")
+        elapsed = time.monotonic() - t0
+        reply = app.session.messages[-1]
+        assert [m.role for m in app.session.messages] == ["user", "assistant"]
+        assert [w.text for w in app.query(UserMessage)] == ["Hello there"]
+        assert app.query_one(Reply).text == printable(reply.content) != ""  # no token lost
+        n_tokens = app.session.last_stats.tokens
+        assert 1 < len(writes) < n_tokens, (len(writes), n_tokens)  # batches, not one per token
+        assert len(writes) <= DRAIN_HZ * elapsed + 3
+        assert re.search(r"\d+ tok/s", app.status.line), app.status.line
+        assert re.search(r"W \d+ ", app.status.line) and "TTFT" in app.status.line, app.status.line
+        assert "graphs n/a on CPU" in app.status.line and "cpu float32" in app.status.line
+    saved = Store.open(data_dir).resume_last()
+    assert [(m.role, m.content) for m in saved] == [("user", "Hello there"), ("assistant", reply.content)]
+
+
+async def test_prompt_keys_newline_and_history(make_app):
+    app = make_app("--max-tokens", "5")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("a", "ctrl+j", "b", "shift+enter", "c")
+        assert app.prompt.text == "a\nb\nc"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: not app._busy and len(app.session.messages) == 2)
+        assert app.session.messages[0].content == "a\nb\nc"
+        await send(pilot, "second")
+        await pilot.press("x", "up")  # Up on the first line recalls; the draft comes back with Down
+        assert app.prompt.text == "second"
+        await pilot.press("up")
+        assert app.prompt.text == "a\nb\nc"
+        await pilot.press("down", "down", "down")
+        assert app.prompt.text == "x"
+
+
+async def test_ctrl_g_on_cpu_is_a_notice(make_app):
+    app = make_app("--max-tokens", "300")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("ctrl+g")
+        await send(pilot, "Hello", wait=False)
+        await wait_until(pilot, lambda: app.query(Reply) and app.query_one(Reply).text, what="streamed text")
+        await pilot.press("ctrl+g")  # mid-reply too
+        await wait_until(pilot, lambda: not app._busy)
+        assert sum("n/a on CPU" in n for n in notices(app)) == 2
+        assert not [n for n in app._notifications if n.severity == "error"]
+        assert app.query_one(Reply).text == printable(app.session.messages[-1].content)
+        assert "graphs n/a on CPU" in app.status.line
+
+
+async def test_escape_stops_mid_reply_and_next_message_works(make_app, data_dir):
+    app = make_app("--max-tokens", "100000")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Tell me a long story", wait=False)
+        await wait_until(pilot, lambda: app.query(Reply) and app.query_one(Reply).text, what="streamed text")
+        await send(pilot, "Too soon", wait=False)  # refused while the reply runs; the text stays
+        assert app.prompt.text == "Too soon" and any("still running" in n for n in notices(app))
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not app._busy, timeout=10, what="the reply to stop")
+        stopped = app.session.messages[-1]
+        assert stopped.stopped and stopped.role == "assistant"
+        assert app.session.last_stats.tokens < 1500  # it did not run to the context's end
+        reply = app.query_one(Reply)
+        assert reply.text == printable(stopped.content) and reply.has_class("-noted")
+        await app.run_command("/set max_tokens 20")
+        await pilot.press("enter")  # "Too soon" is still in the input: send it now
+        await wait_until(pilot, lambda: not app._busy and len(app.session.messages) == 4)
+        assert [w.text for w in app.query(UserMessage)] == ["Tell me a long story", "Too soon"]
+        assert len(app.query(Reply)) == 2 and app.session.messages[-1].content
+    saved = Store.open(data_dir).resume_last()
+    assert [m.stopped for m in saved] == [False, True, False, False]
+
+
+async def test_ctrl_r_regenerates(make_app, data_dir):
+    app = make_app("--max-tokens", "30", "--temperature", "1")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hello")
+        old_widget, old_message = app.query_one(Reply), app.session.messages[-1]
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: not app._busy and app.session.messages[-1] is not old_message,
+                         what="the regenerated reply")
+        await pilot.pause()
+        assert app.query_one(Reply) is not old_widget
+        assert [m.role for m in app.session.messages] == ["user", "assistant"]
+        assert len(app.query(Reply)) == 1
+        assert app.query_one(Reply).text == printable(app.session.messages[-1].content)
+    saved = Store.open(data_dir).resume_last()
+    assert [(m.role, m.content) for m in saved] == [("user", "Hello"),
+                                                    ("assistant", app.session.messages[-1].content)]
+
+
+async def test_conversation_longer_than_context_keeps_working(make_app):
+    app = make_app("--max-len", "128", "--max-tokens", "40")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        prompts = [f"Question number {i}: what is the capital of France?" for i in range(5)]
+        for text in prompts:
+            await send(pilot, text)
+        assert any("Context full" in n for n in notices(app))
+        assert [w.text for w in app.query(UserMessage)] == prompts  # everything stays on screen
+        assert len(app.query(Reply)) == 5 and len(app.session.messages) == 10
+        assert app.session.first_message > 0
+        await send(pilot, "word " * 300, wait=False)  # too long for any context: an error, the chat is kept
+        await wait_until(pilot, lambda: not app._busy)
+        assert any(n.severity == "error" and "too long" in n.message for n in app._notifications)
+        assert app.prompt.text.startswith("word word")  # given back to edit
+        assert len(app.query(UserMessage)) == 5 and len(app.session.messages) == 10
+        app.prompt.clear()
+        await send(pilot, "Still there?")
+        assert len(app.session.messages) == 12
+    app = make_app("--max-len", "128", "--max-tokens", "40", "--resume")  # more than fits, resumed
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await wait_until(pilot, lambda: len(app.session.messages) == 12, what="the resumed chat")
+        assert len(app.query(UserMessage)) == 6
+        await send(pilot, "And after a restart?")
+        assert len(app.session.messages) == 14 and app.session.messages[-1].role == "assistant"
+
+
+async def test_set_changes_sampling(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        for command in ["/set temperature 0.7", "/set top_p 0.9", "/set top-k 5", "/set seed 3",
+                        "/set repeat_penalty 1.1", "/set max_tokens 12"]:
+            await send(pilot, command)
+        p = app.session.params
+        assert (p.temperature, p.top_p, p.top_k, p.seed, p.repeat_penalty, p.max_tokens) == (
+            0.7, 0.9, 5, 3, 1.1, 12)
+        for bad in ["/set temperature -1", "/set top_k lots", "/set colour blue", "/frobnicate"]:
+            await send(pilot, bad)
+        assert app.session.params == p
+        errors = [n.message for n in app._notifications if n.severity == "error"]
+        assert len(errors) == 4, errors
+        await send(pilot, "Hi")
+        assert app.session.last_stats.tokens <= 12
+
+
+async def test_export_and_commands(make_app, tmp_path):
+    app = make_app("--max-tokens", "20")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "/system You are terse.")
+        await wait_until(pilot, lambda: app.session.system == "You are terse.")
+        await send(pilot, "Hello export")
+        await send(pilot, "Second turn")
+        out = tmp_path / "chat.md"
+        await send(pilot, f"/export {out}")
+        text = out.read_bytes().decode()
+        assert "# Chat with tiny-test" in text and "You are terse." in text
+        assert "## You\n\nHello export" in text and "## You\n\nSecond turn" in text
+        for m in app.session.messages[1::2]:
+            assert m.content.strip() in text
+        await send(pilot, "/stats")
+        assert any("tok/s" in n and "TTFT" in n for n in notices(app))
+        await send(pilot, "/help")
+        assert type(app.screen).__name__ == "HelpScreen"
+        await pilot.press("escape")
+        await send(pilot, "/clear")
+        await wait_until(pilot, lambda: not app.query(UserMessage) and not app.session.messages)
+        await send(pilot, "Fresh start")
+        assert len(app.session.messages) == 2
+
+
+async def test_resume_restores_the_last_chat(make_app):
+    app = make_app("--max-tokens", "20")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Remember me")
+        first = [(m.role, m.content) for m in app.session.messages]
+    app = make_app("--resume", "--max-tokens", "20")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await wait_until(pilot, lambda: len(app.session.messages) == 2, what="the resumed chat")
+        assert [(m.role, m.content) for m in app.session.messages] == first
+        assert [w.text for w in app.query(UserMessage)] == ["Remember me"]
+        assert app.query_one(Reply).text == printable(first[1][1])
+        await send(pilot, "And now?")
+        assert len(app.session.messages) == 4 and len(app.query(Reply)) == 2
+
+
+async def test_new_chat_mid_reply(make_app, data_dir):
+    app = make_app("--max-tokens", "100000")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Go on and on", wait=False)
+        await wait_until(pilot, lambda: app.query(Reply) and app.query_one(Reply).text, what="streamed text")
+        await pilot.press("ctrl+n")
+        await wait_until(pilot, lambda: not app._busy and not app.query(Reply), timeout=10)
+        assert app.session.messages == [] and app.store.conversation is None
+    saved = Store.open(data_dir).resume_last()  # the stopped chat was kept in full
+    assert [(m.role, m.stopped) for m in saved] == [("user", False), ("assistant", True)]
+
+
+async def test_escape_before_the_reply_begins_still_stops_it(make_app):
+    app = make_app("--max-tokens", "100000")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hello", wait=False)
+        app.action_stop()  # the worker may not have started the reply yet
+        await wait_until(pilot, lambda: not app._busy, timeout=10)
+        assert app.session.messages[-1].stopped and app.session.last_stats.tokens < 1500
+
+
+async def test_a_model_that_fails_to_load_is_an_error_not_a_crash(tmp_path):
+    def broken():
+        raise RuntimeError("CUDA out of memory")
+
+    app = ChatApp(broken, Store.open(tmp_path), model_name="broken")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: any(n.severity == "error" and "out of memory" in n.message
+                                            for n in app._notifications), what="the error notice")
+        assert app.status.fields["state"] == "failed"
+        await send(pilot, "Hello?", wait=False)
+        await pilot.press("ctrl+r", "ctrl+g")
+        assert app.prompt.text == "Hello?" and app.session is None

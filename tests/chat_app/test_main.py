@@ -1,0 +1,69 @@
+"""The command line: bad input is one line on stderr and exit code 2, --help stays light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import chat_app.__main__ as cli
+
+
+def run_main(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(list(argv))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tinyllm-chat: error: "), err
+    assert "Traceback" not in err
+    return err
+
+
+def test_missing_model_path(capsys, tmp_path):
+    assert "does not exist" in run_main(capsys, "--model", str(tmp_path / "nope"))
+
+
+def test_folder_without_checkpoint(capsys, tmp_path):
+    assert "config.json" in run_main(capsys, "--model", str(tmp_path))
+
+
+def test_truncated_safetensors(capsys, ckpt, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in ckpt.iterdir():
+        data = f.read_bytes()
+        (broken / f.name).write_bytes(data[: len(data) // 2] if f.name == "model.safetensors" else data)
+    assert "truncated" in run_main(capsys, "--model", str(broken))
+
+
+def test_corrupt_tokenizer(capsys, ckpt, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in ckpt.iterdir():
+        (broken / f.name).write_bytes(b"junk" if f.name == "tokenizer.model" else f.read_bytes())
+    assert "sentencepiece" in run_main(capsys, "--model", str(broken))
+
+
+def test_default_model_missing(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "DEFAULT_MODEL", tmp_path / "models" / "tinychat")
+    assert "--model" in run_main(capsys)
+
+
+@pytest.mark.parametrize("argv", [["--temperature", "-1"], ["--top-p", "0"], ["--max-tokens", "0"],
+                                  ["--max-len", "abc"], ["--template", "nope"], ["--device", "tpu"]])
+def test_bad_settings(capsys, ckpt, argv):
+    run_main(capsys, "--model", str(ckpt), *argv)
+
+
+def test_help_and_the_ui_import_no_torch():
+    code = ("import sys\nimport chat_app.app\nassert 'torch' not in sys.modules, 'the UI imports torch'\n"
+            "import chat_app.__main__ as m\ntry:\n    m.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--model" in out.stdout and "--resume" in out.stdout
+    code = ("import sys, chat_app.__main__ as m\ntry:\n    m.main(['--help'])\nexcept SystemExit:\n"
+            "    pass\nassert 'textual' not in sys.modules and 'torch' not in sys.modules\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr

@@ -1,0 +1,90 @@
+"""python -m tinyllm.convert SRC DST: write a tinyllm checkpoint folder from a Hugging Face
+folder or a GGUF file (or re-save a tinyllm folder).
+
+Contract: DST gets config.json (ModelConfig, name, chat template: a built-in's name, or for
+one taken from the model's Jinja template its full spec in chat.spec), the weights
+(model.safetensors or shards) and the tokenizer (tokenizer.model; tokenizer.json +
+tokenizer_config.json for a BPE tokenizer). Weights are saved in --dtype: "auto" keeps a
+Hugging Face folder's own dtype and writes GGUF weights (dequantized) as fp32. The folder
+then opens with `open_any` and `tinyllm-chat --model DST` exactly as SRC does.
+Errors (unsupported architecture, missing tokenizer, unknown quantization type, an existing
+non-empty DST without --force) print one line on stderr and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from tinyllm.jinja_template import JinjaChatTemplate
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_HF_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def convert(src: str | Path, dst: str | Path, dtype: str = "auto", name: str | None = None,
+            template: str | None = None, shard_mb: float = 15, force: bool = False) -> Path:
+    from tinyllm.checkpoint import save_checkpoint
+    from tinyllm.open_model import open_any
+    from tinyllm.tokenizer import Tokenizer
+
+    src, dst = Path(src).expanduser(), Path(dst).expanduser()
+    if dtype != "auto" and dtype not in _DTYPES:
+        raise ValueError(f"--dtype must be auto, {', '.join(_DTYPES)}; got {dtype!r}")
+    if dst.resolve() == src.resolve():
+        raise ValueError("SRC and DST are the same path")
+    if dst.exists() and any(dst.iterdir()) and not force:
+        raise ValueError(f"{dst} exists and is not empty; pick another DST or pass --force")
+    model, tokenizer, chat_template, model_name = open_any(src, "cpu", torch.float32, template)
+    if not isinstance(tokenizer, Tokenizer):
+        import tinyllm.checkpoint as ckpt
+
+        if not hasattr(ckpt, "TOKENIZER_JSON"):
+            raise ValueError("saving a BPE (tokenizer.json) tokenizer needs checkpoint folders that hold "
+                             "tokenizer.json; this tinyllm cannot write them yet")
+    chat = {"template": chat_template.name}
+    if isinstance(chat_template, JinjaChatTemplate):
+        chat["spec"] = {**asdict(chat_template), "stop": list(chat_template.stop)}
+    return save_checkpoint(model, tokenizer, dst, name=name or model_name, chat=chat, shard_mb=shard_mb,
+                           dtype=_save_dtype(src, dtype))
+
+
+def _save_dtype(src: Path, dtype: str) -> torch.dtype:
+    if dtype != "auto":
+        return _DTYPES[dtype]
+    config = src / "config.json"
+    if src.is_dir() and config.is_file():
+        raw = json.loads(config.read_text())
+        return _HF_DTYPES.get(raw.get("dtype") or raw.get("torch_dtype"), torch.float32)
+    return torch.float32
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tinyllm.convert",
+                                description="Write a tinyllm checkpoint folder from a Hugging Face folder "
+                                            "(llama/mistral) or a llama GGUF file.")
+    p.add_argument("src", type=Path, help="Hugging Face folder, .gguf file, or tinyllm folder")
+    p.add_argument("dst", type=Path, help="the tinyllm checkpoint folder to write")
+    p.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES],
+                   help="weights dtype (auto: the HF folder's own; fp32 for GGUF)")
+    p.add_argument("--name", default=None, help="model name (default: the source's)")
+    p.add_argument("--template", default=None, help="built-in chat template instead of the model's own")
+    p.add_argument("--shard-mb", type=float, default=15, help="shard size in MiB (default: 15)")
+    p.add_argument("--force", action="store_true", help="write into a non-empty DST")
+    args = p.parse_args(argv)
+    try:
+        out = convert(args.src, args.dst, args.dtype, args.name, args.template, args.shard_mb, args.force)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"tinyllm.convert: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,482 @@
+"""GGUF files (llama.cpp's format): read the header and tensors, dequantize to fp32, and import a
+`llama`-architecture file as a tinyllm Transformer, tokenizer and chat template.
+
+Our own reader (about 100 lines over numpy): the `gguf` package is not needed at run time;
+tests use it to write files and as the reference dequantizer.
+
+Contract:
+- `read_gguf(path) -> GGUFFile` parses the header only (metadata and tensor table; no tensor
+  data is read) and checks it: magic, version 2 or 3, every tensor of a known type lies
+  inside the file. Metadata arrays come back as lists.
+- `GGUFFile.tensor(name) -> fp32 tensor` in PyTorch order (GGUF lists dims fastest first).
+  Dequantizes F32, F16, BF16, F64, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
+  Q6_K with vectorized torch ops over all blocks (in chunks, so memory stays bounded).
+  Another type is a ValueError naming it.
+- `load_gguf(path, device, dtype, template=None) -> (model, tokenizer, chat_template, name)`:
+  llama architecture only. llama.cpp's converter permutes the Q/K rows of each head from
+  the Hugging Face "rotate half" layout into the interleaved one; this undoes it, so our
+  rotate-half RoPE sees what the model was trained with. The tokenizer comes from the
+  metadata: `llama` (SentencePiece) vocabularies become a sentencepiece model proto (built
+  here, no protobuf needed) for `Tokenizer`; `gpt2` BPE vocabularies a `BPETokenizer`
+  (needs the `tokenizers` extra). The chat template is the file's own Jinja template when
+  it splits per message, else a built-in one named by `template` or guessed.
+Refuses (ValueError, one line): other architectures, rope scaling, MoE, missing tokenizer
+metadata, unknown tensor types, tensors that do not match the metadata.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tinyllm.checkpoint import default_dtype, expected_shapes
+from tinyllm.model import ModelConfig
+from tinyllm.tokenizer import Tokenizer
+
+# ggml type id -> (name, elements per block, bytes per block); None: a type we cannot read.
+GGML_TYPES: dict[int, tuple[str, int, int] | tuple[str, None, None]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", None, None), 10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210),
+    15: ("Q8_K", None, None), 16: ("IQ2_XXS", None, None), 17: ("IQ2_XS", None, None),
+    18: ("IQ3_XXS", None, None), 19: ("IQ1_S", None, None), 20: ("IQ4_NL", None, None),
+    21: ("IQ3_S", None, None), 22: ("IQ2_S", None, None), 23: ("IQ4_XS", None, None), 24: ("I8", None, None),
+    25: ("I16", None, None), 26: ("I32", None, None), 27: ("I64", None, None), 28: ("F64", 1, 8),
+    29: ("IQ1_M", None, None), 30: ("BF16", 1, 2), 34: ("TQ1_0", None, None), 35: ("TQ2_0", None, None),
+    39: ("MXFP4", None, None),
+}
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
+            12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass
+class GGUFTensor:
+    name: str
+    shape: tuple[int, ...]  # PyTorch order (GGUF's dims reversed)
+    type: int  # ggml type id
+    offset: int  # absolute byte offset in the file
+    nbytes: int | None  # None for a type we cannot read
+
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPES.get(self.type, (f"type {self.type}",))[0]
+
+
+@dataclass
+class GGUFFile:
+    path: Path
+    version: int
+    metadata: dict = field(repr=False)
+    tensors: dict[str, GGUFTensor] = field(repr=False)
+    _mm: mmap.mmap | None = field(default=None, repr=False)
+
+    def raw(self, name: str) -> np.ndarray:
+        t = self.tensors[name]
+        if t.nbytes is None:
+            raise ValueError(f"{self.path}: tensor {name}: quantization type {t.type_name} is not supported "
+                             f"(supported: {', '.join(supported_types())})")
+        return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The tensor dequantized to fp32, in PyTorch shape order."""
+        t = self.tensors[name]
+        raw = torch.from_numpy(self.raw(name).copy())
+        return dequantize(raw, t.type, t.shape)
+
+    def close(self) -> None:
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:  # a numpy view of it is still alive; the GC closes it later
+                pass
+            self._mm = None
+
+
+def supported_types() -> list[str]:
+    return [name for name, block, _ in GGML_TYPES.values() if block is not None]
+
+
+class _Reader:
+    def __init__(self, buf, path: Path) -> None:
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def take(self, n: int) -> bytes:
+        if self.pos + n > len(self.buf):
+            raise ValueError(f"{self.path} is truncated or not a GGUF file (header runs past its end)")
+        out = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def scalar(self, t: int):
+        fmt = _SCALARS[t]
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        return self.take(self.scalar(10)).decode("utf-8", errors="replace")
+
+    def value(self, t: int):
+        if t == _STRING:
+            return self.string()
+        if t == _ARRAY:
+            et, n = self.scalar(4), self.scalar(10)
+            if et == _STRING:
+                return [self.string() for _ in range(n)]
+            if et in _SCALARS:
+                dt = np.dtype(_SCALARS[et].replace("?", "u1"))
+                return np.frombuffer(self.take(n * dt.itemsize), dtype=dt).tolist()
+            return [self.value(et) for _ in range(n)]  # arrays of arrays
+        if t in _SCALARS:
+            return self.scalar(t)
+        raise ValueError(f"{self.path}: unknown GGUF metadata value type {t}")
+
+
+def read_gguf(path: str | Path) -> GGUFFile:
+    """Parse a GGUF header (metadata and tensor table) without reading tensor data."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"no GGUF file at {path}")
+    with open(path, "rb") as f:
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:
+            raise ValueError(f"{path} is empty, not a GGUF file") from None
+    r = _Reader(mm, path)
+    if r.take(4) != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file (no GGUF magic)")
+    version = r.scalar(4)
+    if version not in (2, 3):
+        raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
+    n_tensors, n_kv = r.scalar(10), r.scalar(10)
+    meta = {}
+    for _ in range(n_kv):
+        key = r.string()
+        meta[key] = r.value(r.scalar(4))
+    infos = []
+    for _ in range(n_tensors):
+        name = r.string()
+        dims = [r.scalar(10) for _ in range(r.scalar(4))]
+        infos.append((name, tuple(reversed(dims)), r.scalar(4), r.scalar(10)))
+    align = int(meta.get("general.alignment", 32))
+    start = (r.pos + align - 1) // align * align
+    tensors = {}
+    for name, shape, typ, off in infos:
+        _, block, size = GGML_TYPES.get(typ, (None, None, None))
+        nbytes = None
+        if block is not None:
+            numel = int(np.prod(shape, dtype=np.int64))
+            if shape and shape[-1] % block:
+                raise ValueError(f"{path}: tensor {name} rows of {shape[-1]} are not whole {block}-blocks")
+            nbytes = numel // block * size
+            if start + off + nbytes > len(mm):
+                raise ValueError(f"{path} is truncated: tensor {name} runs past the end of the file; "
+                                 "copy or download it again")
+        tensors[name] = GGUFTensor(name, shape, typ, start + off, nbytes)
+    return GGUFFile(path, version, meta, tensors, mm)
+
+
+# ---- dequantization ---------------------------------------------------------------------
+
+_CHUNK_BLOCKS = 1 << 16  # blocks dequantized at a time (bounds the temporaries)
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """(n, 2k) uint8 -> (n, k) fp32 from little-endian fp16."""
+    return b.contiguous().view(torch.float16).float()
+
+
+def _u8(*v: int) -> torch.Tensor:
+    return torch.tensor(v, dtype=torch.uint8)
+
+
+def _nibbles(qs: torch.Tensor, group: int) -> torch.Tensor:
+    """(n, m) packed bytes -> (n, 2m): per `group` bytes, the low nibbles, then the high ones."""
+    n = qs.shape[0]
+    q = qs.reshape(n, -1, 1, group) >> _u8(0, 4).reshape(1, 1, 2, 1)  # (n, m/group, 2, group)
+    return (q & 0xF).reshape(n, -1)
+
+
+def _bits(b: torch.Tensor) -> torch.Tensor:
+    """(n, m) bytes -> (n, 8m) bits, little-endian bit order within each byte."""
+    return ((b.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1).reshape(b.shape[0], -1)
+
+
+def _scale_min_k4(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K: 12 bytes -> eight 6-bit scales and eight 6-bit mins, each (n, 8)."""
+    d, m, md = s[:, 0:4], s[:, 4:8], s[:, 8:12]
+    sc = torch.cat([d & 63, (md & 0xF) | ((d >> 2) & 0x30)], dim=1)
+    mn = torch.cat([m & 63, (md >> 4) | ((m >> 2) & 0x30)], dim=1)
+    return sc.float(), mn.float()
+
+
+def _q4_0(b):
+    return (_nibbles(b[:, 2:], 16).float() - 8) * _f16(b[:, :2])
+
+
+def _q4_1(b):
+    return _nibbles(b[:, 4:], 16).float() * _f16(b[:, :2]) + _f16(b[:, 2:4])
+
+
+def _q5_0(b):
+    q = _nibbles(b[:, 6:], 16) | (_bits(b[:, 2:6]) << 4)
+    return (q.float() - 16) * _f16(b[:, :2])
+
+
+def _q5_1(b):
+    q = _nibbles(b[:, 8:], 16) | (_bits(b[:, 4:8]) << 4)
+    return q.float() * _f16(b[:, :2]) + _f16(b[:, 2:4])
+
+
+def _q8_0(b):
+    return b[:, 2:].contiguous().view(torch.int8).float() * _f16(b[:, :2])
+
+
+def _q2_k(b):
+    n = b.shape[0]
+    scales, qs, d, dmin = b[:, :16], b[:, 16:80], _f16(b[:, 80:82]), _f16(b[:, 82:84])
+    dl = (d * (scales & 0xF).float()).reshape(n, 16, 1)
+    ml = (dmin * (scales >> 4).float()).reshape(n, 16, 1)
+    q = (qs.reshape(n, 2, 1, 32) >> _u8(0, 2, 4, 6).reshape(1, 1, 4, 1)) & 3  # (n, 2, 4, 32)
+    return (dl * q.reshape(n, 16, 16).float() - ml).reshape(n, 256)
+
+
+def _q3_k(b):
+    n = b.shape[0]
+    hmask, qs, s, d = b[:, :32], b[:, 32:96], b[:, 96:108], _f16(b[:, 108:110])
+    lo = (s[:, :8].reshape(n, 1, 8) >> _u8(0, 4).reshape(1, 2, 1)).reshape(n, 16) & 0xF
+    hi = (s[:, 8:].reshape(n, 1, 4) >> _u8(0, 2, 4, 6).reshape(1, 4, 1)).reshape(n, 16) & 3
+    scales = ((lo | (hi << 4)).to(torch.int16) - 32).float()
+    ql = (qs.reshape(n, 2, 1, 32) >> _u8(0, 2, 4, 6).reshape(1, 1, 4, 1)).reshape(n, 16, 16) & 3
+    qh = (hmask.reshape(n, 1, 32) >> torch.arange(8, dtype=torch.uint8).reshape(1, 8, 1)).reshape(n, 16, 16)
+    qh = qh & 1
+    q = ql.to(torch.int16) - ((qh ^ 1).to(torch.int16) << 2)  # the high bit SET means no offset
+    return ((d * scales).reshape(n, 16, 1) * q.float()).reshape(n, 256)
+
+
+def _q4_k(b):
+    n = b.shape[0]
+    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    sc, mn = _scale_min_k4(b[:, 4:16])
+    q = _nibbles(b[:, 16:], 32).reshape(n, 8, 32).float()
+    return ((d * sc).unsqueeze(-1) * q - (dmin * mn).unsqueeze(-1)).reshape(n, 256)
+
+
+def _q5_k(b):
+    n = b.shape[0]
+    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    sc, mn = _scale_min_k4(b[:, 4:16])
+    qh = (b[:, 16:48].reshape(n, 1, 32) >> torch.arange(8, dtype=torch.uint8).reshape(1, 8, 1)) & 1
+    q = (_nibbles(b[:, 48:], 32).reshape(n, 8, 32) | (qh << 4)).float()
+    return ((d * sc).unsqueeze(-1) * q - (dmin * mn).unsqueeze(-1)).reshape(n, 256)
+
+
+def _q6_k(b):
+    n = b.shape[0]
+    ql, qh, scales, d = b[:, :128], b[:, 128:192], b[:, 192:208], _f16(b[:, 208:210])
+    lo = _nibbles(ql, 64).reshape(n, 8, 32)
+    hi = ((qh.reshape(n, 2, 1, 32) >> _u8(0, 2, 4, 6).reshape(1, 1, 4, 1)) & 3).reshape(n, 8, 32)
+    q = ((lo | (hi << 4)).to(torch.int16) - 32).float().reshape(n, 16, 16)
+    scale = d * scales.contiguous().view(torch.int8).float()  # (n, 16)
+    return (scale.unsqueeze(-1) * q).reshape(n, 256)
+
+
+_DEQUANT = {2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 8: _q8_0, 10: _q2_k, 11: _q3_k, 12: _q4_k,
+            13: _q5_k, 14: _q6_k}
+_PLAIN = {0: torch.float32, 1: torch.float16, 28: torch.float64, 30: torch.bfloat16}
+
+
+def dequantize(raw: torch.Tensor, typ: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """Raw GGUF bytes (uint8) of one tensor of ggml type `typ` -> fp32 tensor of `shape`."""
+    if typ in _PLAIN:
+        return raw.view(_PLAIN[typ]).float().reshape(shape)
+    if typ not in _DEQUANT:
+        name = GGML_TYPES.get(typ, (f"type {typ}",))[0]
+        raise ValueError(f"quantization type {name} is not supported "
+                         f"(supported: {', '.join(supported_types())})")
+    _, block, size = GGML_TYPES[typ]
+    blocks = raw.reshape(-1, size)
+    out = torch.empty(blocks.shape[0], block, dtype=torch.float32)
+    for i in range(0, blocks.shape[0], _CHUNK_BLOCKS):
+        out[i:i + _CHUNK_BLOCKS] = _DEQUANT[typ](blocks[i:i + _CHUNK_BLOCKS])
+    return out.reshape(shape)
+
+
+# ---- sentencepiece model protos (protobuf wire format, written by hand) -------------------
+
+def _varint(v: int) -> bytes:
+    v &= (1 << 64) - 1  # negative int32 fields are 10-byte two's complement varints
+    out = bytearray()
+    while True:
+        b, v = v & 0x7F, v >> 7
+        out.append(b | (0x80 if v else 0))
+        if not v:
+            return bytes(out)
+
+
+def _field(num: int, value) -> bytes:
+    if isinstance(value, bytes):
+        return _varint(num << 3 | 2) + _varint(len(value)) + value
+    if isinstance(value, float):
+        return _varint(num << 3 | 5) + struct.pack("<f", value)
+    return _varint(num << 3) + _varint(int(value))  # int and bool
+
+
+def sentencepiece_piece(piece: str, score: float, kind: int) -> bytes:
+    """One `ModelProto.pieces` entry (field 1): kind 1 normal, 2 unknown, 3 control,
+    4 user-defined, 5 unused, 6 byte. Appending these to a serialized model adds pieces."""
+    return _field(1, _field(1, piece.encode()) + _field(2, float(score)) + _field(3, kind))
+
+
+def sentencepiece_proto(tokens: list[str], scores: list[float], kinds: list[int], unk_id: int | None,
+                        bos_id: int | None, eos_id: int | None, pad_id: int | None,
+                        add_dummy_prefix: bool = True) -> bytes:
+    """A serialized sentencepiece BPE ModelProto (the field numbers of sentencepiece_model.proto)."""
+    pieces = b"".join(sentencepiece_piece(t, s, k) for t, s, k in zip(tokens, scores, kinds, strict=True))
+    ids = [(40, unk_id), (41, bos_id), (42, eos_id), (43, pad_id)]
+    trainer = (_field(3, 2) + _field(4, len(tokens)) + _field(35, 6 in kinds)
+               + b"".join(_field(f, -1 if i is None else i) for f, i in ids))
+    normalizer = (_field(1, b"identity") + _field(3, add_dummy_prefix) + _field(4, False) + _field(5, True))
+    return pieces + _field(2, trainer) + _field(3, normalizer)
+
+
+# ---- llama-architecture files -----------------------------------------------------------
+
+_NAMES = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn_q": "attn.wq", "attn_k": "attn.wk",
+          "attn_v": "attn.wv", "attn_output": "attn.wo", "ffn_gate": "ffn.w1", "ffn_up": "ffn.w3",
+          "ffn_down": "ffn.w2"}
+
+
+def gguf_config(g: GGUFFile) -> ModelConfig:
+    arch = g.metadata.get("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"{g.path}: GGUF architecture {arch!r} is not supported (tinyllm reads llama)")
+
+    def get(key, default=None):
+        v = g.metadata.get(f"llama.{key}", default)
+        if v is None:
+            raise ValueError(f"{g.path}: GGUF metadata lacks llama.{key}")
+        return v
+
+    if get("expert_count", 0):
+        raise ValueError(f"{g.path}: mixture-of-experts llama models are not supported")
+    scaling = g.metadata.get("llama.rope.scaling.type", "none")
+    if scaling != "none" or "rope_freqs.weight" in g.tensors:
+        raise ValueError(f"{g.path}: rope scaling ({scaling if scaling != 'none' else 'rope_freqs'}) "
+                         "is not supported (only plain RoPE)")
+    heads, dim = int(get("attention.head_count")), int(get("embedding_length"))
+    kv = get("attention.head_count_kv", heads)
+    if isinstance(kv, list):
+        raise ValueError(f"{g.path}: per-layer key/value head counts are not supported")
+    for key in ("rope.dimension_count", "attention.key_length", "attention.value_length"):
+        if key in {k[len("llama."):] for k in g.metadata} and int(get(key)) != dim // heads:
+            raise ValueError(f"{g.path}: llama.{key} {get(key)} is not embedding_length / head_count "
+                             f"({dim} / {heads}); tinyllm does not support that")
+    emb = g.tensors.get("token_embd.weight")
+    vocab = int(g.metadata.get("llama.vocab_size") or (emb.shape[0] if emb else len(
+        g.metadata.get("tokenizer.ggml.tokens", []))))
+    return ModelConfig(vocab_size=vocab, dim=dim, n_layers=int(get("block_count")), n_heads=heads,
+                       n_kv_heads=int(kv), ffn_dim=int(get("feed_forward_length")),
+                       max_seq_len=int(get("context_length", 2048)),
+                       rope_theta=float(get("rope.freq_base", 10000.0)),
+                       norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+                       tie_embeddings="output.weight" not in g.tensors)
+
+
+def _tinyllm_name(name: str) -> str | None:
+    fixed = {"token_embd.weight": "tok_emb.weight", "output_norm.weight": "norm.weight",
+             "output.weight": "lm_head.weight"}
+    if name in fixed:
+        return fixed[name]
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" and parts[2] in _NAMES:
+        return f"blocks.{parts[1]}.{_NAMES[parts[2]]}.weight"
+    return None
+
+
+def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation: per head, interleaved pairs (0,1),(2,3),... back
+    to the rotate-half layout (i, i + head_dim/2). w (n_heads * head_dim, dim)."""
+    rows, cols = w.shape
+    return w.reshape(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def gguf_tokenizer(g: GGUFFile):
+    """Tokenizer (sentencepiece `llama` vocab) or BPETokenizer (`gpt2` vocab) from metadata."""
+    m = g.metadata
+    kind, tokens = m.get("tokenizer.ggml.model"), m.get("tokenizer.ggml.tokens")
+    if kind is None or not tokens:
+        raise ValueError(f"{g.path} has no tokenizer in its metadata (tokenizer.ggml.model / tokens)")
+    types = m.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    ids = {k: m.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "unknown", "padding")}
+    if kind == "llama":
+        specials = {ids["bos"], ids["eos"], ids["unknown"], ids["padding"]}
+        # Control pieces other than BOS/EOS/UNK/PAD (e.g. "<|im_start|>") become user-defined,
+        # so text that names them encodes to their ids, as Hugging Face tokenizers do.
+        kinds = [4 if t == 3 and i not in specials else t for i, t in enumerate(types)]
+        scores = m.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
+        proto = sentencepiece_proto(tokens, scores, kinds, ids["unknown"], ids["bos"], ids["eos"],
+                                    ids["padding"], bool(m.get("tokenizer.ggml.add_space_prefix", True)))
+        return Tokenizer.from_serialized(proto)
+    if kind == "gpt2":
+        from tinyllm.bpe_tokenizer import BPETokenizer
+
+        return BPETokenizer.from_vocab(tokens, m.get("tokenizer.ggml.merges") or [], types,
+                                       m.get("tokenizer.ggml.pre"), ids["bos"], ids["eos"], ids["padding"],
+                                       ids["unknown"])
+    raise ValueError(f"{g.path}: GGUF tokenizer model {kind!r} is not supported (llama or gpt2)")
+
+
+def inspect_gguf(g: GGUFFile, template: str | None = None):
+    """Validate a read GGUF header (no tensor data): config, tensor names, shapes and types,
+    tokenizer, chat template. Returns (config, tokenizer, chat_template, name, {gguf name:
+    tinyllm name})."""
+    from tinyllm.hf import check_tensors, pick_template
+
+    cfg = gguf_config(g)
+    want = expected_shapes(cfg)
+    names = {n: _tinyllm_name(n) for n in g.tensors}
+    unknown = sorted(n for n, t in names.items() if t is None or t not in want)
+    missing = sorted(set(want) - set(names.values()))
+    wrong = [f"{n} {g.tensors[n].shape} vs {want[t]}" for n, t in names.items()
+             if t in want and g.tensors[n].shape != want[t]]
+    check_tensors(f"{g.path}: the tensors do not match the metadata", missing, unknown, wrong)
+    bad = sorted({g.tensors[n].type_name for n in names if g.tensors[n].nbytes is None})
+    if bad:
+        raise ValueError(f"{g.path}: quantization type {', '.join(bad)} is not supported "
+                         f"(supported: {', '.join(supported_types())})")
+    tokenizer = gguf_tokenizer(g)
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ValueError(f"{g.path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+                         f"{cfg.vocab_size} embeddings")
+    name = g.metadata.get("general.name") or g.path.stem
+    add_bos = g.metadata.get("tokenizer.ggml.add_bos_token", g.metadata["tokenizer.ggml.model"] == "llama")
+    chat = pick_template(g.metadata.get("tokenizer.chat_template"), tokenizer, bool(add_bos), template, name)
+    return cfg, tokenizer, chat, name, names
+
+
+def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+              template: str | None = None):
+    """(model, tokenizer, chat_template, name) from a llama-architecture GGUF file."""
+    from tinyllm.hf import build_transformer
+
+    g = read_gguf(path)
+    try:
+        cfg, tokenizer, chat, name, names = inspect_gguf(g, template)
+        device = torch.device(device)
+        dtype = dtype or default_dtype(device)
+        state = {}
+        for n, t in names.items():
+            w = g.tensor(n)
+            if t.endswith("attn.wq.weight"):
+                w = unpermute_qk(w, cfg.n_heads)
+            elif t.endswith("attn.wk.weight"):
+                w = unpermute_qk(w, cfg.n_kv_heads)
+            state[t] = w.to(dtype)
+        return build_transformer(cfg, state, device, dtype), tokenizer, chat, name
+    finally:
+        g.close()

@@ -1,0 +1,114 @@
+"""open_any: the one entry point that opens every kind of model tinyllm reads.
+
+  a tinyllm checkpoint folder   config.json with "format": "tinyllm"   checkpoint.py
+  a Hugging Face folder         config.json with a "model_type"        hf.py (llama, mistral)
+  a GGUF file                   *.gguf (or a folder holding one)       gguf.py (llama)
+
+Contract: `open_any(path, device="cpu", dtype=None, template=None) -> (model, tokenizer,
+chat_template, name)`; the model is in eval mode on `device` in `dtype` (bf16 on CUDA, fp32
+on the CPU by default); the tokenizer is a `Tokenizer` (sentencepiece) or a `BPETokenizer`
+(tokenizer.json / GGUF gpt2 vocab), both with the interface ChatSession uses. `template`
+names a built-in chat template that overrides the model's own. A tinyllm folder's template
+is config.json's chat.template, or the full spec in chat.spec (what `tinyllm.convert` writes
+for a template taken from Jinja).
+`inspect_any(path, template=None) -> name` runs every check open_any runs without reading a
+weight (config, tensor names, shapes and types, tokenizer, chat template): for a CLI to
+validate --model before its UI opens. `classify(path)` says which of the three a path is.
+Refuses with one line: a missing path (FileNotFoundError); anything else that is not one of
+the three (ValueError), and whatever the importer refuses (unsupported architecture,
+missing tokenizer, unknown quantization type).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from tinyllm.chat_template import ChatTemplate, get_template
+from tinyllm.jinja_template import template_from_dict
+from tinyllm.model import Transformer
+
+__all__ = ["classify", "inspect_any", "open_any"]
+
+_KINDS = "a tinyllm checkpoint folder, a Hugging Face folder (llama/mistral) or a .gguf file"
+
+
+def classify(path: str | Path) -> tuple[str, Path]:
+    """("tinyllm" | "hf" | "gguf", the folder or file to open), or the one-line error."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model path {path} does not exist")
+    if path.is_file():
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic == b"GGUF" or path.suffix == ".gguf":
+            return "gguf", path
+        raise ValueError(f"{path} is not a model: expected {_KINDS}")
+    config = path / "config.json"
+    if not config.is_file():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return "gguf", ggufs[0]
+        what = f"{len(ggufs)} .gguf files (name one)" if ggufs else "no config.json"
+        raise FileNotFoundError(f"{path} has {what}: expected {_KINDS}")
+    try:
+        raw = json.loads(config.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{config} is not valid JSON ({e})") from None
+    if isinstance(raw, dict) and raw.get("format") == "tinyllm":
+        return "tinyllm", path
+    if isinstance(raw, dict) and "model_type" in raw:
+        return "hf", path
+    raise ValueError(f"{config} is neither a tinyllm nor a Hugging Face config: expected {_KINDS}")
+
+
+def inspect_any(path: str | Path, template: str | None = None) -> str:
+    """Validate a model without reading its weights (for a CLI, before a UI opens); its name."""
+    kind, path = classify(path)
+    if kind == "tinyllm":
+        from tinyllm.checkpoint import inspect_checkpoint
+
+        if template:
+            get_template(template)
+        return inspect_checkpoint(path).name
+    if kind == "hf":
+        from tinyllm.hf import inspect_hf
+
+        return inspect_hf(path, template)[3]
+    from tinyllm.gguf import inspect_gguf, read_gguf
+
+    g = read_gguf(path)
+    try:
+        return inspect_gguf(g, template)[3]
+    finally:
+        g.close()
+
+
+def open_any(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+             template: str | None = None) -> tuple[Transformer, object, ChatTemplate, str]:
+    kind, path = classify(path)
+    if kind == "tinyllm":
+        return _open_tinyllm(path, device, dtype, template)
+    if kind == "hf":
+        from tinyllm.hf import load_hf
+
+        return load_hf(path, device, dtype, template)
+    from tinyllm.gguf import load_gguf
+
+    return load_gguf(path, device, dtype, template)
+
+
+def _open_tinyllm(path: Path, device, dtype, template: str | None):
+    from tinyllm.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path, device, dtype)
+    chat = ckpt.info.chat
+    if template:
+        tmpl = get_template(template)
+    elif isinstance(chat.get("spec"), dict):
+        tmpl = template_from_dict(chat["spec"])
+    else:
+        tmpl = get_template(chat.get("template", "chatml"))
+    return ckpt.model, ckpt.tokenizer, tmpl, ckpt.info.name
