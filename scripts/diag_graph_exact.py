@@ -40,7 +40,7 @@ for use_graph in (False, "eager-again", True):
     res[use_graph] = [(n, t.clone()) for n, t in outs]
     print("recorded", len(outs), "outputs with graphs" if use_graph else "eager")
 for other in ("eager-again", True):
-    for (n, a), (_, b) in zip(res[False], res[other]):
+    for (n, a), (_, b) in zip(res[False], res[other], strict=True):
         if not torch.equal(a, b):
             print(f"B={B} eager vs {other}: first difference at {n}: "
                   f"max abs {(a.float() - b.float()).abs().max().item():.3g}")

@@ -198,7 +198,7 @@ class ChatSession:
                 ids += m.ids
         old = getattr(self, "context", [])
         keep = 0
-        for a, b in zip(old[:self.decoder.n], ids):
+        for a, b in zip(old[:self.decoder.n], ids, strict=False):
             if a != b:
                 break
             keep += 1

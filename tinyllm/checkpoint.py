@@ -85,7 +85,8 @@ def read_safetensors_header(path: Path) -> dict[str, dict]:
     return header
 
 
-def _weight_files(path: Path) -> list[Path]:
+def weight_files(path: Path, hint: str = _HINT) -> list[Path]:
+    """The safetensors files of a folder: the index's shards, or model.safetensors."""
     if (path / INDEX).exists():
         try:
             index = json.loads((path / INDEX).read_text())
@@ -98,7 +99,7 @@ def _weight_files(path: Path) -> list[Path]:
         return [path / f for f in files]
     if (path / WEIGHTS).is_file():
         return [path / WEIGHTS]
-    raise FileNotFoundError(f"{path} has no {WEIGHTS} (nor {INDEX}): {_HINT}")
+    raise FileNotFoundError(f"{path} has no {WEIGHTS} (nor {INDEX}): {hint}")
 
 
 def inspect_checkpoint(path: str | Path) -> CheckpointInfo:
@@ -124,7 +125,7 @@ def inspect_checkpoint(path: str | Path) -> CheckpointInfo:
     if tok.vocab_size > cfg.vocab_size:
         raise ValueError(f"{path}: tokenizer has {tok.vocab_size} pieces but the model only "
                          f"{cfg.vocab_size} embeddings")
-    files = _weight_files(path)
+    files = weight_files(path)
     found: dict[str, dict] = {}
     for f in files:
         found.update(read_safetensors_header(f))

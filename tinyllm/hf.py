@@ -39,7 +39,14 @@ import torch
 from safetensors import safe_open
 
 from tinyllm.chat_template import ChatTemplate, get_template
-from tinyllm.checkpoint import default_dtype, expected_shapes, read_safetensors_header
+from tinyllm.checkpoint import (
+    INDEX,
+    WEIGHTS,
+    default_dtype,
+    expected_shapes,
+    read_safetensors_header,
+    weight_files,
+)
 from tinyllm.jinja_template import derive_template, guess_builtin
 from tinyllm.model import ModelConfig, Transformer
 from tinyllm.tokenizer import Tokenizer
@@ -112,22 +119,10 @@ def _hf_names(cfg: ModelConfig) -> dict[str, str]:
 
 
 def _weight_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            raise ValueError(f"{index} is not a valid safetensors index") from None
-        missing = [f for f in files if not (path / f).is_file()]
-        if missing:
-            raise FileNotFoundError(f"{path} is missing weight shards {missing}")
-        return [path / f for f in files]
-    if (path / "model.safetensors").is_file():
-        return [path / "model.safetensors"]
-    if any(path.glob("*.bin")):
+    if not (path / INDEX).is_file() and not (path / WEIGHTS).is_file() and any(path.glob("*.bin")):
         raise ValueError(f"{path} has only PyTorch .bin weights; tinyllm reads safetensors "
                          "(re-save the model with save_pretrained(safe_serialization=True))")
-    raise FileNotFoundError(f"{path} has no model.safetensors (nor an index of shards): {_HINT}")
+    return weight_files(path, _HINT)
 
 
 def check_tensors(lead: str, missing: list[str], unexpected: list[str], wrong: list[str]) -> None:

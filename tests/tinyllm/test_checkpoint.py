@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
+from tests.conftest import tiny_model
 from tinyllm.checkpoint import inspect_checkpoint, load_checkpoint, save_checkpoint
 from tinyllm.testing import make_tiny_checkpoint, make_tiny_tokenizer
-from tests.conftest import tiny_model
 
 
 @pytest.fixture

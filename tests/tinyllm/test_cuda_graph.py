@@ -79,7 +79,7 @@ def test_truncate_then_decode_equals_fresh_run(model):
     first = [dec.step(toks[:, i:i + 1]).clone() for i in range(10)]
     dec.truncate(20)
     again = [dec.step(toks[:, i:i + 1]) for i in range(10)]
-    assert all(torch.equal(x, y) for x, y in zip(first, again))
+    assert all(torch.equal(x, y) for x, y in zip(first, again, strict=True))
 
 
 @torch.no_grad()

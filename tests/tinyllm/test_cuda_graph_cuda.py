@@ -84,7 +84,7 @@ def test_offset_append_and_truncate_under_graphs(cuda_model):
         dec.truncate(n + 50)
         logits = dec.step(seq[0].argmax(-1))  # (1, 1)
         outs[use_graph] = (a, torch.cat(seq, 1), logits.clone())
-    assert all(torch.equal(x, y) for x, y in zip(outs[False], outs[True]))
+    assert all(torch.equal(x, y) for x, y in zip(outs[False], outs[True], strict=True))
 
 
 def test_seeded_sampling_identical_with_and_without_graphs(cuda_model):

@@ -1,14 +1,13 @@
 """GGUF: our reader and dequantizers against the `gguf` package (the writer and the reference
 dequantizer), llama.cpp's Q/K permutation undone, tokenizers from metadata, one-line errors."""
 
-import importlib
 import json
-import os
 
 import numpy as np
 import pytest
 import torch
 
+from tests.tinyllm.formats_common import SMOL_TEMPLATE, TEXTS, need
 from tinyllm.convert import main as convert_main
 from tinyllm.gguf import dequantize, read_gguf, unpermute_qk
 from tinyllm.model import ModelConfig, Transformer
@@ -16,23 +15,8 @@ from tinyllm.open_model import inspect_any, open_any
 from tinyllm.testing import CHAT_TEXT, make_tiny_tokenizer
 from tinyllm.tokenizer import StreamDecoder, Tokenizer
 
-
-def need(module: str):
-    """CI installs the extras (CI=true): there a missing package fails; elsewhere it skips."""
-    return importlib.import_module(module) if os.environ.get("CI") else pytest.importorskip(module)
-
-
 gguf = need("gguf")
 Q = gguf.GGMLQuantizationType
-SMOL_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
-    "<|im_end|>\n' }}"
-    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-TEXTS = ["Hello! How are you today?", "What is the capital of France? 12345 apples.",
-         "<|im_start|>user\nCafé, naïve, 日本語 🙂<|im_end|>\n", "  spaces   and\ttabs\n\n",
-         "x<|im_end|>y"]
 # rms error / rms value a type may add (fp16 and bf16 round; the rest quantize)
 TOLERANCE = {Q.F32: 0.0, Q.F16: 1e-3, Q.BF16: 5e-3, Q.Q8_0: 0.01, Q.Q6_K: 0.03, Q.Q5_0: 0.05, Q.Q5_1: 0.05,
              Q.Q4_0: 0.12, Q.Q4_1: 0.12, Q.Q4_K: 0.12}

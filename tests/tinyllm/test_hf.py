@@ -3,15 +3,14 @@ and untied embeddings) saved with save_pretrained must give the same logits and 
 greedy tokens in tinyllm; tokenizer.json tokenizers, Jinja chat templates, ChatSession ids
 against apply_chat_template; conversion to a tinyllm folder; one-line errors."""
 
-import importlib
 import json
-import os
 import random
 import shutil
 
 import pytest
 import torch
 
+from tests.tinyllm.formats_common import SMOL_TEMPLATE, TEXTS, need
 from tinyllm.bpe_tokenizer import BPETokenizer
 from tinyllm.chat import ChatSession
 from tinyllm.convert import main as convert_main
@@ -21,24 +20,8 @@ from tinyllm.open_model import inspect_any, open_any
 from tinyllm.testing import CHAT_TEXT, make_tiny_tokenizer
 from tinyllm.tokenizer import StreamDecoder, Tokenizer
 
-
-def need(module: str):
-    """CI installs the extras (CI=true): there a missing package fails; elsewhere it skips."""
-    return importlib.import_module(module) if os.environ.get("CI") else pytest.importorskip(module)
-
-
 transformers = need("transformers")
 tokenizers = need("tokenizers")
-
-SMOL_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
-    "<|im_end|>\n' }}"
-    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-TEXTS = ["Hello! How are you today?", "What is the capital of France? 12345 apples.",
-         "<|im_start|>user\nCafé, naïve, 日本語 🙂<|im_end|>\n", "  spaces   and\ttabs\n\n",
-         "x<|im_end|>y"]
 
 
 def make_hf_model(path, vocab_size, tie, seed=0, shard=None, **overrides):

@@ -269,7 +269,7 @@ def test_stream_invalid_bytes_come_out_as_replacement(tok: Tokenizer, monkeypatc
     expected = [tok.decode(ids) for ids in cases]
     assert expected[0] == "\ufffd\ufffd"
     sizes = _decode_spy(tok, monkeypatch)
-    for ids, want in zip(cases, expected):
+    for ids, want in zip(cases, expected, strict=True):
         sd = StreamDecoder(tok)
         pushed = [sd.push(i) for i in ids]
         assert "".join(pushed) + sd.flush() == want
