@@ -8,10 +8,8 @@ Contract:
 - `read_gguf(path) -> GGUFFile` parses the header only (metadata and tensor table; no tensor
   data is read) and checks it: magic, version 2 or 3, every tensor of a known type lies
   inside the file. Metadata arrays come back as lists.
-- `GGUFFile.tensor(name) -> fp32 tensor` in PyTorch order (GGUF lists dims fastest first).
-  Dequantizes F32, F16, BF16, F64, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
-  Q6_K with vectorized torch ops over all blocks (in chunks, so memory stays bounded).
-  Another type is a ValueError naming it.
+- `GGUFFile.tensor(name) -> fp32 tensor` in PyTorch order (GGUF lists dims fastest first),
+  dequantized by `gguf_quants.dequantize` (the types it lists; another is a ValueError).
 - `load_gguf(path, device, dtype, template=None) -> (model, tokenizer, chat_template, name)`:
   llama architecture only. llama.cpp's converter permutes the Q/K rows of each head from
   the Hugging Face "rotate half" layout into the interleaved one; this undoes it, so our
@@ -35,21 +33,10 @@ import numpy as np
 import torch
 
 from tinyllm.checkpoint import default_dtype, expected_shapes
+from tinyllm.gguf_quants import GGML_TYPES, dequantize, supported_types
 from tinyllm.model import ModelConfig
 from tinyllm.tokenizer import Tokenizer
 
-# ggml type id -> (name, elements per block, bytes per block); None: a type we cannot read.
-GGML_TYPES: dict[int, tuple[str, int, int] | tuple[str, None, None]] = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", None, None), 10: ("Q2_K", 256, 84),
-    11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210),
-    15: ("Q8_K", None, None), 16: ("IQ2_XXS", None, None), 17: ("IQ2_XS", None, None),
-    18: ("IQ3_XXS", None, None), 19: ("IQ1_S", None, None), 20: ("IQ4_NL", None, None),
-    21: ("IQ3_S", None, None), 22: ("IQ2_S", None, None), 23: ("IQ4_XS", None, None), 24: ("I8", None, None),
-    25: ("I16", None, None), 26: ("I32", None, None), 27: ("I64", None, None), 28: ("F64", 1, 8),
-    29: ("IQ1_M", None, None), 30: ("BF16", 1, 2), 34: ("TQ1_0", None, None), 35: ("TQ2_0", None, None),
-    39: ("MXFP4", None, None),
-}
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
             12: "<d"}
 _STRING, _ARRAY = 8, 9
@@ -96,10 +83,6 @@ class GGUFFile:
             except BufferError:  # a numpy view of it is still alive; the GC closes it later
                 pass
             self._mm = None
-
-
-def supported_types() -> list[str]:
-    return [name for name, block, _ in GGML_TYPES.values() if block is not None]
 
 
 class _Reader:
@@ -178,132 +161,6 @@ def read_gguf(path: str | Path) -> GGUFFile:
                                  "copy or download it again")
         tensors[name] = GGUFTensor(name, shape, typ, start + off, nbytes)
     return GGUFFile(path, version, meta, tensors, mm)
-
-
-# ---- dequantization ---------------------------------------------------------------------
-
-_CHUNK_BLOCKS = 1 << 16  # blocks dequantized at a time (bounds the temporaries)
-
-
-def _f16(b: torch.Tensor) -> torch.Tensor:
-    """(n, 2k) uint8 -> (n, k) fp32 from little-endian fp16."""
-    return b.contiguous().view(torch.float16).float()
-
-
-def _u8(*v: int) -> torch.Tensor:
-    return torch.tensor(v, dtype=torch.uint8)
-
-
-def _nibbles(qs: torch.Tensor, group: int) -> torch.Tensor:
-    """(n, m) packed bytes -> (n, 2m): per `group` bytes, the low nibbles, then the high ones."""
-    n = qs.shape[0]
-    q = qs.reshape(n, -1, 1, group) >> _u8(0, 4).reshape(1, 1, 2, 1)  # (n, m/group, 2, group)
-    return (q & 0xF).reshape(n, -1)
-
-
-def _bits(b: torch.Tensor) -> torch.Tensor:
-    """(n, m) bytes -> (n, 8m) bits, little-endian bit order within each byte."""
-    return ((b.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1).reshape(b.shape[0], -1)
-
-
-def _scale_min_k4(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K/Q5_K: 12 bytes -> eight 6-bit scales and eight 6-bit mins, each (n, 8)."""
-    d, m, md = s[:, 0:4], s[:, 4:8], s[:, 8:12]
-    sc = torch.cat([d & 63, (md & 0xF) | ((d >> 2) & 0x30)], dim=1)
-    mn = torch.cat([m & 63, (md >> 4) | ((m >> 2) & 0x30)], dim=1)
-    return sc.float(), mn.float()
-
-
-def _q4_0(b):
-    return (_nibbles(b[:, 2:], 16).float() - 8) * _f16(b[:, :2])
-
-
-def _q4_1(b):
-    return _nibbles(b[:, 4:], 16).float() * _f16(b[:, :2]) + _f16(b[:, 2:4])
-
-
-def _q5_0(b):
-    q = _nibbles(b[:, 6:], 16) | (_bits(b[:, 2:6]) << 4)
-    return (q.float() - 16) * _f16(b[:, :2])
-
-
-def _q5_1(b):
-    q = _nibbles(b[:, 8:], 16) | (_bits(b[:, 4:8]) << 4)
-    return q.float() * _f16(b[:, :2]) + _f16(b[:, 2:4])
-
-
-def _q8_0(b):
-    return b[:, 2:].contiguous().view(torch.int8).float() * _f16(b[:, :2])
-
-
-def _q2_k(b):
-    n = b.shape[0]
-    scales, qs, d, dmin = b[:, :16], b[:, 16:80], _f16(b[:, 80:82]), _f16(b[:, 82:84])
-    dl = (d * (scales & 0xF).float()).reshape(n, 16, 1)
-    ml = (dmin * (scales >> 4).float()).reshape(n, 16, 1)
-    q = (qs.reshape(n, 2, 1, 32) >> _u8(0, 2, 4, 6).reshape(1, 1, 4, 1)) & 3  # (n, 2, 4, 32)
-    return (dl * q.reshape(n, 16, 16).float() - ml).reshape(n, 256)
-
-
-def _q3_k(b):
-    n = b.shape[0]
-    hmask, qs, s, d = b[:, :32], b[:, 32:96], b[:, 96:108], _f16(b[:, 108:110])
-    lo = (s[:, :8].reshape(n, 1, 8) >> _u8(0, 4).reshape(1, 2, 1)).reshape(n, 16) & 0xF
-    hi = (s[:, 8:].reshape(n, 1, 4) >> _u8(0, 2, 4, 6).reshape(1, 4, 1)).reshape(n, 16) & 3
-    scales = ((lo | (hi << 4)).to(torch.int16) - 32).float()
-    ql = (qs.reshape(n, 2, 1, 32) >> _u8(0, 2, 4, 6).reshape(1, 1, 4, 1)).reshape(n, 16, 16) & 3
-    qh = (hmask.reshape(n, 1, 32) >> torch.arange(8, dtype=torch.uint8).reshape(1, 8, 1)).reshape(n, 16, 16)
-    qh = qh & 1
-    q = ql.to(torch.int16) - ((qh ^ 1).to(torch.int16) << 2)  # the high bit SET means no offset
-    return ((d * scales).reshape(n, 16, 1) * q.float()).reshape(n, 256)
-
-
-def _q4_k(b):
-    n = b.shape[0]
-    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    sc, mn = _scale_min_k4(b[:, 4:16])
-    q = _nibbles(b[:, 16:], 32).reshape(n, 8, 32).float()
-    return ((d * sc).unsqueeze(-1) * q - (dmin * mn).unsqueeze(-1)).reshape(n, 256)
-
-
-def _q5_k(b):
-    n = b.shape[0]
-    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    sc, mn = _scale_min_k4(b[:, 4:16])
-    qh = (b[:, 16:48].reshape(n, 1, 32) >> torch.arange(8, dtype=torch.uint8).reshape(1, 8, 1)) & 1
-    q = (_nibbles(b[:, 48:], 32).reshape(n, 8, 32) | (qh << 4)).float()
-    return ((d * sc).unsqueeze(-1) * q - (dmin * mn).unsqueeze(-1)).reshape(n, 256)
-
-
-def _q6_k(b):
-    n = b.shape[0]
-    ql, qh, scales, d = b[:, :128], b[:, 128:192], b[:, 192:208], _f16(b[:, 208:210])
-    lo = _nibbles(ql, 64).reshape(n, 8, 32)
-    hi = ((qh.reshape(n, 2, 1, 32) >> _u8(0, 2, 4, 6).reshape(1, 1, 4, 1)) & 3).reshape(n, 8, 32)
-    q = ((lo | (hi << 4)).to(torch.int16) - 32).float().reshape(n, 16, 16)
-    scale = d * scales.contiguous().view(torch.int8).float()  # (n, 16)
-    return (scale.unsqueeze(-1) * q).reshape(n, 256)
-
-
-_DEQUANT = {2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 8: _q8_0, 10: _q2_k, 11: _q3_k, 12: _q4_k,
-            13: _q5_k, 14: _q6_k}
-_PLAIN = {0: torch.float32, 1: torch.float16, 28: torch.float64, 30: torch.bfloat16}
-
-
-def dequantize(raw: torch.Tensor, typ: int, shape: tuple[int, ...]) -> torch.Tensor:
-    """Raw GGUF bytes (uint8) of one tensor of ggml type `typ` -> fp32 tensor of `shape`."""
-    if typ in _PLAIN:
-        return raw.view(_PLAIN[typ]).float().reshape(shape)
-    if typ not in _DEQUANT:
-        name = GGML_TYPES.get(typ, (f"type {typ}",))[0]
-        raise ValueError(f"quantization type {name} is not supported "
-                         f"(supported: {', '.join(supported_types())})")
-    _, block, size = GGML_TYPES[typ]
-    blocks = raw.reshape(-1, size)
-    out = torch.empty(blocks.shape[0], block, dtype=torch.float32)
-    for i in range(0, blocks.shape[0], _CHUNK_BLOCKS):
-        out[i:i + _CHUNK_BLOCKS] = _DEQUANT[typ](blocks[i:i + _CHUNK_BLOCKS])
-    return out.reshape(shape)
 
 
 # ---- sentencepiece model protos (protobuf wire format, written by hand) -------------------
