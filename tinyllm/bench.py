@@ -35,7 +35,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -94,11 +93,13 @@ def random_model(preset: str, device: torch.device, dtype: torch.dtype) -> Trans
     return model.to(dtype).eval()
 
 
-def load_model(args, device: torch.device, dtype: torch.dtype) -> tuple[Transformer, str]:
+def load_model(args, device: torch.device, dtype: torch.dtype) -> tuple[Transformer, str, tuple | None]:
+    """(model, name, (tokenizer, chat template) of --model or None for a preset)."""
     if args.model:
-        from tinyllm.checkpoint import load_checkpoint  # lazily: only for --model
-        return load_checkpoint(args.model, device, dtype).model, str(args.model)
-    return random_model(args.preset, device, dtype), args.preset
+        from tinyllm.open_model import open_any  # lazily: only for --model
+        model, tok, template, _ = open_any(args.model, device, dtype)
+        return model, str(args.model), (tok, template)
+    return random_model(args.preset, device, dtype), args.preset, None
 
 
 def sync(device: torch.device) -> None:
@@ -325,22 +326,21 @@ def run_peers(model: Transformer, steps: int, repeats: int, report: Report) -> N
 
 # -- command line -----------------------------------------------------------------------------
 
-def bench_chat(model: Transformer, model_path: str | None, turns: int, report: Report) -> None:
+def bench_chat(model: Transformer, tok_template: tuple | None, turns: int, report: Report) -> None:
     """Time to first token per chat turn: only a turn's new tokens are prefilled, so turn N
     should cost about what turn 2 does (the ratio is the number to watch)."""
     import tempfile
 
     from tinyllm.chat import ChatSession
     from tinyllm.chat_template import get_template
-    from tinyllm.tokenizer import Tokenizer
 
-    with tempfile.TemporaryDirectory() as tmp:
-        if model_path:
-            tok = Tokenizer.load(Path(model_path) / "tokenizer.model")
-        else:
-            from tinyllm.testing import make_tiny_tokenizer
-            tok = make_tiny_tokenizer(tmp)
-    session = ChatSession(model, tok, get_template("chatml"), params=SamplingParams(max_tokens=12))
+    if tok_template is None:  # a preset: random weights, a small real tokenizer
+        from tinyllm.testing import make_tiny_tokenizer
+
+        with tempfile.TemporaryDirectory() as tmp:
+            tok_template = (make_tiny_tokenizer(tmp), get_template("chatml"))
+    tok, template = tok_template
+    session = ChatSession(model, tok, template, params=SamplingParams(max_tokens=12))
     ttft = []
     for i in range(turns):
         events = list(session.send(f"A fact about {i + 1}?"))
@@ -395,12 +395,12 @@ def run(args: argparse.Namespace) -> Report:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if cuda else torch.float32
-    model, name = load_model(args, device, dtype)
+    model, name, tok_template = load_model(args, device, dtype)
     report = Report(model=name, device=device.type, dtype=str(dtype).removeprefix("torch."))
     print(f"tinyllm-bench: {name}, {model.num_params() / 1e6:.1f}M params, {device.type} {dtype}",
           file=sys.stderr)
     if args.chat_turns:
-        bench_chat(model, args.model, args.chat_turns, report)
+        bench_chat(model, tok_template, args.chat_turns, report)
         return report
     if args.engine:
         bench_engine(model, args.concurrency or ([1, 8, 32, 64] if cuda else [1, 4]), steps, repeats, report)

@@ -23,6 +23,7 @@ GGML_TYPES: dict[int, tuple[str, int, int] | tuple[str, None, None]] = {
     39: ("MXFP4", None, None),
 }
 
+
 def supported_types() -> list[str]:
     return [name for name, block, _ in GGML_TYPES.values() if block is not None]
 

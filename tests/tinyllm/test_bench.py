@@ -51,3 +51,16 @@ def test_bytes_per_step():
     assert kv_bytes(model, 128) == 2 * cfg.n_layers * cfg.n_kv_heads * 128 * cfg.head_dim * 4
     tied = Transformer(ModelConfig.from_name("tiny", tie_embeddings=True))
     assert weight_bytes(tied) == 4 * sum(p.numel() for p in tied.parameters())  # the head reads it all
+
+
+def test_chat_ttft_metrics(capsys, tmp_path):
+    from tinyllm.testing import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint(tmp_path / "tiny")
+    rc = main(["--model", str(path), "--device", "cpu", "--chat-turns", "4"])
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rc == 0
+    turns = [r for r in recs if r["metric"] == "chat_ttft_ms"]
+    assert [r["turn"] for r in turns] == [1, 2, 3, 4]
+    assert all(r["prefilled"] < turns[-1]["position"] for r in turns[1:])  # each turn prefills only its new ids
+    assert [r["kind"] for r in recs if r["metric"] == "chat_ttft_ratio"] == ["turn4/turn2"]
