@@ -32,7 +32,7 @@ for use_graph in (False, "eager-again", True):
     dec = GraphDecoder(model, B, max_len=1024, use_graph=use_graph is True)
     dec.prefill(prompt)
     outs.clear()
-    if use_graph:
+    if use_graph is True:
         dec.capture((128,))  # hooks run in the warm-up and in the capture: keep the capture's
         del outs[: len(outs) // 2]
     dec.step(tok)  # a replay runs no hooks, but refills the captured output tensors
