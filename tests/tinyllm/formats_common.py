@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from tinyllm.testing import CHAT_TEXT
+
 
 def need(module: str):
     """CI installs the extras (CI=true): there a missing package fails; elsewhere it skips."""
@@ -21,3 +23,19 @@ SMOL_TEMPLATE = (
 TEXTS = ["Hello! How are you today?", "What is the capital of France? 12345 apples.",
          "<|im_start|>user\nCafé, naïve, 日本語 🙂<|im_end|>\n", "  spaces   and\ttabs\n\n",
          "x<|im_end|>y"]
+
+
+def train_bpe():
+    """A small byte-level BPE (GPT-2 style) with ChatML specials, trained on CHAT_TEXT."""
+    from tokenizers import Tokenizer as HFTok
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = HFTok(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CHAT_TEXT.splitlines() * 5, trainer)
+    return tok

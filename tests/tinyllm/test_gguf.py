@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from tests.tinyllm.formats_common import SMOL_TEMPLATE, TEXTS, need
+from tests.tinyllm.formats_common import SMOL_TEMPLATE, TEXTS, need, train_bpe
 from tinyllm.convert import main as convert_main
 from tinyllm.gguf import dequantize, read_gguf, unpermute_qk
 from tinyllm.model import ModelConfig, Transformer
 from tinyllm.open_model import inspect_any, open_any
-from tinyllm.testing import CHAT_TEXT, make_tiny_tokenizer
+from tinyllm.testing import make_tiny_tokenizer
 from tinyllm.tokenizer import StreamDecoder, Tokenizer
 
 gguf = need("gguf")
@@ -163,21 +163,6 @@ def sp_kv(tok: Tokenizer, chat_template=None):
         if chat_template:
             w.add_chat_template(chat_template)
     return add
-
-
-def train_bpe():
-    from tokenizers import Tokenizer as HFTok
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    tok = HFTok(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(CHAT_TEXT.splitlines() * 5, trainer)
-    return tok
 
 
 def bpe_kv(tok, chat_template=SMOL_TEMPLATE):

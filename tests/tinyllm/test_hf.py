@@ -10,14 +10,14 @@ import shutil
 import pytest
 import torch
 
-from tests.tinyllm.formats_common import SMOL_TEMPLATE, TEXTS, need
+from tests.tinyllm.formats_common import SMOL_TEMPLATE, TEXTS, need, train_bpe
 from tinyllm.bpe_tokenizer import BPETokenizer
 from tinyllm.chat import ChatSession
 from tinyllm.convert import main as convert_main
 from tinyllm.generate import generate
 from tinyllm.jinja_template import JinjaChatTemplate
 from tinyllm.open_model import inspect_any, open_any
-from tinyllm.testing import CHAT_TEXT, make_tiny_tokenizer
+from tinyllm.testing import make_tiny_tokenizer
 from tinyllm.tokenizer import StreamDecoder, Tokenizer
 
 transformers = need("transformers")
@@ -92,18 +92,8 @@ def test_tokenizer_model_with_added_tokens(tmp_path, sp_folder, sp_tok):
 
 # ---- tokenizer.json (byte-level BPE), Jinja template, ChatSession ------------------------
 
-def train_bpe(folder):
-    from tokenizers import Tokenizer as HFTok
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    tok = HFTok(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(CHAT_TEXT.splitlines() * 5, trainer)
+def save_bpe(folder):
+    tok = train_bpe()
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({
@@ -116,7 +106,7 @@ def train_bpe(folder):
 @pytest.fixture(scope="module")
 def bpe_folder(tmp_path_factory):
     path = tmp_path_factory.mktemp("bpe") / "smol"
-    hf_tok = train_bpe(path)
+    hf_tok = save_bpe(path)
     make_hf_model(path, hf_tok.get_vocab_size(), tie=True, seed=3)
     return path
 
