@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0, help="1 = off (default)")
     g.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
-    g.add_argument("--repeat-penalty", type=float, default=1.0, help="1 = off (default)")
+    g.add_argument("--repeat-penalty", type=float, default=1.1,
+                   help="> 1 discourages repeating the last 64 tokens; 1 = off (default: 1.1)")
     g.add_argument("--max-tokens", type=int, default=256, help="reply length limit (default: 256)")
     g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     p.add_argument("--system", default=None, help="system prompt")

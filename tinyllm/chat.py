@@ -38,6 +38,8 @@ from tinyllm.model import Transformer
 from tinyllm.sampling import SamplingParams, make_generator, sample
 from tinyllm.tokenizer import StreamDecoder, Tokenizer
 
+REPEAT_WINDOW = 64  # the repetition penalty looks at this many latest ids (llama.cpp's default)
+
 
 @dataclass
 class Message:
@@ -258,7 +260,7 @@ class ChatSession:
         new = torch.tensor([self.context[dec.n:]], dtype=torch.long, device=self.model.device)
         logits = dec.append(new)[:, -1]  # (1, V)
         gen = make_generator(params, self.model.device)
-        prev = torch.tensor([self.context], dtype=torch.long, device=self.model.device)
+        prev = torch.tensor([self.context[-REPEAT_WINDOW:]], dtype=torch.long, device=self.model.device)
         first_tok = sample(logits, params, gen, prev=prev)  # (1,)
         tok_id = int(first_tok.item())
         ttft = (time.perf_counter() - t0) * 1000
@@ -288,7 +290,7 @@ class ChatSession:
             self._apply_graph_toggle()
             tok = torch.tensor([[tok_id]], device=self.model.device)
             logits = dec.step(tok)[:, -1]  # (1, V); a static buffer with graphs
-            prev = torch.cat([prev, tok], dim=1)
+            prev = torch.cat([prev, tok], dim=1)[:, -REPEAT_WINDOW:]
             tok_id = int(sample(logits, params, gen, prev=prev).item())
         tail = stream.flush()
         text_parts.append(tail)
