@@ -203,8 +203,7 @@ class ChatApp(App[None]):
         if kind == "Loaded":
             s = self.session = item.session
             conversation.loading = False
-            dtype = str(next(s.model.parameters()).dtype).removeprefix("torch.")
-            self.status.show(state="ready", name=s.name, device=s.model.device.type, dtype=dtype,
+            self.status.show(state="ready", name=s.name, device=s.device, dtype=s.dtype,
                              graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
                              position=len(s.context))
         elif kind == "Started":

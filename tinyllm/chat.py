@@ -108,6 +108,14 @@ class ChatSession:
         self.last_stats: StepStats | None = None
         self._rebuild_context()
 
+    @property
+    def device(self) -> str:
+        return self.model.device.type
+
+    @property
+    def dtype(self) -> str:
+        return str(self.model.dtype).removeprefix("torch.")
+
     # ---- settings (any thread) -------------------------------------------------------
 
     @property
