@@ -223,19 +223,17 @@ class ChatSession:
         if head + extra + reserve > self.max_len:
             raise ValueError(f"message too long: {extra} tokens, and the context holds {self.max_len} "
                              f"(with {reserve} kept for the reply); shorten it or raise --max-len")
-        dropped = 0
-        first = self.first_message
         if len(self.context) + extra + reserve <= self.max_len:
             return 0
         # Trim to 3/4 of the context, so the next turns fit without another re-prefill.
         target = max(self.max_len * 3 // 4, head + extra + reserve)
+        start = first = self.first_message
         while len(self.context) + extra + reserve > target and first < len(self.messages):
             first += 1
             while first < len(self.messages) and self.messages[first].role != "user":
                 first += 1  # a turn starts at a user message
-            dropped = first - self.first_message
             self._rebuild_context(first)
-        return dropped
+        return first - start
 
     # ---- replies (worker thread) ------------------------------------------------------
 

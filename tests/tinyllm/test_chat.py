@@ -58,7 +58,7 @@ def test_context_full_drops_oldest_turns_and_keeps_working(ckpt):
         events = reply(s, TURNS[i % len(TURNS)])
         dropped += events[0].dropped
         assert len(s.context) <= 128
-    assert dropped > 0
+    assert dropped == s.first_message > 0  # every dropped message was reported
     assert len(s.messages) == 24  # everything said is kept
     assert s.context[: len(s._head_ids())] == s._head_ids()  # system prompt kept
 
@@ -154,3 +154,14 @@ def test_graph_toggle_mid_reply_gives_identical_tokens(ckpt):
             out.append(ev)
         texts.append((out[-1].text, s.messages[-1].ids))
     assert texts[0] == texts[1]
+
+
+def test_one_trim_that_drops_several_turns_reports_them_all(ckpt):
+    s = open_session(ckpt, "cpu", max_len=128)
+    s.set_param("max_tokens", "4")
+    while len(s.context) < 100:
+        reply(s, "Hi")
+    long = "word " * 20
+    assert len(s.context) + len(s._user_ids(long, False)) + 4 > 128  # this turn must trim
+    events = reply(s, long)
+    assert events[0].dropped >= 4 and events[0].dropped == s.first_message
