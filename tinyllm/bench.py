@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 import torch
 
+from tinyllm.checkpoint import resolve_device
 from tinyllm.cuda_graph import GraphDecoder, StaticKVCache
 from tinyllm.engine import Engine
 from tinyllm.generate import generate
@@ -69,14 +70,6 @@ class Report:
 
 
 # -- set-up -------------------------------------------------------------------------------
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda, but CUDA is not available here: use --device cpu")
-    return torch.device(name)
-
 
 def random_model(preset: str, device: torch.device, dtype: torch.dtype) -> Transformer:
     """A preset's shape with small-normal random weights, built on the device (fast for 1B)."""
@@ -384,7 +377,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> Report:
     if not args.model and args.preset not in PRESETS:
         raise ValueError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
-    device = pick_device(args.device)
+    device = resolve_device(args.device)
     cuda = device.type == "cuda"
     steps = args.steps if args.steps is not None else (256 if cuda else 16)
     repeats = args.repeats if args.repeats is not None else (5 if cuda else 3)

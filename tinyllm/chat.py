@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from tinyllm.chat_template import ChatTemplate
+from tinyllm.checkpoint import resolve_device
 from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.model import Transformer
 from tinyllm.sampling import SamplingParams, make_generator, sample
@@ -78,16 +79,6 @@ class Finished:
     reason: str
     text: str
     stats: StepStats
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available (use --device cpu)")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {device!r}: use auto, cpu or cuda")
-    return torch.device(device)
 
 
 class ChatSession:

@@ -153,6 +153,17 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
+def resolve_device(device: str) -> torch.device:
+    """"auto" | "cpu" | "cuda" -> a device; a ValueError for CUDA where there is none."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available (use --device cpu)")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}: use auto, cpu or cuda")
+    return torch.device(device)
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 

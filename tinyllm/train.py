@@ -42,7 +42,7 @@ import torch
 
 from tinyllm import data
 from tinyllm.chat_template import get_template
-from tinyllm.checkpoint import save_checkpoint
+from tinyllm.checkpoint import resolve_device, save_checkpoint
 from tinyllm.model import ModelConfig, Transformer
 from tinyllm.tokenizer import Tokenizer
 
@@ -199,10 +199,6 @@ def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
 
 
-def pick_device(name: str) -> torch.device:
-    return torch.device(name if name != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-
-
 class Trainer:
     """One call of one run: set up (or resume), then `run()` until max_steps, stop_at or the
     budget, evaluate, save. Timings it measures as it goes size the budget's reserve."""
@@ -211,7 +207,7 @@ class Trainer:
         self.t0 = time.perf_counter()
         self.cfg, self.out = cfg, Path(cfg.out)
         self._check_out()
-        self.device = pick_device(cfg.device)
+        self.device = resolve_device(cfg.device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         tok_path = resolve_tokenizer(cfg.tokenizer)
