@@ -11,6 +11,10 @@ Contract:
   pairs), as Hugging Face Llama checkpoints do; importers of the interleaved layout permute.
 - The model computes in the dtype of its weights: fp32 on the CPU, bf16 for inference on
   CUDA. RMSNorm and RoPE run in fp32 internally and cast back.
+- Q, K and V are one projection (`attn.wqkv`), and so are SwiGLU's gate and up (`ffn.w13`):
+  one matrix product each instead of three and two, which matters when decode is
+  launch-bound. `state_dict()` and `load_state_dict()` still speak the separate names
+  (`attn.wq/wk/wv`, `ffn.w1/w3`), so checkpoints and importers keep the usual layout.
 - Refuses: sequences longer than `max_seq_len` (ValueError), configs whose heads don't divide.
 """
 
@@ -133,20 +137,39 @@ class RMSNorm(nn.Module):
         return xf.type_as(x) * self.weight
 
 
+def fuse_linears(module: nn.Module, fused: str, parts: dict[str, int]) -> None:
+    """Keep `module.<fused>` (one nn.Linear whose output rows are the parts' rows, in
+    order) in memory, but save and load it as the separate `<part>.weight` entries."""
+
+    def split(mod, state, prefix, _meta) -> None:
+        w = state.pop(f"{prefix}{fused}.weight")
+        for name, rows in zip(parts, w.split(list(parts.values())), strict=True):
+            state[f"{prefix}{name}.weight"] = rows.clone()  # own storage: files refuse shared tensors
+
+    def join(mod, state, prefix, *_args) -> None:
+        keys = [f"{prefix}{name}.weight" for name in parts]
+        if all(k in state for k in keys):
+            state[f"{prefix}{fused}.weight"] = torch.cat([state.pop(k) for k in keys])
+
+    module.register_state_dict_post_hook(split)
+    module.register_load_state_dict_pre_hook(join)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.q_dim, self.kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        self.wqkv = nn.Linear(cfg.dim, self.q_dim + 2 * self.kv_dim, bias=False)
+        self.wo = nn.Linear(self.q_dim, cfg.dim, bias=False)
+        fuse_linears(self, "wqkv", {"wq": self.q_dim, "wk": self.kv_dim, "wv": self.kv_dim})
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv=None) -> Tensor:
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        q, k, v = self.wqkv(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if kv is None:
             return self._attend(q, k, v, {"is_causal": True})
@@ -174,12 +197,13 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)  # gate
-        self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)  # up
+        self.w13 = nn.Linear(cfg.dim, 2 * cfg.ffn_dim, bias=False)  # gate (w1) and up (w3)
         self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)  # down
+        fuse_linears(self, "w13", {"w1": cfg.ffn_dim, "w3": cfg.ffn_dim})
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = self.w13(x).chunk(2, dim=-1)  # (B, T, ffn) each
+        return self.w2(F.silu(gate) * up)
 
 
 class Block(nn.Module):
