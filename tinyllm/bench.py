@@ -10,13 +10,17 @@ Metrics (batch 1, greedy, unless said):
   bandwidth_gb_s   a large device-to-device copy, read + write bytes counted
   ttft_ms          eager prefill of prompt_len tokens until the first token is on the host
   capture_s        capturing every bucket's graph (CUDA); graph_pool_mib: memory_allocated /
-                   memory_reserved growth over that capture ("kind")
+                   memory_reserved growth over that capture ("kind"); impl "compiled": the
+                   torch.compile'd step (compile_capture_s: its first capture, compile included)
   decode_tok_s     impl "graph" (GraphDecoder replays), "static_eager" (the same step eagerly),
+                   "graph_compiled" / "static_eager_compiled" (the step under torch.compile,
+                   Inductor, captured in the same bucket graphs / run without them; --compile),
                    "generate" (the eager reference), peers where installed: "hf_dynamic" and
                    "hf_static" (transformers LlamaForCausalLM generate(), same shape, random
                    weights) and "compile_reduce_overhead" (our static step under
                    torch.compile(mode="reduce-overhead"), gpt-fast style)
-  bucket_tok_s     decode positioned inside each bucket W ("window"), graphs where possible
+  bucket_tok_s     decode positioned inside each bucket W ("window"), graphs where possible,
+                   plain and compiled ("impl")
   bw_fraction      for each bucket: (weight bytes + K/V window bytes read per step) x tok/s
                    over bandwidth_gb_s
   engine_tok_s     with --engine (instead of the above): aggregate tokens/s of the continuous
@@ -62,10 +66,10 @@ class Report:
 
     def table(self) -> str:
         keys = ("impl", "kind", "prompt_len", "window", "concurrency", "turn")
-        lines = [f"{'metric':<16} {'context':<28} {'value':>12}  unit"]
+        lines = [f"{'metric':<16} {'context':<38} {'value':>12}  unit"]
         for r in self.rows:
             ctx = " ".join(f"{k}={r[k]}" for k in keys if k in r)
-            lines.append(f"{r['metric']:<16} {ctx:<28} {r['value']:>12.4g}  {r['unit']}")
+            lines.append(f"{r['metric']:<16} {ctx:<38} {r['value']:>12.4g}  {r['unit']}")
         return "\n".join(lines)
 
 
@@ -172,25 +176,34 @@ def bench_ttft(model: Transformer, dec: GraphDecoder, lens: list[int], repeats: 
 
 
 @torch.no_grad()
-def bench_capture(dec: GraphDecoder, report: Report) -> None:
+def bench_capture(dec: GraphDecoder, report: Report, impl: str) -> None:
     sync(dec.model.device)
+    if dec.compile:  # the first capture compiles each bucket's step; time the capture again
+        report("compile_capture_s", dec.capture(), "s", impl=impl, n_graphs=len(dec.graphs))
+        dec.graphs.clear()
+        sync(dec.model.device)
     alloc, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     seconds = dec.capture()
-    report("capture_s", seconds, "s", n_graphs=len(dec.graphs), buckets=list(dec.buckets))
-    report("graph_pool_mib", (torch.cuda.memory_allocated() - alloc) / 2**20, "MiB", kind="allocated")
-    report("graph_pool_mib", (torch.cuda.memory_reserved() - reserved) / 2**20, "MiB", kind="reserved")
+    report("capture_s", seconds, "s", impl=impl, n_graphs=len(dec.graphs), buckets=list(dec.buckets))
+    report("graph_pool_mib", (torch.cuda.memory_allocated() - alloc) / 2**20, "MiB", kind="allocated",
+           impl=impl)
+    report("graph_pool_mib", (torch.cuda.memory_reserved() - reserved) / 2**20, "MiB", kind="reserved",
+           impl=impl)
 
 
 @torch.no_grad()
-def bench_decode(model: Transformer, dec: GraphDecoder, steps: int, repeats: int, report: Report) -> None:
+def bench_decode(model: Transformer, decs: dict[str, GraphDecoder], steps: int, repeats: int,
+                 report: Report) -> None:
     device = model.device
-    start = min(DECODE_START, dec.max_len - steps)
-    dec.prefill(random_ids(model, start))
-    impls = ["graph", "static_eager"] if device.type == "cuda" else ["static_eager"]
-    for impl in impls:
-        dec.use_graph = impl == "graph"
-        s = median_s(decode_run(dec, start, steps, device), repeats)
-        report("decode_tok_s", steps / s, "tok/s", impl=impl, start=start, steps=steps)
+    for suffix, dec in decs.items():
+        start = min(DECODE_START, dec.max_len - steps)
+        dec.prefill(random_ids(model, start))
+        impls = ["graph", "static_eager"] if device.type == "cuda" else ["static_eager"]
+        for impl in impls:
+            dec.use_graph = impl == "graph"
+            s = median_s(decode_run(dec, start, steps, device), repeats)
+            report("decode_tok_s", steps / s, "tok/s", impl=impl + suffix, start=start, steps=steps)
+    start = min(DECODE_START, model.cfg.max_seq_len - steps)
     report("decode_tok_s", generate_tok_s(model, start, steps, repeats), "tok/s", impl="generate",
            start=start, steps=steps)
 
@@ -213,7 +226,7 @@ def generate_tok_s(model: Transformer, start: int, steps: int, repeats: int) -> 
 
 @torch.no_grad()
 def bench_buckets(model: Transformer, dec: GraphDecoder, steps: int, repeats: int, bandwidth: float,
-                  report: Report) -> None:
+                  report: Report, impl: str) -> None:
     """Decode inside each bucket: from just past the previous bucket, at most to its end."""
     dec.use_graph = model.device.type == "cuda"
     w_bytes = weight_bytes(model)
@@ -223,23 +236,25 @@ def bench_buckets(model: Transformer, dec: GraphDecoder, steps: int, repeats: in
         n = min(steps, w - start)
         dec.prefill(random_ids(model, start, seed=w))
         tok_s = n / median_s(decode_run(dec, start, n, model.device), repeats)
-        report("bucket_tok_s", tok_s, "tok/s", window=w, steps=n)
+        report("bucket_tok_s", tok_s, "tok/s", window=w, steps=n, impl=impl)
         step_bytes = w_bytes + kv_bytes(model, w)
-        report("bw_fraction", step_bytes * tok_s / bandwidth, "fraction", window=w,
+        report("bw_fraction", step_bytes * tok_s / bandwidth, "fraction", window=w, impl=impl,
                bytes_per_step=step_bytes, achieved_gb_s=round(step_bytes * tok_s / 1e9, 2))
         prev = w
 
 
 @torch.no_grad()
 def bench_engine(model: Transformer, concurrency: list[int], steps: int, repeats: int,
-                 report: Report) -> None:
+                 report: Report, compile: str | None) -> None:
     prompt_len = min(ENGINE_PROMPT, model.cfg.max_seq_len // 2)
     steps = min(steps, model.cfg.max_seq_len - prompt_len)
     params = SamplingParams(max_tokens=steps)
     for c in concurrency:
-        engine = Engine(model, c, max_len=prompt_len + steps)
+        engine = Engine(model, c, max_len=prompt_len + steps, compile=compile)
+        impl = "graph" if engine.decoder.use_graph else "static_eager"
+        impl += "_compiled" if compile else ""
         if engine.decoder.use_graph:
-            report("engine_capture_s", engine.capture_s, "s", concurrency=c)
+            report("engine_capture_s", engine.capture_s, "s", concurrency=c, impl=impl)
         prompts = [random_ids(model, prompt_len, seed=i)[0].tolist() for i in range(c)]
 
         def fn(engine=engine, prompts=prompts) -> None:
@@ -247,7 +262,8 @@ def bench_engine(model: Transformer, concurrency: list[int], steps: int, repeats
                 engine.add_request(p, params)
             engine.run_until_done()
         s = median_s(timed(fn, model.device), repeats)
-        report("engine_tok_s", c * steps / s, "tok/s", concurrency=c, prompt_len=prompt_len, steps=steps)
+        report("engine_tok_s", c * steps / s, "tok/s", concurrency=c, prompt_len=prompt_len, steps=steps,
+               impl=impl)
 
 
 # -- peers ------------------------------------------------------------------------------------
@@ -369,6 +385,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int_list, help="engine requests at once (default 1,8,32,64 / 1,4)")
     p.add_argument("--chat-turns", type=int, help="measure time to first token over N chat turns instead")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--compile", default="auto", choices=("auto", "on", "off"),
+                   help="also measure the torch.compile'd step (auto: on CUDA only; the engine "
+                        "uses it instead of the plain step)")
     p.add_argument("--peers", default="auto", choices=("auto", "on", "off"),
                    help="transformers and torch.compile peers (auto: on CUDA only)")
     return p.parse_args(argv)
@@ -395,19 +414,26 @@ def run(args: argparse.Namespace) -> Report:
     if args.chat_turns:
         bench_chat(model, tok_template, args.chat_turns, report)
         return report
+    compile = args.compile == "on" or (args.compile == "auto" and cuda)
     if args.engine:
-        bench_engine(model, args.concurrency or ([1, 8, 32, 64] if cuda else [1, 4]), steps, repeats, report)
+        bench_engine(model, args.concurrency or ([1, 8, 32, 64] if cuda else [1, 4]), steps, repeats, report,
+                     "inductor" if compile else None)
         return report
     bandwidth = measure_bandwidth(device, repeats)
     report("bandwidth_gb_s", bandwidth / 1e9, "GB/s")
     steps = min(steps, model.cfg.max_seq_len - 1)
     dec = GraphDecoder(model, 1, use_graph=cuda)  # graphs share one pool only if on from the start
+    decs = {"": dec}
+    if compile:
+        decs["_compiled"] = GraphDecoder(model, 1, use_graph=cuda, compile="inductor")
     bench_ttft(model, dec, [n for n in args.prompt_lens if n <= model.cfg.max_seq_len], repeats, report)
-    if cuda:
-        dec.prefill(random_ids(model, DECODE_START))
-        bench_capture(dec, report)
-    bench_decode(model, dec, steps, repeats, report)
-    bench_buckets(model, dec, steps, repeats, bandwidth, report)
+    for suffix, d in decs.items():
+        if cuda:
+            d.prefill(random_ids(model, DECODE_START))
+            bench_capture(d, report, suffix.strip("_") or "plain")
+    bench_decode(model, decs, steps, repeats, report)
+    for suffix, d in decs.items():
+        bench_buckets(model, d, steps, repeats, bandwidth, report, "graph" + suffix if cuda else "static_eager" + suffix)
     if args.peers == "on" or (args.peers == "auto" and cuda):
         run_peers(model, steps, repeats, report)
     return report

@@ -22,6 +22,11 @@ decode: that attends over exactly pos + 1 keys with no mask, and SDPA picks anot
 
 Unlike the seed, no autocast: inference weights on CUDA are bf16 (DESIGN.md), and the step
 computes in the weights' dtype. Refuses: graphs without CUDA, a full cache, a wrong batch.
+
+`compile="inductor"` runs the step through `torch.compile` (one specialization per bucket):
+Inductor fuses RMSNorm, RoPE and the elementwise work into a few kernels, and the graphs
+capture the compiled step. Graph and eager mode then run the same compiled code, so they
+stay bit-identical; the compiled step is close to, not bit-equal with, the plain one.
 """
 
 from __future__ import annotations
@@ -108,6 +113,21 @@ class _StaticLayerKV(_LayerKV):
         return c.k[i][:, :, :c.window], c.v[i][:, :, :c.window]  # (B, Hkv, W, D)
 
 
+def compiled(forward, backend: str | None):
+    """forward itself, or forward through torch.compile (static shapes, whole graph)."""
+    if backend is None:
+        return forward
+    import torch._dynamo
+
+    # One entry per bucket and decoder: raise the recompile limit, and fail loudly rather
+    # than fall back to eager if it is ever hit.
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, 256)
+    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4096)
+    cfg.fail_on_recompile_limit_hit = True
+    return torch.compile(forward, backend=backend, fullgraph=True, dynamic=False)
+
+
 class _Graphs:
     """Per-window CUDA graphs sharing one pool; `use_graph=False` runs the step eagerly."""
 
@@ -176,8 +196,10 @@ class GraphDecoder:
     """
 
     def __init__(self, model: Transformer, batch: int = 1, max_len: int | None = None,
-                 buckets: tuple[int, ...] | None = None, use_graph: bool = True):
-        self.model = model
+                 buckets: tuple[int, ...] | None = None, use_graph: bool = True,
+                 compile: str | None = None):
+        self.model, self.compile = model, compile
+        self._step_fn = compiled(self._forward, compile)
         self.max_len = max_len or model.cfg.max_seq_len
         if self.max_len > model.cfg.max_seq_len:
             raise ValueError(f"max_len {self.max_len} > max_seq_len {model.cfg.max_seq_len}")
@@ -230,7 +252,7 @@ class GraphDecoder:
     def _capture(self, window: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         c = self.cache
         c.window = window
-        return self._g.record(self._forward, lambda: c.pos.clone(), c.pos.copy_)
+        return self._g.record(self._step_fn, lambda: c.pos.clone(), c.pos.copy_)
 
     @torch.no_grad()
     def capture(self, windows: tuple[int, ...] | None = None) -> float:
@@ -262,7 +284,7 @@ class GraphDecoder:
                 graph, out = self.graphs[window]
                 graph.replay()
             else:
-                out = self._forward()
+                out = self._step_fn()
         finally:
             c.window = None
         c.n += 1
@@ -282,8 +304,10 @@ class SlotGraphDecoder:
     """
 
     def __init__(self, model: Transformer, slots: SlotKVCache,
-                 buckets: tuple[int, ...] | None = None, use_graph: bool = True):
+                 buckets: tuple[int, ...] | None = None, use_graph: bool = True,
+                 compile: str | None = None):
         self.model, self.slots = model, slots
+        self._step_fn = compiled(self._forward, compile)
         self._g = _Graphs(model, buckets or default_buckets(slots.max_len), slots.max_len, use_graph)
         self.tok = torch.zeros(slots.n_slots, 1, dtype=torch.long, device=model.device)
 
@@ -302,7 +326,7 @@ class SlotGraphDecoder:
     def _capture(self, window: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         c = self.slots
         c.window = window
-        return self._g.record(self._forward, lambda: c._lens_dev.clone(), c._lens_dev.copy_)
+        return self._g.record(self._step_fn, lambda: c._lens_dev.clone(), c._lens_dev.copy_)
 
     @torch.no_grad()
     def capture(self, windows: tuple[int, ...] | None = None) -> float:
@@ -330,7 +354,7 @@ class SlotGraphDecoder:
                 graph, out = self.graphs[window]
                 graph.replay()
             else:
-                out = self._forward()
+                out = self._step_fn()
         finally:
             c.window = None
         c.advance_host()

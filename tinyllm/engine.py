@@ -1,14 +1,16 @@
 """Continuous batching: many requests decode together, one token per slot per step.
 
 Contract:
-- `Engine(model, n_slots, max_len=None, use_graph=None, buckets=None)` owns a `SlotKVCache`
-  of n_slots rows and a `SlotGraphDecoder` over it. With graphs (the default on CUDA) every
+- `Engine(model, n_slots, max_len=None, use_graph=None, buckets=None, compile=None)` owns a
+  `SlotKVCache` of n_slots rows and a `SlotGraphDecoder` over it (`compile="inductor"`
+  compiles its step, as for GraphDecoder). With graphs (the default on CUDA) every
   bucket is captured ahead of time, in the constructor; `use_graph=False` runs the identical
   step eagerly (the only mode on a CPU).
 - `add_request(prompt_ids, params, stop_ids) -> request id` queues a request (first come,
   first served). A request's whole sequence, prompt plus reply, fits in max_len tokens.
-- `step() -> list[TokenEvent]` first admits waiting requests into free slots, one slot at a
-  time (eager prefill of a (1, T) forward, which yields the request's first token), then runs
+- `step() -> list[TokenEvent]` first admits waiting requests into free slots (one eager,
+  right-padded prefill per group of up to PREFILL_TOKENS padded tokens, which yields each
+  request's first token), then runs
   one decode step for every live slot (one token each). Free slots compute too, into their
   own rows, and never advance. A request finishes on a stop id (the stop token ends the
   reply, as `generate()` yields it: "stop"), after params.max_tokens tokens ("length"), or
@@ -20,7 +22,7 @@ Contract:
   Under greedy, replies equal one `generate()` per request (tested on a CPU in fp32).
 - `is_finished(id)`, `result(id)` (the reply so far), `finish_reason(id)`, `cancel(id)`
   ("cancelled", frees the slot), `run_until_done() -> {id: reply}`.
-- One host sync per step (the new tokens, to check stops) and one per admission.
+- One host sync per step (the new tokens, to check stops) and one per admitted group.
 Refuses (ValueError): an empty prompt or one that leaves no room for a reply, ids outside
 the vocabulary, unknown request ids, n_slots < 1, max_len above the model's max_seq_len.
 """
@@ -43,6 +45,7 @@ from tinyllm.model import Transformer
 from tinyllm.sampling import SamplingParams, make_generator, sample
 
 GREEDY = SamplingParams()  # the default: argmax, 256 tokens at most
+PREFILL_TOKENS = 16384  # padded tokens in one admission prefill (bounds its activations)
 
 
 class TokenEvent(NamedTuple):
@@ -76,7 +79,8 @@ class Engine:
     """Continuous batching over SlotKVCache; see the module docstring."""
 
     def __init__(self, model: Transformer, n_slots: int, max_len: int | None = None,
-                 use_graph: bool | None = None, buckets: tuple[int, ...] | None = None):
+                 use_graph: bool | None = None, buckets: tuple[int, ...] | None = None,
+                 compile: str | None = None):
         cfg = model.cfg
         if n_slots < 1:
             raise ValueError(f"n_slots must be >= 1, got {n_slots}")
@@ -87,7 +91,7 @@ class Engine:
             use_graph = model.device.type == "cuda"
         self.model, self.n_slots, self.max_len = model, n_slots, max_len
         self.slots = SlotKVCache(cfg.n_layers, n_slots, max_len, model.device)
-        self.decoder = SlotGraphDecoder(model, self.slots, buckets, use_graph)
+        self.decoder = SlotGraphDecoder(model, self.slots, buckets, use_graph, compile)
         self.capture_s = self.decoder.capture() if use_graph else 0.0
         device = model.device
         self._next = torch.zeros(n_slots, 1, dtype=torch.long, device=device)  # (S, 1) next input
@@ -177,42 +181,58 @@ class Engine:
         return events
 
     def _admit_waiting(self, events: list[TokenEvent]) -> None:
-        while self._waiting:
-            free = self.slots.free_slots()
-            if not free:
-                return
-            req = self._waiting.popleft()
-            logits = self._prefill(free[0], req)  # (1, V)
-            tok = self._sample_row(req, logits)  # (1,)
-            self._next[req.slot] = tok
-            self._emit(req, int(tok.item()), events)  # may release the slot again at once
+        while self._waiting and (free := self.slots.free_slots()):
+            group = self._take_group(len(free))
+            logits = self._prefill(free[:len(group)], group)  # (k, V)
+            toks = self._pick(list(enumerate(group)), logits)  # (k,)
+            self._next[[r.slot for r in group]] = toks[:, None]
+            for req, tok in zip(group, toks.tolist(), strict=True):  # the admission's one sync
+                self._emit(req, tok, events)  # may release the slot again at once
 
-    def _prefill(self, s: int, req: Request) -> Tensor:
-        """Eagerly fill slot s with the prompt; returns the last position's logits (1, V)."""
-        idx = torch.tensor([req.prompt], dtype=torch.long, device=self.model.device)  # (1, T)
-        self.slots.start_prefill(s)
-        logits, _ = self.model(idx, cache=self.slots, last_only=True)  # (1, 1, V)
-        self.slots.admit(s)
-        req.slot, self._owner[s] = s, req
-        if not req.plain_greedy:
-            self._ctx[s, :idx.shape[1]] = idx[0]
-        return logits[:, -1]
+    def _take_group(self, n_free: int) -> list[Request]:
+        """The next waiting requests (first come, first served) for one prefill: at most
+        n_free, and at most PREFILL_TOKENS padded tokens unless a single prompt is longer."""
+        group: list[Request] = []
+        longest = 0
+        while self._waiting and len(group) < n_free:
+            n = len(self._waiting[0].prompt)
+            if group and max(longest, n) * (len(group) + 1) > PREFILL_TOKENS:
+                break
+            longest = max(longest, n)
+            group.append(self._waiting.popleft())
+        return group
 
-    def _sample_row(self, req: Request, logits: Tensor) -> Tensor:
-        """logits (1, V) of req's slot -> next id (1,), as generate() samples it."""
-        if req.plain_greedy:
-            return logits.argmax(dim=-1)
-        n = len(req.prompt) + len(req.tokens)
-        prev = self._ctx[req.slot:req.slot + 1, :n]  # (1, n): prompt and reply so far
-        return sample(logits, req.params, req.generator, prev=prev)
+    def _prefill(self, slots: list[int], group: list[Request]) -> Tensor:
+        """Eagerly fill slots[r] with group[r]'s prompt, all in one right-padded forward;
+        returns each prompt's last-position logits (k, V)."""
+        lens = [len(r.prompt) for r in group]
+        rows = [r.prompt + [0] * (max(lens) - n) for r, n in zip(group, lens, strict=True)]
+        idx = torch.tensor(rows, dtype=torch.long, device=self.model.device)  # (k, T)
+        last = torch.tensor(lens, device=self.model.device) - 1  # (k,)
+        self.slots.start_prefill(slots, lens)
+        logits, _ = self.model(idx, cache=self.slots, at=last)  # (k, 1, V)
+        self.slots.admit(slots)
+        for r, (s, req, n) in enumerate(zip(slots, group, lens, strict=True)):
+            req.slot, self._owner[s] = s, req
+            if not req.plain_greedy:
+                self._ctx[s, :n] = idx[r, :n]
+        return logits[:, 0]
+
+    def _pick(self, rows: list[tuple[int, Request]], logits: Tensor) -> Tensor:
+        """logits (N, V); rows: (row of logits, request) -> next id per row (N,). Plain
+        greedy rows share one argmax; the others draw as generate() does."""
+        nxt = logits.argmax(dim=-1)  # (N,)
+        for j, req in rows:
+            if not req.plain_greedy:
+                n = len(req.prompt) + len(req.tokens)
+                prev = self._ctx[req.slot:req.slot + 1, :n]  # (1, n): prompt and reply so far
+                nxt[j:j + 1] = sample(logits[j:j + 1], req.params, req.generator, prev=prev)
+        return nxt
 
     def _decode(self, events: list[TokenEvent]) -> None:
         live = [(s, r) for s, r in enumerate(self._owner) if r is not None]
         logits = self.decoder.step(self._next)[:, -1]  # (S, V); a static buffer with graphs
-        nxt = logits.argmax(dim=-1)  # (S,) every row greedy first
-        for s, req in live:
-            if not req.plain_greedy:
-                nxt[s:s + 1] = self._sample_row(req, logits[s:s + 1])
+        nxt = self._pick(live, logits)  # (S,)
         self._next.copy_(nxt[:, None])
         toks = nxt.tolist()  # the one host sync of the step
         for s, req in live:

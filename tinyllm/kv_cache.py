@@ -128,11 +128,12 @@ class _LayerKV:
 class SlotKVCache:
     """One row ("slot") per request, each with its own length, for continuous batching.
 
-    Prefill (eager, one slot): `start_prefill(slot)` then a forward of (1, T) tokens writes
-    the slot's positions 0..T-1. Decode (`window` set, T=1): every slot takes one token at
-    its own position `_lens_dev[s]` and attends over the first `window` keys, masked past
-    its length. Free slots compute too (into their own row) but never advance. The host
-    copy `lens` moves in `advance_host()`, the device copy inside the (captured) step.
+    Prefill (eager, several slots at once): `start_prefill(slots, lens)` then a forward of
+    (len(slots), T) right-padded tokens writes each slot's positions 0..T-1. Decode
+    (`window` set, T=1): every slot takes one token at its own position `_lens_dev[s]` and
+    attends over the first `window` keys, masked past its length. Free slots compute too
+    (into their own row) but never advance. The host copy `lens` moves in
+    `advance_host()`, the device copy inside the (captured) step.
     """
 
     def __init__(self, n_layers: int, n_slots: int, max_len: int, device=None):
@@ -145,21 +146,28 @@ class SlotKVCache:
         self._lens_dev = torch.zeros(n_slots, dtype=torch.long, device=self.device)
         self._active_dev = torch.zeros(n_slots, dtype=torch.long, device=self.device)
         self.window: int | None = None  # None = prefill mode
-        self.prefill_slot: int | None = None
+        self.prefill_slots: list[int] | None = None
+        self.prefill_lens: list[int] = []
         self.attn_kwargs: dict = {}
 
-    def start_prefill(self, slot: int) -> None:
-        """The next forward (batch 1) prefills `slot` from position 0."""
-        if self.active[slot]:
-            raise ValueError(f"slot {slot} is in use: release it first")
-        self.prefill_slot = slot
-        self.lens[slot] = 0
+    def start_prefill(self, slots: list[int], lens: list[int]) -> None:
+        """The next forward, (len(slots), T) tokens right-padded to T, prefills slots[r]
+        with the first lens[r] tokens of row r from position 0. Positions past a row's length
+        get padding K/V, which no decode step reads: each step writes its position first."""
+        busy = [s for s in slots if self.active[s]]
+        if busy:
+            raise ValueError(f"slots {busy} are in use: release them first")
+        if len(set(slots)) != len(slots) or len(lens) != len(slots):
+            raise ValueError(f"need distinct slots and one length each, got {slots} and {lens}")
+        self.prefill_slots, self.prefill_lens = list(slots), list(lens)
 
-    def admit(self, slot: int) -> None:
-        """Mark a prefilled slot live: decode steps advance it from now on."""
-        self.active[slot] = True
-        self._lens_dev[slot] = self.lens[slot]
-        self._active_dev[slot] = 1
+    def admit(self, slots: list[int]) -> None:
+        """Mark prefilled slots live: decode steps advance them from now on."""
+        for s in slots:
+            self.active[s] = True
+        idx = torch.tensor(slots, device=self.device)
+        self._lens_dev[idx] = torch.tensor([self.lens[s] for s in slots], device=self.device)
+        self._active_dev[idx] = 1
 
     def release(self, slot: int) -> None:
         self.active[slot] = False
@@ -177,7 +185,7 @@ class SlotKVCache:
 
     def begin_step(self, T: int, rope) -> tuple[Tensor, Tensor]:
         if self.window is None:
-            assert self.prefill_slot is not None, "call start_prefill(slot) before a prefill"
+            assert self.prefill_slots is not None, "call start_prefill(slots, lens) before a prefill"
             if T > self.max_len:
                 raise ValueError(f"KV cache full: prompt of {T} tokens > max_len {self.max_len}")
             cos, sin = rope(T, 0)
@@ -194,8 +202,9 @@ class SlotKVCache:
 
     def end_step(self, T: int) -> None:
         if self.window is None:
-            self.lens[self.prefill_slot] = T
-            self.prefill_slot = None
+            for s, n in zip(self.prefill_slots, self.prefill_lens, strict=True):
+                self.lens[s] = n
+            self.prefill_slots = None
         else:
             self._lens_dev.add_(self._active_dev)  # captured into the graph
 
@@ -220,10 +229,10 @@ class _SlotLayerKV:
             c.v[i] = torch.zeros(shape, dtype=v.dtype, device=v.device)
         check_dtype(c.k[i], k)
         if c.window is None:
-            s = c.prefill_slot
-            c.k[i][s:s + 1, :, :T] = k
-            c.v[i][s:s + 1, :, :T] = v
-            return c.k[i][s:s + 1, :, :T], c.v[i][s:s + 1, :, :T]
+            rows = torch.tensor(c.prefill_slots, device=k.device)  # (B,)
+            c.k[i][rows, :, :T] = k
+            c.v[i][rows, :, :T] = v
+            return k, v  # a prefill from position 0 sees exactly its own keys
         idx = c._lens_dev.clamp(max=c.max_len - 1)[:, None, None, None].expand(B, H, 1, D)
         c.k[i].scatter_(2, idx, k)  # each slot writes at its own length
         c.v[i].scatter_(2, idx, v)

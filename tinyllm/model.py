@@ -1,7 +1,7 @@
 """A Llama-style decoder-only Transformer (RMSNorm, RoPE, grouped-query attention, SwiGLU).
 
 Contract:
-- `Transformer.forward(idx, cache=None, targets=None, last_only=False) -> (logits, loss)`.
+- `Transformer.forward(idx, cache=None, targets=None, last_only=False, at=None) -> (logits, loss)`.
   idx (B, T) token ids. Without a cache it runs a causal forward over positions 0..T-1.
   With a cache it speaks the cache protocol (docs/INFERENCE.md, 4.1): `cache.begin_step(T,
   rope) -> (cos, sin)`, `cache.layer(i)` with `update(k, v) -> (k, v)` and `attn_kwargs`
@@ -259,8 +259,9 @@ class Transformer(nn.Module):
         return self.tok_emb.weight.dtype
 
     def forward(self, idx: Tensor, cache=None, targets: Tensor | None = None,
-                last_only: bool = False) -> tuple[Tensor, Tensor | None]:
-        """idx (B, T) -> logits (B, T, V), or (B, 1, V) with last_only; loss if targets
+                last_only: bool = False, at: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """idx (B, T) -> logits (B, T, V); (B, 1, V) for the last position with last_only, or
+        for position at[b] of each row with at (B,) (right-padded rows); loss if targets
         (B, T) given (positions with target -100 are ignored)."""
         B, T = idx.shape
         if cache is None:
@@ -277,6 +278,8 @@ class Transformer(nn.Module):
         x = self.norm(x)
         if last_only:
             x = x[:, -1:]
+        elif at is not None:
+            x = x[torch.arange(B, device=x.device), at][:, None]  # (B, 1, C)
         logits = self.lm_head(x)  # (B, T, V)
         loss = None
         if targets is not None:

@@ -186,3 +186,25 @@ def test_errors(model):
     assert engine.add_request(torch.tensor([3, 4, 5])) == 0  # a 1-D tensor of ids is fine
     assert len(engine.run_until_done()[0]) == 29  # fills the slot: 3 + 29 = max_len
     assert engine.finish_reason(0) == "full"
+
+
+def test_admission_prefills_groups_within_the_token_budget(model, monkeypatch):
+    """Waiting requests are prefilled together (one right-padded forward per group), at most
+    PREFILL_TOKENS padded tokens a group; greedy and penalized replies still equal generate()."""
+    import tinyllm.engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "PREFILL_TOKENS", 64)
+    groups = []
+    prefill = Engine._prefill
+    monkeypatch.setattr(Engine, "_prefill", lambda self, slots, group: (
+        groups.append([len(r.prompt) for r in group]), prefill(self, slots, group))[1])
+    penalized = SamplingParams(max_tokens=12, repeat_penalty=1.3)
+    lens = (50, 10, 30, 5, 70, 20)
+    reqs = [(prompt(n, 100 + n), penalized if i % 2 else SamplingParams(max_tokens=12), ())
+            for i, n in enumerate(lens)]
+    engine = Engine(model, 4, max_len=128, buckets=BUCKETS)
+    ids, _ = drive(engine, {0: reqs})
+    assert groups[:3] == [[50], [10, 30], [5]]  # 2 x 50 and 3 x 30 padded tokens exceed 64
+    assert sorted(n for g in groups for n in g) == sorted(lens)
+    for rid, (ids_, params, _) in zip(ids, reqs, strict=True):
+        assert engine.result(rid) == reference(model, ids_, params), rid

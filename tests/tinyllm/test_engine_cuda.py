@@ -63,10 +63,10 @@ def run_slots(model, use_graph: bool, toggle_every: int = 0, n_steps: int = 300)
             if action == "release":
                 slots.release(s)
                 continue
-            slots.start_prefill(s)
             ids = torch.tensor([prompt(*args)], device=DEVICE)  # (1, T)
+            slots.start_prefill([s], [ids.shape[1]])
             logits, _ = model(ids, cache=slots, last_only=True)  # (1, 1, V)
-            slots.admit(s)
+            slots.admit([s])
             tok[s] = logits[0, -1].argmax()
             outs.append(logits.clone())
         if toggle_every and i % toggle_every == 0:
@@ -101,9 +101,9 @@ def schedule():
 
 
 @torch.no_grad()
-def run_engine(model, use_graph: bool, n_slots: int = 4, reqs=None):
+def run_engine(model, use_graph: bool, n_slots: int = 4, reqs=None, compile=None):
     reqs = reqs or schedule()
-    engine = Engine(model, n_slots, max_len=1024, use_graph=use_graph)
+    engine = Engine(model, n_slots, max_len=1024, use_graph=use_graph, compile=compile)
     graphs = dict(engine.decoder.graphs)
     ids, i = {}, 0  # position in reqs -> request id
     while len(ids) < len(reqs) or engine.has_work:
@@ -143,3 +143,9 @@ def test_graph_engine_equals_generate_per_request_fp32():
         n = min(params.max_tokens, 1024 - len(ids))
         ref = [int(t) for t in generate(model, torch.tensor([ids], device=DEVICE), n, params, stops)]
         assert toks == ref
+
+
+def test_compiled_graph_engine_equals_compiled_eager_engine_bf16(bf16_model):
+    graph, _ = run_engine(bf16_model, use_graph=True, compile="inductor")
+    eager, _ = run_engine(bf16_model, use_graph=False, compile="inductor")
+    assert graph == eager
