@@ -1,7 +1,7 @@
 """Where a decode step's time goes on CUDA: graph replay alone (events, no host work between
 replays), the decode loop as the bench runs it, and the kernels of one step (torch.profiler).
 
-    PYTHONPATH=. python3 scripts/profile_step.py tinychat 125m tinyllama-1.1b
+    PYTHONPATH=. python3 scripts/profile_step.py models/tinychat 125m tinyllama-1.1b
 Prints one table per shape and impl (plain / compiled)."""
 
 import sys
@@ -42,13 +42,17 @@ def kernels(graph, n=10):
             graph.replay()
         torch.cuda.synchronize()
     rows = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
-    count = sum(e.count for e in rows) / n
+    count = max(sum(e.count for e in rows) / n, 1)  # 0 if the profiler can't see graph kernels
     rows.sort(key=lambda e: -e.device_time_total)
     return count, [(e.key[:70], e.count // n, e.device_time_total / n) for e in rows[:12]]
 
 
 for preset in sys.argv[1:]:
-    model = random_model(preset, torch.device("cuda"), torch.bfloat16)
+    if "/" in preset:  # a checkpoint folder
+        from tinyllm.checkpoint import load_checkpoint
+        model = load_checkpoint(preset, "cuda").model
+    else:
+        model = random_model(preset, torch.device("cuda"), torch.bfloat16)
     for compile in (None, "inductor"):
         dec = GraphDecoder(model, 1, max_len=min(1024, model.cfg.max_seq_len), compile=compile)
         dec.prefill(torch.randint(0, model.cfg.vocab_size, (1, 32), device="cuda"))
