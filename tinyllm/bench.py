@@ -156,14 +156,14 @@ def kv_bytes(model: Transformer, window: int, batch: int = 1) -> int:
 # -- tinyllm's own paths ---------------------------------------------------------------------
 
 def decode_run(dec: GraphDecoder, start: int, steps: int, device) -> Callable[[], float]:
-    """Rewind to `start` and decode `steps` greedy tokens, argmax on the device."""
-    first = torch.ones(1, 1, dtype=torch.long, device=device)
+    """Rewind to `start` and decode `steps` greedy tokens: each step leaves its argmax in
+    dec.tok, the next step's input, so greedy decode is one replay per token."""
 
     def fn() -> None:
         dec.truncate(start)
-        tok = first
+        dec.tok.fill_(1)
         for _ in range(steps):
-            tok = dec.step(tok).argmax(-1)  # (1, 1)
+            dec.step(dec.tok)
     return timed(fn, device)
 
 

@@ -23,10 +23,15 @@ decode: that attends over exactly pos + 1 keys with no mask, and SDPA picks anot
 Unlike the seed, no autocast: inference weights on CUDA are bf16 (DESIGN.md), and the step
 computes in the weights' dtype. Refuses: graphs without CUDA, a full cache, a wrong batch.
 
-`compile="inductor"` runs the step through `torch.compile` (one specialization per bucket):
-Inductor fuses RMSNorm, RoPE and the elementwise work into a few kernels, and the graphs
-capture the compiled step. Graph and eager mode then run the same compiled code, so they
-stay bit-identical; the compiled step is close to, not bit-equal with, the plain one.
+The step also writes the argmax of its logits into its own input buffer (`tok`): greedy
+decoding passes `dec.tok` back to `step()`, and needs no sampling kernel and no copy between
+two replays.
+
+`compile="inductor"` runs the step through `torch.compile` (dynamic window: one compiled
+step serves every bucket below max_len, a second the full window): Inductor fuses RMSNorm,
+RoPE and the elementwise work into a few kernels, and the graphs capture the compiled step.
+Graph and eager mode then run the same compiled code, so they stay bit-identical; the
+compiled step is close to, not bit-equal with, the plain one.
 """
 
 from __future__ import annotations
@@ -114,18 +119,18 @@ class _StaticLayerKV(_LayerKV):
 
 
 def compiled(forward, backend: str | None):
-    """forward itself, or forward through torch.compile (static shapes, whole graph)."""
+    """forward itself, or forward through torch.compile (whole graph, dynamic sizes)."""
     if backend is None:
         return forward
     import torch._dynamo
 
-    # One entry per bucket and decoder: raise the recompile limit, and fail loudly rather
-    # than fall back to eager if it is ever hit.
+    # Entries add up over decoders and batch sizes: raise the recompile limit, and fail
+    # loudly rather than fall back to eager if it is ever hit.
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(cfg.recompile_limit, 256)
     cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4096)
     cfg.fail_on_recompile_limit_hit = True
-    return torch.compile(forward, backend=backend, fullgraph=True, dynamic=False)
+    return torch.compile(forward, backend=backend, fullgraph=True, dynamic=True)
 
 
 class _Graphs:
@@ -168,21 +173,28 @@ class _Graphs:
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
-    def record(self, forward, save, restore) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        # Warm up on a side stream (lazy cuBLAS / SDPA setup must not happen during
-        # capture). The warm-up runs the real step; its K/V writes land where the next real
-        # step writes, and the state it advances is put back.
-        saved = save()
+    def record(self, forward, state: list[Tensor]) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        # Warm up on a side stream (lazy cuBLAS / SDPA setup and compilation must not happen
+        # during capture). Twice: the first run may create lazily allocated buffers (a slot
+        # cache's K/V), which a compiled step sees as a new input and compiles for again.
+        # The warm-ups run the real step: their K/V writes land where the next real step
+        # writes, and the state tensors they advance (position, input token) are put back.
+        saved = [t.clone() for t in state]
+
+        def restore() -> None:
+            for t, v in zip(state, saved, strict=True):
+                t.copy_(v)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            forward()
+            for _ in range(2):
+                forward()
+                restore()
         torch.cuda.current_stream().wait_stream(side)
-        restore(saved)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             out = forward()
-        restore(saved)
+        restore()
         return graph, out
 
 
@@ -246,13 +258,13 @@ class GraphDecoder:
             raise ValueError(f"expected token ids of shape ({self.cache.batch}, T), got {tuple(idx.shape)}")
 
     def _forward(self) -> Tensor:
-        logits, _ = self.model(self.tok, cache=self.cache)
+        logits, _ = self.model(self.tok, cache=self.cache)  # (B, 1, V)
+        self.tok.copy_(logits[:, -1].argmax(-1, keepdim=True))  # the greedy next ids (B, 1)
         return logits
 
     def _capture(self, window: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        c = self.cache
-        c.window = window
-        return self._g.record(self._step_fn, lambda: c.pos.clone(), c.pos.copy_)
+        self.cache.window = window
+        return self._g.record(self._step_fn, [self.cache.pos, self.tok])
 
     @torch.no_grad()
     def capture(self, windows: tuple[int, ...] | None = None) -> float:
@@ -268,14 +280,16 @@ class GraphDecoder:
     @torch.no_grad()
     def step(self, tok: Tensor) -> Tensor:
         """tok (B, 1) -> logits (B, 1, V). With graphs, the result is a static buffer that
-        the next step overwrites: read it (or sample from it) first."""
+        the next step overwrites: read it (or sample from it) first. Afterwards `self.tok`
+        holds the argmax of these logits: `step(dec.tok)` is the next greedy step."""
         c = self.cache
         if c.n >= self.max_len:
             raise ValueError(f"KV cache full: position {c.n + 1} > max_len {self.max_len}")
         if tok.shape != self.tok.shape:
             raise ValueError(f"expected tokens of shape {tuple(self.tok.shape)}, got {tuple(tok.shape)}")
         window = self.bucket(c.n + 1)
-        self.tok.copy_(tok)
+        if tok.data_ptr() != self.tok.data_ptr():
+            self.tok.copy_(tok)
         try:
             if self.use_graph and window not in self.graphs:
                 self.graphs[window] = self._capture(window)
@@ -320,13 +334,13 @@ class SlotGraphDecoder:
         return self._g.bucket(n_keys)
 
     def _forward(self) -> Tensor:
-        logits, _ = self.model(self.tok, cache=self.slots)
+        logits, _ = self.model(self.tok, cache=self.slots)  # (S, 1, V)
+        self.tok.copy_(logits[:, -1].argmax(-1, keepdim=True))  # the greedy next ids (S, 1)
         return logits
 
     def _capture(self, window: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        c = self.slots
-        c.window = window
-        return self._g.record(self._step_fn, lambda: c._lens_dev.clone(), c._lens_dev.copy_)
+        self.slots.window = window
+        return self._g.record(self._step_fn, [self.slots._lens_dev, self.tok])
 
     @torch.no_grad()
     def capture(self, windows: tuple[int, ...] | None = None) -> float:
@@ -339,13 +353,15 @@ class SlotGraphDecoder:
 
     @torch.no_grad()
     def step(self, tok: Tensor) -> Tensor:
-        """tok (n_slots, 1) -> logits (n_slots, 1, V); with graphs a static buffer."""
+        """tok (n_slots, 1) -> logits (n_slots, 1, V); with graphs a static buffer. Afterwards
+        `self.tok` holds the argmax of these logits (the greedy next id of every slot)."""
         c = self.slots
         need = max(c.lens[s] for s in range(c.n_slots) if c.active[s]) + 1 if any(c.active) else 1
         if need > c.max_len:
             raise ValueError(f"a slot is full (max_len {c.max_len})")
         window = self.bucket(need)
-        self.tok.copy_(tok)
+        if tok.data_ptr() != self.tok.data_ptr():
+            self.tok.copy_(tok)
         try:
             if self.use_graph and window not in self.graphs:
                 self.graphs[window] = self._capture(window)

@@ -94,7 +94,6 @@ class Engine:
         self.decoder = SlotGraphDecoder(model, self.slots, buckets, use_graph, compile)
         self.capture_s = self.decoder.capture() if use_graph else 0.0
         device = model.device
-        self._next = torch.zeros(n_slots, 1, dtype=torch.long, device=device)  # (S, 1) next input
         self._ctx = torch.zeros(n_slots, max_len, dtype=torch.long, device=device)  # (S, L) ids so far
         self._owner: list[Request | None] = [None] * n_slots
         self._waiting: deque[Request] = deque()
@@ -184,8 +183,8 @@ class Engine:
         while self._waiting and (free := self.slots.free_slots()):
             group = self._take_group(len(free))
             logits = self._prefill(free[:len(group)], group)  # (k, V)
-            toks = self._pick(list(enumerate(group)), logits)  # (k,)
-            self._next[[r.slot for r in group]] = toks[:, None]
+            toks = self._sample(list(enumerate(group)), logits, logits.argmax(dim=-1))  # (k,)
+            self.decoder.tok[[r.slot for r in group]] = toks[:, None]  # the next step's input
             for req, tok in zip(group, toks.tolist(), strict=True):  # the admission's one sync
                 self._emit(req, tok, events)  # may release the slot again at once
 
@@ -218,10 +217,9 @@ class Engine:
                 self._ctx[s, :n] = idx[r, :n]
         return logits[:, 0]
 
-    def _pick(self, rows: list[tuple[int, Request]], logits: Tensor) -> Tensor:
-        """logits (N, V); rows: (row of logits, request) -> next id per row (N,). Plain
-        greedy rows share one argmax; the others draw as generate() does."""
-        nxt = logits.argmax(dim=-1)  # (N,)
+    def _sample(self, rows: list[tuple[int, Request]], logits: Tensor, nxt: Tensor) -> Tensor:
+        """logits (N, V); nxt (N,) their argmax; rows: (row, request). Overwrites the rows of
+        requests that are not plain greedy with their draw (as generate() draws); returns nxt."""
         for j, req in rows:
             if not req.plain_greedy:
                 n = len(req.prompt) + len(req.tokens)
@@ -231,9 +229,9 @@ class Engine:
 
     def _decode(self, events: list[TokenEvent]) -> None:
         live = [(s, r) for s, r in enumerate(self._owner) if r is not None]
-        logits = self.decoder.step(self._next)[:, -1]  # (S, V); a static buffer with graphs
-        nxt = self._pick(live, logits)  # (S,)
-        self._next.copy_(nxt[:, None])
+        # The step leaves every slot's argmax in decoder.tok, its next input (S, 1).
+        logits = self.decoder.step(self.decoder.tok)[:, -1]  # (S, V); a static buffer with graphs
+        nxt = self._sample(live, logits, self.decoder.tok[:, 0])  # (S,), a view of decoder.tok
         toks = nxt.tolist()  # the one host sync of the step
         for s, req in live:
             self._emit(req, toks[s], events)

@@ -180,18 +180,38 @@ class Attention(nn.Module):
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, attn_kwargs: dict) -> Tensor:
         B, _, T, _ = q.shape
         rep = self.n_heads // self.n_kv_heads
-        if rep > 1 and T == 1:
+        if T == 1:
             # Decode: the rep query heads of one KV head become rep "positions" of one
             # query sequence, so K/V are read once, not copied rep times. The mask (if any)
             # is per key, so it broadcasts over them.
             q = q.view(B, self.n_kv_heads, rep, self.head_dim)  # (B, Hkv, rep, D)
-            y = F.scaled_dot_product_attention(q, k, v, **attn_kwargs)  # (B, Hkv, rep, D)
+            mask = attn_kwargs.get("attn_mask")
+            if mask is not None:  # a windowed (static or slot) decode step
+                y = window_attention(q, k, v, mask)  # (B, Hkv, rep, D)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, **attn_kwargs)  # (B, Hkv, rep, D)
             return self.wo(y.reshape(B, 1, -1))
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)  # (B, H, S, D)
             v = v.repeat_interleave(rep, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, **attn_kwargs)  # (B, H, T, D)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+
+
+def window_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """One decode position over a fixed window of W keys, keys outside `mask` ignored.
+
+    q (B, Hkv, R, D): the R query heads that share a KV head; k, v (B, Hkv, W, D); mask
+    (B, 1, 1, W) bool. Returns (B, Hkv, R, D). Written as two matrix products and a softmax
+    rather than SDPA: the fused SDPA kernels tile over query rows, and with R <= 8 rows they
+    run one or two thread blocks per head down all W keys (measured on an H200: 9 µs a layer at
+    W=128, 48 µs at W=1024), while a matrix product spreads W over the whole GPU. Scores and
+    softmax are fp32, as in SDPA; the scores are rounded to the weights' dtype once, as in
+    Hugging Face's eager attention.
+    """
+    scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5  # (B, Hkv, R, W)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim=-1).to(v.dtype) @ v  # (B, Hkv, R, D)
 
 
 class FeedForward(nn.Module):

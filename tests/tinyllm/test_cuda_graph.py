@@ -130,3 +130,21 @@ def test_kv_cache_refuses_wrong_dtype_and_batch():
     cache.reset()
     with pytest.raises(ValueError, match="batch 2 != cache batch 1"):
         model(torch.zeros(2, 1, dtype=torch.long), cache=cache)
+
+
+@torch.no_grad()
+def test_step_leaves_the_greedy_next_id_in_its_input_buffer(model):
+    """After a step, dec.tok holds the argmax of its logits, so step(dec.tok) decodes greedily
+    with no copy; the same as passing the argmax in."""
+    ids = torch.randint(0, 512, (2, 9))
+    a = GraphDecoder(model, 2, max_len=64, buckets=(16, 64), use_graph=False)
+    b = GraphDecoder(model, 2, max_len=64, buckets=(16, 64), use_graph=False)
+    logits = a.prefill(ids)
+    b.prefill(ids)
+    b.tok.copy_(logits[:, -1].argmax(-1, keepdim=True))
+    for _ in range(20):  # crosses W 16 -> 64
+        la = a.step(logits[:, -1].argmax(-1, keepdim=True))
+        lb = b.step(b.tok)
+        assert torch.equal(a.tok, la[:, -1].argmax(-1, keepdim=True))
+        assert torch.equal(la, lb) and torch.equal(a.tok, b.tok)
+        logits = la
