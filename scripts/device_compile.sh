@@ -1,5 +1,5 @@
 #!/bin/bash
-# One device call: the CUDA tests, a profile of the step, and the default model's bench.
+# Device call A: the CUDA tests, a profile of the step, and the default model's bench.
 # Usage (on the H200): bash scripts/device_compile.sh   (logs under $OUT)
 export PYTHONPATH=.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -7,6 +7,6 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv > "$OUT
 python3 -m pytest -q -m cuda tests/tinyllm > "$OUT/cuda_tests.log" 2>&1; echo "tests rc=$?"
 tail -5 "$OUT/cuda_tests.log"
 python3 scripts/profile_step.py ${PROFILE_PRESETS:-models/tinychat tinyllama-1.1b} > "$OUT/profile.log" 2>&1
-cat "$OUT/profile.log" | grep -v Warning
-python3 -m tinyllm.bench --model models/tinychat --repeats 3 --peers off > "$OUT/bench_tinychat.jsonl" 2> "$OUT/bench_tinychat.txt"
-tail -32 "$OUT/bench_tinychat.txt"
+grep "==" "$OUT/profile.log"
+python3 -m tinyllm.bench --model models/tinychat --repeats 3 --peers on > "$OUT/bench_tinychat.jsonl" 2> "$OUT/bench_tinychat.txt"
+tail -40 "$OUT/bench_tinychat.txt"
