@@ -125,6 +125,17 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out.type_as(x)
 
 
+def linear(layer: nn.Linear, x: Tensor) -> Tensor:
+    """layer(x), x (..., K) -> (..., N). Inside a compiled step of a single row (batch-1
+    decode) it is written as a product and a sum over K instead: Inductor makes that one
+    reduction kernel (a matrix-vector product) and fuses the elementwise work around it into
+    it, where a cuBLAS call is a kernel of its own with a ~3 µs floor. Eager code (and every
+    batch above one row) keeps the library matrix product."""
+    if torch.compiler.is_compiling() and x.shape[:-1].numel() == 1:
+        return (x[..., None, :] * layer.weight).sum(-1)  # (..., N), fp32 accumulation
+    return layer(x)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -166,7 +177,7 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv=None) -> Tensor:
         B, T, _ = x.shape
-        q, k, v = self.wqkv(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
+        q, k, v = linear(self.wqkv, x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
@@ -190,7 +201,7 @@ class Attention(nn.Module):
                 y = window_attention(q, k, v, mask)  # (B, Hkv, rep, D)
             else:
                 y = F.scaled_dot_product_attention(q, k, v, **attn_kwargs)  # (B, Hkv, rep, D)
-            return self.wo(y.reshape(B, 1, -1))
+            return linear(self.wo, y.reshape(B, 1, -1))
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)  # (B, H, S, D)
             v = v.repeat_interleave(rep, dim=1)
@@ -222,8 +233,8 @@ class FeedForward(nn.Module):
         fuse_linears(self, "w13", {"w1": cfg.ffn_dim, "w3": cfg.ffn_dim})
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.w13(x).chunk(2, dim=-1)  # (B, T, ffn) each
-        return self.w2(F.silu(gate) * up)
+        gate, up = linear(self.w13, x).chunk(2, dim=-1)  # (B, T, ffn) each
+        return linear(self.w2, F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -300,7 +311,7 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         elif at is not None:
             x = x[torch.arange(B, device=x.device), at][:, None]  # (B, 1, C)
-        logits = self.lm_head(x)  # (B, T, V)
+        logits = linear(self.lm_head, x)  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
