@@ -132,19 +132,18 @@ def test_compiled_replay_bit_identical_to_compiled_eager_step(cuda_model):
 
 @torch.no_grad()
 def test_compiled_step_close_to_the_plain_step_bf16(cuda_model):
-    """Fed the same tokens, the compiled and plain static steps agree to bf16 rounding."""
+    """Fed the same tokens (the plain step's greedy ones), the compiled and plain static steps
+    give logits that agree to bf16 rounding at every step. (Their argmax may still differ on
+    the near-ties of random weights.)"""
     prompt = torch.randint(0, 1024, (1, 100), device="cuda")
     plain = GraphDecoder(cuda_model, 1, max_len=512, use_graph=True)
     fast = GraphDecoder(cuda_model, 1, max_len=512, use_graph=True, compile="inductor")
     a, b = plain.prefill(prompt), fast.prefill(prompt)
-    agree = 0
     for _ in range(200):
         tok = a[:, -1].argmax(-1, keepdim=True)  # (1, 1)
-        agree += int(torch.equal(tok, b[:, -1].argmax(-1, keepdim=True)))
         a, b = plain.step(tok).float(), fast.step(tok).float()
         rel = ((a - b).norm() / a.norm()).item()
         assert rel < 2e-2, rel
-    assert agree >= 195, agree
 
 
 def test_greedy_through_the_input_buffer_equals_greedy_from_outside(cuda_model):
