@@ -93,3 +93,24 @@ def test_config_errors():
         ModelConfig.from_dict({"dim": 64, "bogus": 1})
     with pytest.raises(ValueError, match="max_seq_len"):
         tiny_model(max_seq_len=8)(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_fused_projections_save_and_load_as_separate_matrices(model):
+    """In memory Q/K/V and gate/up are one matrix each; state_dict() and load_state_dict()
+    speak the usual separate names, and the rows land where the separate matrices say."""
+    state = model.state_dict()
+    assert {"blocks.0.attn.wq.weight", "blocks.0.attn.wk.weight", "blocks.0.attn.wv.weight",
+            "blocks.0.ffn.w1.weight", "blocks.0.ffn.w3.weight"} <= set(state)
+    assert not any("wqkv" in k or "w13" in k for k in state)
+    cfg = model.cfg
+    assert state["blocks.1.attn.wk.weight"].shape == (cfg.n_kv_heads * cfg.head_dim, cfg.dim)
+    x = torch.randn(1, 3, cfg.dim)
+    block = model.blocks[1]
+    q = x @ state["blocks.1.attn.wq.weight"].T
+    gate = x @ state["blocks.1.ffn.w1.weight"].T
+    torch.testing.assert_close(block.attn.wqkv(x)[..., :q.shape[-1]], q)
+    torch.testing.assert_close(block.ffn.w13(x)[..., :gate.shape[-1]], gate)
+    other = Transformer(cfg)
+    other.load_state_dict(state)
+    ids = torch.randint(0, cfg.vocab_size, (1, 7))
+    assert torch.equal(other(ids)[0], model(ids)[0])
