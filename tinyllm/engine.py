@@ -10,8 +10,7 @@ Contract:
   first served). A request's whole sequence, prompt plus reply, fits in max_len tokens.
 - `step() -> list[TokenEvent]` first admits waiting requests into free slots (one eager,
   right-padded prefill per group of up to PREFILL_TOKENS padded tokens, which yields each
-  request's first token), then runs
-  one decode step for every live slot (one token each). Free slots compute too, into their
+  request's first token), then runs one decode step for every live slot (one token each). Free slots compute too, into their
   own rows, and never advance. A request finishes on a stop id (the stop token ends the
   reply, as `generate()` yields it: "stop"), after params.max_tokens tokens ("length"), or
   when prompt plus reply reach max_len ("full"); its slot is released at once and taken by
