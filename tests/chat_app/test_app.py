@@ -17,6 +17,11 @@ pytestmark = pytest.mark.anyio
 SIZE = (100, 30)
 
 
+async def reply_streaming(pilot, app: ChatApp) -> None:
+    """Wait until the reply has shown its first text."""
+    await wait_until(pilot, lambda: app.query(Reply) and app.query_one(Reply).text, what="streamed text")
+
+
 async def test_message_streams_a_reply_in_batches(make_app, data_dir, monkeypatch):
     writes: list[float] = []
     original = Reply.write
@@ -32,7 +37,7 @@ async def test_message_streams_a_reply_in_batches(make_app, data_dir, monkeypatc
         assert re.search(r"pos \d+/2048", app.status.line)
         t0 = time.monotonic()
         await send(pilot, "Hello there", wait=False)
-        await wait_until(pilot, lambda: app.query(Reply) and app.query_one(Reply).text, what="streamed text")
+        await reply_streaming(pilot, app)
         assert app._busy, ("the reply should still be streaming when its first text shows",
                            time.monotonic() - t0, app.session.last_stats, writes)
         await wait_until(pilot, lambda: not app._busy, what="the reply to finish")
@@ -75,7 +80,7 @@ async def test_ctrl_g_on_cpu_is_a_notice(make_app):
         await loaded(pilot)
         await pilot.press("ctrl+g")
         await send(pilot, "Hello", wait=False)
-        await wait_until(pilot, lambda: app.query(Reply) and app.query_one(Reply).text, what="streamed text")
+        await reply_streaming(pilot, app)
         await pilot.press("ctrl+g")  # mid-reply too
         await wait_until(pilot, lambda: not app._busy)
         assert sum("n/a on CPU" in n for n in notices(app)) == 2
@@ -89,7 +94,7 @@ async def test_escape_stops_mid_reply_and_next_message_works(make_app, data_dir)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Tell me a long story", wait=False)
-        await wait_until(pilot, lambda: app.query(Reply) and app.query_one(Reply).text, what="streamed text")
+        await reply_streaming(pilot, app)
         await send(pilot, "Too soon", wait=False)  # refused while the reply runs; the text stays
         assert app.prompt.text == "Too soon" and any("still running" in n for n in notices(app))
         await pilot.press("escape")
@@ -222,7 +227,7 @@ async def test_new_chat_mid_reply(make_app, data_dir):
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Go on and on", wait=False)
-        await wait_until(pilot, lambda: app.query(Reply) and app.query_one(Reply).text, what="streamed text")
+        await reply_streaming(pilot, app)
         await pilot.press("ctrl+n")
         await wait_until(pilot, lambda: not app._busy and not app.query(Reply), timeout=10)
         assert app.session.messages == [] and app.store.conversation is None
