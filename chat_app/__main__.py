@@ -5,13 +5,16 @@ missing or broken checkpoint, an unknown device or template, an out-of-range sam
 an unusable data folder) prints ONE line, `tinyllm-chat: error: ...`, on stderr and exits
 with code 2; never a traceback. The model itself loads inside the app, on its worker
 thread, behind a loading state. Without --model the default model, <repo>/models/tinychat, is
-opened.
+opened. Anything that goes wrong after that is fatal: one line on stderr naming the log,
+exit code 1, and the traceback appended to `tinyllm-chat.log` in the data folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -19,6 +22,7 @@ if TYPE_CHECKING:
     from chat_app.app import ChatApp
 
 PROG = "tinyllm-chat"
+LOG_NAME = "tinyllm-chat.log"
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "tinychat"
 
 
@@ -82,6 +86,25 @@ def build_app(args: argparse.Namespace) -> ChatApp:
     return ChatApp(opener, store, model_name=name, resume=args.resume)
 
 
+def fatal(error: BaseException, data_dir: Path | None = None) -> NoReturn:
+    """One line on stderr, the traceback in the data folder's log, exit code 1."""
+    where = "no log written"
+    try:
+        from chat_app.store import default_data_dir
+
+        log = (data_dir or default_data_dir()) / LOG_NAME
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"---- {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            f.write("".join(traceback.format_exception(type(error), error, error.__traceback__)))
+        where = f"traceback in {log}"
+    except Exception as e:  # the log itself cannot be written: say so, on the same line
+        where = f"no log written: {e}"
+    message = str(error).splitlines()[0] if str(error) else ""
+    print(f"{PROG}: fatal: {type(error).__name__}: {message} ({where})", file=sys.stderr)
+    sys.exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
@@ -89,7 +112,17 @@ def main(argv: list[str] | None = None) -> None:
     except (FileNotFoundError, ValueError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         sys.exit(2)
-    app.run()
+    except Exception as e:
+        fatal(e)
+    try:
+        app.run()
+    except Exception as e:
+        fatal(e, app.store.folder)
+    if app.crash is not None:
+        fatal(app.crash, app.store.folder)
+    if app.return_code:
+        print(f"{PROG}: fatal: the app stopped with code {app.return_code}", file=sys.stderr)
+        sys.exit(app.return_code)
 
 
 if __name__ == "__main__":

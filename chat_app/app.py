@@ -1,4 +1,4 @@
-"""ChatApp: the Textual app around one ChatSession (bindings, slash commands, one worker).
+"""ChatApp: the Textual app around one ChatSession (bindings, one worker, the store).
 
 Threads: the UI thread owns every widget and the Store. ONE long-lived worker thread
 (`_serve`) opens the session (a visible loading state meanwhile) and then owns it: the UI
@@ -11,14 +11,20 @@ directly: stop(), set_graphs(), set_param().
 
 Policy: a message (or Ctrl+R) while a reply runs is refused with a notice and the typed text
 stays in the input; Ctrl+N and /clear stop the running reply first, /system waits for it.
-Errors are caught once, in the worker, shown with notify(severity="error"), and the
-conversation is kept. This module never imports torch (nor tinyllm): __main__ passes a
-function that opens the session.
+A reply replaces what is on screen only once it has begun (`Started` follows the session's
+first event), so a send or regenerate that fails before that changes nothing. Errors are
+caught once, in the worker, shown with notify(severity="error"), and the conversation is
+kept. A store that cannot write is a notice too: the chat stays in memory and on screen, and
+the next write retries (see chat_app.store). A streaming reply is saved as partial at its
+first text and then at most once a second. An exception that escapes anyway is kept in
+`crash` for main() to report (one line, traceback in the data folder's log). This module
+never imports torch (nor tinyllm): __main__ passes a function that opens the session.
 """
 
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,10 +32,13 @@ from typing import TYPE_CHECKING, Any
 from textual import on, work
 from textual.app import App
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.widgets import Footer
 from textual.worker import get_current_worker
 
-from chat_app.store import Saved, Store
+from chat_app.commands import COMMANDS, SlashCommands
+from chat_app.store import Saved, Store, StoreError
+from chat_app.terminal import driver_class
 from chat_app.widgets.conversation import Conversation
 from chat_app.widgets.help_screen import HelpScreen
 from chat_app.widgets.prompt_input import PromptInput
@@ -40,17 +49,10 @@ if TYPE_CHECKING:
     from tinyllm.chat import ChatSession, StepStats
 
 DRAIN_HZ = 30
+SAVE_EVERY_S = 1.0  # a streaming reply is written to the store at least this often
 INPUT_KEYS = [("Enter", "send the message (or run a /command)"),
               ("Shift+Enter, Ctrl+J", "new line in the message (Ctrl+J also works in tmux)"),
               ("Up / Down", "earlier prompts (Up on the first line, Down on the last)")]
-COMMANDS = {  # name: (arguments, what it does)
-    "set": ("NAME VALUE", "sampling: temperature, top_p, top_k, repeat_penalty, max_tokens, seed"),
-    "system": ("TEXT", "set the system prompt (no TEXT: none); used from the next turn"),
-    "export": ("PATH", "write the conversation to PATH as Markdown"),
-    "stats": ("", "speed, context and settings of the last reply"),
-    "clear": ("", "clear the screen and start a new chat (like Ctrl+N)"),
-    "help": ("", "this help (like F1)"),
-}
 
 
 # ---- what the worker tells the UI (besides the session's own events) ----------------------
@@ -61,7 +63,7 @@ class Loaded:
 
 
 @dataclass
-class Started:  # the session accepted a send/regenerate: a reply streams next
+class Started:  # the session's reply has begun (its first event is next)
     kind: str
     text: str
 
@@ -83,7 +85,7 @@ def key_name(key: str) -> str:
     return "+".join(part.upper() if len(part) == 1 else part.capitalize() for part in key.split("+"))
 
 
-class ChatApp(App[None]):
+class ChatApp(SlashCommands, App[None]):
     CSS_PATH = "chat.tcss"
     TITLE = "tinyllm-chat"
     ENABLE_COMMAND_PALETTE = False  # slash commands and F1 instead
@@ -98,22 +100,32 @@ class ChatApp(App[None]):
 
     def __init__(self, open_session: Callable[[], ChatSession], store: Store, model_name: str = "model",
                  resume: bool = False) -> None:
-        super().__init__()
-        self._open_session, self.store, self.model_name, self.resume = open_session, store, model_name, resume
+        super().__init__(driver_class=driver_class())
+        self.open_session, self.store, self.model_name, self.resume = open_session, store, model_name, resume
         self.session: ChatSession | None = None
+        self.crash: BaseException | None = None  # an exception nothing else caught (main() reports it)
+        self.last_stats: StepStats | None = None
+        self.prefill_tokens = 0
         self._jobs: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._reply: Reply | None = None  # the reply streaming now
+        self._row: Saved | None = None  # ... and its row in the store
+        self._text: list[str] = []  # ... and its text as the session gave it
+        self._saved_at = 0.0
         self._busy = False  # a send/regenerate is queued or running
         self._stop_wanted = False  # Esc was pressed for the reply in flight
-        self._prefill_tokens = 0
-        self._last_stats: StepStats | None = None
+        self._store_notice: str | None = None  # the store error last shown
 
     def compose(self):
         yield Conversation()
         yield PromptInput(id="prompt")
         yield StatusBar()
         yield Footer()
+
+    @property
+    def busy(self) -> bool:
+        """A send or regenerate is queued or running."""
+        return self._busy
 
     @property
     def conversation(self) -> Conversation:
@@ -133,11 +145,51 @@ class ChatApp(App[None]):
         self.prompt.focus()
         self.set_interval(1 / DRAIN_HZ, self._drain)
         self._serve()
+        if self.store.error:
+            self._store_failed(self.store.error)
         if self.resume:
             await self._resume()
 
+    def on_unmount(self) -> None:
+        self.save_partial()  # quitting mid-reply keeps what streamed (still marked partial)
+        self.store.close()  # the conversation is free for the next instance
+
     def say(self, message: str, severity: str = "information") -> None:
         self.notify(message, severity=severity, markup=False)  # type: ignore[arg-type]
+
+    def queue_job(self, kind: str, arg: Any) -> None:
+        self._jobs.put((kind, arg))
+
+    def _handle_exception(self, error: Exception) -> None:
+        """Textual's hook for an exception no handler caught: the app exits with code 1.
+        Kept for main(), which writes one line and the traceback to the log."""
+        self.crash = error
+        super()._handle_exception(error)
+        self._exit_renderables.clear()  # no traceback over the terminal: main() reports it
+
+    # ---- the store: every write goes through here ---------------------------------------
+
+    def _save(self, write: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        """One store write; a failure is a notice (once per distinct error), never a crash."""
+        try:
+            write(*args, **kwargs)
+        except StoreError as e:
+            self._store_failed(str(e))
+            return
+        if self._store_notice is not None:
+            self._store_notice = None
+            self.say("The chat history is saved again.")
+
+    def _store_failed(self, message: str) -> None:
+        if message != self._store_notice:
+            self._store_notice = message
+            self.say(message, "error")
+
+    def save_partial(self) -> None:
+        """Write the streaming reply's text so far to the store (marked partial)."""
+        if self._row is not None:
+            self._saved_at = time.monotonic()
+            self._save(self.store.update, self._row, "".join(self._text), partial=True)
 
     # ---- the worker ---------------------------------------------------------------------
 
@@ -145,7 +197,7 @@ class ChatApp(App[None]):
     def _serve(self) -> None:
         worker = get_current_worker()
         try:
-            session = self._open_session()
+            session = self.open_session()
         except Exception as e:  # shown once, here; the app stays up
             self._outbox.put(Failed("load", None, f"could not load the model: {e}"))
             return
@@ -160,8 +212,11 @@ class ChatApp(App[None]):
             try:
                 if kind in ("send", "regenerate"):
                     events = session.send(arg) if kind == "send" else session.regenerate()
-                    self._outbox.put(Started(kind, arg))
+                    started = False
                     for event in events:
+                        if not started:  # only now may the UI replace what it shows
+                            self._outbox.put(Started(kind, arg))
+                            started = True
                         self._outbox.put(event)
                         if worker.is_cancelled:
                             session.stop()
@@ -175,66 +230,98 @@ class ChatApp(App[None]):
     # ---- draining the outbox (UI thread) -------------------------------------------------
 
     async def _drain(self) -> None:
+        try:
+            await self._drain_outbox()
+        except NoMatches:  # only shutting down removes the app's widgets: nothing left to show
+            return
+
+    async def _drain_outbox(self) -> None:
         pieces: list[str] = []
         live: StepStats | None = None
+        Prefilled, Token, Finished = _session_events() if self.session is not None else (_Never,) * 3
         while self.is_running:  # not while shutting down: the widgets may be gone
             try:
                 item = self._outbox.get_nowait()
             except queue.Empty:
                 break
-            kind = type(item).__name__
-            if kind == "Token":
-                pieces.append(item.text)
-                live = item.stats
-                continue
-            if pieces and self._reply is not None:
-                await self._reply.write("".join(pieces))
+            match item:
+                case Token(text=text, stats=stats):
+                    pieces.append(text)
+                    live = stats
+                    continue
+            await self._write(pieces)
             pieces = []
-            if kind == "Finished":
-                live = None
-            await self._handle(kind, item)
-        if pieces and self._reply is not None:
-            await self._reply.write("".join(pieces))
+            match item:
+                case Finished():
+                    live = None
+                    await self._finished(item)
+                case Prefilled():
+                    self._prefilled(item)
+                case _:
+                    await self._handle(item)
+        await self._write(pieces)
         if live is not None:
             self._show_stats(live, "generating")
+        if self._row is not None and time.monotonic() - self._saved_at >= SAVE_EVERY_S:
+            self.save_partial()
 
-    async def _handle(self, kind: str, item: Any) -> None:
+    async def _write(self, pieces: list[str]) -> None:
+        if pieces and self._reply is not None:
+            text = "".join(pieces)
+            await self._reply.write(text)
+            self._text.append(text)
+            if self._saved_at == 0.0:  # the reply's first text is saved at once
+                self.save_partial()
+
+    async def _handle(self, item: Loaded | Started | Done | Failed) -> None:
+        match item:
+            case Loaded(session=s):
+                self.session = s
+                self.conversation.loading = False
+                self.status.show(state="ready", name=s.name, device=s.device, dtype=s.dtype,
+                                 graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
+                                 position=len(s.context))
+            case Started():
+                await self._started(item)
+            case Failed():
+                await self._failed(item)
+            case Done():
+                await self._done(item)
+
+    async def _started(self, item: Started) -> None:
         conversation = self.conversation
-        if kind == "Loaded":
-            s = self.session = item.session
-            conversation.loading = False
-            self.status.show(state="ready", name=s.name, device=s.device, dtype=s.dtype,
-                             graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
-                             position=len(s.context))
-        elif kind == "Started":
-            if item.kind == "regenerate":
-                await conversation.drop_last_reply()
-                self.store.drop_last_reply()
-            else:
-                await conversation.add_user(item.text)
-                self.store.add("user", item.text)
-            self._reply = await conversation.add_reply(self.model_name)
-            self.status.show(state="generating")
-        elif kind == "Prefilled":
-            self._prefill_tokens = item.n_tokens
-            if self._stop_wanted:  # Esc came before the reply began, which clears the flag: again
-                self.session.stop()
-            if item.dropped:
-                self.say(f"Context full: the oldest {item.dropped} messages no longer reach the model "
-                         "(they stay on screen and in the saved chat).", "warning")
-        elif kind == "Finished":
-            if self._reply is not None:
-                await self._reply.finish(item.reason)
-            self._reply, self._busy, self._stop_wanted = None, False, False
-            self.store.add("assistant", item.text, stopped=item.reason == "stopped")
-            self._show_stats(item.stats, "ready")
-            if item.reason == "context_full":
-                self.say(f"The reply filled the context ({item.stats.max_len} positions); "
-                         "the next turn drops the oldest messages.", "warning")
-        elif kind == "Failed":
-            await self._failed(item)
-        elif kind == "Done":
-            await self._done(item)
+        if item.kind == "regenerate":
+            await conversation.drop_last_reply()
+            last = self.store.messages()[-1:]
+            if last and last[0].role == "assistant":
+                self._save(self.store.drop, last[0])
+        else:
+            await conversation.add_user(item.text)
+            self._save(self.store.add, Saved("user", item.text))
+        self._reply = await conversation.add_reply(self.model_name)
+        self._row, self._text, self._saved_at = Saved("assistant", "", partial=True), [], 0.0
+        self._save(self.store.add, self._row)
+        self.status.show(state="generating")
+
+    def _prefilled(self, item: Any) -> None:
+        self.prefill_tokens = item.n_tokens
+        if self._stop_wanted and self.session is not None:  # Esc came before the reply began: again
+            self.session.stop()
+        if item.dropped:
+            self.say(f"Context full: the oldest {item.dropped} messages no longer reach the model "
+                     "(they stay on screen and in the saved chat).", "warning")
+
+    async def _finished(self, item: Any) -> None:
+        if self._reply is not None:
+            await self._reply.finish(item.reason)
+        row = self._row
+        self._reply, self._row, self._busy, self._stop_wanted = None, None, False, False
+        if row is not None:
+            self._save(self.store.update, row, item.text, partial=False, stopped=item.reason == "stopped")
+        self._show_stats(item.stats, "ready")
+        if item.reason == "context_full":
+            self.say(f"The reply filled the context ({item.stats.max_len} positions); "
+                     "the next turn drops the oldest messages.", "warning")
 
     async def _failed(self, item: Failed) -> None:
         self.say(item.message, "error")
@@ -243,11 +330,13 @@ class ChatApp(App[None]):
             self.status.show(state="failed")
             return
         if item.kind in ("send", "regenerate"):
-            if self._reply is not None:
+            if self._reply is not None:  # it failed mid-reply: keep what streamed, marked
                 await self._reply.finish("error")
-            elif item.kind == "send" and not self.prompt.text:
-                self.prompt.load_text(item.arg)  # refused before it was shown: give the text back
-            self._reply, self._busy, self._stop_wanted = None, False, False
+                if self._row is not None:
+                    self._save(self.store.update, self._row, "".join(self._text), partial=False, stopped=True)
+            elif item.kind == "send":
+                self.prompt.give_back(item.arg)  # refused before it was shown
+            self._reply, self._row, self._busy, self._stop_wanted = None, None, False, False
             self.status.show(state="ready")
 
     async def _done(self, item: Done) -> None:
@@ -257,31 +346,42 @@ class ChatApp(App[None]):
             self.store.new_chat()
             self.status.show(tok_s=None, ttft_ms=None, window=None, position=len(self.session.context))
         elif item.kind == "system":
-            self.store.set_system(self.session.system)
+            self._save(self.store.set_system, self.session.system)
             system = self.session.system
             self.say(f"System prompt set: {system}" if system else "System prompt cleared.")
         elif item.kind == "load":
-            self.store.set_system(self.session.system)
             self.status.show(position=len(self.session.context))
             self.say(f"Resumed the last chat ({len(item.arg)} messages).")
 
     def _show_stats(self, stats: StepStats, state: str) -> None:
         self.status.show(state=state, tok_s=stats.tok_per_s, ttft_ms=stats.ttft_ms, window=stats.window,
                          position=stats.position, max_len=stats.max_len, graphs=stats.graphs)
-        self._last_stats = stats
+        self.last_stats = stats
 
     async def _resume(self) -> None:
-        saved = self.store.resume_last()
-        if not saved:
-            self.say("No saved chat to resume; this is a new one.")
+        try:
+            saved, held = self.store.resume_last()
+        except StoreError as e:
+            self._store_failed(f"could not resume: {e}")
             return
+        if held:
+            self.say("The last chat is open in another tinyllm-chat; "
+                     + ("this is the one before it." if saved else "this is a new one."), "warning")
+        if not saved:
+            if not held:
+                self.say("No saved chat to resume; this is a new one.")
+            return
+        if saved[-1].role == "user":  # its reply never began (a crash): an empty one, so turns alternate
+            saved.append(Saved("assistant", "", stopped=True))
+            self._save(self.store.add, saved[-1])
         for m in saved:
             if m.role == "user":
                 await self.conversation.add_user(m.content)
             else:
-                await self.conversation.add_reply(self.model_name, m.content, "stopped" if m.stopped else "")
+                note = "partial" if m.partial else "stopped" if m.stopped else ""
+                await self.conversation.add_reply(self.model_name, m.content, note)
         pairs = [("system", self.store.system)] if self.store.system else []
-        self._jobs.put(("load", pairs + [(m.role, m.content) for m in saved]))
+        self.queue_job("load", pairs + [(m.role, m.content) for m in saved])
 
     # ---- input --------------------------------------------------------------------------
 
@@ -289,12 +389,12 @@ class ChatApp(App[None]):
     async def submitted(self, event: PromptInput.Submitted) -> None:
         text = event.text
         if text.startswith("/"):
-            self.prompt.accept()
+            self.prompt.accept(event)
             await self.run_command(text)
         elif self._ready_for_reply():
-            self.prompt.accept()
+            self.prompt.accept(event)
             self._busy = True
-            self._jobs.put(("send", text))
+            self.queue_job("send", text)
 
     def _ready_for_reply(self) -> bool:
         if self.session is None:
@@ -313,11 +413,11 @@ class ChatApp(App[None]):
     def action_regenerate(self) -> None:
         if self._ready_for_reply():
             self._busy = True
-            self._jobs.put(("regenerate", ""))
+            self.queue_job("regenerate", "")
 
     def action_new_chat(self) -> None:
         self.action_stop()
-        self._jobs.put(("new_chat", None))
+        self.queue_job("new_chat", None)
 
     def action_toggle_graphs(self) -> None:
         s = self.session
@@ -335,58 +435,14 @@ class ChatApp(App[None]):
         commands = [(f"/{name} {args}".rstrip(), does) for name, (args, does) in COMMANDS.items()]
         self.push_screen(HelpScreen(keys, commands))
 
-    # ---- slash commands -----------------------------------------------------------------
 
-    async def run_command(self, text: str) -> None:
-        name, _, arg = text[1:].partition(" ")
-        if name not in COMMANDS:
-            self.say(f"Unknown command /{name}; /help lists them.", "error")
-            return
-        await getattr(self, f"command_{name}")(arg.strip())
+class _Never:  # matches nothing: the session's events before a session exists
+    pass
 
-    async def command_set(self, arg: str) -> None:
-        name, _, value = arg.partition(" ")
-        name = name.replace("-", "_")
-        if self.session is None or not value.strip():
-            self.say("usage: /set NAME VALUE (after the model has loaded)", "error")
-            return
-        try:
-            self.session.set_param(name, value.strip())
-        except ValueError as e:
-            self.say(str(e), "error")
-            return
-        self.say(f"{name} = {getattr(self.session.params, name)} (from the next reply)")
 
-    async def command_system(self, arg: str) -> None:
-        self._jobs.put(("system", arg))
-        if self._busy:
-            self.say("The system prompt changes after this reply.")
+def _session_events() -> tuple[type, type, type]:
+    """The session's event classes (Prefilled, Token, Finished). Imported only once a session
+    exists, when the library is loaded anyway: importing this module stays torch-free."""
+    from tinyllm.chat import Finished, Prefilled, Token
 
-    async def command_export(self, arg: str) -> None:
-        if not arg:
-            self.say("usage: /export PATH", "error")
-            return
-        partial = Saved("assistant", self._reply.text + " …") if self._reply is not None else None
-        try:
-            n = self.store.export_markdown(arg, partial)
-        except OSError as e:
-            self.say(f"could not export to {arg}: {e}", "error")
-            return
-        self.say(f"Exported {n} messages to {arg}.")
-
-    async def command_stats(self, arg: str) -> None:
-        stats = self._last_stats
-        if self.session is None or stats is None:
-            self.say("No reply yet.")
-            return
-        graphs = {True: "ON", False: "OFF", None: "n/a on CPU"}[stats.graphs]
-        self.say(f"Last reply: {stats.tokens} tokens at {stats.tok_per_s:.1f} tok/s, "
-                 f"TTFT {stats.ttft_ms:.0f} ms (prefill of {self._prefill_tokens} tokens).\n"
-                 f"Context: {stats.position}/{stats.max_len}, bucket W {stats.window}, graphs {graphs}.\n"
-                 f"{self.session.params}")
-
-    async def command_clear(self, arg: str) -> None:
-        self.action_new_chat()
-
-    async def command_help(self, arg: str) -> None:
-        self.action_help()
+    return Prefilled, Token, Finished

@@ -137,17 +137,26 @@ class ChatSession:
         self._rebuild_context()
 
     def load_messages(self, messages: list[tuple[str, str]]) -> None:
-        """Restore a conversation (resume): (role, content) pairs, re-encoded."""
+        """Restore a conversation (resume): (role, content) pairs, re-encoded. A user turn
+        with no reply after it (a crash before the reply began) gets an empty stopped one,
+        so turns alternate: regenerate() and the next send() both work."""
         self.messages = []
         for role, content in messages:
             if role == "system":
                 self.system = content
             elif role == "user":
+                if self.messages and self.messages[-1].role == "user":
+                    self.messages.append(self._loaded_reply("", stopped=True))
                 self.messages.append(Message("user", content, self._user_ids(content, len(self.messages) == 0)))
             else:
-                self.messages.append(Message("assistant", content,
-                                             self.encode(content) + self.encode(self.template.assistant_suffix)))
+                self.messages.append(self._loaded_reply(content))
+        if self.messages and self.messages[-1].role == "user":
+            self.messages.append(self._loaded_reply("", stopped=True))
         self._rebuild_context()
+
+    def _loaded_reply(self, content: str, stopped: bool = False) -> Message:
+        ids = self.encode(content) + self.encode(self.template.assistant_suffix)
+        return Message("assistant", content, ids, stopped=stopped)
 
     # ---- tokens -----------------------------------------------------------------------
 
@@ -240,12 +249,26 @@ class ChatSession:
         return self._reply(dropped)
 
     def regenerate(self) -> Iterator[Prefilled | Token | Finished]:
-        """Replace the last reply with a new one (the cache is rewound to before it)."""
+        """Replace the last reply with a new one (the cache is rewound to before it). All or
+        nothing: if the new reply fails before its first event, the old one is put back."""
         if not self.messages or self.messages[-1].role != "assistant":
             raise ValueError("there is no reply to regenerate")
-        self.messages.pop()
+        old = self.messages.pop()
         self._rebuild_context(self.first_message)
-        return self._reply(0)
+        return self._or_restore(self._reply(0), old)
+
+    def _or_restore(self, events: Iterator[Prefilled | Token | Finished],
+                    old: Message) -> Iterator[Prefilled | Token | Finished]:
+        started = False
+        try:
+            for event in events:
+                started = True
+                yield event
+        except BaseException:
+            if not started:
+                self.messages.append(old)
+                self._rebuild_context(self.first_message)
+            raise
 
     def _apply_graph_toggle(self) -> None:
         if self._want_graphs is not None:

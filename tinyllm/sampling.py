@@ -10,6 +10,7 @@ penalty, negative ones multiplied). Refuses out-of-range params with a ValueErro
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -26,6 +27,11 @@ class SamplingParams:
     seed: int | None = None  # for a torch.Generator; None = nondeterministic
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "repeat_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if self.seed is not None and not -2**63 <= self.seed < 2**64:
+            raise ValueError(f"seed must fit in 64 bits (-2**63 to 2**64-1), got {self.seed}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:

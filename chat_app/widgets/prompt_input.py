@@ -3,25 +3,36 @@
 Keys: Enter sends (posts `PromptInput.Submitted`); Shift+Enter and Ctrl+J insert a newline
 (tmux does not pass Shift+Enter on, Ctrl+J always arrives); Up on the first line recalls
 earlier prompts, Down on the last line walks forward again and finally restores the draft.
-The input does not clear itself: the app calls `accept()` when it takes the text, so a
-refused message stays where it was typed.
+The input does not clear itself: the app calls `accept(event)` when it takes the text, and
+only the submitted text leaves (what was typed after Enter, before the app took it, stays);
+a refused message stays where it was typed, and `give_back(text)` restores one that failed.
+A message of nothing but "^" (what a terminal leaves of a fast Ctrl key) is not sent.
+Pasted text is cleaned: CR/CRLF become newlines, other control characters (ESC, Ctrl+Q, ...)
+become visible symbols, so a paste is text, never keystrokes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from textual import events
 from textual.message import Message
 from textual.widgets import TextArea
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j", "newline")
+# Pasted control characters (but tab and newline) become their Unicode "control pictures".
+_PASTE = {c: 0x2400 + c for c in range(32) if chr(c) not in "\t\n"} | {0x7F: 0x2421}
+
+
+def clean_paste(text: str) -> str:
+    return text.replace("\r\n", "\n").replace("\r", "\n").translate(_PASTE)
 
 
 class PromptInput(TextArea):
     @dataclass
     class Submitted(Message):
-        text: str
+        text: str  # the message (stripped)
+        raw: str = field(default="", repr=False)  # the whole input when Enter was pressed
 
     def __init__(self, **kwargs) -> None:
         super().__init__(soft_wrap=True, tab_behavior="focus", show_line_numbers=False, **kwargs)
@@ -33,8 +44,11 @@ class PromptInput(TextArea):
         if event.key == "enter":
             event.stop()
             event.prevent_default()
-            if self.text.strip():
-                self.post_message(self.Submitted(self.text.strip()))
+            text = self.text.strip()
+            if text.strip("^ \n"):
+                self.post_message(self.Submitted(text, self.text))
+            elif text:  # only stray carets: nothing anyone meant to send
+                self.clear()
             return
         if event.key in NEWLINE_KEYS:
             event.stop()
@@ -43,13 +57,33 @@ class PromptInput(TextArea):
             return
         await super()._on_key(event)
 
-    def accept(self) -> None:
-        """The app took the text: remember it and clear the input."""
-        text = self.text.strip()
+    def accept(self, submitted: PromptInput.Submitted) -> None:
+        """The app took the submitted text: remember it and take it out of the input; text
+        typed after Enter stays."""
+        text = submitted.text
         if text and (not self.prompts or self.prompts[-1] != text):
             self.prompts.append(text)
         self._recalled, self._draft = None, ""
-        self.clear()
+        now, raw = self.text, submitted.raw or submitted.text
+        if now == raw or now.strip() == text:
+            self.clear()
+        elif now.startswith(raw):
+            self.load_text(now[len(raw):].lstrip("\n"))
+            self.move_cursor(self.document.end)
+        # else: the input was changed some other way since Enter; leave it alone
+
+    def give_back(self, text: str) -> None:
+        """A message that could not be sent returns to the input (before anything typed since)."""
+        now = self.text
+        self.load_text(text + ("\n" + now if now.strip() else ""))
+        self.move_cursor(self.document.end)
+
+    async def _on_paste(self, event: events.Paste) -> None:
+        event.stop()
+        event.prevent_default()
+        if not self.read_only and (text := clean_paste(event.text)):
+            result = self.replace(text, *self.selection)
+            self.move_cursor(result.end_location)
 
     # ---- history --------------------------------------------------------------------
 

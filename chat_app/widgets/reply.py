@@ -3,9 +3,9 @@
 Contract: `write(text)` appends a fragment through Textual's MarkdownStream (which merges
 fragments when rendering falls behind; the app calls it once per drained batch, never per
 token); `finish(reason)` flushes the stream and marks a reply that did not end on its own
-("stopped", "context full", "error"). Nothing written is ever dropped: `text` is the full
-source. Control characters from a model (noise, or an escape sequence) are shown as
-visible symbols, never sent to the terminal.
+("stopped", "context full", "error"; "partial": one a crash cut short, shown on resume).
+Nothing written is ever dropped: `text` is the full source. Control characters from a
+model (noise, or an escape sequence) are shown as visible symbols, never sent to the terminal.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 NOTES = {"stopped": "■ stopped", "context_full": "■ context full", "max_tokens": "■ max_tokens reached",
-         "error": "■ error"}
+         "error": "■ error", "partial": "■ interrupted (saved as far as it got)"}
 # C0 controls (but tab and newline) and DEL become their Unicode "control pictures".
 _VISIBLE = {c: 0x2400 + c for c in range(32) if chr(c) not in "\t\n"} | {0x7F: 0x2421}
 _VISIBLE |= {c: 0xFFFD for c in range(0x80, 0xA0)}

@@ -1,17 +1,24 @@
 """Fixtures for the app tests: one tiny random checkpoint per session, a tmp data folder per
-test, and helpers that build the app from a command line and wait on conditions."""
+test, and helpers that build the app from a command line and wait on conditions.
+
+No test depends on timing: a reply that must still run while the test acts is HELD (see
+`Held`): it pauses after its first token until the test releases it or Esc stops it."""
 
 from __future__ import annotations
 
+import sqlite3
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from chat_app.__main__ import build_app, build_parser
 from chat_app.app import ChatApp
+from chat_app.store import Saved, Store
 from chat_app.widgets.prompt_input import PromptInput
+from tinyllm.chat import Token
 from tinyllm.testing import make_tiny_checkpoint
 
 
@@ -40,6 +47,73 @@ def make_app(ckpt) -> Callable[..., ChatApp]:
     return make
 
 
+class Held:
+    """A real ChatSession whose replies pause after their first token until `release()` (or
+    until stop(), which Esc calls): a reply that is certainly still running, on any CPU."""
+
+    def __init__(self, session) -> None:
+        self._session = session
+        self.gate = threading.Event()
+        self.held = threading.Event()  # a reply is waiting at the gate now
+
+    def __getattr__(self, name: str):
+        return getattr(self._session, name)
+
+    def release(self) -> None:
+        self.gate.set()
+
+    def stop(self) -> None:
+        self.gate.set()
+        self._session.stop()
+
+    def send(self, text: str) -> Iterator:
+        return self._hold(self._session.send(text))
+
+    def regenerate(self) -> Iterator:
+        return self._hold(self._session.regenerate())
+
+    def _hold(self, events: Iterator) -> Iterator:
+        for event in events:
+            yield event
+            if isinstance(event, Token) and not self.gate.is_set():
+                self.held.set()
+                self.gate.wait(timeout=120)
+                self.held.clear()
+
+
+@pytest.fixture
+def make_held_app(make_app) -> Callable[..., tuple[ChatApp, list[Held]]]:
+    """make_app, with the session wrapped in `Held` (the list gets it once it has loaded)."""
+    def make(*argv: str) -> tuple[ChatApp, list[Held]]:
+        app = make_app(*argv)
+        opened: list[Held] = []
+        real_open = app.open_session
+
+        def open_held():
+            opened.append(Held(real_open()))
+            return opened[-1]
+
+        app.open_session = open_held
+        return app, opened
+    return make
+
+
+def saved_chat(data_dir: Path) -> list[Saved]:
+    """The last conversation as another instance would resume it."""
+    store = Store.open(data_dir)
+    try:
+        return store.resume_last()[0]
+    finally:
+        store.close()
+
+
+def rows(data_dir: Path) -> list[tuple]:
+    """Every message row in chat.db: (id, conversation, role, content, stopped, partial)."""
+    with sqlite3.connect(data_dir / "chat.db") as db:
+        return db.execute("SELECT id, conversation, role, content, stopped, partial FROM messages "
+                          "ORDER BY id").fetchall()
+
+
 async def wait_until(pilot, condition: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
     end = time.monotonic() + timeout
     while not condition():
@@ -66,7 +140,7 @@ async def send(pilot, text: str, wait: bool = True) -> None:
         await pilot.pause(0.01)
         return
     await pilot.press("enter")
-    await wait_until(pilot, lambda: not app._busy and not app.prompt.text, what=f"the reply to {text!r}")
+    await wait_until(pilot, lambda: not app.busy and not app.prompt.text, what=f"the reply to {text!r}")
     await pilot.pause()
 
 

@@ -11,7 +11,7 @@ from chat_app.app import DRAIN_HZ, ChatApp
 from chat_app.store import Store
 from chat_app.widgets.conversation import UserMessage
 from chat_app.widgets.reply import Reply, printable
-from tests.chat_app.conftest import loaded, notices, send, wait_until
+from tests.chat_app.conftest import Held, loaded, notices, saved_chat, send, wait_until
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)
@@ -22,7 +22,14 @@ async def reply_streaming(pilot, app: ChatApp) -> None:
     await wait_until(pilot, lambda: app.query(Reply) and app.query_one(Reply).text, what="streamed text")
 
 
-async def test_message_streams_a_reply_in_batches(make_app, data_dir, monkeypatch):
+async def held_streaming(pilot, app: ChatApp, held: list[Held]) -> Held:
+    """Wait until the held reply has shown its first text (it waits at the gate then)."""
+    await wait_until(pilot, lambda: held and held[0].held.is_set(), what="the reply to be held")
+    await reply_streaming(pilot, app)
+    return held[0]
+
+
+async def test_message_streams_a_reply_in_batches(make_held_app, data_dir, monkeypatch):
     writes: list[float] = []
     original = Reply.write
 
@@ -31,16 +38,15 @@ async def test_message_streams_a_reply_in_batches(make_app, data_dir, monkeypatc
         await original(self, text)
 
     monkeypatch.setattr(Reply, "write", counting_write)
-    app = make_app("--max-tokens", "400")
+    app, held = make_held_app("--max-tokens", "400")
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         assert re.search(r"pos \d+/2048", app.status.line)
         t0 = time.monotonic()
         await send(pilot, "Hello there", wait=False)
-        await reply_streaming(pilot, app)
-        assert app._busy, ("the reply should still be streaming when its first text shows",
-                           time.monotonic() - t0, app.session.last_stats, writes)
-        await wait_until(pilot, lambda: not app._busy, what="the reply to finish")
+        (await held_streaming(pilot, app, held)).release()  # one write so far: the first token
+        assert app.busy and len(writes) == 1
+        await wait_until(pilot, lambda: not app.busy, what="the reply to finish")
         elapsed = time.monotonic() - t0
         reply = app.session.messages[-1]
         assert [m.role for m in app.session.messages] == ["user", "assistant"]
@@ -52,7 +58,7 @@ async def test_message_streams_a_reply_in_batches(make_app, data_dir, monkeypatc
         assert re.search(r"\d+ tok/s", app.status.line), app.status.line
         assert re.search(r"W \d+ ", app.status.line) and "TTFT" in app.status.line, app.status.line
         assert "graphs n/a on CPU" in app.status.line and "cpu float32" in app.status.line
-    saved = Store.open(data_dir).resume_last()
+    saved = saved_chat(data_dir)
     assert [(m.role, m.content) for m in saved] == [("user", "Hello there"), ("assistant", reply.content)]
 
 
@@ -63,7 +69,7 @@ async def test_prompt_keys_newline_and_history(make_app):
         await pilot.press("a", "ctrl+j", "b", "shift+enter", "c")
         assert app.prompt.text == "a\nb\nc"
         await pilot.press("enter")
-        await wait_until(pilot, lambda: not app._busy and len(app.session.messages) == 2)
+        await wait_until(pilot, lambda: not app.busy and len(app.session.messages) == 2)
         assert app.session.messages[0].content == "a\nb\nc"
         await send(pilot, "second")
         await pilot.press("x", "up")  # Up on the first line recalls; the draft comes back with Down
@@ -74,42 +80,43 @@ async def test_prompt_keys_newline_and_history(make_app):
         assert app.prompt.text == "x"
 
 
-async def test_ctrl_g_on_cpu_is_a_notice(make_app):
-    app = make_app("--max-tokens", "300")
+async def test_ctrl_g_on_cpu_is_a_notice(make_held_app):
+    app, held = make_held_app("--max-tokens", "300")
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await pilot.press("ctrl+g")
         await send(pilot, "Hello", wait=False)
-        await reply_streaming(pilot, app)
+        gate = await held_streaming(pilot, app, held)
         await pilot.press("ctrl+g")  # mid-reply too
-        await wait_until(pilot, lambda: not app._busy)
+        gate.release()
+        await wait_until(pilot, lambda: not app.busy)
         assert sum("n/a on CPU" in n for n in notices(app)) == 2
         assert not [n for n in app._notifications if n.severity == "error"]
         assert app.query_one(Reply).text == printable(app.session.messages[-1].content)
         assert "graphs n/a on CPU" in app.status.line
 
 
-async def test_escape_stops_mid_reply_and_next_message_works(make_app, data_dir):
-    app = make_app("--max-tokens", "100000")
+async def test_escape_stops_mid_reply_and_next_message_works(make_held_app, data_dir):
+    app, held = make_held_app("--max-tokens", "100000")
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Tell me a long story", wait=False)
-        await reply_streaming(pilot, app)
+        await held_streaming(pilot, app, held)  # held after its first token until Esc
         await send(pilot, "Too soon", wait=False)  # refused while the reply runs; the text stays
         assert app.prompt.text == "Too soon" and any("still running" in n for n in notices(app))
         await pilot.press("escape")
-        await wait_until(pilot, lambda: not app._busy, timeout=10, what="the reply to stop")
+        await wait_until(pilot, lambda: not app.busy, timeout=10, what="the reply to stop")
         stopped = app.session.messages[-1]
         assert stopped.stopped and stopped.role == "assistant"
-        assert app.session.last_stats.tokens < 1500  # it did not run to the context's end
+        assert app.session.last_stats.tokens <= 2  # the token in flight when Esc came, at most
         reply = app.query_one(Reply)
         assert reply.text == printable(stopped.content) and reply.has_class("-noted")
         await app.run_command("/set max_tokens 20")
         await pilot.press("enter")  # "Too soon" is still in the input: send it now
-        await wait_until(pilot, lambda: not app._busy and len(app.session.messages) == 4)
+        await wait_until(pilot, lambda: not app.busy and len(app.session.messages) == 4)
         assert [w.text for w in app.query(UserMessage)] == ["Tell me a long story", "Too soon"]
         assert len(app.query(Reply)) == 2 and app.session.messages[-1].content
-    saved = Store.open(data_dir).resume_last()
+    saved = saved_chat(data_dir)
     assert [m.stopped for m in saved] == [False, True, False, False]
 
 
@@ -120,14 +127,14 @@ async def test_ctrl_r_regenerates(make_app, data_dir):
         await send(pilot, "Hello")
         old_widget, old_message = app.query_one(Reply), app.session.messages[-1]
         await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: not app._busy and app.session.messages[-1] is not old_message,
+        await wait_until(pilot, lambda: not app.busy and app.session.messages[-1] is not old_message,
                          what="the regenerated reply")
         await pilot.pause()
         assert app.query_one(Reply) is not old_widget
         assert [m.role for m in app.session.messages] == ["user", "assistant"]
         assert len(app.query(Reply)) == 1
         assert app.query_one(Reply).text == printable(app.session.messages[-1].content)
-    saved = Store.open(data_dir).resume_last()
+    saved = saved_chat(data_dir)
     assert [(m.role, m.content) for m in saved] == [("user", "Hello"),
                                                     ("assistant", app.session.messages[-1].content)]
 
@@ -144,7 +151,7 @@ async def test_conversation_longer_than_context_keeps_working(make_app):
         assert len(app.query(Reply)) == 5 and len(app.session.messages) == 10
         assert app.session.first_message > 0
         await send(pilot, "word " * 300, wait=False)  # too long for any context: an error, the chat is kept
-        await wait_until(pilot, lambda: not app._busy)
+        await wait_until(pilot, lambda: not app.busy)
         assert any(n.severity == "error" and "too long" in n.message for n in app._notifications)
         assert app.prompt.text.startswith("word word")  # given back to edit
         assert len(app.query(UserMessage)) == 5 and len(app.session.messages) == 10
@@ -222,16 +229,16 @@ async def test_resume_restores_the_last_chat(make_app):
         assert len(app.session.messages) == 4 and len(app.query(Reply)) == 2
 
 
-async def test_new_chat_mid_reply(make_app, data_dir):
-    app = make_app("--max-tokens", "100000")
+async def test_new_chat_mid_reply(make_held_app, data_dir):
+    app, held = make_held_app("--max-tokens", "100000")
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Go on and on", wait=False)
-        await reply_streaming(pilot, app)
+        await held_streaming(pilot, app, held)
         await pilot.press("ctrl+n")
-        await wait_until(pilot, lambda: not app._busy and not app.query(Reply), timeout=10)
+        await wait_until(pilot, lambda: not app.busy and not app.query(Reply), timeout=10)
         assert app.session.messages == [] and app.store.conversation is None
-    saved = Store.open(data_dir).resume_last()  # the stopped chat was kept in full
+    saved = saved_chat(data_dir)  # the stopped chat was kept in full
     assert [(m.role, m.stopped) for m in saved] == [("user", False), ("assistant", True)]
 
 
@@ -241,7 +248,7 @@ async def test_escape_before_the_reply_begins_still_stops_it(make_app):
         await loaded(pilot)
         await send(pilot, "Hello", wait=False)
         app.action_stop()  # the worker may not have started the reply yet
-        await wait_until(pilot, lambda: not app._busy, timeout=10)
+        await wait_until(pilot, lambda: not app.busy, timeout=10)
         assert app.session.messages[-1].stopped and app.session.last_stats.tokens < 1500
 
 

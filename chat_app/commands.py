@@ -1,0 +1,88 @@
+"""Slash commands: the `/name ARGS` lines typed into the prompt, as a mixin of ChatApp.
+
+Contract: `COMMANDS` is the table the help screen shows; `run_command(text)` runs one, and
+every refusal is a notice (severity "error"), never an exception. `/export PATH` refuses
+to replace an existing file; `/export! PATH` overwrites it. This module never imports
+torch (nor tinyllm).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from chat_app.app import ChatApp
+
+COMMANDS = {  # name: (arguments, what it does)
+    "set": ("NAME VALUE", "sampling: temperature, top_p, top_k, repeat_penalty, max_tokens, seed"),
+    "system": ("TEXT", "set the system prompt (no TEXT: none); used from the next turn"),
+    "export": ("PATH", "write the conversation to PATH as Markdown (/export! PATH overwrites)"),
+    "stats": ("", "speed, context and settings of the last reply"),
+    "clear": ("", "clear the screen and start a new chat (like Ctrl+N)"),
+    "help": ("", "this help (like F1)"),
+}
+
+
+class SlashCommands:
+    async def run_command(self: ChatApp, text: str) -> None:
+        name, _, arg = text[1:].partition(" ")
+        overwrite = name == "export!"
+        name = "export" if overwrite else name
+        if name not in COMMANDS:
+            self.say(f"Unknown command /{name}; /help lists them.", "error")
+            return
+        if name == "export":
+            await self.command_export(arg.strip(), overwrite)
+            return
+        await getattr(self, f"command_{name}")(arg.strip())
+
+    async def command_set(self: ChatApp, arg: str) -> None:
+        name, _, value = arg.partition(" ")
+        name = name.replace("-", "_")
+        if self.session is None or not value.strip():
+            self.say("usage: /set NAME VALUE (after the model has loaded)", "error")
+            return
+        try:
+            self.session.set_param(name, value.strip())
+        except ValueError as e:
+            self.say(str(e), "error")
+            return
+        self.say(f"{name} = {getattr(self.session.params, name)} (from the next reply)")
+
+    async def command_system(self: ChatApp, arg: str) -> None:
+        self.queue_job("system", arg)
+        if self.busy:
+            self.say("The system prompt changes after this reply.")
+
+    async def command_export(self: ChatApp, arg: str, overwrite: bool = False) -> None:
+        if not arg:
+            self.say("usage: /export PATH (/export! PATH overwrites)", "error")
+            return
+        self.save_partial()  # the reply streaming now goes in as far as it got
+        try:
+            n = self.store.export_markdown(arg, overwrite=overwrite)
+        except FileExistsError:
+            self.say(f"{arg} exists; /export! {arg} overwrites it.", "error")
+            return
+        except OSError as e:
+            self.say(f"could not export to {arg}: {e}", "error")
+            return
+        self.say(f"Exported {n} messages to {arg}.")
+
+    async def command_stats(self: ChatApp, arg: str) -> None:
+        stats = self.last_stats
+        if self.session is None or stats is None:
+            self.say("No reply yet.")
+            return
+        graphs = {True: "ON", False: "OFF", None: "n/a on CPU"}[stats.graphs]
+        self.say(f"Last reply: {stats.tokens} tokens at {stats.tok_per_s:.1f} tok/s, "
+                 f"TTFT {stats.ttft_ms:.0f} ms (prefill of {self.prefill_tokens} tokens).\n"
+                 f"Context: {stats.position}/{stats.max_len}, bucket W {stats.window}, graphs {graphs}.\n"
+                 f"{self.session.params}")
+
+    async def command_clear(self: ChatApp, arg: str) -> None:
+        self.action_new_chat()
+
+    async def command_help(self: ChatApp, arg: str) -> None:
+        self.action_help()
+

@@ -1,0 +1,322 @@
+"""Nothing lost, nothing crashes: a broken store, a failed Ctrl+R, two instances, a crash
+mid-reply, keys at the wrong moment, /export over a file. Each test fails without its fix."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from chat_app.store import Saved, Store, StoreError
+from chat_app.terminal import VISIBLE_ESC, PasteGuard
+from chat_app.widgets.conversation import UserMessage
+from chat_app.widgets.prompt_input import PromptInput, clean_paste
+from chat_app.widgets.reply import Reply, printable
+from tests.chat_app.conftest import loaded, notices, rows, saved_chat, send, wait_until
+
+pytestmark = pytest.mark.anyio
+SIZE = (100, 30)
+
+
+def errors(app) -> list[str]:
+    return [n.message for n in app._notifications if n.severity == "error"]
+
+
+def corrupt(path) -> None:
+    path.write_bytes(b"this is not an SQLite database" * 200)
+
+
+# ---- 1. a store error keeps the app and the message ----------------------------------------
+
+async def test_broken_store_on_first_send_keeps_the_chat_and_recovers(make_app, data_dir):
+    data_dir.mkdir()
+    corrupt(data_dir / "chat.db")
+    app = make_app("--max-tokens", "8")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        assert any("chat.db" in e and "mv " in e for e in errors(app)), errors(app)  # says where, what to do
+        await send(pilot, "Keep this message")
+        assert app.is_running and [w.text for w in app.query(UserMessage)] == ["Keep this message"]
+        assert [m.role for m in app.session.messages] == ["user", "assistant"]
+        assert app.store.pending
+        (data_dir / "chat.db").rename(data_dir / "chat.db.broken")  # what the notice said to do
+        await send(pilot, "Second")  # the next write reconnects and writes everything pending
+        assert not app.store.pending and any("saved again" in n for n in notices(app))
+    assert [m.content for m in saved_chat(data_dir)][::2] == ["Keep this message", "Second"]
+
+
+async def test_malformed_store_on_resume_is_a_notice(make_app, data_dir):
+    store = Store.open(data_dir)
+    for i in range(300):
+        store.add(Saved("user" if i % 2 == 0 else "assistant", f"message {i} " * 40))
+    store.close()
+    db = data_dir / "chat.db"
+    with sqlite3.connect(db) as c:
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(db.read_bytes())
+    data[4096 * 3:4096 * 6] = b"\xff" * (4096 * 3)  # pages in the middle of the messages table
+    db.write_bytes(bytes(data))
+    app = make_app("--max-tokens", "8", "--resume")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await wait_until(pilot, lambda: any("could not resume" in e for e in errors(app)))
+        assert any("malformed" in e or "not a database" in e for e in errors(app)), errors(app)
+        await send(pilot, "Still works")
+        assert app.is_running and len(app.session.messages) == 2
+
+
+def test_store_write_failure_keeps_everything_in_memory(tmp_path):
+    store = Store.open(tmp_path)
+    store.add(Saved("user", "one"))
+    store.close()
+    corrupt(tmp_path / "chat.db")
+    store = Store.open(tmp_path)
+    assert store.error and "chat.db" in store.error
+    with pytest.raises(StoreError, match="move it away"):
+        store.add(Saved("user", "two"))
+    assert [m.content for m in store.messages()] == ["two"]
+    out = tmp_path / "rescued.md"
+    assert store.export_markdown(out) == 1 and "two" in out.read_text()  # export works from memory
+
+
+def test_fatal_error_is_one_line_exit_1_and_a_log(capsys, data_dir, monkeypatch):
+    import chat_app.__main__ as cli
+
+    def explode(args):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(cli, "build_app", explode)
+    with pytest.raises(SystemExit) as exc:
+        cli.main([])
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert "RuntimeError: boom" in err and str(data_dir / cli.LOG_NAME) in err
+    assert "Traceback" in (data_dir / cli.LOG_NAME).read_text()
+
+
+async def test_an_uncaught_error_in_the_app_is_kept_for_main(make_app):
+    app = make_app()
+    with pytest.raises(ZeroDivisionError):  # Pilot re-raises it when the test ends
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(pilot)
+            app.call_later(lambda: 1 / 0)
+            await wait_until(pilot, lambda: app.crash is not None)
+    assert isinstance(app.crash, ZeroDivisionError) and app.return_code == 1
+
+
+# ---- 5. a failed Ctrl+R keeps the previous reply; settings are checked on entry -----------
+
+async def test_failed_regenerate_keeps_the_previous_reply(make_app, data_dir, monkeypatch):
+    app = make_app("--max-tokens", "10")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hello")
+        before = [(m.role, m.content) for m in app.session.messages]
+        import tinyllm.chat
+
+        def overflow(*args, **kwargs):
+            raise OverflowError("Overflow when unpacking long")
+
+        monkeypatch.setattr(tinyllm.chat, "make_generator", overflow)  # fails before the reply begins
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: not app.busy and errors(app), what="the failed regenerate")
+        assert any("Overflow" in e for e in errors(app))
+        assert [(m.role, m.content) for m in app.session.messages] == before
+        assert len(app.query(Reply)) == 1 and app.query_one(Reply).text == printable(before[1][1])
+        monkeypatch.undo()
+        await pilot.press("ctrl+r")  # and it still works afterwards
+        await wait_until(pilot, lambda: not app.busy and len(errors(app)) == 1)
+        assert [m.role for m in app.session.messages] == ["user", "assistant"]
+    assert [(m.role, m.content) for m in saved_chat(data_dir)] == [
+        (m.role, m.content) for m in app.session.messages]
+
+
+async def test_set_refuses_huge_seeds_and_nan(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        params = app.session.params
+        for bad in ["/set seed 99999999999999999999999", "/set temperature nan", "/set top_p inf",
+                    "/set repeat_penalty nan"]:
+            await send(pilot, bad)
+        assert app.session.params == params and len(errors(app)) == 4, errors(app)
+
+
+# ---- 6. two instances on one data folder --------------------------------------------------
+
+def test_two_instances_never_share_a_conversation(tmp_path):
+    a = Store.open(tmp_path)
+    a.add(Saved("user", "A asks"))
+    a_reply = Saved("assistant", "A's reply")
+    a.add(a_reply)
+    b = Store.open(tmp_path)
+    got, held = b.resume_last()
+    assert got == [] and held  # A holds its chat: B gets a new one (and says why)
+    b.add(Saved("user", "B asks"))
+    b.add(Saved("assistant", "B's reply"))  # the newest row of all
+    a.drop(a_reply)  # A's Ctrl+R deletes A's own reply, not the newest row
+    assert [r[3] for r in rows(tmp_path)] == ["A asks", "B asks", "B's reply"]
+    a.close()
+    c = Store.open(tmp_path)
+    assert [m.content for m in c.resume_last()[0]] == ["A asks"]  # free again once A closed
+    b.close()
+    c.close()
+
+
+async def test_second_instance_resume_gets_a_new_chat_and_a_notice(make_app, data_dir):
+    first = Store.open(data_dir)
+    first.add(Saved("user", "held elsewhere"))
+    app = make_app("--max-tokens", "5", "--resume")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        assert any("open in another tinyllm-chat" in n for n in notices(app))
+        assert not app.query(UserMessage)
+        await send(pilot, "mine")
+    first.close()
+    assert [r[1] for r in rows(data_dir)] == [1, 2, 2]  # two conversations
+
+
+# ---- 8. a crash mid-reply keeps the partial reply; the resumed chat continues -------------
+
+async def test_partial_reply_is_saved_while_streaming_and_resumes(make_held_app, make_app, data_dir):
+    app, held = make_held_app("--max-tokens", "100000")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Tell me a story", wait=False)
+        await wait_until(pilot, lambda: held and held[0].held.is_set())
+        # while the reply streams, another reader sees it saved, marked partial
+        await wait_until(pilot, lambda: [(r[2], r[5]) for r in rows(data_dir)] == [("user", 0), ("assistant", 1)]
+                         and rows(data_dir)[1][3], what="the partial reply in chat.db")
+        partial = rows(data_dir)[1][3]
+        assert partial == "".join(app._text) or partial  # the text that had streamed
+        app.store.db.close()  # the process "dies": nothing more reaches chat.db
+        app.store.db = None
+        app.store.path = data_dir / "gone" / "chat.db"
+    held[0].release()
+    app = make_app("--max-tokens", "5", "--resume")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await wait_until(pilot, lambda: len(app.session.messages) == 2, what="the resumed chat")
+        assert app.query_one(Reply).has_class("-noted") and app.query_one(Reply).text == printable(partial)
+        await pilot.press("ctrl+r")  # "no reply to regenerate" before
+        await wait_until(pilot, lambda: not app.busy and app.session.messages[-1].content != partial)
+        assert not errors(app)
+        await send(pilot, "And then?")
+        assert [m.role for m in app.session.messages] == ["user", "assistant"] * 2
+    assert [(m.role, m.partial) for m in saved_chat(data_dir)] == [("user", False), ("assistant", False)] * 2
+
+
+async def test_resume_of_a_chat_ending_with_a_user_turn(make_app, data_dir):
+    store = Store.open(data_dir)
+    store.add(Saved("user", "asked, then the power went"))
+    store.close()
+    app = make_app("--max-tokens", "5", "--resume")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await wait_until(pilot, lambda: len(app.session.messages) == 2, what="the resumed chat")
+        await send(pilot, "Hello again")
+        roles = [m.role for m in app.session.messages]
+        assert roles == ["user", "assistant"] * 2, roles  # never two user turns in a row
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: not app.busy)
+        assert not errors(app)
+
+
+# ---- 7. keys at the wrong moment ------------------------------------------------------------
+
+async def test_text_typed_after_enter_is_kept(make_app):
+    app = make_app("--max-tokens", "5")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        app.prompt.load_text("first message")
+        entered = PromptInput.Submitted("first message", "first message")  # what Enter posted ...
+        app.prompt.move_cursor(app.prompt.document.end)
+        app.prompt.insert("\nnext one")  # ... then keys arrived before the app took the text
+        app.prompt.post_message(entered)
+        await wait_until(pilot, lambda: len(app.session.messages) == 2 and not app.busy)
+        assert app.session.messages[0].content == "first message"
+        assert app.prompt.text == "next one"
+
+
+async def test_only_carets_are_not_sent(make_app):
+    app = make_app("--max-tokens", "5")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("^", "^", "enter")
+        await pilot.pause()
+        assert not app.busy and app.session.messages == [] and app.prompt.text == ""
+
+
+async def test_a_paste_is_text_never_keystrokes(make_app):
+    app = make_app("--max-tokens", "5")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        from textual import events
+
+        app.prompt.post_message(events.Paste("a\x1b[A\x11b\r\nc\rd"))
+        await pilot.pause()
+        assert app.is_running and not app.busy and app.session.messages == []
+        assert app.prompt.text == "a\u241b[A\u2411b\nc\nd"
+
+
+def test_paste_guard_keeps_escapes_inside_a_paste_as_text():
+    from textual._xterm_parser import XTermParser
+
+    raw = "x\x1b[200~a\x1b[Ab\x11\r\x1b\x1b[201~y"
+    for split in range(len(raw) + 1):  # the terminal's reads may split it anywhere
+        guard = PasteGuard()
+        text = guard.feed(raw[:split]) + guard.feed(raw[split:])
+        assert text == f"x\x1b[200~a{VISIBLE_ESC}[Ab\x11\r{VISIBLE_ESC}\x1b[201~y", (split, text)
+    parser = XTermParser()
+    got = list(parser.feed(PasteGuard().feed(raw)))
+    names = [type(e).__name__ for e in got]
+    assert names == ["Key", "Paste", "Key"], got  # x, the paste, y: nothing replayed as keys
+    assert clean_paste(got[1].text) == f"a{VISIBLE_ESC}[Ab\u2411\n{VISIBLE_ESC}"
+
+
+def test_invalid_utf8_on_stdin_does_not_kill_the_input_thread():
+    import os
+
+    from chat_app.terminal import driver_class
+
+    cls = driver_class()
+    if cls is None:
+        pytest.skip("Textual's own driver on this platform")
+    seen = []
+
+    class Probe(cls):
+        def __init__(self, fd):  # only what run_input_thread touches
+            self.fileno, self._debug = fd, False
+            import threading
+
+            self.exit_event = threading.Event()
+
+        def process_message(self, message):
+            seen.append(message)
+            if len(seen) >= 3:
+                self.exit_event.set()
+
+    r, w = os.pipe()
+    os.write(w, b"a\xff\xfeb")
+    probe = Probe(r)
+    probe.run_input_thread()
+    os.close(w)
+    os.close(r)
+    assert [getattr(e, "character", None) for e in seen[:3]] == ["a", "\ufffd", "\ufffd"] or \
+        "b" in [getattr(e, "character", None) for e in seen]
+
+
+# ---- 9. /export refuses to overwrite ---------------------------------------------------------
+
+async def test_export_refuses_to_overwrite_unless_told(make_app, tmp_path):
+    app = make_app("--max-tokens", "5")
+    out = tmp_path / "chat.md"
+    out.write_text("precious")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hello")
+        await send(pilot, f"/export {out}")
+        assert out.read_text() == "precious"
+        assert any("exists" in e and "/export!" in e for e in errors(app)), errors(app)
+        await send(pilot, f"/export! {out}")
+        assert "## You\n\nHello" in out.read_text()
