@@ -51,7 +51,8 @@ def test_default_model_missing(capsys, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("argv", [["--temperature", "-1"], ["--top-p", "0"], ["--max-tokens", "0"],
-                                  ["--max-len", "abc"], ["--template", "nope"], ["--device", "tpu"]])
+                                  ["--max-len", "abc"], ["--template", "nope"], ["--device", "tpu"],
+                                  ["--temperature", "nan"], ["--top-p", "inf"], ["--seed", "99999999999999999999999"]])
 def test_bad_settings(capsys, ckpt, argv):
     run_main(capsys, "--model", str(ckpt), *argv)
 

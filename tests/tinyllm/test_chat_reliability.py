@@ -1,0 +1,49 @@
+"""ChatSession, all or nothing: a failed regenerate keeps the reply; a resumed chat that ends
+in a user turn (a crash before the reply began) still alternates."""
+
+import pytest
+
+import tinyllm.chat
+from tinyllm.chat import Finished, open_session
+from tinyllm.sampling import SamplingParams
+from tinyllm.testing import make_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("ck") / "tiny", max_seq_len=256)
+
+
+def test_regenerate_that_fails_before_it_starts_keeps_the_reply(ckpt, monkeypatch):
+    s = open_session(ckpt, "cpu")
+    s.set_param("max_tokens", "8")
+    list(s.send("Hello!"))
+    before = ([(m.role, m.content) for m in s.messages], list(s.context))
+
+    def overflow(*args, **kwargs):
+        raise OverflowError("Overflow when unpacking long")
+
+    monkeypatch.setattr(tinyllm.chat, "make_generator", overflow)
+    with pytest.raises(OverflowError):
+        list(s.regenerate())
+    assert ([(m.role, m.content) for m in s.messages], s.context) == before
+    monkeypatch.undo()
+    assert isinstance(list(s.regenerate())[-1], Finished) and len(s.messages) == 2
+
+
+def test_resumed_chat_ending_with_a_user_turn_alternates(ckpt):
+    s = open_session(ckpt, "cpu")
+    s.set_param("max_tokens", "4")
+    s.load_messages([("user", "one"), ("user", "two")])  # a crash twice before any reply began
+    assert [m.role for m in s.messages] == ["user", "assistant", "user", "assistant"]
+    list(s.regenerate())
+    list(s.send("three"))
+    assert [m.role for m in s.messages] == ["user", "assistant"] * 3
+
+
+@pytest.mark.parametrize("field,value", [("temperature", float("nan")), ("top_p", float("inf")),
+                                         ("repeat_penalty", float("nan")), ("seed", 2**64), ("seed", -2**63 - 1)])
+def test_sampling_refuses_non_finite_values_and_huge_seeds(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+    assert SamplingParams(seed=2**64 - 1).seed == 2**64 - 1
