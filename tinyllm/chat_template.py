@@ -6,11 +6,15 @@ conversation so far (no re-render, no re-prefill). Built in: "chatml" (the defau
 own, and SmolLM2's), "llama2" ([INST] ... [/INST]), "zephyr" (<|user|> ... </s>).
 
 Contract: `TEMPLATES[name]` is a `ChatTemplate`; `get_template(name)` raises a ValueError
-naming the choices. `stop` lists the pieces that end an assistant reply besides EOS.
+naming the choices. `system` and `user` are format strings with exactly one plain
+`{content}` field and nothing else (no attribute, index, conversion or format spec: a spec
+like "{content.__class__}" would write object reprs into the prompt); anything else is a
+ValueError when the template is made. `stop` lists the pieces that end an assistant reply besides EOS.
 """
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass
 
 
@@ -25,6 +29,13 @@ class ChatTemplate:
     bos: bool = True  # the conversation starts with BOS
     system_in_first_user: bool = False  # llama2: the system text lives inside the first [INST]
 
+    def __post_init__(self) -> None:
+        for name in ("system", "user"):
+            _check_format(name, getattr(self, name))
+        for name in ("assistant_prefix", "assistant_suffix"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"chat template {name} must be a string, got {getattr(self, name)!r}")
+
     def render_system(self, content: str) -> str:
         return self.system.format(content=content)
 
@@ -32,6 +43,17 @@ class ChatTemplate:
         if self.system_in_first_user and system:
             content = self.system.format(content=system) + content
         return self.user.format(content=content)
+
+
+def _check_format(name: str, fmt: object) -> None:
+    if not isinstance(fmt, str):
+        raise ValueError(f"chat template {name} must be a string, got {fmt!r}")
+    try:
+        fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(fmt) if f is not None]
+    except ValueError as e:
+        raise ValueError(f"chat template {name} {fmt!r} is not a format string ({e})") from None
+    if fields != [("content", "", None)]:
+        raise ValueError(f"chat template {name} {fmt!r} must hold exactly one plain {{content}} field")
 
 
 TEMPLATES: dict[str, ChatTemplate] = {

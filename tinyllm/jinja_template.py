@@ -18,7 +18,11 @@ Contract:
   writes when the conversation has none (SmolLM2's "You are a helpful AI assistant named
   SmolLM, ..."); open a session with it as the system prompt to match the model's template.
 - Rendering follows transformers' environment: sandboxed, trim_blocks, lstrip_blocks,
-  loopcontrols, raise_exception, tojson, strftime_now.
+  loopcontrols, raise_exception, tojson, strftime_now; and bounded: all the probe renders of
+  one template together get MAX_RENDER_SECONDS, each render MAX_RENDER_CHARS of output, and a
+  string or list made with `*` at most MAX_RENDER_CHARS items (a ValueError past any bound:
+  a template with nested `range(100000)` loops or `'a' * 10**9` fails in seconds, in bounded
+  memory).
 - `guess_builtin(text)` names the built-in template whose markers a template source or a
   model name shows ("<|im_start|>" -> chatml, "[INST]" -> llama2, "<|user|>" -> zephyr).
 Refuses: a missing jinja2 (ValueError naming the extra to install); templates that do not
@@ -27,9 +31,13 @@ render or do not split per message (ValueError).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import re
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import datetime
 
@@ -37,6 +45,8 @@ from tinyllm.chat_template import TEMPLATES, ChatTemplate
 
 __all__ = ["JinjaChatTemplate", "derive_template", "guess_builtin", "template_from_dict"]
 
+MAX_RENDER_SECONDS = 3.0  # all probe renders of one template (a real one takes milliseconds)
+MAX_RENDER_CHARS = 200_000  # per render, and per string/list built with `*` (a real one: < 2,000)
 _INSTALL = "pip install 'tinyllm-chat[hf]' (or: pip install jinja2)"
 # Probe contents: plain words, so strip()/trim in a template leaves them alone.
 _SPECIAL = re.compile(r"<[^<>\s]+>|\[/?[A-Z_]+\]")
@@ -72,6 +82,38 @@ def guess_builtin(text: str) -> str | None:
     return None
 
 
+class _TooCostly(Exception):
+    """A template render went past a bound (raised inside the render, turned into a ValueError)."""
+
+
+@contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Raise _TooCostly in this thread if the block runs longer than `seconds`. A loop with
+    no call in it cannot be stopped from inside the sandbox, so a timer thread raises the
+    exception in this one (CPython's PyThreadState_SetAsyncExc; it lands between bytecodes)."""
+    tid, lock, state = threading.get_ident(), threading.Lock(), {"active": True, "fired": False}
+    set_async = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    set_async.argtypes = (ctypes.c_ulong, ctypes.py_object)
+
+    def fire() -> None:
+        with lock:
+            if state["active"]:
+                state["fired"] = True
+                set_async(tid, _TooCostly)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        with lock:
+            state["active"] = False
+            if state["fired"]:  # fired, maybe not delivered yet: never let it escape later
+                set_async(tid, ctypes.py_object())
+
+
 def _environment():
     try:
         import jinja2
@@ -80,6 +122,18 @@ def _environment():
     except ImportError:
         raise ValueError(f"reading this model's chat template needs jinja2: {_INSTALL}") from None
 
+    class LimitedSandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset(["*", "**"])
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_RENDER_CHARS:
+                        raise _TooCostly(f"'*' would build {len(seq) * n} items")
+            if operator == "**" and isinstance(right, int) and abs(right) > 1024:
+                raise _TooCostly(f"'**' with an exponent of {right}")
+            return super().call_binop(context, operator, left, right)
+
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
@@ -87,7 +141,7 @@ def _environment():
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                           sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = LimitedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -131,10 +185,26 @@ def derive_template(source: str, bos_token: str | None = None, eos_token: str | 
         raise ValueError(f"the chat template does not parse ({e})") from None
     bos_text, eos_text = bos_token or "", eos_token or ""
 
+    deadline = time.monotonic() + MAX_RENDER_SECONDS
+
     def render(messages: list[dict], gen: bool) -> str:
+        left = deadline - time.monotonic()
         try:
-            return tmpl.render(messages=messages, add_generation_prompt=gen, bos_token=bos_text,
-                               eos_token=eos_text, tools=None, documents=None)
+            if left <= 0:
+                raise _TooCostly("out of time")
+            with _time_limit(left):
+                out: list[str] = []
+                size = 0
+                for piece in tmpl.generate(messages=messages, add_generation_prompt=gen, bos_token=bos_text,
+                                           eos_token=eos_text, tools=None, documents=None):
+                    size += len(piece)
+                    if size > MAX_RENDER_CHARS:
+                        raise _TooCostly(f"more than {MAX_RENDER_CHARS} characters of output")
+                    out.append(piece)
+                return "".join(out)
+        except _TooCostly as e:
+            raise ValueError(f"the chat template costs too much to render ({e or 'out of time'}; limits: "
+                             f"{MAX_RENDER_SECONDS:g} s, {MAX_RENDER_CHARS} characters)") from None
         except Exception as e:  # the template's own raise_exception, undefined names, ...
             raise ValueError(f"the chat template does not render a plain conversation ({e})") from None
 

@@ -70,9 +70,9 @@ def inspect_any(path: str | Path, template: str | None = None) -> str:
     if kind == "tinyllm":
         from tinyllm.checkpoint import inspect_checkpoint
 
-        if template:
-            get_template(template)
-        return inspect_checkpoint(path).name
+        info = inspect_checkpoint(path)
+        _tinyllm_template(info.chat, template)  # an unknown name or a bad spec fails here, before any UI
+        return info.name
     if kind == "hf":
         from tinyllm.hf import inspect_hf
 
@@ -104,11 +104,13 @@ def _open_tinyllm(path: Path, device, dtype, template: str | None):
     from tinyllm.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(path, device, dtype)
-    chat = ckpt.info.chat
+    return ckpt.model, ckpt.tokenizer, _tinyllm_template(ckpt.info.chat, template), ckpt.info.name
+
+
+def _tinyllm_template(chat: dict, template: str | None) -> ChatTemplate:
+    """--template, else config.json's chat.spec, else its chat.template name (ValueError if bad)."""
     if template:
-        tmpl = get_template(template)
-    elif isinstance(chat.get("spec"), dict):
-        tmpl = template_from_dict(chat["spec"])
-    else:
-        tmpl = get_template(chat.get("template", "chatml"))
-    return ckpt.model, ckpt.tokenizer, tmpl, ckpt.info.name
+        return get_template(template)
+    if isinstance(chat.get("spec"), dict):
+        return template_from_dict(chat["spec"])
+    return get_template(chat.get("template", "chatml"))
