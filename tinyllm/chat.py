@@ -138,8 +138,9 @@ class ChatSession:
 
     def load_messages(self, messages: list[tuple[str, str]]) -> None:
         """Restore a conversation (resume): (role, content) pairs, re-encoded. A user turn
-        with no reply after it (a crash before the reply began) gets an empty stopped one,
-        so turns alternate: regenerate() and the next send() both work."""
+        followed by another (a crash before its reply began) gets an empty stopped reply, so
+        turns alternate. A last user turn stays as it is: the context ends ready for its
+        reply, which regenerate() generates."""
         self.messages = []
         for role, content in messages:
             if role == "system":
@@ -150,8 +151,6 @@ class ChatSession:
                 self.messages.append(Message("user", content, self._user_ids(content, len(self.messages) == 0)))
             else:
                 self.messages.append(self._loaded_reply(content))
-        if self.messages and self.messages[-1].role == "user":
-            self.messages.append(self._loaded_reply("", stopped=True))
         self._rebuild_context()
 
     def _loaded_reply(self, content: str, stopped: bool = False) -> Message:
@@ -249,10 +248,13 @@ class ChatSession:
         return self._reply(dropped)
 
     def regenerate(self) -> Iterator[Prefilled | Token | Finished]:
-        """Replace the last reply with a new one (the cache is rewound to before it). All or
-        nothing: if the new reply fails before its first event, the old one is put back."""
-        if not self.messages or self.messages[-1].role != "assistant":
+        """Replace the last reply with a new one (the cache is rewound to before it); after a
+        last user turn with no reply (a resumed chat), generate its reply. All or nothing: if
+        the new reply fails before its first event, the old one is put back."""
+        if not self.messages:
             raise ValueError("there is no reply to regenerate")
+        if self.messages[-1].role == "user":
+            return self._reply(0)
         old = self.messages.pop()
         self._rebuild_context(self.first_message)
         return self._or_restore(self._reply(0), old)

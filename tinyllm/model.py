@@ -47,12 +47,27 @@ class ModelConfig:
     tie_embeddings: bool = False  # output projection shares the embedding matrix
 
     def __post_init__(self) -> None:
+        # Every size is checked before anything is allocated: a config (or a GGUF header) that
+        # says n_layers=1000000 or context_length=4e9 is a one-line ValueError, not gigabytes.
+        for name, top in _LIMITS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+                raise ValueError(f"model config {name} must be an integer from 1 to {top}, got {value!r}")
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"model config {name} must be a positive finite number, got {value!r}")
         if self.dim % self.n_heads:
             raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if (self.dim // self.n_heads) % 2:
             raise ValueError(f"head_dim {self.dim // self.n_heads} must be even for RoPE")
+        n_params = self.n_layers * (2 * self.dim * self.dim + 2 * self.dim * self.head_dim * self.n_kv_heads
+                                    + 3 * self.dim * self.ffn_dim) + 2 * self.vocab_size * self.dim
+        if n_params > MAX_PARAMS:
+            raise ValueError(f"model config describes {n_params / 1e9:.0f}B parameters; "
+                             f"tinyllm opens models up to {MAX_PARAMS / 1e9:.0f}B")
 
     @property
     def head_dim(self) -> int:
@@ -76,6 +91,11 @@ class ModelConfig:
         return cls(**{**PRESETS[name], **overrides})
 
 
+# Upper bounds on every size (far above any model tinyllm runs; they only stop nonsense).
+_LIMITS = {"vocab_size": 1 << 22, "dim": 1 << 16, "n_layers": 1024, "n_heads": 1024, "n_kv_heads": 1024,
+           "ffn_dim": 1 << 18, "max_seq_len": 1 << 21}
+MAX_PARAMS = 200e9
+
 # Named shapes. "tiny" is for tests; "tinyllama-1.1b" is TinyLlama-1.1B's shape.
 PRESETS: dict[str, dict] = {
     "tiny": dict(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=172,
@@ -90,28 +110,59 @@ PRESETS: dict[str, dict] = {
 
 
 class Rope:
-    """Rotary position tables: cos, sin (max_seq_len, head_dim // 2), fp32.
+    """Rotary position tables: cos, sin (L, head_dim // 2), fp32, for positions 0..L-1.
 
-    `rope(T, start)` returns rows start..start+T-1; caches may instead gather rows at
-    device-side positions (`rope.cos.index_select(0, pos)`).
+    Built when first used, at the length used: `rope(T, start)` grows the tables (doubling,
+    up to max_seq_len) to cover start+T; `ensure(n)` does so ahead of time. Nothing is built
+    by the constructor, so a model made on the meta device (checkpoint inspection) allocates
+    no table, and a huge max_seq_len costs nothing until positions that far are used. `cos`
+    / `sin` are the whole tables (built at max_seq_len when first read), for caches that
+    gather rows at device-side positions (`rope.cos.index_select(0, pos)`); ModelConfig
+    bounds max_seq_len. Tables are computed on the CPU (never under a meta device), then moved.
     """
 
     def __init__(self, head_dim: int, max_seq_len: int, theta: float, device=None):
-        # Built on the CPU even under a meta-device context (checkpoint loading), then moved.
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim)
-        t = torch.arange(max_seq_len, dtype=torch.float64, device="cpu")
+        self.head_dim, self.max_seq_len, self.theta = head_dim, max_seq_len, theta
+        self.device = torch.device(device or "cpu")
+        self._cos: Tensor | None = None
+        self._sin: Tensor | None = None
+        self.built = 0  # rows in the tables
+
+    def ensure(self, n: int) -> None:
+        """Tables for positions 0..n-1 at least."""
+        if n > self.max_seq_len:
+            raise ValueError(f"positions up to {n} exceed max_seq_len {self.max_seq_len}")
+        if n <= self.built:
+            return
+        n = min(self.max_seq_len, max(n, 2 * self.built, 256))
+        inv_freq = 1.0 / self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64, device="cpu")
+                                        / self.head_dim)
+        t = torch.arange(n, dtype=torch.float64, device="cpu")
         freqs = torch.outer(t, inv_freq)  # (L, D/2)
-        self.cos = freqs.cos().float().to(device or "cpu")
-        self.sin = freqs.sin().float().to(device or "cpu")
-        self.max_seq_len = max_seq_len
+        self._cos, self._sin = freqs.cos().float().to(self.device), freqs.sin().float().to(self.device)
+        self.built = n
+
+    @property
+    def cos(self) -> Tensor:
+        self.ensure(self.max_seq_len)
+        assert self._cos is not None
+        return self._cos
+
+    @property
+    def sin(self) -> Tensor:
+        self.ensure(self.max_seq_len)
+        assert self._sin is not None
+        return self._sin
 
     def __call__(self, T: int, start: int = 0) -> tuple[Tensor, Tensor]:
-        if start + T > self.max_seq_len:
-            raise ValueError(f"positions up to {start + T} exceed max_seq_len {self.max_seq_len}")
-        return self.cos[start:start + T], self.sin[start:start + T]
+        self.ensure(start + T)
+        assert self._cos is not None and self._sin is not None
+        return self._cos[start:start + T], self._sin[start:start + T]
 
     def to(self, device) -> Rope:
-        self.cos, self.sin = self.cos.to(device), self.sin.to(device)
+        self.device = torch.device(device)
+        if self._cos is not None and self._sin is not None:
+            self._cos, self._sin = self._cos.to(device), self._sin.to(device)
         return self
 
 
