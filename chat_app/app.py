@@ -4,7 +4,7 @@ Threads: the UI thread owns every widget and the Store. ONE long-lived worker th
 (`_serve`) opens the session (a visible loading state meanwhile) and then owns it: the UI
 hands it jobs (send, regenerate, new chat, system prompt, resume) through a queue, and it
 runs them in order. Everything the worker learns (the session's Prefilled / Token / Finished
-events, plus Loaded / Started / Done / Failed below) goes into an outbox that a timer drains
+events, plus Loaded / Started / Done / Failed from chat_app.events) goes into an outbox that a timer drains
 at most 30 times a second: one Markdown update per drained batch, never one per token, and
 nothing is dropped. From the UI thread only the session's thread-safe calls are made
 directly: stop(), set_graphs(), set_param().
@@ -26,7 +26,6 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from textual import on, work
@@ -37,6 +36,7 @@ from textual.widgets import Footer
 from textual.worker import get_current_worker
 
 from chat_app.commands import COMMANDS, SlashCommands
+from chat_app.events import Done, Failed, Loaded, Never, Started, session_events
 from chat_app.store import Saved, Store, StoreError
 from chat_app.terminal import driver_class
 from chat_app.widgets.conversation import Conversation
@@ -53,32 +53,6 @@ SAVE_EVERY_S = 1.0  # a streaming reply is written to the store at least this of
 INPUT_KEYS = [("Enter", "send the message (or run a /command)"),
               ("Shift+Enter, Ctrl+J", "new line in the message (Ctrl+J also works in tmux)"),
               ("Up / Down", "earlier prompts (Up on the first line, Down on the last)")]
-
-
-# ---- what the worker tells the UI (besides the session's own events) ----------------------
-
-@dataclass
-class Loaded:
-    session: ChatSession
-
-
-@dataclass
-class Started:  # the session's reply has begun (its first event is next)
-    kind: str
-    text: str
-
-
-@dataclass
-class Done:  # a job without a reply finished
-    kind: str
-    arg: Any
-
-
-@dataclass
-class Failed:
-    kind: str
-    arg: Any
-    message: str
 
 
 def key_name(key: str) -> str:
@@ -238,7 +212,7 @@ class ChatApp(SlashCommands, App[None]):
     async def _drain_outbox(self) -> None:
         pieces: list[str] = []
         live: StepStats | None = None
-        Prefilled, Token, Finished = _session_events() if self.session is not None else (_Never,) * 3
+        Prefilled, Token, Finished = session_events() if self.session is not None else (Never,) * 3
         while self.is_running:  # not while shutting down: the widgets may be gone
             try:
                 item = self._outbox.get_nowait()
@@ -434,15 +408,3 @@ class ChatApp(SlashCommands, App[None]):
         keys = INPUT_KEYS + [(key_name(b.key), b.tooltip) for b in self.BINDINGS if isinstance(b, Binding)]
         commands = [(f"/{name} {args}".rstrip(), does) for name, (args, does) in COMMANDS.items()]
         self.push_screen(HelpScreen(keys, commands))
-
-
-class _Never:  # matches nothing: the session's events before a session exists
-    pass
-
-
-def _session_events() -> tuple[type, type, type]:
-    """The session's event classes (Prefilled, Token, Finished). Imported only once a session
-    exists, when the library is loaded anyway: importing this module stays torch-free."""
-    from tinyllm.chat import Finished, Prefilled, Token
-
-    return Prefilled, Token, Finished
