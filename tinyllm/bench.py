@@ -304,12 +304,12 @@ def bench_compiled(model: Transformer, steps: int, repeats: int, report: Report)
                        use_graph=False)
     dec.prefill(random_ids(model, DECODE_START))
     c: StaticKVCache = dec.cache
-    for t in (*c.k, *c.v, c.pos, c.first_valid, dec.tok):
+    for t in (*c.k, *c.v, c.pos, c.first_valid, dec.tok, *dec.sampler.state()):
         torch._dynamo.mark_static_address(t)
-    c.window = dec.bucket(DECODE_START + steps)
+    window = dec.bucket(DECODE_START + steps)
 
     def greedy_step() -> torch.Tensor:
-        return dec._forward()[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+        return dec._forward(window)[:, -1].argmax(-1, keepdim=True)  # (1, 1)
     step = torch.compile(greedy_step, mode="reduce-overhead", fullgraph=True)
 
     def fn() -> None:
@@ -320,7 +320,7 @@ def bench_compiled(model: Transformer, steps: int, repeats: int, report: Report)
     fn()  # compile (and record) outside the timing
     s = median_s(timed(fn, model.device), repeats)
     report("decode_tok_s", steps / s, "tok/s", impl="compile_reduce_overhead", start=DECODE_START,
-           steps=steps, window=c.window)
+           steps=steps, window=window)
 
 
 def run_peers(model: Transformer, steps: int, repeats: int, report: Report) -> None:

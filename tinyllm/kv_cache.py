@@ -14,7 +14,7 @@ Here:
   (`first_valid` counts each row's pads), `truncate(n)` rewinds. Decode attends over exactly
   n + 1 keys, with no mask when unpadded: the eager reference path.
 - `SlotKVCache`: the continuous engine's cache, one independent row ("slot") per request,
-  lengths on the host (`lens`) and on the device (`_lens_dev`), decode over a fixed `window`.
+  lengths on the host (`lens`) and on the device (`_lens_dev`), decode through `decode(W)`.
 Refuses: writing past max_len ("KV cache full"), a dtype other than the one it holds.
 """
 
@@ -129,10 +129,10 @@ class SlotKVCache:
     """One row ("slot") per request, each with its own length, for continuous batching.
 
     Prefill (eager, several slots at once): `start_prefill(slots, lens)` then a forward of
-    (len(slots), T) right-padded tokens writes each slot's positions 0..T-1. Decode
-    (`window` set, T=1): every slot takes one token at its own position `_lens_dev[s]` and
-    attends over the first `window` keys, masked past its length. Free slots compute too
-    (into their own row) but never advance. The host copy `lens` moves in
+    (len(slots), T) right-padded tokens writes each slot's positions 0..T-1. Decode runs
+    through the view `decode(W)` (T=1): every slot takes one token at its own position
+    `_lens_dev[s]` and attends over the first W keys, masked past its length. Free slots
+    compute too (into their own row) but never advance. The host copy `lens` moves in
     `advance_host()`, the device copy inside the (captured) step.
     """
 
@@ -145,7 +145,6 @@ class SlotKVCache:
         self.active = [False] * n_slots
         self._lens_dev = torch.zeros(n_slots, dtype=torch.long, device=self.device)
         self._active_dev = torch.zeros(n_slots, dtype=torch.long, device=self.device)
-        self.window: int | None = None  # None = prefill mode
         self.prefill_slots: list[int] | None = None
         self.prefill_lens: list[int] = []
         self.attn_kwargs: dict = {}
@@ -178,41 +177,91 @@ class SlotKVCache:
     def free_slots(self) -> list[int]:
         return [s for s in range(self.n_slots) if not self.active[s]]
 
-    def advance_host(self) -> None:
+    # -- what the decoder asks of a cache ---------------------------------------------------
+
+    def decode(self, window: int) -> _SlotDecode:
+        assert self.k[0] is not None, "prefill before the first decode step"
+        return _SlotDecode(self, window)
+
+    def keys_needed(self, steps: int) -> int:
+        need = max((self.lens[s] for s in range(self.n_slots) if self.active[s]), default=0) + steps
+        if need > self.max_len:
+            raise ValueError(f"a slot is full (max_len {self.max_len})")
+        return need
+
+    def step_state(self) -> list[Tensor]:
+        return [self._lens_dev]
+
+    def advance_host(self, steps: int = 1) -> None:
         for s in range(self.n_slots):
             if self.active[s]:
-                self.lens[s] += 1
+                self.lens[s] += steps
+
+    # -- prefill (the cache protocol) --------------------------------------------------------
 
     def begin_step(self, T: int, rope) -> tuple[Tensor, Tensor]:
-        if self.window is None:
-            assert self.prefill_slots is not None, "call start_prefill(slots, lens) before a prefill"
-            if T > self.max_len:
-                raise ValueError(f"KV cache full: prompt of {T} tokens > max_len {self.max_len}")
-            cos, sin = rope(T, 0)
-            self.attn_kwargs = causal_kwargs(0, T, cos.device)
-            return cos, sin
-        if T != 1:
-            raise ValueError("decode mode takes one token per slot")
-        k_pos = torch.arange(self.window, device=self._lens_dev.device)
-        valid = k_pos[None, :] <= self._lens_dev[:, None]  # (S, W)
-        self.attn_kwargs = {"attn_mask": valid[:, None, None, :]}  # (S, 1, 1, W)
-        cos = rope.cos.index_select(0, self._lens_dev)[:, None]  # (S, 1, D/2)
-        sin = rope.sin.index_select(0, self._lens_dev)[:, None]
+        assert self.prefill_slots is not None, "call start_prefill(slots, lens) before a prefill"
+        if T > self.max_len:
+            raise ValueError(f"KV cache full: prompt of {T} tokens > max_len {self.max_len}")
+        cos, sin = rope(T, 0)
+        self.attn_kwargs = causal_kwargs(0, T, cos.device)
         return cos, sin
 
     def end_step(self, T: int) -> None:
-        if self.window is None:
-            for s, n in zip(self.prefill_slots, self.prefill_lens, strict=True):
-                self.lens[s] = n
-            self.prefill_slots = None
-        else:
-            self._lens_dev.add_(self._active_dev)  # captured into the graph
+        for s, n in zip(self.prefill_slots, self.prefill_lens, strict=True):
+            self.lens[s] = n
+        self.prefill_slots = None
 
     def layer(self, i: int) -> _SlotLayerKV:
         return _SlotLayerKV(self, i)
 
 
+class _SlotDecode:
+    """The cache protocol for one decode step of every slot over W keys: each slot takes one
+    token at its own position `_lens_dev[s]`, masked past its length."""
+
+    def __init__(self, cache: SlotKVCache, window: int):
+        self.cache, self.window = cache, window
+        self.attn_kwargs: dict = {}
+
+    def begin_step(self, T: int, rope) -> tuple[Tensor, Tensor]:
+        if T != 1:
+            raise ValueError("decode mode takes one token per slot")
+        lens = self.cache._lens_dev
+        k_pos = torch.arange(self.window, device=lens.device)
+        valid = k_pos[None, :] <= lens[:, None]  # (S, W)
+        self.attn_kwargs = {"attn_mask": valid[:, None, None, :]}  # (S, 1, 1, W)
+        cos = rope.cos.index_select(0, lens)[:, None]  # (S, 1, D/2)
+        sin = rope.sin.index_select(0, lens)[:, None]
+        return cos, sin
+
+    def layer(self, i: int) -> _SlotDecodeLayer:
+        return _SlotDecodeLayer(self, i)
+
+    def end_step(self, T: int) -> None:
+        self.cache._lens_dev.add_(self.cache._active_dev)  # captured into the graph
+
+
+class _SlotDecodeLayer:
+    def __init__(self, view: _SlotDecode, i: int):
+        self.view, self.i = view, i
+
+    @property
+    def attn_kwargs(self) -> dict:
+        return self.view.attn_kwargs
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        c, i, W = self.view.cache, self.i, self.view.window
+        B, H, _, D = k.shape  # (S, Hkv, 1, D)
+        idx = c._lens_dev.clamp(max=c.max_len - 1)[:, None, None, None].expand(B, H, 1, D)
+        c.k[i].scatter_(2, idx, k)  # each slot writes at its own length
+        c.v[i].scatter_(2, idx, v)
+        return c.k[i][:, :, :W], c.v[i][:, :, :W]  # (S, Hkv, W, D)
+
+
 class _SlotLayerKV:
+    """One layer of a SlotKVCache prefill."""
+
     def __init__(self, cache: SlotKVCache, i: int):
         self.cache, self.i = cache, i
 
@@ -228,12 +277,7 @@ class _SlotLayerKV:
             c.k[i] = torch.zeros(shape, dtype=k.dtype, device=k.device)
             c.v[i] = torch.zeros(shape, dtype=v.dtype, device=v.device)
         check_dtype(c.k[i], k)
-        if c.window is None:
-            rows = torch.tensor(c.prefill_slots, device=k.device)  # (B,)
-            c.k[i][rows, :, :T] = k
-            c.v[i][rows, :, :T] = v
-            return k, v  # a prefill from position 0 sees exactly its own keys
-        idx = c._lens_dev.clamp(max=c.max_len - 1)[:, None, None, None].expand(B, H, 1, D)
-        c.k[i].scatter_(2, idx, k)  # each slot writes at its own length
-        c.v[i].scatter_(2, idx, v)
-        return c.k[i][:, :, :c.window], c.v[i][:, :, :c.window]  # (S, Hkv, W, D)
+        rows = torch.tensor(c.prefill_slots, device=k.device)  # (B,)
+        c.k[i][rows, :, :T] = k
+        c.v[i][rows, :, :T] = v
+        return k, v  # a prefill from position 0 sees exactly its own keys
