@@ -349,7 +349,7 @@ def bench_chat(model: Transformer, tok_template: tuple | None, turns: int, repor
         with tempfile.TemporaryDirectory() as tmp:
             tok_template = (make_tiny_tokenizer(tmp), get_template("chatml"))
     tok, template = tok_template
-    session = ChatSession(model, tok, template, params=SamplingParams(max_tokens=12))
+    session = ChatSession(model, tok, template, params=SamplingParams(max_tokens=12), compile=None)
     ttft = []
     for i in range(turns):
         events = list(session.send(f"A fact about {i + 1}?"))

@@ -86,6 +86,9 @@ class StaticKVCache(KVCache):
 
     def __init__(self, n_layers: int, batch: int, max_len: int, device=None):
         super().__init__(n_layers, batch, max_len, device)
+        # One spare position: every window W <= max_len is then a strict slice of the cache, so
+        # a compiled step needs no second variant for W = max_len.
+        self.rows = max_len + 1
         self.pos = torch.zeros(1, dtype=torch.long, device=self.device)  # graph input
 
     def reset(self, pad_lens: Tensor | None = None) -> None:
@@ -139,7 +142,7 @@ class _StaticDecode:
 
     def update(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         c = self.cache
-        c.k[i].index_copy_(2, c.pos, k)  # (B, Hkv, max_len, D) at pos
+        c.k[i].index_copy_(2, c.pos, k)  # (B, Hkv, max_len + 1, D) at pos
         c.v[i].index_copy_(2, c.pos, v)
         return c.k[i][:, :, :self.window], c.v[i][:, :, :self.window]  # (B, Hkv, W, D)
 
@@ -216,6 +219,13 @@ class _Decoder:
 
     def bucket(self, n_keys: int) -> int:
         return pick_bucket(self.buckets, n_keys)
+
+    def set_compile(self, backend: str | None) -> None:
+        """Run the step through `backend` (None: the plain step) from the next run on. The
+        graphs of the old step are dropped; the new step's are captured as runs need them."""
+        self.compile = backend
+        self._step_fn = compiled(self._forward, backend)
+        self.graphs.clear()
 
     # -- the step -------------------------------------------------------------------------
 

@@ -57,6 +57,7 @@ class KVCache:
 
     def __init__(self, n_layers: int, batch: int, max_len: int, device=None):
         self.n_layers, self.batch, self.max_len = n_layers, batch, max_len
+        self.rows = max_len  # positions allocated per layer (a static cache keeps one spare)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.k: list[Tensor | None] = [None] * n_layers
         self.v: list[Tensor | None] = [None] * n_layers
@@ -115,7 +116,7 @@ class _LayerKV:
         if B != c.batch:
             raise ValueError(f"batch {B} != cache batch {c.batch}")
         if c.k[i] is None:
-            shape = (c.batch, H, c.max_len, D)
+            shape = (c.batch, H, c.rows, D)
             c.k[i] = torch.zeros(shape, dtype=k.dtype, device=k.device)
             c.v[i] = torch.zeros(shape, dtype=v.dtype, device=v.device)
         check_dtype(c.k[i], k)
@@ -138,6 +139,7 @@ class SlotKVCache:
 
     def __init__(self, n_layers: int, n_slots: int, max_len: int, device=None):
         self.n_layers, self.n_slots, self.max_len = n_layers, n_slots, max_len
+        self.rows = max_len + 1  # one spare position: a window W <= max_len is always a strict slice
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.k: list[Tensor | None] = [None] * n_layers
         self.v: list[Tensor | None] = [None] * n_layers
@@ -273,7 +275,7 @@ class _SlotLayerKV:
         c, i = self.cache, self.i
         B, H, T, D = k.shape  # (B, Hkv, T, D)
         if c.k[i] is None:
-            shape = (c.n_slots, H, c.max_len, D)
+            shape = (c.n_slots, H, c.rows, D)
             c.k[i] = torch.zeros(shape, dtype=k.dtype, device=k.device)
             c.v[i] = torch.zeros(shape, dtype=v.dtype, device=v.device)
         check_dtype(c.k[i], k)

@@ -138,7 +138,7 @@ def linear(layer: nn.Linear, x: Tensor) -> Tensor:
     Inductor makes that one reduction kernel (a matrix-vector product) and fuses elementwise
     work around it into it, where a cuBLAS call is a kernel of its own with a ~3 µs floor.
     Eager code, wider K and every batch above one row keep the library matrix product."""
-    if torch.compiler.is_compiling() and x.shape[:-1].numel() == 1 and x.shape[-1] <= REDUCTION_MAX_K:
+    if torch.compiler.is_dynamo_compiling() and x.shape[:-1].numel() == 1 and x.shape[-1] <= REDUCTION_MAX_K:
         return (x[..., None, :] * layer.weight).sum(-1)  # (..., N), fp32 accumulation
     return layer(x)
 
