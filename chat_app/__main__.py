@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto")
     p.add_argument("--max-len", type=int, default=None, help="context length (default: the model's)")
     p.add_argument("--no-graphs", action="store_true", help="decode eagerly, without CUDA graphs")
+    p.add_argument("--compile", choices=["on", "off"], default="on",
+                   help="compile the decode step in the background (torch.compile, Inductor) and switch to it "
+                        "between replies; results are cached in the user cache folder (default: on)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: one per core, less one for the UI, at most 8)")
     g = p.add_argument_group("sampling (change them later with /set)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0, help="1 = off (default)")
@@ -58,6 +63,9 @@ def build_app(args: argparse.Namespace) -> ChatApp:
                                 "pass --model PATH (a checkpoint folder, Hugging Face folder or .gguf file)")
     from functools import partial
 
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    use_compile_cache()
     from tinyllm.chat import open_session, resolve_device  # torch from here on
     from tinyllm.chat_template import get_template
     from tinyllm.open_model import inspect_any
@@ -78,8 +86,22 @@ def build_app(args: argparse.Namespace) -> ChatApp:
 
     store = Store.open(model=name, system=args.system)
     opener = partial(open_session, path, device=args.device, max_len=args.max_len, params=params,
-                     system=args.system, use_graph=False if args.no_graphs else None, template=args.template)
+                     system=args.system, use_graph=False if args.no_graphs else None, template=args.template,
+                     compile="inductor" if args.compile == "on" else None, threads=args.threads)
     return ChatApp(opener, store, model_name=name, resume=args.resume)
+
+
+def use_compile_cache() -> None:
+    """Keep torch.compile's on-disk caches (Inductor's, Triton's) in the user cache folder, so a
+    second launch finds the compiled step there; unless the environment already names them.
+    Set before torch is imported."""
+    import os
+
+    from platformdirs import user_cache_dir
+
+    root = Path(user_cache_dir("tinyllm-chat"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -108,12 +108,18 @@ class ChatApp(App[None]):
         self._stop_wanted = False  # Esc was pressed for the reply in flight
         self._prefill_tokens = 0
         self._last_stats: StepStats | None = None
+        self._compile_failure_said = False
 
     def compose(self):
         yield Conversation()
         yield PromptInput(id="prompt")
         yield StatusBar()
         yield Footer()
+
+    @property
+    def replying(self) -> bool:
+        """A send or regenerate is queued or running."""
+        return self._busy
 
     @property
     def conversation(self) -> Conversation:
@@ -205,7 +211,7 @@ class ChatApp(App[None]):
             conversation.loading = False
             self.status.show(state="ready", name=s.name, device=s.device, dtype=s.dtype,
                              graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
-                             position=len(s.context))
+                             position=len(s.context), step=s.step_kind)
         elif kind == "Started":
             if item.kind == "regenerate":
                 await conversation.drop_last_reply()
@@ -267,8 +273,12 @@ class ChatApp(App[None]):
 
     def _show_stats(self, stats: StepStats, state: str) -> None:
         self.status.show(state=state, tok_s=stats.tok_per_s, ttft_ms=stats.ttft_ms, window=stats.window,
-                         position=stats.position, max_len=stats.max_len, graphs=stats.graphs)
+                         position=stats.position, max_len=stats.max_len, graphs=stats.graphs, step=stats.step)
         self._last_stats = stats
+        if stats.step == "compile failed" and not self._compile_failure_said:
+            self._compile_failure_said = True
+            self.say(f"The compiled step is not available here ({self.session.compile_error}); "
+                     "replies use the plain step.", "warning")
 
     async def _resume(self) -> None:
         saved = self.store.resume_last()

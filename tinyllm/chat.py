@@ -382,16 +382,28 @@ class ChatSession:
                          graphs=self.decoder.use_graph if self.graphs_available else None, step=self._step_running())
 
 
+def default_cpu_threads() -> int:
+    """Torch threads for decoding on a CPU: one per core this process may use, less one for
+    the UI and the rest of the machine, at most 8 (docs/INFERENCE.md, "CPU threads")."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(8, cores - 1))
+
+
 def open_session(path: str | Path, device: str = "auto", max_len: int | None = None,
                  params: SamplingParams = SamplingParams(), system: str | None = None,
                  use_graph: bool | None = None, template: str | None = None,
-                 compile: str | None = "inductor") -> ChatSession:
+                 compile: str | None = "inductor", threads: int | None = None) -> ChatSession:
     """Open a model (tinyllm checkpoint folder, Hugging Face folder or .gguf file; see
-    tinyllm.open_model) in a ChatSession. Without a system prompt, the model's own default
+    tinyllm.open_model) in a ChatSession. On a CPU, torch uses `threads` threads (default:
+    default_cpu_threads()). Without a system prompt, the model's own default
     one (what its Jinja chat template writes when there is none) is used."""
     from tinyllm.open_model import open_any
 
     dev = resolve_device(device)
+    if dev.type == "cpu":
+        torch.set_num_threads(threads or default_cpu_threads())
     model, tokenizer, chat_template, name = open_any(path, dev, template=template)
     if system is None:
         system = getattr(chat_template, "default_system", None)

@@ -36,7 +36,8 @@ def data_dir(tmp_path, monkeypatch) -> Path:
 @pytest.fixture
 def make_app(ckpt) -> Callable[..., ChatApp]:
     def make(*argv: str) -> ChatApp:
-        return build_app(build_parser().parse_args(["--model", str(ckpt), "--device", "cpu", *argv]))
+        compile = [] if "--compile" in argv else ["--compile", "off"]  # the plain step unless asked
+        return build_app(build_parser().parse_args(["--model", str(ckpt), "--device", "cpu", *compile, *argv]))
     return make
 
 
