@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", choices=["on", "off"], default="on",
                    help="compile the decode step in the background (torch.compile, Inductor) and switch to it "
                         "between replies; results are cached in the user cache folder (default: on)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="keep generating past the end-of-reply token, up to --max-tokens (for benchmarks)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: one per core, less one for the UI, at most 8)")
     g = p.add_argument_group("sampling (change them later with /set)")
@@ -66,7 +68,7 @@ def build_app(args: argparse.Namespace) -> ChatApp:
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
     use_compile_cache()
-    from tinyllm.chat import open_session, resolve_device  # torch from here on
+    from tinyllm.chat import resolve_device  # torch from here on
     from tinyllm.chat_template import get_template
     from tinyllm.open_model import inspect_any
     from tinyllm.sampling import SamplingParams
@@ -82,12 +84,16 @@ def build_app(args: argparse.Namespace) -> ChatApp:
         get_template(args.template)
 
     from chat_app.app import ChatApp
+    from chat_app.remote_session import RemoteSession
     from chat_app.store import Store
 
     store = Store.open(model=name, system=args.system)
-    opener = partial(open_session, path, device=args.device, max_len=args.max_len, params=params,
-                     system=args.system, use_graph=False if args.no_graphs else None, template=args.template,
-                     compile="inductor" if args.compile == "on" else None, threads=args.threads)
+    # The session runs in a child process: its decoding never waits for the UI's GIL.
+    opener = partial(RemoteSession, dict(
+        path=str(path), device=args.device, max_len=args.max_len, params=params, system=args.system,
+        use_graph=False if args.no_graphs else None, template=args.template,
+        compile="inductor" if args.compile == "on" else None, threads=args.threads, ignore_eos=args.ignore_eos,
+        log=str(store.path.parent / "session.log")))
     return ChatApp(opener, store, model_name=name, resume=args.resume)
 
 

@@ -156,6 +156,14 @@ class ChatApp(App[None]):
             self._outbox.put(Failed("load", None, f"could not load the model: {e}"))
             return
         self._outbox.put(Loaded(session))
+        try:
+            self._run_jobs(session, worker)
+        finally:
+            close = getattr(session, "close", None)  # a RemoteSession: end its process
+            if close is not None:
+                close()
+
+    def _run_jobs(self, session: ChatSession, worker) -> None:
         jobs: dict[str, Callable[[Any], None]] = {"new_chat": lambda _: session.new_chat(),
                                                   "system": session.set_system, "load": session.load_messages}
         while not worker.is_cancelled:

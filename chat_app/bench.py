@@ -62,7 +62,7 @@ async def wait_for(pilot, condition, timeout: float, what: str) -> None:
     while not condition():
         if time.monotonic() > end:
             raise TimeoutError(f"timed out waiting for {what}")
-        await pilot.pause(0.01)
+        await pilot.pause(0.05)
 
 
 async def app_side(args, ours, report: Report) -> object:

@@ -28,11 +28,12 @@ from tinyllm.model import Transformer
 
 
 class BackgroundCompile:
-    def __init__(self, model: Transformer, batch: int, max_len: int, backend: str):
+    def __init__(self, model: Transformer, batch: int, max_len: int, backend: str, threads: int | None = None):
         self.backend = backend
         self.state = "compiling"
         self.error = ""
         self.seconds = 0.0
+        self.threads = threads  # CPU: the decoding threads' count (the compiled step is guarded on it)
         self.ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(model, batch, max_len), daemon=True,
                                         name="tinyllm-compile")
@@ -42,6 +43,8 @@ class BackgroundCompile:
         from tinyllm.cuda_graph import GraphDecoder
 
         t0 = time.perf_counter()
+        if self.threads:
+            torch.set_num_threads(self.threads)
         try:
             stream = torch.cuda.Stream() if model.device.type == "cuda" else None
             with torch.no_grad(), torch.cuda.stream(stream) if stream else nullcontext():

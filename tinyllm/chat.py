@@ -38,12 +38,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from tinyllm.background_compile import BackgroundCompile
+from tinyllm.chat_events import Finished, Message, Prefilled, StepStats, Token
 from tinyllm.chat_template import ChatTemplate
 from tinyllm.checkpoint import resolve_device
 from tinyllm.cuda_graph import MAX_RUN, GraphDecoder
@@ -56,52 +56,14 @@ CHUNK = MAX_RUN  # decode steps per replay (one host read per chunk)
 IN_FLIGHT = 2  # chunks launched ahead of the host
 
 
-@dataclass
-class Message:
-    role: str  # "system" | "user" | "assistant"
-    content: str
-    ids: list[int] = field(default_factory=list, repr=False)  # what this message adds to the context
-    stopped: bool = False  # an assistant reply cut short by stop()
-
-
-@dataclass
-class StepStats:
-    window: int  # attention bucket W of the last step
-    position: int  # positions filled in the cache
-    max_len: int
-    tokens: int  # tokens generated in this reply
-    tok_per_s: float  # decode speed over this reply
-    ttft_ms: float  # time to first token of this reply
-    graphs: bool | None  # None: not available (CPU)
-    step: str = "plain"  # which decode step runs: "plain", "compiling", "compiled", "compile failed"
-
-
-@dataclass
-class Prefilled:
-    n_tokens: int  # ids prefilled for this turn
-    ms: float
-    dropped: int = 0  # messages dropped from the context to make room
-
-
-@dataclass
-class Token:
-    text: str
-    stats: StepStats
-
-
-@dataclass
-class Finished:
-    reason: str
-    text: str
-    stats: StepStats
-
-
 class ChatSession:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, template: ChatTemplate,
                  max_len: int | None = None, params: SamplingParams = SamplingParams(),
                  system: str | None = None, use_graph: bool | None = None, name: str = "model",
-                 compile: str | None = "inductor", chunk: int = CHUNK):
+                 compile: str | None = "inductor", chunk: int = CHUNK, threads: int | None = None):
         self.model, self.tokenizer, self.template, self.name = model, tokenizer, template, name
+        # torch's CPU thread count is per thread (OpenMP): set it in every thread that decodes.
+        self.threads = (threads or default_cpu_threads()) if model.device.type == "cpu" else None
         self.graphs_available = model.device.type == "cuda"
         on = self.graphs_available if use_graph is None else use_graph and self.graphs_available
         self.decoder = GraphDecoder(model, 1, max_len=max_len, use_graph=on)
@@ -109,7 +71,7 @@ class ChatSession:
         if not 1 <= chunk <= MAX_RUN:
             raise ValueError(f"chunk must be in [1, {MAX_RUN}], got {chunk}")
         self.chunk = chunk
-        self._compile = BackgroundCompile(model, 1, self.max_len, compile) if compile else None
+        self._compile = BackgroundCompile(model, 1, self.max_len, compile, self.threads) if compile else None
         self.params = params
         self.system = system
         self.messages: list[Message] = []
@@ -302,6 +264,8 @@ class ChatSession:
             self.decoder.use_graph, self._want_graphs = self._want_graphs, None
 
     def _reply(self, dropped: int) -> Iterator[Prefilled | Token | Finished]:
+        if self.threads:
+            torch.set_num_threads(self.threads)
         self._take_compiled_step()
         dec, params = self.decoder, self.params
         t0 = time.perf_counter()
@@ -403,10 +367,10 @@ def open_session(path: str | Path, device: str = "auto", max_len: int | None = N
 
     dev = resolve_device(device)
     if dev.type == "cpu":
-        torch.set_num_threads(threads or default_cpu_threads())
+        torch.set_num_threads(threads or default_cpu_threads())  # for loading; replies set it again
     model, tokenizer, chat_template, name = open_any(path, dev, template=template)
     if system is None:
         system = getattr(chat_template, "default_system", None)
     max_len = min(max_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
     return ChatSession(model, tokenizer, chat_template, max_len=max_len, params=params,
-                       system=system, use_graph=use_graph, name=name, compile=compile)
+                       system=system, use_graph=use_graph, name=name, compile=compile, threads=threads)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
-
 STEPS = {"plain": "", "compiling": " · compiling…", "compiled": " · compiled", "compile failed": " · plain step"}
 
 

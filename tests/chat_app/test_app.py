@@ -90,7 +90,7 @@ async def test_ctrl_g_on_cpu_is_a_notice(make_app):
 
 
 async def test_escape_stops_mid_reply_and_next_message_works(make_app, data_dir):
-    app = make_app("--max-tokens", "100000")
+    app = make_app("--max-tokens", "100000", "--ignore-eos")  # long by construction: ends at Esc or 2,048
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Tell me a long story", wait=False)

@@ -1,9 +1,9 @@
 """ChatSession: incremental turns against full re-prefill, context trimming, stop, regenerate."""
 
+from functools import partial
+
 import pytest
 import torch
-
-from functools import partial
 
 from tinyllm.chat import Finished, Prefilled, Token
 from tinyllm.chat import open_session as open_compiled
