@@ -9,8 +9,9 @@ come back as ValueError with the child's message. The public attributes (`name`,
 
 The child is started with "spawn" (no fork of a process with threads) and the parent never
 imports torch for it. The child's stdout and stderr go to `open_kwargs["log"]` (a file in the
-data folder), never to the terminal under the TUI. A reader thread owns the receiving end: replies go to the job that waits for
-them; call answers to their caller; state updates apply at once. `close()` ends the child.
+data folder), never to the terminal under the TUI. A reader thread owns the receiving end:
+replies go to the job that waits for them, call answers to their caller, state updates apply
+at once. `close()` ends the child.
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ def test_graphs_toggled_mid_reply_with_sampling_and_compile_change_no_token(ckpt
         for k, v in [("temperature", "0.8"), ("top_p", "0.9"), ("seed", "5"), ("max_tokens", "300")]:
             s.set_param(k, v)
         s.stop_ids = set()
-        for i, e in enumerate(s.send("Hello!")):
+        for i, _ in enumerate(s.send("Hello!")):
             if toggle and i % 5 == 0:
                 s.set_graphs(not s.use_graph)
         texts.append((s.messages[-1].ids, s.decoder.n))
