@@ -10,7 +10,8 @@ Metrics:
   first_ttft_ms          time to first token of the first reply (the compile runs meanwhile)
   first_step             which step the first reply ran ("compiling" while the compile runs)
   launch_to_compiled_s   from build_app() until the compiled step is ready (a warm relaunch
-                         finds Inductor's cache); compile_s: the background compile alone
+                         finds Inductor's cache); open_to_compiled_s: the same for the
+                         session side, which opens after the app (so on a warm cache)
   decode_tok_s           per reply, as the status bar shows it (tokens after the first, over
                          the time since the first), "where": app / session; and their medians
   app_over_session       median app tok/s over median session tok/s (the UI's cost)
@@ -29,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from chat_app.__main__ import build_app, build_parser
+from chat_app.__main__ import DEFAULT_MODEL, build_app, build_parser
 
 
 class Report:
@@ -53,7 +54,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Namespac
     p.add_argument("--replies", type=int, default=3, help="timed replies on each side (default 3)")
     p.add_argument("--wait-compile", type=float, default=900, help="seconds to wait for the compile")
     ours, rest = p.parse_known_args(argv)
-    app_args = build_parser().parse_args(rest + ["--max-tokens", str(ours.tokens)])
+    app_args = build_parser().parse_args(rest + ["--max-tokens", str(ours.tokens), "--ignore-eos"])
     return ours, app_args
 
 
@@ -74,8 +75,7 @@ async def app_side(args, ours, report: Report) -> object:
     async with app.run_test(headless=True, size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.session is not None, 900, "the model to load")
         report("launch_to_loaded_s", time.perf_counter() - t0, "s", where="app")
-        session = app.session
-        session.stop_ids = set()  # fixed-length replies
+        session = app.session  # a RemoteSession: the model runs in the app's child process
 
         async def one_reply(text: str):
             n = len(session.messages)
@@ -91,23 +91,39 @@ async def app_side(args, ours, report: Report) -> object:
         ready = await asyncio.to_thread(session.wait_compiled, ours.wait_compile)
         if session.step_kind == "compiled" and ready:
             report("launch_to_compiled_s", time.perf_counter() - t0, "s", where="app")
-            report("compile_s", session._compile.seconds, "s", where="app")
+
         speeds = []
         for i in range(ours.replies):
             stats = await one_reply(f"And then what happened, part {i + 1}?")
             speeds.append(stats.tok_per_s)
             report("decode_tok_s", stats.tok_per_s, "tok/s", where="app", step=stats.step, reply=i + 1)
         report("decode_tok_s_median", statistics.median(speeds), "tok/s", where="app", step=stats.step)
-    return session, speeds
+    return speeds
 
 
-def session_side(session, ours, report: Report) -> list[float]:
+def session_side(args, ours, report: Report) -> list[float]:
+    """The same model and settings in a ChatSession in this process, no UI (after the app has
+    closed; its compile is in the cache by now)."""
+    from tinyllm.chat import open_session
+    from tinyllm.sampling import SamplingParams
+
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            repeat_penalty=args.repeat_penalty, max_tokens=args.max_tokens, seed=args.seed)
+    t0 = time.perf_counter()
+    session = open_session(args.model or DEFAULT_MODEL, args.device, max_len=args.max_len, params=params,
+                           system=args.system, use_graph=False if args.no_graphs else None, template=args.template,
+                           compile="inductor" if args.compile == "on" else None, threads=args.threads)
+    session.stop_ids = set()  # fixed-length replies, as --ignore-eos does in the app
+    session.wait_compiled()
+    report("open_to_compiled_s", time.perf_counter() - t0, "s", where="session", step=session.step_kind)
+    list(session.send("Tell me a story about a lighthouse keeper."))  # the first reply: as in the app
     speeds = []
     for i in range(ours.replies):
         *_, fin = session.send(f"Another question, number {i + 1}?")
         speeds.append(fin.stats.tok_per_s)
         report("decode_tok_s", fin.stats.tok_per_s, "tok/s", where="session", step=fin.stats.step, reply=i + 1)
     report("decode_tok_s_median", statistics.median(speeds), "tok/s", where="session", step=fin.stats.step)
+    report.context["device"] = session.device
     return speeds
 
 
@@ -115,9 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ours, args = parse(argv)
     os.environ.setdefault("TINYLLM_CHAT_DATA_DIR", tempfile.mkdtemp(prefix="tinyllm-bench-"))
     report = Report(model=str(args.model or "default"), device=args.device)
-    session, app_speeds = asyncio.run(app_side(args, ours, report))
-    report.context["device"] = session.device
-    session_speeds = session_side(session, ours, report)
+    app_speeds = asyncio.run(app_side(args, ours, report))
+    session_speeds = session_side(args, ours, report)
     report("app_over_session", statistics.median(app_speeds) / statistics.median(session_speeds), "x")
     print(report.table(), file=sys.stderr)
     return 0
