@@ -14,6 +14,7 @@ another format. This module owns what they share:
   rows are not whole groups); "keep" keeps what the file holds; "auto" too, except that on
   a CPU with fbgemm int4 becomes int8 (fbgemm's int8 kernel is the fast one there). A fused projection
   (wq/wk/wv, w1/w3) whose parts differ in form is held as int8.
+- `quantize_model(model, quant, group)`: the same, from a dense model in memory.
 - `pick_template(...)`: the chat template, from a name, the model's Jinja source or a guess.
 Refuses with one line (ValueError): an unknown quant or device, shapes that do not match.
 """
@@ -254,6 +255,14 @@ def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor]
     assert not left, f"builder left tensors unset: {left[:3]}"
     model.rope.to(device)
     return model.eval()
+
+
+def quantize_model(model: Transformer, quant: str, group: int = 32) -> Transformer:
+    """A dense model rebuilt with its matrices in `quant`'s form, on its device, in its dtype."""
+    state = model.state_dict()
+    assert not any(k.endswith(".qweight") for k in state), "quantize_model takes a dense model"
+    return build_transformer(model.cfg, {k: v.float() for k, v in state.items()}, model.device, model.dtype,
+                             quant, group)
 
 
 def _rows(cfg: ModelConfig, part: str) -> int:

@@ -14,7 +14,8 @@ Contract:
                tensor on the fly, as llama.cpp quantizes activations). Measured on a 2-core AVX2
                CPU for a (3072, 576) matrix, batch 1: fbgemm 96-137 us, fp32 sgemv 180-230 us,
                aten `_weight_int8pack_mm` 1,000-1,700 us. Without fbgemm: `_weight_int8pack_mm`.
-    CPU int4   aten `_weight_int4pack_mm_for_cpu` (exact; slow on AVX2, see docs/BENCHMARKS.md).
+    CPU int4   aten `_weight_int4pack_mm_for_cpu` (exact; slow on AVX2, see docs/BENCHMARKS.md);
+               it needs N a multiple of 16, other matrices take the CUDA formulation.
     CUDA       dequantization fused into the product (gpt-fast's int8 approach): a compiled
                batch-1 step sees one reduction over int8 / packed int4 loads that Inductor
                fuses; eager code dequantizes to `dtype` and calls the library product.
@@ -143,17 +144,18 @@ def _fbgemm_pack(qt: QTensor) -> object:
 class QuantLinear(nn.Module):
     """y = x @ W.T for a QTensor W, in the activations' dtype (see the module docstring)."""
 
-    def __init__(self, qt: QTensor, dtype: torch.dtype) -> None:
+    def __init__(self, qt: QTensor, dtype: torch.dtype, generic: bool = False) -> None:
+        """generic: hold the canonical form and use the CUDA formulation on any device (tests)."""
         super().__init__()
         self.kind, self.group = qt.kind, qt.group
         self.out_features, self.in_features = qt.shape
         self.key: int | None = None
-        device = qt.qweight.device
+        device = torch.device("meta") if generic else qt.qweight.device
         if device.type == "cpu" and qt.kind == "int8" and dtype == torch.float32 and fbgemm_available():
             self.key = id(self)
             _FBGEMM[self.key] = _fbgemm_pack(qt)  # holds the int8 matrix: no copy of ours is kept
             self.register_buffer("scales", qt.scales.to(dtype))  # (N,): for dtype/device and state_dict
-        elif device.type == "cpu" and qt.kind == "int4":
+        elif device.type == "cpu" and qt.kind == "int4" and qt.shape[0] % 16 == 0:  # the kernel's N
             q = unpack_int4(qt.qweight).to(torch.int32)  # (N, K)
             self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
             sz = torch.stack((qt.scales, qt.zeros + 8 * qt.scales), -1)  # (N, K/g, 2): w = (q - 8) s + z'
@@ -162,6 +164,7 @@ class QuantLinear(nn.Module):
             self.register_buffer("qweight", qt.qweight)
             self.register_buffer("scales", qt.scales.to(dtype))
             self.register_buffer("zeros", None if qt.zeros is None else qt.zeros.to(dtype))
+        self.generic = generic
 
     def __del__(self) -> None:
         if self.key is not None:
@@ -203,7 +206,7 @@ class QuantLinear(nn.Module):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.in_features).contiguous(), self.packed,
                                                           self.group, self.scales_zeros)  # (M, N)
             return y.view(*lead, -1)
-        if x.device.type == "cpu" and self.kind == "int8":
+        if x.device.type == "cpu" and self.kind == "int8" and not self.generic:
             y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).contiguous(), self.qweight,
                                                    self.scales)  # (M, N)
             return y.view(*lead, -1)
