@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto")
     p.add_argument("--max-len", type=int, default=None, help="context length (default: the model's)")
     p.add_argument("--no-graphs", action="store_true", help="decode eagerly, without CUDA graphs")
+    p.add_argument("--quant", default="auto", choices=["auto", "none", "int8", "int4"],
+                   help="weights: auto keeps a GGUF's / checkpoint's quantization (default); none "
+                        "dequantizes; int8 (per channel) or int4 (groups of 32) quantizes any model")
     g = p.add_argument_group("sampling (change them later with /set)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0, help="1 = off (default)")
@@ -78,7 +81,8 @@ def build_app(args: argparse.Namespace) -> ChatApp:
 
     store = Store.open(model=name, system=args.system)
     opener = partial(open_session, path, device=args.device, max_len=args.max_len, params=params,
-                     system=args.system, use_graph=False if args.no_graphs else None, template=args.template)
+                     system=args.system, use_graph=False if args.no_graphs else None, template=args.template,
+                     quant=args.quant)
     return ChatApp(opener, store, model_name=name, resume=args.resume)
 
 
