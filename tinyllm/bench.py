@@ -25,7 +25,7 @@ Metrics (batch 1, greedy, unless said):
                    over bandwidth_gb_s
   engine_tok_s     with --engine (instead of the above): aggregate tokens/s of the continuous
                    engine at each --concurrency (prefill included), and engine_capture_s
-  weights_mib      bytes of the weights as held (quantized ones included); rss_load_mib (CPU):
+  weights_mib      with --quant: bytes of the weights as held; rss_load_mib (CPU):
                    resident memory growth over the load
 Models: --preset NAME (random weights) or --model PATH (any format open_any reads); --quant
 none | keep | auto | int8 | int4 holds the matrices quantized (tinyllm.quant). bf16 on CUDA,
@@ -437,9 +437,10 @@ def run(args: argparse.Namespace) -> Report:
     rss0 = rss_mib()
     model, name, tok_template = load_model(args, device, dtype)
     report = Report(model=name, device=device.type, dtype=str(dtype).removeprefix("torch."), quant=args.quant)
-    report("weights_mib", quantized_bytes(model) / 2**20, "MiB", params=logical_params(model))
-    if not cuda:
-        report("rss_load_mib", rss_mib() - rss0, "MiB", kind="VmRSS growth over the load")
+    if args.quant != "none":
+        report("weights_mib", quantized_bytes(model) / 2**20, "MiB", params=logical_params(model))
+        if not cuda:
+            report("rss_load_mib", rss_mib() - rss0, "MiB", kind="VmRSS growth over the load")
     print(f"tinyllm-bench: {name}, {logical_params(model) / 1e6:.1f}M params, {device.type} {dtype}, "
           f"quant {args.quant}", file=sys.stderr)
     if args.chat_turns:

@@ -144,3 +144,16 @@ def test_compiled_quantized_step_matches_its_eager_step(quant):
         assert torch.equal(tok, b[:, -1].argmax(-1, keepdim=True))
         a, b = plain.step(tok), fast.step(tok)
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+
+
+def test_bench_reports_quantized_weight_bytes(capsys):
+    import json
+
+    from tinyllm.bench import main
+
+    assert main(["--preset", "tiny", "--device", "cpu", "--steps", "2", "--repeats", "1", "--quant", "int8",
+                 "--prompt-lens", "16"]) == 0
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    w = next(r for r in recs if r["metric"] == "weights_mib")
+    assert 0 < w["value"] < w["params"] * 4 / 2**20 / 3  # int8: under a third of fp32's bytes
+    assert any(r["metric"] == "decode_tok_s" and r["quant"] == "int8" for r in recs)
