@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep generating past the end-of-reply token, up to --max-tokens (for benchmarks)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: one per core, less one for the UI, at most 8)")
+    p.add_argument("--quant", default="auto", choices=["auto", "none", "int8", "int4"],
+                   help="weights: auto keeps a GGUF's / checkpoint's quantization (default); none "
+                        "dequantizes; int8 (per channel) or int4 (groups of 32) quantizes any model")
     g = p.add_argument_group("sampling (change them later with /set)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0, help="1 = off (default)")
@@ -93,6 +96,7 @@ def build_app(args: argparse.Namespace) -> ChatApp:
         path=str(path), device=args.device, max_len=args.max_len, params=params, system=args.system,
         use_graph=False if args.no_graphs else None, template=args.template,
         compile="inductor" if args.compile == "on" else None, threads=args.threads, ignore_eos=args.ignore_eos,
+        quant=args.quant,
         log=str(store.path.parent / "session.log")))
     return ChatApp(opener, store, model_name=name, resume=args.resume)
 

@@ -358,17 +358,19 @@ def default_cpu_threads() -> int:
 def open_session(path: str | Path, device: str = "auto", max_len: int | None = None,
                  params: SamplingParams = SamplingParams(), system: str | None = None,
                  use_graph: bool | None = None, template: str | None = None,
-                 compile: str | None = "inductor", threads: int | None = None) -> ChatSession:
+                 compile: str | None = "inductor", threads: int | None = None,
+                 quant: str = "none") -> ChatSession:
     """Open a model (tinyllm checkpoint folder, Hugging Face folder or .gguf file; see
-    tinyllm.open_model) in a ChatSession. On a CPU, torch uses `threads` threads (default:
-    default_cpu_threads()). Without a system prompt, the model's own default
-    one (what its Jinja chat template writes when there is none) is used."""
+    tinyllm.open_model) in a ChatSession, its matrices held as `quant` says (tinyllm.build).
+    On a CPU, torch uses `threads` threads (default: default_cpu_threads()). Without a system
+    prompt, the model's own default one (what its Jinja chat template writes when there is
+    none) is used."""
     from tinyllm.open_model import open_any
 
     dev = resolve_device(device)
     if dev.type == "cpu":
         torch.set_num_threads(threads or default_cpu_threads())  # for loading; replies set it again
-    model, tokenizer, chat_template, name = open_any(path, dev, template=template)
+    model, tokenizer, chat_template, name = open_any(path, dev, template=template, quant=quant)
     if system is None:
         system = getattr(chat_template, "default_system", None)
     max_len = min(max_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
