@@ -61,6 +61,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Namespac
 async def wait_for(pilot, condition, timeout: float, what: str) -> None:
     end = time.monotonic() + timeout
     while not condition():
+        errors = [n.message for n in pilot.app._notifications if n.severity == "error"]
+        if errors:
+            raise RuntimeError(f"the app said, waiting for {what}: {errors}")
         if time.monotonic() > end:
             raise TimeoutError(f"timed out waiting for {what}")
         await pilot.pause(0.05)

@@ -9,7 +9,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 TINYLLM_CHAT_DATA_DIR=/tmp/chatdata
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv >> "$OUT/gpu.txt" 2>&1
 if [ "$what" != bench ]; then
-  timeout 330 python3 -m pytest -q -x -rs -m cuda tests/tinyllm 2>&1 | tail -40 > "$OUT/cuda_tests.txt"
+  timeout 330 python3 -m pytest -q -rs -m cuda tests/tinyllm 2>&1 | tail -60 > "$OUT/cuda_tests.txt"
   tail -3 "$OUT/cuda_tests.txt"
 fi
 if [ "$what" != tests ]; then
@@ -19,6 +19,7 @@ if [ "$what" != tests ]; then
       timeout 240 python3 -m chat_app.bench --model "$model" --device cuda --tokens 1024 --replies 3 \
           > "$OUT/app_${tag}_$run.jsonl" 2> "$OUT/app_${tag}_$run.err"
       grep -A20 "^metric" "$OUT/app_${tag}_$run.err" | sed "s/^/$tag $run: /"
+      tail -c 3000 /tmp/chatdata/session.log > "$OUT/session_${tag}_$run.log" 2>/dev/null
     done
   done
 fi

@@ -71,6 +71,8 @@ class ChatSession:
         if not 1 <= chunk <= MAX_RUN:
             raise ValueError(f"chunk must be in [1, {MAX_RUN}], got {chunk}")
         self.chunk = chunk
+        if compile:
+            self._capture_ahead()
         self._compile = BackgroundCompile(model, 1, self.max_len, compile, self.threads) if compile else None
         self.params = params
         self.system = system
@@ -112,6 +114,18 @@ class ChatSession:
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Block until the background compile is over (compiled or failed); False on timeout."""
         return self._compile is None or self._compile.wait(timeout)
+
+    def _capture_ahead(self) -> None:
+        """Capture the plain step's graphs (every bucket, runs of 1 and of `chunk` steps) before
+        the background compile starts: captured during it, each would wait for the GIL behind
+        the compiler (measured on the H200: 35-51 tok/s for the first reply instead of ~1,500)."""
+        dec = self.decoder
+        if not dec.use_graph:
+            return
+        dec.append(torch.tensor([[self.tokenizer.bos_id]], device=self.model.device))  # allocates the cache
+        dec.capture(steps=1)
+        dec.capture(steps=self.chunk)
+        dec.truncate(0)
 
     def _take_compiled_step(self) -> None:
         """At a reply boundary: switch to the compiled step once it is ready."""

@@ -182,8 +182,16 @@ class SlotKVCache:
     # -- what the decoder asks of a cache ---------------------------------------------------
 
     def decode(self, window: int) -> _SlotDecode:
-        assert self.k[0] is not None, "prefill before the first decode step"
         return _SlotDecode(self, window)
+
+    def ensure(self, i: int, like: Tensor) -> None:
+        """Allocate layer i's K/V on first use, shaped like `like` (S, Hkv, T, D)'s heads."""
+        if self.k[i] is None:
+            _, H, _, D = like.shape
+            shape = (self.n_slots, H, self.rows, D)
+            self.k[i] = torch.zeros(shape, dtype=like.dtype, device=like.device)
+            self.v[i] = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        check_dtype(self.k[i], like)
 
     def keys_needed(self, steps: int) -> int:
         need = max((self.lens[s] for s in range(self.n_slots) if self.active[s]), default=0) + steps
@@ -255,6 +263,7 @@ class _SlotDecodeLayer:
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         c, i, W = self.view.cache, self.i, self.view.window
         B, H, _, D = k.shape  # (S, Hkv, 1, D)
+        c.ensure(i, k)  # a capture before any admission decodes first
         idx = c._lens_dev.clamp(max=c.max_len - 1)[:, None, None, None].expand(B, H, 1, D)
         c.k[i].scatter_(2, idx, k)  # each slot writes at its own length
         c.v[i].scatter_(2, idx, v)
@@ -273,12 +282,8 @@ class _SlotLayerKV:
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         c, i = self.cache, self.i
-        B, H, T, D = k.shape  # (B, Hkv, T, D)
-        if c.k[i] is None:
-            shape = (c.n_slots, H, c.rows, D)
-            c.k[i] = torch.zeros(shape, dtype=k.dtype, device=k.device)
-            c.v[i] = torch.zeros(shape, dtype=v.dtype, device=v.device)
-        check_dtype(c.k[i], k)
+        T = k.shape[2]  # (B, Hkv, T, D)
+        c.ensure(i, k)
         rows = torch.tensor(c.prefill_slots, device=k.device)  # (B,)
         c.k[i][rows, :, :T] = k
         c.v[i][rows, :, :T] = v
