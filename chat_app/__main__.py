@@ -6,7 +6,8 @@ an unusable data folder) prints ONE line, `tinyllm-chat: error: ...`, on stderr 
 with code 2; never a traceback. The model itself loads inside the app, on its worker
 thread, behind a loading state. Without --model the default model, <repo>/models/tinychat, is
 opened. Anything that goes wrong after that is fatal: one line on stderr naming the log,
-exit code 1, and the traceback appended to `tinyllm-chat.log` in the data folder.
+exit code 1, and the traceback appended to `tinyllm-chat.log` in the data folder. The session's
+child process writes its own stdout/stderr to `session.log` beside it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto")
     p.add_argument("--max-len", type=int, default=None, help="context length (default: the model's)")
     p.add_argument("--no-graphs", action="store_true", help="decode eagerly, without CUDA graphs")
+    p.add_argument("--compile", choices=["on", "off"], default="on",
+                   help="compile the decode step in the background (torch.compile, Inductor) and switch to it "
+                        "between replies; results are cached in the user cache folder (default: on)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="keep generating past the end-of-reply token, up to --max-tokens (for benchmarks)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: one per core, less one for the UI, at most 8)")
+    p.add_argument("--quant", default="auto", choices=["auto", "none", "int8", "int4"],
+                   help="weights: auto keeps a GGUF's / checkpoint's quantization (default); none "
+                        "dequantizes; int8 (per channel) or int4 (groups of 32) quantizes any model")
     g = p.add_argument_group("sampling (change them later with /set)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0, help="1 = off (default)")
@@ -62,7 +73,10 @@ def build_app(args: argparse.Namespace) -> ChatApp:
                                 "pass --model PATH (a checkpoint folder, Hugging Face folder or .gguf file)")
     from functools import partial
 
-    from tinyllm.chat import open_session, resolve_device  # torch from here on
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    use_compile_cache()
+    from tinyllm.chat import resolve_device  # torch from here on
     from tinyllm.chat_template import get_template
     from tinyllm.open_model import inspect_any
     from tinyllm.sampling import SamplingParams
@@ -78,11 +92,17 @@ def build_app(args: argparse.Namespace) -> ChatApp:
         get_template(args.template)
 
     from chat_app.app import ChatApp
+    from chat_app.remote_session import RemoteSession
     from chat_app.store import Store
 
     store = Store.open(model=name, system=args.system)
-    opener = partial(open_session, path, device=args.device, max_len=args.max_len, params=params,
-                     system=args.system, use_graph=False if args.no_graphs else None, template=args.template)
+    # The session runs in a child process: its decoding never waits for the UI's GIL.
+    opener = partial(RemoteSession, dict(
+        path=str(path), device=args.device, max_len=args.max_len, params=params, system=args.system,
+        use_graph=False if args.no_graphs else None, template=args.template,
+        compile="inductor" if args.compile == "on" else None, threads=args.threads, ignore_eos=args.ignore_eos,
+        quant=args.quant,
+        log=str(store.folder / "session.log")))
     return ChatApp(opener, store, model_name=name, resume=args.resume)
 
 
@@ -103,6 +123,19 @@ def fatal(error: BaseException, data_dir: Path | None = None) -> NoReturn:
     message = str(error).splitlines()[0] if str(error) else ""
     print(f"{PROG}: fatal: {type(error).__name__}: {message} ({where})", file=sys.stderr)
     sys.exit(1)
+
+
+def use_compile_cache() -> None:
+    """Keep torch.compile's on-disk caches (Inductor's, Triton's) in the user cache folder, so a
+    second launch finds the compiled step there; unless the environment already names them.
+    Set before torch is imported."""
+    import os
+
+    from platformdirs import user_cache_dir
+
+    root = Path(user_cache_dir("tinyllm-chat"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
 
 
 def main(argv: list[str] | None = None) -> None:

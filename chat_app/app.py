@@ -18,7 +18,8 @@ kept. A store that cannot write is a notice too: the chat stays in memory and on
 the next write retries (see chat_app.store). A streaming reply is saved as partial at its
 first text and then at most once a second. An exception that escapes anyway is kept in
 `crash` for main() to report (one line, traceback in the data folder's log). This module
-never imports torch (nor tinyllm): __main__ passes a function that opens the session.
+never imports torch (of tinyllm only the torch-free chat_events): __main__ passes a function
+that opens the session (a RemoteSession: the ChatSession runs in a child process).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from textual.widgets import Footer
 from textual.worker import get_current_worker
 
 from chat_app.commands import COMMANDS, SlashCommands
-from chat_app.events import Done, Failed, Loaded, Never, Started, session_events
+from chat_app.events import Done, Failed, Finished, Loaded, Prefilled, Started, Token
 from chat_app.store import Saved, Store, StoreError
 from chat_app.terminal import driver_class
 from chat_app.widgets.conversation import Conversation
@@ -46,7 +47,8 @@ from chat_app.widgets.reply import Reply
 from chat_app.widgets.status_bar import StatusBar
 
 if TYPE_CHECKING:
-    from tinyllm.chat import ChatSession, StepStats
+    from tinyllm.chat import ChatSession
+    from tinyllm.chat_events import StepStats
 
 DRAIN_HZ = 30
 SAVE_EVERY_S = 1.0  # a streaming reply is written to the store at least this often
@@ -89,6 +91,7 @@ class ChatApp(SlashCommands, App[None]):
         self._busy = False  # a send/regenerate is queued or running
         self._stop_wanted = False  # Esc was pressed for the reply in flight
         self._store_notice: str | None = None  # the store error last shown
+        self._compile_failure_said = False
 
     def compose(self):
         yield Conversation()
@@ -176,6 +179,14 @@ class ChatApp(SlashCommands, App[None]):
             self._outbox.put(Failed("load", None, f"could not load the model: {e}"))
             return
         self._outbox.put(Loaded(session))
+        try:
+            self._run_jobs(session, worker)
+        finally:
+            close = getattr(session, "close", None)  # a RemoteSession: end its process
+            if close is not None:
+                close()
+
+    def _run_jobs(self, session: ChatSession, worker) -> None:
         jobs: dict[str, Callable[[Any], None]] = {"new_chat": lambda _: session.new_chat(),
                                                   "system": session.set_system, "load": session.load_messages}
         while not worker.is_cancelled:
@@ -212,7 +223,6 @@ class ChatApp(SlashCommands, App[None]):
     async def _drain_outbox(self) -> None:
         pieces: list[str] = []
         live: StepStats | None = None
-        Prefilled, Token, Finished = session_events() if self.session is not None else (Never,) * 3
         while self.is_running:  # not while shutting down: the widgets may be gone
             try:
                 item = self._outbox.get_nowait()
@@ -254,7 +264,7 @@ class ChatApp(SlashCommands, App[None]):
                 self.conversation.loading = False
                 self.status.show(state="ready", name=s.name, device=s.device, dtype=s.dtype,
                                  graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
-                                 position=len(s.context))
+                                 position=len(s.context), step=s.step_kind)
             case Started():
                 await self._started(item)
             case Failed():
@@ -329,8 +339,12 @@ class ChatApp(SlashCommands, App[None]):
 
     def _show_stats(self, stats: StepStats, state: str) -> None:
         self.status.show(state=state, tok_s=stats.tok_per_s, ttft_ms=stats.ttft_ms, window=stats.window,
-                         position=stats.position, max_len=stats.max_len, graphs=stats.graphs)
+                         position=stats.position, max_len=stats.max_len, graphs=stats.graphs, step=stats.step)
         self.last_stats = stats
+        if stats.step == "compile failed" and not self._compile_failure_said and self.session is not None:
+            self._compile_failure_said = True
+            self.say(f"The compiled step is not available here ({self.session.compile_error}); "
+                     "replies use the plain step.", "warning")
 
     async def _resume(self) -> None:
         try:

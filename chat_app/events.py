@@ -1,14 +1,18 @@
 """What the app's worker tells the UI thread, besides the session's own events.
 
 Loaded, Started, Done and Failed are the app's; Prefilled, Token and Finished are the
-session's, imported by `session_events()` only once a session exists (the library is loaded
-by then), so importing the app stays torch-free.
+session's, re-exported from tinyllm.chat_events (plain dataclasses that import no torch, the
+same the session's child process sends), so importing the app stays torch-free.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from tinyllm.chat_events import Finished, Prefilled, Token
+
+__all__ = ["Done", "Failed", "Finished", "Loaded", "Prefilled", "Started", "Token"]
 
 if TYPE_CHECKING:
     from tinyllm.chat import ChatSession
@@ -36,15 +40,3 @@ class Failed:
     kind: str
     arg: Any
     message: str
-
-
-class Never:  # matches nothing: the session's events before a session exists
-    pass
-
-
-def session_events() -> tuple[type, type, type]:
-    """The session's event classes (Prefilled, Token, Finished). Imported only once a session
-    exists, when the library is loaded anyway: importing this module stays torch-free."""
-    from tinyllm.chat import Finished, Prefilled, Token
-
-    return Prefilled, Token, Finished

@@ -25,8 +25,12 @@ Metrics (batch 1, greedy, unless said):
                    over bandwidth_gb_s
   engine_tok_s     with --engine (instead of the above): aggregate tokens/s of the continuous
                    engine at each --concurrency (prefill included), and engine_capture_s
-Models: --preset NAME (random weights) or --model PATH (a checkpoint folder). bf16 on CUDA,
-fp32 on a CPU, where the defaults are small (few steps, no peers) so a run takes seconds.
+  weights_mib      with --quant: bytes of the weights as held; rss_load_mib (CPU):
+                   resident memory growth over the load
+Models: --preset NAME (random weights) or --model PATH (any format open_any reads); --quant
+none | keep | auto | int8 | int4 holds the matrices quantized (tinyllm.quant). bf16 on CUDA,
+fp32 on a CPU (--dtype picks), where the defaults are small (few steps, no peers) so a run
+takes seconds.
 Refuses (one line on stderr, exit code 2): an unknown preset, a bad checkpoint folder,
 --device cuda without CUDA, bad numbers.
 """
@@ -47,6 +51,7 @@ from tinyllm.cuda_graph import GraphDecoder, StaticKVCache
 from tinyllm.engine import Engine
 from tinyllm.generate import generate
 from tinyllm.model import PRESETS, ModelConfig, Transformer
+from tinyllm.quant import logical_params, quantized_bytes
 from tinyllm.sampling import SamplingParams
 
 DECODE_START = 32  # prompt tokens before a decode run
@@ -94,9 +99,14 @@ def load_model(args, device: torch.device, dtype: torch.dtype) -> tuple[Transfor
     """(model, name, (tokenizer, chat template) of --model or None for a preset)."""
     if args.model:
         from tinyllm.open_model import open_any  # lazily: only for --model
-        model, tok, template, _ = open_any(args.model, device, dtype)
+        model, tok, template, _ = open_any(args.model, device, dtype, quant=args.quant)
         return model, str(args.model), (tok, template)
-    return random_model(args.preset, device, dtype), args.preset, None
+    model = random_model(args.preset, device, dtype)
+    if args.quant in ("int8", "int4"):
+        from tinyllm.build import quantize_model
+
+        model = quantize_model(model, args.quant)
+    return model, args.preset, None
 
 
 def sync(device: torch.device) -> None:
@@ -137,13 +147,21 @@ def measure_bandwidth(device: torch.device, repeats: int) -> float:
 
 
 def weight_bytes(model: Transformer) -> int:
-    """Weight bytes one decode step reads: every matrix, except an untied embedding table (a
-    lookup reads one row)."""
-    params = {p.data_ptr(): p for p in model.parameters()}.values()
-    total = sum(p.numel() * p.element_size() for p in params)
+    """Weight bytes one decode step reads: every matrix (quantized ones as held), except an
+    untied embedding table (a lookup reads one row)."""
+    total = quantized_bytes(model)
     if not model.cfg.tie_embeddings:
-        total -= model.tok_emb.weight.numel() * model.tok_emb.weight.element_size()
+        total -= quantized_bytes(model.tok_emb)
     return total
+
+
+def rss_mib() -> float:
+    """Resident memory of this process (VmRSS), MiB; 0 where /proc is not there."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+    except (OSError, StopIteration):
+        return 0.0
 
 
 def kv_bytes(model: Transformer, window: int, batch: int = 1) -> int:
@@ -304,12 +322,12 @@ def bench_compiled(model: Transformer, steps: int, repeats: int, report: Report)
                        use_graph=False)
     dec.prefill(random_ids(model, DECODE_START))
     c: StaticKVCache = dec.cache
-    for t in (*c.k, *c.v, c.pos, c.first_valid, dec.tok):
+    for t in (*c.k, *c.v, c.pos, c.first_valid, dec.tok, *dec.sampler.state()):
         torch._dynamo.mark_static_address(t)
-    c.window = dec.bucket(DECODE_START + steps)
+    window = dec.bucket(DECODE_START + steps)
 
     def greedy_step() -> torch.Tensor:
-        return dec._forward()[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+        return dec._forward(window)[:, -1].argmax(-1, keepdim=True)  # (1, 1)
     step = torch.compile(greedy_step, mode="reduce-overhead", fullgraph=True)
 
     def fn() -> None:
@@ -320,7 +338,7 @@ def bench_compiled(model: Transformer, steps: int, repeats: int, report: Report)
     fn()  # compile (and record) outside the timing
     s = median_s(timed(fn, model.device), repeats)
     report("decode_tok_s", steps / s, "tok/s", impl="compile_reduce_overhead", start=DECODE_START,
-           steps=steps, window=c.window)
+           steps=steps, window=window)
 
 
 def run_peers(model: Transformer, steps: int, repeats: int, report: Report) -> None:
@@ -349,7 +367,7 @@ def bench_chat(model: Transformer, tok_template: tuple | None, turns: int, repor
         with tempfile.TemporaryDirectory() as tmp:
             tok_template = (make_tiny_tokenizer(tmp), get_template("chatml"))
     tok, template = tok_template
-    session = ChatSession(model, tok, template, params=SamplingParams(max_tokens=12))
+    session = ChatSession(model, tok, template, params=SamplingParams(max_tokens=12), compile=None)
     ttft = []
     for i in range(turns):
         events = list(session.send(f"A fact about {i + 1}?"))
@@ -385,6 +403,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int_list, help="engine requests at once (default 1,8,32,64 / 1,4)")
     p.add_argument("--chat-turns", type=int, help="measure time to first token over N chat turns instead")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--quant", default="none", choices=("none", "keep", "auto", "int8", "int4"),
+                   help="weights: none (dense), keep (a GGUF's / checkpoint's quantized form), auto (that, "
+                        "in the form fastest on the device), int8 (per channel), int4 (groups of 32)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"),
+                   help="activations (auto: bf16 on CUDA; on a CPU fp32, or bf16 for a quantized model "
+                        "where the CPU has AVX512-BF16/AMX)")
     p.add_argument("--compile", default="auto", choices=("auto", "on", "off"),
                    help="also measure the torch.compile'd step (auto: on CUDA only; the engine "
                         "uses it instead of the plain step)")
@@ -406,11 +430,19 @@ def run(args: argparse.Namespace) -> Report:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    dtype = torch.bfloat16 if cuda else torch.float32
+    from tinyllm.build import default_dtype
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(args.dtype) or default_dtype(
+        device, args.quant != "none")
+    rss0 = rss_mib()
     model, name, tok_template = load_model(args, device, dtype)
-    report = Report(model=name, device=device.type, dtype=str(dtype).removeprefix("torch."))
-    print(f"tinyllm-bench: {name}, {model.num_params() / 1e6:.1f}M params, {device.type} {dtype}",
-          file=sys.stderr)
+    report = Report(model=name, device=device.type, dtype=str(dtype).removeprefix("torch."), quant=args.quant)
+    if args.quant != "none":
+        report("weights_mib", quantized_bytes(model) / 2**20, "MiB", params=logical_params(model))
+        if not cuda:
+            report("rss_load_mib", rss_mib() - rss0, "MiB", kind="VmRSS growth over the load")
+    print(f"tinyllm-bench: {name}, {logical_params(model) / 1e6:.1f}M params, {device.type} {dtype}, "
+          f"quant {args.quant}", file=sys.stderr)
     if args.chat_turns:
         bench_chat(model, tok_template, args.chat_turns, report)
         return report

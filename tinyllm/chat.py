@@ -10,6 +10,16 @@ first token does not grow with the chat. The reply streams as events:
   Token(text, stats)                    one per generated token (text may be "")
   Finished(reason, text, stats)         reason: "eos" | "max_tokens" | "stopped" | "context_full"
 
+Decoding: the sampler runs inside the decode step (`StepSampler`, seeded noise), and the
+decoder runs CHUNK steps per replay, launched ahead of the one being read (at most two in
+flight): the host reads ids once per chunk, never once per token. A reply that ends inside a
+chunk (a stop id, Esc, the token limit) rewinds the cache to exactly what a token-by-token
+run holds. A run never crosses a bucket boundary, so chunked and token-by-token decoding
+are the same steps, bit for bit. With `compile="inductor"` (the default) the step is compiled
+on a background thread (`BackgroundCompile`) while replies run on the plain step, and the
+compiled step takes over at the start of the next reply once it is ready; `step_kind` says
+which runs ("plain", "compiling", "compiled", "compile failed" with `compile_error`).
+
 Contract:
 - `send(text)` / `regenerate()` are generators; run them on ONE worker thread. `stop()`,
   `set_graphs(on)` and the setters may be called from any thread: they take effect between
@@ -26,76 +36,50 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
+from tinyllm.background_compile import BackgroundCompile
+from tinyllm.chat_events import Finished, Message, Prefilled, StepStats, Token
 from tinyllm.chat_template import ChatTemplate
 from tinyllm.checkpoint import resolve_device
-from tinyllm.cuda_graph import GraphDecoder
+from tinyllm.cuda_graph import MAX_RUN, GraphDecoder
 from tinyllm.model import Transformer
-from tinyllm.sampling import SamplingParams, make_generator, sample
+from tinyllm.sampling import SamplingParams
+from tinyllm.step_sampler import REPEAT_WINDOW
 from tinyllm.tokenizer import StreamDecoder, Tokenizer
 
-REPEAT_WINDOW = 64  # the repetition penalty looks at this many latest ids (llama.cpp's default)
-
-
-@dataclass
-class Message:
-    role: str  # "system" | "user" | "assistant"
-    content: str
-    ids: list[int] = field(default_factory=list, repr=False)  # what this message adds to the context
-    stopped: bool = False  # an assistant reply cut short by stop()
-
-
-@dataclass
-class StepStats:
-    window: int  # attention bucket W of the last step
-    position: int  # positions filled in the cache
-    max_len: int
-    tokens: int  # tokens generated in this reply
-    tok_per_s: float  # decode speed over this reply
-    ttft_ms: float  # time to first token of this reply
-    graphs: bool | None  # None: not available (CPU)
-
-
-@dataclass
-class Prefilled:
-    n_tokens: int  # ids prefilled for this turn
-    ms: float
-    dropped: int = 0  # messages dropped from the context to make room
-
-
-@dataclass
-class Token:
-    text: str
-    stats: StepStats
-
-
-@dataclass
-class Finished:
-    reason: str
-    text: str
-    stats: StepStats
+CHUNK = MAX_RUN  # decode steps per replay (one host read per chunk)
+IN_FLIGHT = 2  # chunks launched ahead of the host
 
 
 class ChatSession:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, template: ChatTemplate,
                  max_len: int | None = None, params: SamplingParams = SamplingParams(),
-                 system: str | None = None, use_graph: bool | None = None, name: str = "model"):
+                 system: str | None = None, use_graph: bool | None = None, name: str = "model",
+                 compile: str | None = "inductor", chunk: int = CHUNK, threads: int | None = None):
         self.model, self.tokenizer, self.template, self.name = model, tokenizer, template, name
+        # torch's CPU thread count is per thread (OpenMP): set it in every thread that decodes.
+        self.threads = (threads or default_cpu_threads()) if model.device.type == "cpu" else None
         self.graphs_available = model.device.type == "cuda"
         on = self.graphs_available if use_graph is None else use_graph and self.graphs_available
         self.decoder = GraphDecoder(model, 1, max_len=max_len, use_graph=on)
         self.max_len = self.decoder.max_len
+        if not 1 <= chunk <= MAX_RUN:
+            raise ValueError(f"chunk must be in [1, {MAX_RUN}], got {chunk}")
+        self.chunk = chunk
+        if compile:
+            self._capture_ahead()
+        self._compile = BackgroundCompile(model, 1, self.max_len, compile, self.threads) if compile else None
         self.params = params
         self.system = system
         self.messages: list[Message] = []
         self._stop = threading.Event()
         self._want_graphs: bool | None = None
-        self._stop_ids = self._find_stop_ids()
+        self.stop_ids = self._find_stop_ids()
         self.last_stats: StepStats | None = None
         self._rebuild_context()
 
@@ -106,6 +90,48 @@ class ChatSession:
     @property
     def dtype(self) -> str:
         return str(self.model.dtype).removeprefix("torch.")
+
+    @property
+    def step_kind(self) -> str:
+        """The step the next reply runs: "plain" (no compile asked), "compiling", "compiled",
+        or "compile failed" (see compile_error; the plain step stays)."""
+        c = self._compile
+        if c is None:
+            return "plain"
+        return {"compiling": "compiling", "compiled": "compiled", "failed": "compile failed"}[c.state]
+
+    def _step_running(self) -> str:
+        """The step the current reply runs (the compiled one takes over between replies)."""
+        if self.decoder.compile:
+            return "compiled"
+        kind = self.step_kind
+        return "compiling" if kind == "compiled" else kind
+
+    @property
+    def compile_error(self) -> str:
+        return self._compile.error if self._compile is not None else ""
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Block until the background compile is over (compiled or failed); False on timeout."""
+        return self._compile is None or self._compile.wait(timeout)
+
+    def _capture_ahead(self) -> None:
+        """Capture the plain step's graphs (every bucket, runs of 1 and of `chunk` steps) before
+        the background compile starts: captured during it, each would wait for the GIL behind
+        the compiler (measured on the H200: 35-51 tok/s for the first reply instead of ~1,500)."""
+        dec = self.decoder
+        if not dec.use_graph:
+            return
+        dec.append(torch.tensor([[self.tokenizer.bos_id]], device=self.model.device))  # allocates the cache
+        dec.capture(steps=1)
+        dec.capture(steps=self.chunk)
+        dec.truncate(0)
+
+    def _take_compiled_step(self) -> None:
+        """At a reply boundary: switch to the compiled step once it is ready."""
+        c = self._compile
+        if c is not None and c.state == "compiled" and not self.decoder.compile:
+            self.decoder.set_compile(c.backend)
 
     # ---- settings (any thread) -------------------------------------------------------
 
@@ -237,15 +263,22 @@ class ChatSession:
     # ---- replies (worker thread) ------------------------------------------------------
 
     def send(self, text: str) -> Iterator[Prefilled | Token | Finished]:
-        """Add a user turn and stream the reply."""
+        """Add a user turn and stream the reply. All or nothing: if the reply fails before its
+        first event, the user turn is taken back (and any turns dropped to make room return)."""
         if not text.strip():
             raise ValueError("empty message")
         first = self.first_message >= len(self.messages)  # no earlier turn in the context
         ids = self._user_ids(text, first)
+        was_first = self.first_message
         dropped = self._fit(len(ids))
         self.messages.append(Message("user", text, ids))
         self.context = self.context + ids
-        return self._reply(dropped)
+
+        def undo() -> None:
+            self.messages.pop()
+            self._rebuild_context(was_first)
+
+        return self._or_restore(self._reply(dropped), undo)
 
     def regenerate(self) -> Iterator[Prefilled | Token | Finished]:
         """Replace the last reply with a new one (the cache is rewound to before it); after a
@@ -257,10 +290,16 @@ class ChatSession:
             return self._reply(0)
         old = self.messages.pop()
         self._rebuild_context(self.first_message)
-        return self._or_restore(self._reply(0), old)
+
+        def undo() -> None:
+            self.messages.append(old)
+            self._rebuild_context(self.first_message)
+
+        return self._or_restore(self._reply(0), undo)
 
     def _or_restore(self, events: Iterator[Prefilled | Token | Finished],
-                    old: Message) -> Iterator[Prefilled | Token | Finished]:
+                    undo: Callable[[], None]) -> Iterator[Prefilled | Token | Finished]:
+        """The events; if they fail before the first one, undo() puts the session back."""
         started = False
         try:
             for event in events:
@@ -268,8 +307,7 @@ class ChatSession:
                 yield event
         except BaseException:
             if not started:
-                self.messages.append(old)
-                self._rebuild_context(self.first_message)
+                undo()
             raise
 
     def _apply_graph_toggle(self) -> None:
@@ -277,43 +315,52 @@ class ChatSession:
             self.decoder.use_graph, self._want_graphs = self._want_graphs, None
 
     def _reply(self, dropped: int) -> Iterator[Prefilled | Token | Finished]:
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        self._take_compiled_step()
         dec, params = self.decoder, self.params
         t0 = time.perf_counter()
         new = torch.tensor([self.context[dec.n:]], dtype=torch.long, device=self.model.device)
         logits = dec.append(new)[:, -1]  # (1, V)
-        gen = make_generator(params, self.model.device)
-        prev = torch.tensor([self.context[-REPEAT_WINDOW:]], dtype=torch.long, device=self.model.device)
-        first_tok = sample(logits, params, gen, prev=prev)  # (1,)
-        tok_id = int(first_tok.item())
+        recent = torch.tensor([self.context[-REPEAT_WINDOW:]], dtype=torch.long, device=self.model.device)
+        dec.sampler.load(params, recent)
+        first = dec.sampler.draw(logits)  # (1,): the draw the steps would make, eagerly
+        dec.tok.copy_(first[:, None])
+        tok_id = int(first.item())
         ttft = (time.perf_counter() - t0) * 1000
         yield Prefilled(n_tokens=new.shape[1], ms=ttft, dropped=dropped)
         stream = StreamDecoder(self.tokenizer)
+        n0 = dec.n  # the cache holds the context; each step feeds one reply id
         out_ids: list[int] = []
         text_parts: list[str] = []
         t_decode = time.perf_counter()
         reason = "max_tokens"
+        ahead: deque[int] = deque([tok_id])  # drawn, not yet looked at
+        chunks = deque()  # launched, not yet read
         while True:
-            if tok_id in self._stop_ids:
+            if not ahead:
+                self._launch(chunks, n0, len(out_ids))
+                ahead.extend(chunks.popleft().ids()[0])
+            tok_id = ahead.popleft()
+            if tok_id in self.stop_ids:
                 reason = "eos"
                 break
             out_ids.append(tok_id)
             piece = stream.push(tok_id)
             text_parts.append(piece)
-            stats = self._stats(len(out_ids), t_decode, ttft)
-            yield Token(piece, stats)
+            yield Token(piece, self._stats(len(out_ids), n0 + len(out_ids) - 1, t_decode, ttft))
             if self._stop.is_set():
                 reason = "stopped"
                 break
             if len(out_ids) >= params.max_tokens:
                 break
-            if dec.n >= self.max_len:
+            if n0 + len(out_ids) - 1 >= self.max_len:
                 reason = "context_full"
                 break
-            self._apply_graph_toggle()
-            tok = torch.tensor([[tok_id]], device=self.model.device)
-            logits = dec.step(tok)[:, -1]  # (1, V); a static buffer with graphs
-            prev = torch.cat([prev, tok], dim=1)[:, -REPEAT_WINDOW:]
-            tok_id = int(sample(logits, params, gen, prev=prev).item())
+        # The cache keeps what a token-by-token run feeds: every reply id but the last, and
+        # the last too when a stop id came after it. Chunks past that are rewound.
+        fed = len(out_ids) if reason == "eos" else max(len(out_ids) - 1, 0)
+        dec.truncate(n0 + fed)
         tail = stream.flush()
         text_parts.append(tail)
         text = "".join(text_parts)
@@ -322,32 +369,61 @@ class ChatSession:
         ids = out_ids + self.encode(self.template.assistant_suffix)
         self.messages.append(Message("assistant", text, ids, stopped=reason == "stopped"))
         self.context = self.context + ids
-        stats = self._stats(len(out_ids), t_decode, ttft)
+        stats = self._stats(len(out_ids), n0 + fed, t_decode, ttft)
         self.last_stats = stats
         self._stop.clear()  # a stop() that came before this reply began still stopped it
         if tail:
             yield Token(tail, stats)
         yield Finished(reason, text, stats)
 
-    def _stats(self, n: int, t_decode: float, ttft: float) -> StepStats:
+    def _launch(self, chunks: deque, n0: int, emitted: int) -> None:
+        """Launch chunks until IN_FLIGHT are queued (at least one). A chunk never runs past the
+        token limit, the context or its bucket; the first id of the reply came from prefill."""
+        dec = self.decoder
+        while len(chunks) < IN_FLIGHT:
+            steps_left = self.params.max_tokens - 1 - (dec.n - n0)  # ids the reply may still draw
+            room = self.max_len - dec.n
+            if (steps_left <= 0 or room <= 0) and chunks:
+                return
+            assert steps_left > 0 and room > 0, "launch asked past the reply's end"
+            self._apply_graph_toggle()
+            to_bucket = dec.bucket(dec.n + 1) - dec.n  # steps left in this bucket
+            chunks.append(dec.launch(min(self.chunk, steps_left, room, to_bucket)))
+
+    def _stats(self, n: int, position: int, t_decode: float, ttft: float) -> StepStats:
         dt = time.perf_counter() - t_decode
-        return StepStats(window=self.decoder.window or 0, position=self.decoder.n, max_len=self.max_len,
+        return StepStats(window=self.decoder.window or 0, position=position, max_len=self.max_len,
                          tokens=n, tok_per_s=(n - 1) / dt if n > 1 and dt > 0 else 0.0, ttft_ms=ttft,
-                         graphs=self.decoder.use_graph if self.graphs_available else None)
+                         graphs=self.decoder.use_graph if self.graphs_available else None, step=self._step_running())
+
+
+def default_cpu_threads() -> int:
+    """Torch threads for decoding on a CPU: one per core this process may use, less one for
+    the UI and the rest of the machine, at most 8 (docs/INFERENCE.md, "CPU threads")."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(8, cores - 1))
 
 
 def open_session(path: str | Path, device: str = "auto", max_len: int | None = None,
                  params: SamplingParams = SamplingParams(), system: str | None = None,
-                 use_graph: bool | None = None, template: str | None = None) -> ChatSession:
+                 use_graph: bool | None = None, template: str | None = None,
+                 compile: str | None = "inductor", threads: int | None = None,
+                 quant: str = "none") -> ChatSession:
     """Open a model (tinyllm checkpoint folder, Hugging Face folder or .gguf file; see
-    tinyllm.open_model) in a ChatSession. Without a system prompt, the model's own default
-    one (what its Jinja chat template writes when there is none) is used."""
+    tinyllm.open_model) in a ChatSession, its matrices held as `quant` says (tinyllm.build).
+    On a CPU, torch uses `threads` threads (default: default_cpu_threads()). Without a system
+    prompt, the model's own default one (what its Jinja chat template writes when there is
+    none) is used."""
     from tinyllm.open_model import open_any
 
     dev = resolve_device(device)
-    model, tokenizer, chat_template, name = open_any(path, dev, template=template)
+    if dev.type == "cpu":
+        torch.set_num_threads(threads or default_cpu_threads())  # for loading; replies set it again
+    model, tokenizer, chat_template, name = open_any(path, dev, template=template, quant=quant)
     if system is None:
         system = getattr(chat_template, "default_system", None)
     max_len = min(max_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
     return ChatSession(model, tokenizer, chat_template, max_len=max_len, params=params,
-                       system=system, use_graph=use_graph, name=name)
+                       system=system, use_graph=use_graph, name=name, compile=compile, threads=threads)

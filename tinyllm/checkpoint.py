@@ -11,27 +11,46 @@ Contract: `inspect_checkpoint(path)` validates everything it can without allocat
 (files present, config parses, each safetensors header parses and its file is as long as the
 header says, every expected tensor present with the shape the config implies, tokenizer
 fits the vocabulary) and raises FileNotFoundError/ValueError with a message that says what is
-wrong and what to do. `load_checkpoint(path, device, dtype)` inspects first, then loads
-(bf16 by default on CUDA, fp32 on the CPU). With tied embeddings only `tok_emb.weight` is
-stored. Other formats (Hugging Face folders, GGUF) have importers beside this module.
+wrong and what to do. `load_checkpoint(path, device, dtype, quant="auto")` inspects first, then
+hands the tensors to `tinyllm.build` (bf16 by default on CUDA, fp32 on the CPU). With tied
+embeddings only `tok_emb.*` is stored. A quantized matrix is stored in its canonical form
+(tinyllm.quant): `<name>.qweight` (I8 for int8, U8 for packed int4), `<name>.scales` (F32)
+and for int4 `<name>.zeros` (F32), and loads back bit for bit.
+Other formats (Hugging Face folders, GGUF) have importers beside this module.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from tinyllm.build import (
+    INDEX,
+    WEIGHTS,
+    build_transformer,
+    check_quant,
+    default_dtype,
+    expected_shapes,
+    match_tensors,
+    read_safetensors_header,
+    resolve_device,
+    weight_files,
+)
 from tinyllm.model import ModelConfig, Transformer
+from tinyllm.quant import QTensor
 from tinyllm.tokenizer import Tokenizer
 
-CONFIG, WEIGHTS, INDEX, TOKENIZER = "config.json", "model.safetensors", "model.safetensors.index.json", "tokenizer.model"
+__all__ = ["Checkpoint", "CheckpointInfo", "default_dtype", "inspect_checkpoint", "load_checkpoint",
+           "read_safetensors_header", "resolve_device", "save_checkpoint", "weight_files"]
+
+CONFIG, TOKENIZER = "config.json", "tokenizer.model"
 TOKENIZER_JSON = "tokenizer.json"  # a BPETokenizer, with its tokenizer_config.json
-_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I8": torch.int8,
+              "U8": torch.uint8}
 _HINT = ("a tinyllm checkpoint folder holds config.json, model.safetensors (or shards) and tokenizer.model "
          "(or tokenizer.json)")
 
@@ -52,54 +71,6 @@ class Checkpoint:
     info: CheckpointInfo
     model: Transformer
     tokenizer: Tokenizer  # or a BPETokenizer (tokenizer.json), which has the same interface
-
-
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    if cfg.tie_embeddings:
-        del shapes["lm_head.weight"]
-    return shapes
-
-
-def read_safetensors_header(path: Path) -> dict[str, dict]:
-    """Parse a safetensors header and check the file holds all the data it promises."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise ValueError(f"{path} is truncated or not a safetensors file ({size} bytes)")
-        (n,) = struct.unpack("<Q", head)
-        if n > min(size - 8, 100_000_000):
-            raise ValueError(f"{path} is not a safetensors file, or is truncated (header of {n} bytes)")
-        try:
-            header = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ValueError(f"{path} has a corrupt safetensors header") from None
-    header.pop("__metadata__", None)
-    end = max((t["data_offsets"][1] for t in header.values()), default=0)
-    if size < 8 + n + end:
-        raise ValueError(f"{path} is truncated: {size} bytes, the header promises {8 + n + end}; "
-                         "copy or download it again")
-    return header
-
-
-def weight_files(path: Path, hint: str = _HINT) -> list[Path]:
-    """The safetensors files of a folder: the index's shards, or model.safetensors."""
-    if (path / INDEX).exists():
-        try:
-            index = json.loads((path / INDEX).read_text())
-            files = sorted(set(index["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            raise ValueError(f"{path / INDEX} is not a valid safetensors index") from None
-        missing = [f for f in files if not (path / f).is_file()]
-        if missing:
-            raise FileNotFoundError(f"{path} is missing weight shards {missing}")
-        return [path / f for f in files]
-    if (path / WEIGHTS).is_file():
-        return [path / WEIGHTS]
-    raise FileNotFoundError(f"{path} has no {WEIGHTS} (nor {INDEX}): {hint}")
 
 
 def inspect_checkpoint(path: str | Path) -> CheckpointInfo:
@@ -125,15 +96,12 @@ def inspect_checkpoint(path: str | Path) -> CheckpointInfo:
     if tok.vocab_size > cfg.vocab_size:
         raise ValueError(f"{path}: tokenizer has {tok.vocab_size} pieces but the model only "
                          f"{cfg.vocab_size} embeddings")
-    files = weight_files(path)
+    files = weight_files(path, _HINT)
     found: dict[str, dict] = {}
     for f in files:
         found.update(read_safetensors_header(f))
     want = expected_shapes(cfg)
-    missing = sorted(set(want) - set(found))
-    extra = sorted(set(found) - set(want))
-    wrong = [f"{k}: file {tuple(found[k]['shape'])} vs config {want[k]}"
-             for k in sorted(set(want) & set(found)) if tuple(found[k]["shape"]) != want[k]]
+    missing, extra, wrong = match_tensors(want, {k: (tuple(t["shape"]), t["dtype"]) for k, t in found.items()})
     bad_dtype = sorted(k for k, t in found.items() if t["dtype"] not in _ST_DTYPES)
     for what, items in (("missing tensors", missing), ("unexpected tensors", extra),
                         ("shape mismatch", wrong), ("unsupported dtypes", bad_dtype)):
@@ -153,40 +121,29 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def resolve_device(device: str) -> torch.device:
-    """"auto" | "cpu" | "cuda" -> a device; a ValueError for CUDA where there is none."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available (use --device cpu)")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {device!r}: use auto, cpu or cuda")
-    return torch.device(device)
-
-
-def default_dtype(device: torch.device) -> torch.dtype:
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
-def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
-                    dtype: torch.dtype | None = None) -> Checkpoint:
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                    quant: str = "keep", group: int = 32) -> Checkpoint:
+    """Inspect, then load; `quant` as tinyllm.build reads it ("keep": as stored)."""
+    check_quant(quant, group)
     info = inspect_checkpoint(path)
     device = torch.device(device)
-    dtype = dtype or default_dtype(device)
     tokenizer = load_tokenizer(info.path)
     state: dict[str, torch.Tensor] = {}
     for f in info.weight_files:
-        state.update(load_file(f, device=str(device)))
-    state = {k: v.to(dtype) for k, v in state.items()}
-    if info.config.tie_embeddings:
-        state["lm_head.weight"] = state["tok_emb.weight"]
-    with torch.device("meta"):
-        model = Transformer(info.config)
-    model.load_state_dict(state, assign=True)
-    if info.config.tie_embeddings:
-        model.lm_head.weight = model.tok_emb.weight
-    model.rope.to(device)
-    return Checkpoint(info=info, model=model.eval(), tokenizer=tokenizer)
+        state.update(load_file(f))
+    tensors: dict[str, torch.Tensor | QTensor] = {}
+    for k, v in state.items():
+        if k.endswith(".qweight"):
+            base = k.removesuffix(".qweight")
+            kind = "int8" if v.dtype == torch.int8 else "int4"
+            tensors[f"{base}.weight"] = QTensor(kind, v, state[f"{base}.scales"].float(),
+                                                state[f"{base}.zeros"].float() if kind == "int4" else None)
+        elif not k.endswith((".scales", ".zeros")):
+            tensors[k] = v.float() if v.dtype != torch.float32 else v
+    quantized = quant in ("int8", "int4") or any(isinstance(t, QTensor) for t in tensors.values())
+    dtype = dtype or default_dtype(device, quantized and quant != "none")
+    model = build_transformer(info.config, tensors, device, dtype, quant, group)
+    return Checkpoint(info=info, model=model, tokenizer=tokenizer)
 
 
 def load_tokenizer(path: Path):
@@ -203,9 +160,9 @@ def save_checkpoint(model: Transformer, tokenizer: Tokenizer, path: str | Path, 
     """Write a checkpoint folder; shards when the weights exceed shard_mb MiB."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu", dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
+    state = {k: _stored(k, v, dtype) for k, v in model.state_dict().items()}
     if model.cfg.tie_embeddings:
-        del state["lm_head.weight"]
+        state = {k: v for k, v in state.items() if not k.startswith("lm_head.")}
     config = {"format": "tinyllm", "name": name or path.name, "model": model.cfg.to_dict(), "chat": chat or {}}
     (path / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     for old in [*path.glob("model*.safetensors"), path / INDEX, path / TOKENIZER, path / TOKENIZER_JSON,
@@ -227,6 +184,14 @@ def save_checkpoint(model: Transformer, tokenizer: Tokenizer, path: str | Path, 
     total = sum(t.numel() * t.element_size() for t in state.values())
     (path / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     return path
+
+
+def _stored(name: str, t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """On the CPU, contiguous; dense weights in `dtype`; quantized parts as they are (scales fp32)."""
+    t = t.detach().to("cpu")
+    if name.endswith((".qweight", ".scales", ".zeros")):
+        return (t.float() if t.is_floating_point() else t).contiguous()
+    return t.to(dtype or t.dtype).contiguous()
 
 
 def _split(state: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.Tensor]]:

@@ -5,8 +5,11 @@ Contract: DST gets config.json (ModelConfig, name, chat template: a built-in's n
 one taken from the model's Jinja template its full spec in chat.spec), the weights
 (model.safetensors or shards) and the tokenizer (tokenizer.model; tokenizer.json +
 tokenizer_config.json for a BPE tokenizer). Weights are saved in --dtype: "auto" keeps a
-Hugging Face folder's own dtype and writes GGUF weights (dequantized) as fp32. The folder
-then opens with `open_any` and `tinyllm-chat --model DST` exactly as SRC does.
+Hugging Face folder's own dtype and writes GGUF weights (dequantized) as fp32. --quant int8 /
+int4 stores every matrix quantized (tinyllm.quant's canonical form: values plus scales, int4 in
+groups of --group), "keep" keeps a GGUF's or tinyllm folder's quantized matrices as they are,
+"none" (the default) writes dense weights. The folder then opens with `open_any` and
+`tinyllm-chat --model DST` exactly as SRC does.
 Errors (unsupported architecture, missing tokenizer, unknown quantization type, an existing
 non-empty DST without --force) print one line on stderr and exit with code 2.
 """
@@ -28,7 +31,8 @@ _HF_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": to
 
 
 def convert(src: str | Path, dst: str | Path, dtype: str = "auto", name: str | None = None,
-            template: str | None = None, shard_mb: float = 15, force: bool = False) -> Path:
+            template: str | None = None, shard_mb: float = 15, force: bool = False, quant: str = "none",
+            group: int = 32) -> Path:
     from tinyllm.checkpoint import save_checkpoint
     from tinyllm.open_model import open_any
     from tinyllm.tokenizer import Tokenizer
@@ -40,7 +44,12 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "auto", name: str | N
         raise ValueError("SRC and DST are the same path")
     if dst.exists() and any(dst.iterdir()) and not force:
         raise ValueError(f"{dst} exists and is not empty; pick another DST or pass --force")
-    model, tokenizer, chat_template, model_name = open_any(src, "cpu", torch.float32, template)
+    from tinyllm.build import check_quant
+
+    check_quant(quant, group)
+    if quant == "auto":
+        raise ValueError("--quant auto picks a form for a device; convert takes none, keep, int8 or int4")
+    model, tokenizer, chat_template, model_name = open_any(src, "cpu", torch.float32, template, quant, group)
     if not isinstance(tokenizer, Tokenizer):
         import tinyllm.checkpoint as ckpt
 
@@ -76,9 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--template", default=None, help="built-in chat template instead of the model's own")
     p.add_argument("--shard-mb", type=float, default=15, help="shard size in MiB (default: 15)")
     p.add_argument("--force", action="store_true", help="write into a non-empty DST")
+    p.add_argument("--quant", default="none", choices=("none", "keep", "int8", "int4"),
+                   help="none: dense weights; keep: the source's quantized matrices as they are; int8: per "
+                        "output channel; int4: in groups of --group")
+    p.add_argument("--group", type=int, default=32, choices=(32, 64), help="int4 group size (default 32)")
     args = p.parse_args(argv)
     try:
-        out = convert(args.src, args.dst, args.dtype, args.name, args.template, args.shard_mb, args.force)
+        out = convert(args.src, args.dst, args.dtype, args.name, args.template, args.shard_mb, args.force,
+                      args.quant, args.group)
     except (ValueError, FileNotFoundError) as e:
         print(f"tinyllm.convert: error: {e}", file=sys.stderr)
         return 2

@@ -8,41 +8,54 @@ A graph replays fixed kernels on fixed addresses, so the step has static shapes:
 - `StaticKVCache` keeps the position as a device tensor. K/V are written with index_copy_
   at that position, RoPE is gathered at it, and every decode step attends over a fixed
   window of W keys, with keys past the position masked out.
-- W comes from length buckets (128, 256, ..., max_len). Each bucket has its own graph; the
-  step uses the smallest bucket that holds pos + 1 keys. All graphs share one memory pool
-  and the same static buffers (cache, input token, position).
+- W comes from length buckets (128, 256, ..., max_len). The step uses the smallest bucket
+  that holds every key it needs. All graphs share one memory pool and the same static
+  buffers (cache, input token, sampler state).
 - Prefill stays eager: it runs once per turn with a different shape each time. It may start
   at any position n (a new chat turn is appended after the conversation so far), and
-  `truncate(n)` rewinds (regenerate). Sampling stays eager too.
+  `truncate(n)` rewinds (regenerate, or the overshoot of a chunk).
 
-`use_graph=False` runs the identical static step eagerly: the reference replay must match
-bit for bit, and the path on a CPU (so the app has one decode path everywhere). Toggling
-`use_graph` between two steps changes no token. Not bit-identical to the eager `KVCache`
-decode: that attends over exactly pos + 1 keys with no mask, and SDPA picks another kernel.
+One step body serves both decoders: the cache supplies what differs. `cache.decode(W)` is
+the cache protocol for one decode step over W keys (a view; the cache itself stays in
+prefill mode), `cache.keys_needed(steps)` the window a run of `steps` steps needs,
+`cache.step_state()` the device tensors a step advances (a capture's warm-up puts them
+back), `cache.advance_host(steps)` the host-side bookkeeping. `GraphDecoder` runs it over a
+`StaticKVCache` (one request, B rows), `SlotGraphDecoder` over a `SlotKVCache` (the
+continuous engine). `use_graph=None` means graphs where the model is on CUDA.
 
-Unlike the seed, no autocast: inference weights on CUDA are bf16 (DESIGN.md), and the step
+The step samples inside itself (`StepSampler`: greedy, temperature, top-k, top-p, repetition
+penalty, seeded noise) and writes the next id into its own input buffer `tok`, so `step(dec.tok)`
+needs no copy and no host sync. `run(steps)` chains `steps` steps in one replay (one graph per
+(W, steps, greedy)); their ids land in `out`. `GraphDecoder.launch(steps)` does that without
+waiting and hands back a `Chunk` whose ids the host reads later: one sync per chunk, not per
+token. A run never crosses a bucket boundary unless asked to (`run` picks W for its last step).
+
+`use_graph=False` runs the identical steps eagerly: the reference replay must match bit for
+bit, and the path on a CPU. Toggling `use_graph` between two runs changes no token. Not
+bit-identical to the eager `KVCache` decode: that attends over exactly pos + 1 keys with no
+mask, and SDPA picks another kernel. No autocast: weights on CUDA are bf16, and the step
 computes in the weights' dtype. Refuses: graphs without CUDA, a full cache, a wrong batch.
 
-The step also writes the argmax of its logits into its own input buffer (`tok`): greedy
-decoding passes `dec.tok` back to `step()`, and needs no sampling kernel and no copy between
-two replays.
-
 `compile="inductor"` runs the step through `torch.compile` (dynamic window: one compiled
-step serves every bucket below max_len, a second the full window): Inductor fuses RMSNorm,
-RoPE and the elementwise work into a few kernels, and the graphs capture the compiled step.
-Graph and eager mode then run the same compiled code, so they stay bit-identical; the
-compiled step is close to, not bit-equal with, the plain one.
+step per sampler variant serves every bucket): Inductor fuses RMSNorm, RoPE, sampling and the
+elementwise work into a few kernels, and the graphs capture the compiled step. Graph and eager
+mode then run the same compiled code, so they stay bit-identical; the compiled step is close
+to, not bit-equal with, the plain one.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from tinyllm.kv_cache import KVCache, SlotKVCache, _LayerKV
+from tinyllm.kv_cache import KVCache, SlotKVCache
 from tinyllm.model import Transformer
+from tinyllm.step_sampler import StepSampler
+
+MAX_RUN = 16  # the most steps one run chains (the width of `out`)
 
 
 def default_buckets(max_len: int, first: int = 128) -> tuple[int, ...]:
@@ -65,57 +78,90 @@ def pick_bucket(buckets: tuple[int, ...], n_keys: int) -> int:
 class StaticKVCache(KVCache):
     """Shared-position cache with fixed shapes (B rows, max_len positions).
 
-    Two modes:
-    - prefill (`window` None, eager): as KVCache, from the current position n.
-    - decode (`window` set, T=1): the position comes from the device tensor `pos`; returns
-      the first `window` keys with a mask, so shapes don't depend on the position.
+    As a cache it prefills eagerly from the current position n (KVCache). `decode(W)` is the
+    view one decode step runs through: the position comes from the device tensor `pos`, and
+    the step sees the first W keys with a mask, so shapes don't depend on the position.
     `first_valid` (B,) is the left-pad count per row; zeros when unpadded.
     """
 
     def __init__(self, n_layers: int, batch: int, max_len: int, device=None):
         super().__init__(n_layers, batch, max_len, device)
+        # One spare position: every window W <= max_len is then a strict slice of the cache, so
+        # a compiled step needs no second variant for W = max_len.
+        self.rows = max_len + 1
         self.pos = torch.zeros(1, dtype=torch.long, device=self.device)  # graph input
-        self.window: int | None = None
 
     def reset(self, pad_lens: Tensor | None = None) -> None:
         super().reset(pad_lens)
-        self.window = None
         self.pos.zero_()
 
     def truncate(self, n: int) -> None:
         super().truncate(n)
         self.pos.fill_(n)
 
+    def end_step(self, T: int) -> None:
+        super().end_step(T)
+        self.pos.fill_(self.n)
+
+    # -- what the decoder asks of a cache ---------------------------------------------------
+
+    def decode(self, window: int) -> _StaticDecode:
+        assert self.k[0] is not None, "prefill before the first decode step"
+        return _StaticDecode(self, window)
+
+    def keys_needed(self, steps: int) -> int:
+        if self.n + steps > self.max_len:
+            raise ValueError(f"KV cache full: position {self.n + steps} > max_len {self.max_len}")
+        return self.n + steps
+
+    def step_state(self) -> list[Tensor]:
+        return [self.pos]
+
+    def advance_host(self, steps: int) -> None:
+        self.n += steps
+
+
+class _StaticDecode:
+    """The cache protocol for one decode step (T=1) of a StaticKVCache over W keys."""
+
+    def __init__(self, cache: StaticKVCache, window: int):
+        self.cache, self.window = cache, window
+        self.attn_kwargs: dict = {}
+
     def begin_step(self, T: int, rope) -> tuple[Tensor, Tensor]:
-        if self.window is None:
-            return super().begin_step(T, rope)
         if T != 1:
             raise ValueError("decode mode takes one token per row")
-        k_pos = torch.arange(self.window, device=self.pos.device)  # (W,)
-        valid = (k_pos <= self.pos) & (k_pos >= self.first_valid[:, None])  # (B, W)
+        c = self.cache
+        k_pos = torch.arange(self.window, device=c.pos.device)  # (W,)
+        valid = (k_pos <= c.pos) & (k_pos >= c.first_valid[:, None])  # (B, W)
         self.attn_kwargs = {"attn_mask": valid[:, None, None, :]}  # (B, 1, 1, W)
-        return rope.cos.index_select(0, self.pos), rope.sin.index_select(0, self.pos)
+        return rope.cos.index_select(0, c.pos), rope.sin.index_select(0, c.pos)
+
+    def layer(self, i: int) -> _WindowLayer:
+        return _WindowLayer(self, i)
+
+    def update(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        c = self.cache
+        c.k[i].index_copy_(2, c.pos, k)  # (B, Hkv, max_len + 1, D) at pos
+        c.v[i].index_copy_(2, c.pos, v)
+        return c.k[i][:, :, :self.window], c.v[i][:, :, :self.window]  # (B, Hkv, W, D)
 
     def end_step(self, T: int) -> None:
-        if self.window is None:
-            super().end_step(T)
-            self.pos.fill_(self.n)
-        else:
-            self.pos.add_(1)  # captured into the graph; the host copy moves in step()
-
-    def layer(self, i: int) -> _StaticLayerKV:
-        return _StaticLayerKV(self, i)
+        self.cache.pos.add_(1)  # captured into the graph; the host copy moves in advance_host()
 
 
-class _StaticLayerKV(_LayerKV):
+class _WindowLayer:
+    """One layer of a decode view: `update` and `attn_kwargs`, as the cache protocol asks."""
+
+    def __init__(self, view, i: int):
+        self.view, self.i = view, i
+
+    @property
+    def attn_kwargs(self) -> dict:
+        return self.view.attn_kwargs
+
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        c, i = self.cache, self.i
-        if c.window is None or c.k[i] is None:
-            assert c.window is None, "prefill before the first decode step"
-            return super().update(k, v)
-        c.k[i].index_copy_(2, c.pos, k)  # (B, Hkv, max_len, D) at pos
-        c.v[i].index_copy_(2, c.pos, v)
-        return c.k[i][:, :, :c.window], c.v[i][:, :, :c.window]  # (B, Hkv, W, D)
+        return self.view.update(self.i, k, v)
 
 
 def compiled(forward, backend: str | None):
@@ -133,18 +179,27 @@ def compiled(forward, backend: str | None):
     return torch.compile(forward, backend=backend, fullgraph=True, dynamic=True)
 
 
-class _Graphs:
-    """Per-window CUDA graphs sharing one pool; `use_graph=False` runs the step eagerly."""
+class _Decoder:
+    """The one decode step body, its graphs and its eager twin, over a cache that supplies
+    `decode(W)`, `keys_needed(steps)`, `step_state()` and `advance_host(steps)`."""
 
-    def __init__(self, model: Transformer, buckets: tuple[int, ...], max_len: int, use_graph: bool):
-        self.model = model
+    def __init__(self, model: Transformer, cache, batch: int, buckets: tuple[int, ...], max_len: int,
+                 use_graph: bool | None, compile: str | None):
+        self.model, self.cache, self.compile = model, cache, compile
+        model.rope.ensure(model.rope.max_seq_len)  # the tables `rope.cos` reads: never built in a capture/compile
         self.buckets = tuple(sorted(buckets))
         if self.buckets[-1] < max_len:
             raise ValueError(f"largest bucket {self.buckets[-1]} < max_len {max_len}")
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        device = model.device
+        self.sampler = StepSampler(batch, model.cfg.vocab_size, device)
+        self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)  # the next step's input
+        self.out = torch.zeros(batch, MAX_RUN, dtype=torch.long, device=device)  # ids of the last run
+        self._step_fn = compiled(self._forward, compile)
+        self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.pool = None
         self._use_graph = False
-        self.use_graph = use_graph
+        self.use_graph = device.type == "cuda" if use_graph is None else use_graph
+        self.window: int | None = None  # the bucket of the last run
 
     @property
     def use_graph(self) -> bool:
@@ -159,26 +214,44 @@ class _Graphs:
             self.pool = torch.cuda.graph_pool_handle()
         self._use_graph = on
 
+    @property
+    def captured_windows(self) -> list[int]:
+        return sorted({w for w, _, _ in self.graphs})
+
     def bucket(self, n_keys: int) -> int:
         return pick_bucket(self.buckets, n_keys)
 
-    def capture_time_s(self, capture_one, windows) -> float:
-        if not self.use_graph:
-            raise ValueError("capture needs use_graph=True")
-        torch.cuda.synchronize()  # earlier work (a prefill) is not capture time
-        t0 = time.perf_counter()
-        for w in windows:
-            if w not in self.graphs:
-                self.graphs[w] = capture_one(w)
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0
+    def set_compile(self, backend: str | None) -> None:
+        """Run the step through `backend` (None: the plain step) from the next run on. The
+        graphs of the old step are dropped; the new step's are captured as runs need them."""
+        self.compile = backend
+        self._step_fn = compiled(self._forward, backend)
+        self.graphs.clear()
 
-    def record(self, forward, state: list[Tensor]) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+    # -- the step -------------------------------------------------------------------------
+
+    def _forward(self, window: int) -> Tensor:
+        logits, _ = self.model(self.tok, cache=self.cache.decode(window))  # (B, 1, V)
+        self.sampler.push(self.tok)
+        self.tok.copy_(self.sampler.draw(logits[:, -1])[:, None])  # the next ids (B, 1)
+        return logits
+
+    def _steps(self, window: int, steps: int) -> Tensor:
+        for i in range(steps):
+            logits = self._step_fn(window)
+            self.out[:, i:i + 1].copy_(self.tok)
+        return logits
+
+    def _state(self) -> list[Tensor]:
+        return [*self.cache.step_state(), self.tok, *self.sampler.state()]
+
+    def _record(self, window: int, steps: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         # Warm up on a side stream (lazy cuBLAS / SDPA setup and compilation must not happen
         # during capture). Twice: the first run may create lazily allocated buffers (a slot
         # cache's K/V), which a compiled step sees as a new input and compiles for again.
-        # The warm-ups run the real step: their K/V writes land where the next real step
-        # writes, and the state tensors they advance (position, input token) are put back.
+        # The warm-ups run the real steps: their K/V writes land where the next real steps
+        # write, and the state they advance (positions, input ids, sampler) is put back.
+        state = self._state()
         saved = [t.clone() for t in state]
 
         def restore() -> None:
@@ -188,50 +261,104 @@ class _Graphs:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                forward()
+                self._steps(window, steps)
                 restore()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = forward()
+        # thread_local: another thread (a background compile) may use CUDA meanwhile.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            out = self._steps(window, steps)
         restore()
         return graph, out
 
+    @torch.no_grad()
+    def capture(self, windows: tuple[int, ...] | None = None, steps: int = 1) -> float:
+        """Capture the graphs of `steps`-step runs ahead of time (default: every bucket) for
+        the sampler's current variant. Safe between steps: the warm-up's K/V writes land at the
+        next positions. Returns seconds."""
+        if not self.use_graph:
+            raise ValueError("capture needs use_graph=True")
+        self.cache.keys_needed(steps)  # refuses a full cache
+        torch.cuda.synchronize()  # earlier work (a prefill) is not capture time
+        t0 = time.perf_counter()
+        for w in windows or self.buckets:
+            key = (w, steps, self.sampler.greedy)
+            if key not in self.graphs:
+                self.graphs[key] = self._record(w, steps)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
 
-class GraphDecoder:
-    """Prefill eagerly, then decode one token per row with one CUDA-graph replay per step.
+    @torch.no_grad()
+    def run(self, steps: int = 1) -> Tensor:
+        """`steps` decode steps, each feeding `tok` and leaving its draw there and in
+        `out[:, i]`; one replay with graphs. Returns the last step's logits (B, 1, V), with
+        graphs a static buffer that the next run overwrites."""
+        if not 1 <= steps <= MAX_RUN:
+            raise ValueError(f"steps must be in [1, {MAX_RUN}], got {steps}")
+        window = self.bucket(self.cache.keys_needed(steps))
+        if self.use_graph:
+            key = (window, steps, self.sampler.greedy)
+            if key not in self.graphs:
+                self.graphs[key] = self._record(window, steps)
+            graph, logits = self.graphs[key]
+            graph.replay()
+        else:
+            logits = self._steps(window, steps)
+        self.cache.advance_host(steps)
+        self.window = window
+        return logits
+
+    @torch.no_grad()
+    def step(self, tok: Tensor) -> Tensor:
+        """tok (B, 1) -> logits (B, 1, V); with graphs a static buffer that the next step
+        overwrites: read it first. Afterwards `self.tok` holds the sampler's draw (greedy by
+        default: the argmax of these logits), so `step(dec.tok)` is the next step."""
+        if tok.shape != self.tok.shape:
+            raise ValueError(f"expected tokens of shape {tuple(self.tok.shape)}, got {tuple(tok.shape)}")
+        if tok.data_ptr() != self.tok.data_ptr():
+            self.tok.copy_(tok)
+        return self.run(1)
+
+
+@dataclass
+class Chunk:
+    """The ids of one launched run, read on the host when wanted (one sync per chunk)."""
+    steps: int
+    host: Tensor  # (B, steps); pinned on CUDA, filled once `done` has passed
+    done: torch.cuda.Event | None
+
+    def ids(self) -> list[list[int]]:
+        if self.done is not None:
+            self.done.synchronize()
+        return self.host[:, :self.steps].tolist()
+
+
+class GraphDecoder(_Decoder):
+    """Prefill eagerly, then decode one token per row with one CUDA-graph replay per run.
 
     Reusable: prefill() resets the cache, and graphs captured for one request serve the
     next (same batch size). append() prefills a new turn after the current position;
     truncate() rewinds. use_graph=False runs the identical static step eagerly (the only
-    mode on a CPU); it may be flipped between any two steps.
+    mode on a CPU); it may be flipped between any two runs.
     """
 
     def __init__(self, model: Transformer, batch: int = 1, max_len: int | None = None,
-                 buckets: tuple[int, ...] | None = None, use_graph: bool = True,
+                 buckets: tuple[int, ...] | None = None, use_graph: bool | None = True,
                  compile: str | None = None):
-        self.model, self.compile = model, compile
-        self._step_fn = compiled(self._forward, compile)
         self.max_len = max_len or model.cfg.max_seq_len
         if self.max_len > model.cfg.max_seq_len:
             raise ValueError(f"max_len {self.max_len} > max_seq_len {model.cfg.max_seq_len}")
-        self._g = _Graphs(model, buckets or default_buckets(self.max_len), self.max_len, use_graph)
-        self.cache = StaticKVCache(model.cfg.n_layers, batch, self.max_len, model.device)
-        self.tok = torch.zeros(batch, 1, dtype=torch.long, device=model.device)
-        self.window: int | None = None  # the bucket of the last step
-
-    use_graph = property(lambda self: self._g.use_graph,
-                         lambda self, on: setattr(self._g, "use_graph", on))
-    buckets = property(lambda self: self._g.buckets)
-    graphs = property(lambda self: self._g.graphs)
+        cache = StaticKVCache(model.cfg.n_layers, batch, self.max_len, model.device)
+        super().__init__(model, cache, batch, buckets or default_buckets(self.max_len), self.max_len,
+                         use_graph, compile)
+        self._host = [self.out.new_zeros(self.out.shape, device="cpu", pin_memory=self.out.is_cuda)
+                      for _ in range(3)]  # chunks in flight read back into these, in turn
+        self._next_host = 0
 
     @property
     def n(self) -> int:
-        """Positions filled so far."""
+        """Positions filled so far (runs launched included)."""
         return self.cache.n
-
-    def bucket(self, n_keys: int) -> int:
-        return self._g.bucket(n_keys)
 
     @torch.no_grad()
     def prefill(self, idx: Tensor, pad_lens: Tensor | None = None, all_logits: bool = False) -> Tensor:
@@ -245,7 +372,6 @@ class GraphDecoder:
     def append(self, idx: Tensor, all_logits: bool = False) -> Tensor:
         """Prefill idx (B, T) at the current position n (a new turn), eagerly."""
         self._check_batch(idx)
-        self.cache.window = None
         logits, _ = self.model(idx, cache=self.cache, last_only=not all_logits)
         return logits
 
@@ -257,121 +383,36 @@ class GraphDecoder:
         if idx.dim() != 2 or idx.shape[0] != self.cache.batch:
             raise ValueError(f"expected token ids of shape ({self.cache.batch}, T), got {tuple(idx.shape)}")
 
-    def _forward(self) -> Tensor:
-        logits, _ = self.model(self.tok, cache=self.cache)  # (B, 1, V)
-        self.tok.copy_(logits[:, -1].argmax(-1, keepdim=True))  # the greedy next ids (B, 1)
-        return logits
-
-    def _capture(self, window: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        self.cache.window = window
-        return self._g.record(self._step_fn, [self.cache.pos, self.tok])
-
     @torch.no_grad()
-    def capture(self, windows: tuple[int, ...] | None = None) -> float:
-        """Capture graphs ahead of time (default: every bucket). Needs a free position: the
-        warm-up writes K/V at n, which the next real step overwrites. Returns seconds."""
-        if self.cache.n >= self.max_len:
-            raise ValueError("capture needs a free position: truncate or prefill first")
-        try:
-            return self._g.capture_time_s(self._capture, windows or self.buckets)
-        finally:
-            self.cache.window = None
-
-    @torch.no_grad()
-    def step(self, tok: Tensor) -> Tensor:
-        """tok (B, 1) -> logits (B, 1, V). With graphs, the result is a static buffer that
-        the next step overwrites: read it (or sample from it) first. Afterwards `self.tok`
-        holds the argmax of these logits: `step(dec.tok)` is the next greedy step."""
-        c = self.cache
-        if c.n >= self.max_len:
-            raise ValueError(f"KV cache full: position {c.n + 1} > max_len {self.max_len}")
-        if tok.shape != self.tok.shape:
-            raise ValueError(f"expected tokens of shape {tuple(self.tok.shape)}, got {tuple(tok.shape)}")
-        window = self.bucket(c.n + 1)
-        if tok.data_ptr() != self.tok.data_ptr():
-            self.tok.copy_(tok)
-        try:
-            if self.use_graph and window not in self.graphs:
-                self.graphs[window] = self._capture(window)
-            c.window = window
-            if self.use_graph:
-                graph, out = self.graphs[window]
-                graph.replay()
-            else:
-                out = self._step_fn()
-        finally:
-            c.window = None
-        c.n += 1
-        self.window = window
-        return out
+    def launch(self, steps: int) -> Chunk:
+        """run(steps) without waiting for it: the ids are copied to the host behind it, and
+        the caller reads them from the Chunk (after launching the next one, say)."""
+        self.run(steps)
+        host = self._host[self._next_host]
+        self._next_host = (self._next_host + 1) % len(self._host)
+        if not self.out.is_cuda:
+            host.copy_(self.out)
+            return Chunk(steps, host, None)
+        host.copy_(self.out, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return Chunk(steps, host, done)
 
 
-class SlotGraphDecoder:
+class SlotGraphDecoder(_Decoder):
     """The continuous engine's decode step (one token per SlotKVCache slot) as CUDA graphs
     (4.11b). Admission, release and prefill stay eager in the engine.
 
     The batch is always n_slots rows (free slots compute too), and slot lengths and active
     flags live in fixed device tensors that admit()/release() update in place. The one
     changing shape is the attention window: the smallest bucket that holds the longest
-    slot + 1. Replay advances the device lengths; the host lengths move in advance_host().
+    slot + 1. Replay advances the device lengths; the host lengths move after it.
     use_graph=False runs the identical windowed step eagerly.
     """
 
     def __init__(self, model: Transformer, slots: SlotKVCache,
-                 buckets: tuple[int, ...] | None = None, use_graph: bool = True,
+                 buckets: tuple[int, ...] | None = None, use_graph: bool | None = True,
                  compile: str | None = None):
-        self.model, self.slots = model, slots
-        self._step_fn = compiled(self._forward, compile)
-        self._g = _Graphs(model, buckets or default_buckets(slots.max_len), slots.max_len, use_graph)
-        self.tok = torch.zeros(slots.n_slots, 1, dtype=torch.long, device=model.device)
-
-    use_graph = property(lambda self: self._g.use_graph,
-                         lambda self, on: setattr(self._g, "use_graph", on))
-    buckets = property(lambda self: self._g.buckets)
-    graphs = property(lambda self: self._g.graphs)
-
-    def bucket(self, n_keys: int) -> int:
-        return self._g.bucket(n_keys)
-
-    def _forward(self) -> Tensor:
-        logits, _ = self.model(self.tok, cache=self.slots)  # (S, 1, V)
-        self.tok.copy_(logits[:, -1].argmax(-1, keepdim=True))  # the greedy next ids (S, 1)
-        return logits
-
-    def _capture(self, window: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        self.slots.window = window
-        return self._g.record(self._step_fn, [self.slots._lens_dev, self.tok])
-
-    @torch.no_grad()
-    def capture(self, windows: tuple[int, ...] | None = None) -> float:
-        """Capture graphs ahead of time (default: every bucket). Safe between steps: the
-        warm-up's K/V writes land at each slot's next position. Returns seconds."""
-        try:
-            return self._g.capture_time_s(self._capture, windows or self.buckets)
-        finally:
-            self.slots.window = None
-
-    @torch.no_grad()
-    def step(self, tok: Tensor) -> Tensor:
-        """tok (n_slots, 1) -> logits (n_slots, 1, V); with graphs a static buffer. Afterwards
-        `self.tok` holds the argmax of these logits (the greedy next id of every slot)."""
-        c = self.slots
-        need = max(c.lens[s] for s in range(c.n_slots) if c.active[s]) + 1 if any(c.active) else 1
-        if need > c.max_len:
-            raise ValueError(f"a slot is full (max_len {c.max_len})")
-        window = self.bucket(need)
-        if tok.data_ptr() != self.tok.data_ptr():
-            self.tok.copy_(tok)
-        try:
-            if self.use_graph and window not in self.graphs:
-                self.graphs[window] = self._capture(window)
-            c.window = window
-            if self.use_graph:
-                graph, out = self.graphs[window]
-                graph.replay()
-            else:
-                out = self._step_fn()
-        finally:
-            c.window = None
-        c.advance_host()
-        return out
+        self.slots = slots
+        super().__init__(model, slots, slots.n_slots, buckets or default_buckets(slots.max_len), slots.max_len,
+                         use_graph, compile)

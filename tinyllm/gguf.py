@@ -10,7 +10,9 @@ Contract:
   inside the file. Metadata arrays come back as lists.
 - `GGUFFile.tensor(name) -> fp32 tensor` in PyTorch order (GGUF lists dims fastest first),
   dequantized by `gguf_quants.dequantize` (the types it lists; another is a ValueError).
-- `load_gguf(path, device, dtype, template=None) -> (model, tokenizer, chat_template, name)`:
+- `GGUFFile.quantized(name)`: a matrix kept quantized (Q4_0/Q4_1/Q4_K -> int4 exactly, other
+  block types -> int8 per row; tinyllm.quant), for `load_gguf(quant="auto")`.
+- `load_gguf(path, device, dtype, template=None, quant="auto") -> (model, tokenizer, chat_template, name)`:
   llama architecture only. llama.cpp's converter permutes the Q/K rows of each head from
   the Hugging Face "rotate half" layout into the interleaved one; this undoes it, so our
   rotate-half RoPE sees what the model was trained with. The tokenizer comes from the
@@ -32,9 +34,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tinyllm.checkpoint import default_dtype, expected_shapes
-from tinyllm.gguf_quants import GGML_TYPES, dequantize, supported_types
+from tinyllm.build import build_transformer, check_quant, check_tensors, default_dtype, expected_shapes, pick_template
+from tinyllm.gguf_quants import GGML_TYPES, dequantize, supported_types, to_qtensor
 from tinyllm.model import ModelConfig
+from tinyllm.quant import QTensor
+from tinyllm.sp_proto import sentencepiece_proto
 from tinyllm.tokenizer import Tokenizer
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
@@ -75,6 +79,11 @@ class GGUFFile:
         t = self.tensors[name]
         raw = torch.from_numpy(self.raw(name).copy())
         return dequantize(raw, t.type, t.shape)
+
+    def quantized(self, name: str) -> torch.Tensor | QTensor:
+        """A matrix in its quantized form (gguf_quants.to_qtensor); other tensors fp32."""
+        t = self.tensors[name]
+        return to_qtensor(torch.from_numpy(self.raw(name).copy()), t.type, t.shape)
 
     def close(self) -> None:
         if self._mm is not None:
@@ -161,44 +170,6 @@ def read_gguf(path: str | Path) -> GGUFFile:
                                  "copy or download it again")
         tensors[name] = GGUFTensor(name, shape, typ, start + off, nbytes)
     return GGUFFile(path, version, meta, tensors, mm)
-
-
-# ---- sentencepiece model protos (protobuf wire format, written by hand) -------------------
-
-def _varint(v: int) -> bytes:
-    v &= (1 << 64) - 1  # negative int32 fields are 10-byte two's complement varints
-    out = bytearray()
-    while True:
-        b, v = v & 0x7F, v >> 7
-        out.append(b | (0x80 if v else 0))
-        if not v:
-            return bytes(out)
-
-
-def _field(num: int, value) -> bytes:
-    if isinstance(value, bytes):
-        return _varint(num << 3 | 2) + _varint(len(value)) + value
-    if isinstance(value, float):
-        return _varint(num << 3 | 5) + struct.pack("<f", value)
-    return _varint(num << 3) + _varint(int(value))  # int and bool
-
-
-def sentencepiece_piece(piece: str, score: float, kind: int) -> bytes:
-    """One `ModelProto.pieces` entry (field 1): kind 1 normal, 2 unknown, 3 control,
-    4 user-defined, 5 unused, 6 byte. Appending these to a serialized model adds pieces."""
-    return _field(1, _field(1, piece.encode()) + _field(2, float(score)) + _field(3, kind))
-
-
-def sentencepiece_proto(tokens: list[str], scores: list[float], kinds: list[int], unk_id: int | None,
-                        bos_id: int | None, eos_id: int | None, pad_id: int | None,
-                        add_dummy_prefix: bool = True) -> bytes:
-    """A serialized sentencepiece BPE ModelProto (the field numbers of sentencepiece_model.proto)."""
-    pieces = b"".join(sentencepiece_piece(t, s, k) for t, s, k in zip(tokens, scores, kinds, strict=True))
-    ids = [(40, unk_id), (41, bos_id), (42, eos_id), (43, pad_id)]
-    trainer = (_field(3, 2) + _field(4, len(tokens)) + _field(35, 6 in kinds)
-               + b"".join(_field(f, -1 if i is None else i) for f, i in ids))
-    normalizer = (_field(1, b"identity") + _field(3, add_dummy_prefix) + _field(4, False) + _field(5, True))
-    return pieces + _field(2, trainer) + _field(3, normalizer)
 
 
 # ---- llama-architecture files -----------------------------------------------------------
@@ -292,8 +263,6 @@ def inspect_gguf(g: GGUFFile, template: str | None = None):
     """Validate a read GGUF header (no tensor data): config, tensor names, shapes and types,
     tokenizer, chat template. Returns (config, tokenizer, chat_template, name, {gguf name:
     tinyllm name})."""
-    from tinyllm.hf import check_tensors, pick_template
-
     cfg = gguf_config(g)
     want = expected_shapes(cfg)
     names = {n: _tinyllm_name(n) for n in g.tensors}
@@ -317,23 +286,26 @@ def inspect_gguf(g: GGUFFile, template: str | None = None):
 
 
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-              template: str | None = None):
-    """(model, tokenizer, chat_template, name) from a llama-architecture GGUF file."""
-    from tinyllm.hf import build_transformer
-
+              template: str | None = None, quant: str = "none", group: int = 32):
+    """(model, tokenizer, chat_template, name) from a llama-architecture GGUF file. quant
+    "auto" / "keep" keep each quantized matrix quantized (gguf_quants.to_qtensor), the embedding and
+    output matrices included; "none" dequantizes to `dtype`; "int8" / "int4" converts to that."""
+    check_quant(quant, group)
     g = read_gguf(path)
     try:
         cfg, tokenizer, chat, name, names = inspect_gguf(g, template)
         device = torch.device(device)
-        dtype = dtype or default_dtype(device)
-        state = {}
+        dtype = dtype or default_dtype(device, quant != "none")
+        heads = {"attn.wq.weight": cfg.n_heads, "attn.wk.weight": cfg.n_kv_heads}
+        state: dict[str, torch.Tensor | QTensor] = {}
         for n, t in names.items():
-            w = g.tensor(n)
-            if t.endswith("attn.wq.weight"):
-                w = unpermute_qk(w, cfg.n_heads)
-            elif t.endswith("attn.wk.weight"):
-                w = unpermute_qk(w, cfg.n_kv_heads)
-            state[t] = w.to(dtype)
-        return build_transformer(cfg, state, device, dtype), tokenizer, chat, name
+            w = g.tensor(n) if quant == "none" else g.quantized(n)
+            h = next((v for k, v in heads.items() if t.endswith(k)), None)
+            if h is not None and isinstance(w, QTensor):
+                w = w.map(lambda x, h=h: unpermute_qk(x.reshape(x.shape[0], -1), h).reshape(x.shape))
+            elif h is not None:
+                w = unpermute_qk(w, h)
+            state[t] = w if isinstance(w, QTensor) or quant != "none" else w.to(dtype)
+        return build_transformer(cfg, state, device, dtype, quant, group), tokenizer, chat, name
     finally:
         g.close()

@@ -4,11 +4,15 @@ Contract: `dequantize(raw, typ, shape)` turns one tensor's raw bytes (uint8) of 
 into an fp32 tensor of `shape`: F32, F16, BF16, F64, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
 Q4_K, Q5_K, Q6_K, each with vectorized torch ops over all blocks (in chunks, so temporaries
 stay bounded). Another type is a ValueError naming it. Bit layouts follow llama.cpp's ggml.
+`to_qtensor(raw, typ, shape)` keeps a matrix quantized instead (tinyllm.quant's forms; its
+docstring states each type's error).
 """
 
 from __future__ import annotations
 
 import torch
+
+from tinyllm.quant import QTensor, pack_int4, quantize
 
 # ggml type id -> (name, elements per block, bytes per block); None: a type we cannot read.
 GGML_TYPES: dict[int, tuple[str, int, int] | tuple[str, None, None]] = {
@@ -152,3 +156,44 @@ def dequantize(raw: torch.Tensor, typ: int, shape: tuple[int, ...]) -> torch.Ten
     for i in range(0, blocks.shape[0], _CHUNK_BLOCKS):
         out[i:i + _CHUNK_BLOCKS] = _DEQUANT[typ](blocks[i:i + _CHUNK_BLOCKS])
     return out.reshape(shape)
+
+
+# ---- quantized forms (tinyllm.quant.QTensor) ----------------------------------------------
+
+def _int4_q4_0(b):  # w = (q - 8) d: s = d, z = -8 d
+    d = _f16(b[:, :2])
+    return _nibbles(b[:, 2:], 16), d, -8 * d
+
+
+def _int4_q4_1(b):  # w = q d + m
+    return _nibbles(b[:, 4:], 16), _f16(b[:, :2]), _f16(b[:, 2:4])
+
+
+def _int4_q4_k(b):  # eight sub-blocks of 32: w = q (d sc) - dmin mn
+    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    sc, mn = _scale_min_k4(b[:, 4:16])
+    return _nibbles(b[:, 16:], 32), d * sc, -(dmin * mn)
+
+
+_INT4 = {2: _int4_q4_0, 3: _int4_q4_1, 12: _int4_q4_k}  # 4-bit types held exactly as int4, groups of 32
+
+
+def to_qtensor(raw: torch.Tensor, typ: int, shape: tuple[int, ...]) -> QTensor | torch.Tensor:
+    """Raw GGUF bytes of one 2-D tensor -> its quantized form, block by block, no bf16 copy:
+    Q4_0, Q4_1, Q4_K -> int4 in groups of 32, exactly (the same 4-bit values; scales and
+    offsets in fp32, where d * sc and dmin * mn are exact); every other block type -> int8 per
+    row, from its fp32 values (Q8_0 too: its per-block scales become one per row), at most
+    max|row| / 254 from the file's values. Plain types (F32, F16, BF16, F64) -> fp32 tensor."""
+    if typ in _PLAIN or len(shape) != 2:
+        return dequantize(raw, typ, shape)
+    if typ not in _INT4:
+        return quantize(dequantize(raw, typ, shape), "int8")
+    _, block, size = GGML_TYPES[typ]
+    n, k = shape
+    blocks = raw.reshape(-1, size)
+    q = torch.empty(blocks.shape[0], block, dtype=torch.uint8)
+    s = torch.empty(blocks.shape[0], block // 32)
+    z = torch.empty_like(s)
+    for i in range(0, blocks.shape[0], _CHUNK_BLOCKS):
+        q[i:i + _CHUNK_BLOCKS], s[i:i + _CHUNK_BLOCKS], z[i:i + _CHUNK_BLOCKS] = _INT4[typ](blocks[i:i + _CHUNK_BLOCKS])
+    return QTensor("int4", pack_int4(q.view(n, k)), s.view(n, k // 32), z.view(n, k // 32))

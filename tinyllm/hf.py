@@ -22,8 +22,8 @@ Contract:
   the built-in named by `template`; else the folder's Jinja template when it splits per
   message (jinja_template.py); else a built-in guessed from the template or the model name
   (with a warning when a Jinja template did not split); else chatml.
-- `build_transformer(cfg, state, device, dtype)`: a Transformer from a tinyllm-named state
-  dict (shared with the GGUF importer).
+- `load_hf(..., quant="auto")`: the tensors go down to tinyllm.build; "int8" / "int4"
+  quantizes them there (from fp32), "auto" and "none" keep the folder's dense weights.
 Refuses (ValueError/FileNotFoundError, one line): other model types, a head_dim that is not
 hidden_size / heads, rope scaling, attention/MLP biases, activations other than silu,
 quantized (GPTQ/AWQ/bitsandbytes) weights, .bin-only weights, a missing tokenizer.
@@ -32,26 +32,29 @@ quantized (GPTQ/AWQ/bitsandbytes) weights, .bin-only weights, a missing tokenize
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-from tinyllm.chat_template import ChatTemplate, get_template
-from tinyllm.checkpoint import (
+from tinyllm.build import (
     INDEX,
     WEIGHTS,
+    build_transformer,
+    check_quant,
+    check_tensors,
     default_dtype,
     expected_shapes,
+    pick_template,
     read_safetensors_header,
     weight_files,
 )
-from tinyllm.jinja_template import derive_template, guess_builtin
+from tinyllm.chat_template import ChatTemplate
 from tinyllm.model import ModelConfig, Transformer
+from tinyllm.sp_proto import sentencepiece_piece
 from tinyllm.tokenizer import Tokenizer
 
-__all__ = ["build_transformer", "check_tensors", "hf_config", "inspect_hf", "load_hf", "pick_template"]
+__all__ = ["hf_config", "inspect_hf", "load_hf"]
 
 SUPPORTED = ("llama", "mistral")
 _HINT = "a Hugging Face folder holds config.json, model.safetensors (or shards) and a tokenizer"
@@ -125,30 +128,6 @@ def _weight_files(path: Path) -> list[Path]:
     return weight_files(path, _HINT)
 
 
-def check_tensors(lead: str, missing: list[str], unexpected: list[str], wrong: list[str]) -> None:
-    """One line naming the first few missing / unexpected / mis-shaped tensors, if any."""
-    for what, items in (("missing tensors", missing), ("unexpected tensors", unexpected),
-                        ("shape mismatch", wrong)):
-        if items:
-            more = f" (and {len(items) - 3} more)" if len(items) > 3 else ""
-            raise ValueError(f"{lead}: {what} {', '.join(items[:3])}{more}")
-
-
-def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor], device: torch.device,
-                      dtype: torch.dtype) -> Transformer:
-    """A Transformer holding `state` (tinyllm names; lm_head taken from tok_emb when tied)."""
-    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
-    if cfg.tie_embeddings:
-        state["lm_head.weight"] = state["tok_emb.weight"]
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    model.load_state_dict(state, assign=True)
-    if cfg.tie_embeddings:
-        model.lm_head.weight = model.tok_emb.weight
-    model.rope.to(device)
-    return model.eval()
-
-
 def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
@@ -200,16 +179,19 @@ def inspect_hf(path: str | Path, template: str | None = None):
 
 
 def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-            template: str | None = None) -> tuple[Transformer, object, ChatTemplate, str]:
+            template: str | None = None, quant: str = "none",
+            group: int = 32) -> tuple[Transformer, object, ChatTemplate, str]:
+    check_quant(quant, group)
     cfg, tokenizer, chat, name, plan = inspect_hf(path, template)
     device = torch.device(device)
-    dtype = dtype or default_dtype(device)
+    dtype = dtype or default_dtype(device, quant in ("int8", "int4"))
     state = {}
     for f, names in plan.items():
         with safe_open(str(f), framework="pt") as st:
             for hf, tl in names.items():
-                state[tl] = st.get_tensor(hf).to(dtype)
-    return build_transformer(cfg, state, device, dtype), tokenizer, chat, name
+                t = st.get_tensor(hf)
+                state[tl] = t.float() if quant in ("int8", "int4") else t.to(dtype)
+    return build_transformer(cfg, state, device, dtype, quant, group), tokenizer, chat, name
 
 
 def _jinja_source(path: Path, tok_cfg: dict) -> str | None:
@@ -227,24 +209,6 @@ def _add_bos(tokenizer, tok_cfg: dict) -> bool:
     if isinstance(tokenizer, Tokenizer):
         return True  # LlamaTokenizer's default
     return tokenizer.adds_bos()
-
-
-def pick_template(source: str | None, tokenizer, add_bos: bool, template: str | None,
-                  name: str) -> ChatTemplate:
-    """`template` by name; else the model's own Jinja template when it splits per message;
-    else a built-in guessed from the template source or model name; else chatml."""
-    if template:
-        return get_template(template)
-    bos = tokenizer.id_to_piece(tokenizer.bos_id) if tokenizer.bos_id is not None else None
-    eos = tokenizer.id_to_piece(tokenizer.eos_id) if tokenizer.eos_id is not None else None
-    if source:
-        try:
-            return derive_template(source, bos, eos, add_bos, lambda p: tokenizer.piece_to_id(p) is not None)
-        except ValueError as e:
-            guess = guess_builtin(source) or "chatml"
-            warnings.warn(f"{name}: using the built-in {guess!r} chat template: {e}", stacklevel=2)
-            return get_template(guess)
-    return get_template(guess_builtin(name) or "chatml")
 
 
 def load_hf_tokenizer(path: Path, raw: dict | None = None):
@@ -267,8 +231,6 @@ def load_hf_tokenizer(path: Path, raw: dict | None = None):
 def _sentencepiece_with_added(path: Path, tok_cfg: dict) -> Tokenizer:
     """tokenizer.model, plus the tokens tokenizer_config.json / tokenizer.json add past its
     vocab (e.g. "<|im_start|>" at 32000) as user-defined pieces, so they encode as one id."""
-    from tinyllm.gguf import sentencepiece_piece
-
     tok = Tokenizer.load(path / "tokenizer.model")
     added: dict[int, str] = {}
     for i, t in (tok_cfg.get("added_tokens_decoder") or {}).items():

@@ -14,7 +14,7 @@ Here:
   (`first_valid` counts each row's pads), `truncate(n)` rewinds. Decode attends over exactly
   n + 1 keys, with no mask when unpadded: the eager reference path.
 - `SlotKVCache`: the continuous engine's cache, one independent row ("slot") per request,
-  lengths on the host (`lens`) and on the device (`_lens_dev`), decode over a fixed `window`.
+  lengths on the host (`lens`) and on the device (`_lens_dev`), decode through `decode(W)`.
 Refuses: writing past max_len ("KV cache full"), a dtype other than the one it holds.
 """
 
@@ -57,6 +57,7 @@ class KVCache:
 
     def __init__(self, n_layers: int, batch: int, max_len: int, device=None):
         self.n_layers, self.batch, self.max_len = n_layers, batch, max_len
+        self.rows = max_len  # positions allocated per layer (a static cache keeps one spare)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.k: list[Tensor | None] = [None] * n_layers
         self.v: list[Tensor | None] = [None] * n_layers
@@ -115,7 +116,7 @@ class _LayerKV:
         if B != c.batch:
             raise ValueError(f"batch {B} != cache batch {c.batch}")
         if c.k[i] is None:
-            shape = (c.batch, H, c.max_len, D)
+            shape = (c.batch, H, c.rows, D)
             c.k[i] = torch.zeros(shape, dtype=k.dtype, device=k.device)
             c.v[i] = torch.zeros(shape, dtype=v.dtype, device=v.device)
         check_dtype(c.k[i], k)
@@ -129,15 +130,16 @@ class SlotKVCache:
     """One row ("slot") per request, each with its own length, for continuous batching.
 
     Prefill (eager, several slots at once): `start_prefill(slots, lens)` then a forward of
-    (len(slots), T) right-padded tokens writes each slot's positions 0..T-1. Decode
-    (`window` set, T=1): every slot takes one token at its own position `_lens_dev[s]` and
-    attends over the first `window` keys, masked past its length. Free slots compute too
-    (into their own row) but never advance. The host copy `lens` moves in
+    (len(slots), T) right-padded tokens writes each slot's positions 0..T-1. Decode runs
+    through the view `decode(W)` (T=1): every slot takes one token at its own position
+    `_lens_dev[s]` and attends over the first W keys, masked past its length. Free slots
+    compute too (into their own row) but never advance. The host copy `lens` moves in
     `advance_host()`, the device copy inside the (captured) step.
     """
 
     def __init__(self, n_layers: int, n_slots: int, max_len: int, device=None):
         self.n_layers, self.n_slots, self.max_len = n_layers, n_slots, max_len
+        self.rows = max_len + 1  # one spare position: a window W <= max_len is always a strict slice
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.k: list[Tensor | None] = [None] * n_layers
         self.v: list[Tensor | None] = [None] * n_layers
@@ -145,7 +147,6 @@ class SlotKVCache:
         self.active = [False] * n_slots
         self._lens_dev = torch.zeros(n_slots, dtype=torch.long, device=self.device)
         self._active_dev = torch.zeros(n_slots, dtype=torch.long, device=self.device)
-        self.window: int | None = None  # None = prefill mode
         self.prefill_slots: list[int] | None = None
         self.prefill_lens: list[int] = []
         self.attn_kwargs: dict = {}
@@ -178,41 +179,100 @@ class SlotKVCache:
     def free_slots(self) -> list[int]:
         return [s for s in range(self.n_slots) if not self.active[s]]
 
-    def advance_host(self) -> None:
+    # -- what the decoder asks of a cache ---------------------------------------------------
+
+    def decode(self, window: int) -> _SlotDecode:
+        return _SlotDecode(self, window)
+
+    def ensure(self, i: int, like: Tensor) -> None:
+        """Allocate layer i's K/V on first use, shaped like `like` (S, Hkv, T, D)'s heads."""
+        if self.k[i] is None:
+            _, H, _, D = like.shape
+            shape = (self.n_slots, H, self.rows, D)
+            self.k[i] = torch.zeros(shape, dtype=like.dtype, device=like.device)
+            self.v[i] = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        check_dtype(self.k[i], like)
+
+    def keys_needed(self, steps: int) -> int:
+        need = max((self.lens[s] for s in range(self.n_slots) if self.active[s]), default=0) + steps
+        if need > self.max_len:
+            raise ValueError(f"a slot is full (max_len {self.max_len})")
+        return need
+
+    def step_state(self) -> list[Tensor]:
+        return [self._lens_dev]
+
+    def advance_host(self, steps: int = 1) -> None:
         for s in range(self.n_slots):
             if self.active[s]:
-                self.lens[s] += 1
+                self.lens[s] += steps
+
+    # -- prefill (the cache protocol) --------------------------------------------------------
 
     def begin_step(self, T: int, rope) -> tuple[Tensor, Tensor]:
-        if self.window is None:
-            assert self.prefill_slots is not None, "call start_prefill(slots, lens) before a prefill"
-            if T > self.max_len:
-                raise ValueError(f"KV cache full: prompt of {T} tokens > max_len {self.max_len}")
-            cos, sin = rope(T, 0)
-            self.attn_kwargs = causal_kwargs(0, T, cos.device)
-            return cos, sin
-        if T != 1:
-            raise ValueError("decode mode takes one token per slot")
-        k_pos = torch.arange(self.window, device=self._lens_dev.device)
-        valid = k_pos[None, :] <= self._lens_dev[:, None]  # (S, W)
-        self.attn_kwargs = {"attn_mask": valid[:, None, None, :]}  # (S, 1, 1, W)
-        cos = rope.cos.index_select(0, self._lens_dev)[:, None]  # (S, 1, D/2)
-        sin = rope.sin.index_select(0, self._lens_dev)[:, None]
+        assert self.prefill_slots is not None, "call start_prefill(slots, lens) before a prefill"
+        if T > self.max_len:
+            raise ValueError(f"KV cache full: prompt of {T} tokens > max_len {self.max_len}")
+        cos, sin = rope(T, 0)
+        self.attn_kwargs = causal_kwargs(0, T, cos.device)
         return cos, sin
 
     def end_step(self, T: int) -> None:
-        if self.window is None:
-            for s, n in zip(self.prefill_slots, self.prefill_lens, strict=True):
-                self.lens[s] = n
-            self.prefill_slots = None
-        else:
-            self._lens_dev.add_(self._active_dev)  # captured into the graph
+        for s, n in zip(self.prefill_slots, self.prefill_lens, strict=True):
+            self.lens[s] = n
+        self.prefill_slots = None
 
     def layer(self, i: int) -> _SlotLayerKV:
         return _SlotLayerKV(self, i)
 
 
+class _SlotDecode:
+    """The cache protocol for one decode step of every slot over W keys: each slot takes one
+    token at its own position `_lens_dev[s]`, masked past its length."""
+
+    def __init__(self, cache: SlotKVCache, window: int):
+        self.cache, self.window = cache, window
+        self.attn_kwargs: dict = {}
+
+    def begin_step(self, T: int, rope) -> tuple[Tensor, Tensor]:
+        if T != 1:
+            raise ValueError("decode mode takes one token per slot")
+        lens = self.cache._lens_dev
+        k_pos = torch.arange(self.window, device=lens.device)
+        valid = k_pos[None, :] <= lens[:, None]  # (S, W)
+        self.attn_kwargs = {"attn_mask": valid[:, None, None, :]}  # (S, 1, 1, W)
+        cos = rope.cos.index_select(0, lens)[:, None]  # (S, 1, D/2)
+        sin = rope.sin.index_select(0, lens)[:, None]
+        return cos, sin
+
+    def layer(self, i: int) -> _SlotDecodeLayer:
+        return _SlotDecodeLayer(self, i)
+
+    def end_step(self, T: int) -> None:
+        self.cache._lens_dev.add_(self.cache._active_dev)  # captured into the graph
+
+
+class _SlotDecodeLayer:
+    def __init__(self, view: _SlotDecode, i: int):
+        self.view, self.i = view, i
+
+    @property
+    def attn_kwargs(self) -> dict:
+        return self.view.attn_kwargs
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        c, i, W = self.view.cache, self.i, self.view.window
+        B, H, _, D = k.shape  # (S, Hkv, 1, D)
+        c.ensure(i, k)  # a capture before any admission decodes first
+        idx = c._lens_dev.clamp(max=c.max_len - 1)[:, None, None, None].expand(B, H, 1, D)
+        c.k[i].scatter_(2, idx, k)  # each slot writes at its own length
+        c.v[i].scatter_(2, idx, v)
+        return c.k[i][:, :, :W], c.v[i][:, :, :W]  # (S, Hkv, W, D)
+
+
 class _SlotLayerKV:
+    """One layer of a SlotKVCache prefill."""
+
     def __init__(self, cache: SlotKVCache, i: int):
         self.cache, self.i = cache, i
 
@@ -222,18 +282,9 @@ class _SlotLayerKV:
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         c, i = self.cache, self.i
-        B, H, T, D = k.shape  # (B, Hkv, T, D)
-        if c.k[i] is None:
-            shape = (c.n_slots, H, c.max_len, D)
-            c.k[i] = torch.zeros(shape, dtype=k.dtype, device=k.device)
-            c.v[i] = torch.zeros(shape, dtype=v.dtype, device=v.device)
-        check_dtype(c.k[i], k)
-        if c.window is None:
-            rows = torch.tensor(c.prefill_slots, device=k.device)  # (B,)
-            c.k[i][rows, :, :T] = k
-            c.v[i][rows, :, :T] = v
-            return k, v  # a prefill from position 0 sees exactly its own keys
-        idx = c._lens_dev.clamp(max=c.max_len - 1)[:, None, None, None].expand(B, H, 1, D)
-        c.k[i].scatter_(2, idx, k)  # each slot writes at its own length
-        c.v[i].scatter_(2, idx, v)
-        return c.k[i][:, :, :c.window], c.v[i][:, :, :c.window]  # (S, Hkv, W, D)
+        T = k.shape[2]  # (B, Hkv, T, D)
+        c.ensure(i, k)
+        rows = torch.tensor(c.prefill_slots, device=k.device)  # (B,)
+        c.k[i][rows, :, :T] = k
+        c.v[i][rows, :, :T] = v
+        return k, v  # a prefill from position 0 sees exactly its own keys

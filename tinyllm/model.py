@@ -188,8 +188,10 @@ def linear(layer: nn.Linear, x: Tensor) -> Tensor:
     decode), with K <= REDUCTION_MAX_K, it is written as a product and a sum over K instead:
     Inductor makes that one reduction kernel (a matrix-vector product) and fuses elementwise
     work around it into it, where a cuBLAS call is a kernel of its own with a ~3 µs floor.
-    Eager code, wider K and every batch above one row keep the library matrix product."""
-    if torch.compiler.is_compiling() and x.shape[:-1].numel() == 1 and x.shape[-1] <= REDUCTION_MAX_K:
+    Eager code, wider K and every batch above one row keep the library matrix product.
+    A quantized layer (tinyllm.quant.QuantLinear) picks its own kernel in its forward."""
+    if (type(layer) is nn.Linear and torch.compiler.is_dynamo_compiling() and x.shape[:-1].numel() == 1
+            and x.shape[-1] <= REDUCTION_MAX_K):
         return (x[..., None, :] * layer.weight).sum(-1)  # (..., N), fp32 accumulation
     return layer(x)
 
@@ -207,18 +209,22 @@ class RMSNorm(nn.Module):
 
 
 def fuse_linears(module: nn.Module, fused: str, parts: dict[str, int]) -> None:
-    """Keep `module.<fused>` (one nn.Linear whose output rows are the parts' rows, in
-    order) in memory, but save and load it as the separate `<part>.weight` entries."""
+    """Keep `module.<fused>` (one layer whose output rows are the parts' rows, in order) in
+    memory, but save and load it as the separate `<part>.<tensor>` entries: `weight` for an
+    nn.Linear; `qweight`, `scales` (and `zeros`) for a quantized layer, whose rows split alike."""
 
     def split(mod, state, prefix, _meta) -> None:
-        w = state.pop(f"{prefix}{fused}.weight")
-        for name, rows in zip(parts, w.split(list(parts.values())), strict=True):
-            state[f"{prefix}{name}.weight"] = rows.clone()  # own storage: files refuse shared tensors
+        head = f"{prefix}{fused}."
+        for key in [k for k in state if k.startswith(head)]:
+            t = state.pop(key)
+            for name, rows in zip(parts, t.split(list(parts.values())), strict=True):
+                state[f"{prefix}{name}.{key[len(head):]}"] = rows.clone()  # own storage: files refuse shared tensors
 
     def join(mod, state, prefix, *_args) -> None:
-        keys = [f"{prefix}{name}.weight" for name in parts]
-        if all(k in state for k in keys):
-            state[f"{prefix}{fused}.weight"] = torch.cat([state.pop(k) for k in keys])
+        for leaf in ("weight", "qweight", "scales", "zeros"):
+            keys = [f"{prefix}{name}.{leaf}" for name in parts]
+            if all(k in state for k in keys):
+                state[f"{prefix}{fused}.{leaf}"] = torch.cat([state.pop(k) for k in keys])
 
     module.register_state_dict_post_hook(split)
     module.register_load_state_dict_pre_hook(join)

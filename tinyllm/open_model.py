@@ -4,13 +4,15 @@
   a Hugging Face folder         config.json with a "model_type"        hf.py (llama, mistral)
   a GGUF file                   *.gguf (or a folder holding one)       gguf.py (llama)
 
-Contract: `open_any(path, device="cpu", dtype=None, template=None) -> (model, tokenizer,
-chat_template, name)`; the model is in eval mode on `device` in `dtype` (bf16 on CUDA, fp32
-on the CPU by default); the tokenizer is a `Tokenizer` (sentencepiece) or a `BPETokenizer`
-(tokenizer.json / GGUF gpt2 vocab), both with the interface ChatSession uses. `template`
-names a built-in chat template that overrides the model's own. A tinyllm folder's template
-is config.json's chat.template, or the full spec in chat.spec (what `tinyllm.convert` writes
-for a template taken from Jinja).
+Contract: `open_any(path, device="cpu", dtype=None, template=None, quant="none") -> (model,
+tokenizer, chat_template, name)`; the model is in eval mode on `device` in `dtype` (bf16 on
+CUDA, fp32 on the CPU by default); `quant` ("auto", "keep", "none", "int8", "int4") is how
+its matrices are held (tinyllm.build; "none", the default, dequantizes; "keep" keeps a GGUF's
+or checkpoint's quantized matrices; "auto" too, in the form fastest on the device); the
+tokenizer is a `Tokenizer` (sentencepiece) or a `BPETokenizer` (tokenizer.json / GGUF gpt2
+vocab), both with the interface ChatSession uses. `template` names a built-in chat template
+that overrides the model's own. A tinyllm folder's template is config.json's chat.template,
+or the full spec in chat.spec (what `tinyllm.convert` writes for a template taken from Jinja).
 `inspect_any(path, template=None) -> name` runs every check open_any runs without reading a
 weight (config, tensor names, shapes and types, tokenizer, chat template): for a CLI to
 validate --model before its UI opens. `classify(path)` says which of the three a path is.
@@ -87,23 +89,27 @@ def inspect_any(path: str | Path, template: str | None = None) -> str:
 
 
 def open_any(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-             template: str | None = None) -> tuple[Transformer, object, ChatTemplate, str]:
+             template: str | None = None, quant: str = "none",
+             group: int = 32) -> tuple[Transformer, object, ChatTemplate, str]:
+    from tinyllm.build import check_quant
+
+    check_quant(quant, group)
     kind, path = classify(path)
     if kind == "tinyllm":
-        return _open_tinyllm(path, device, dtype, template)
+        return _open_tinyllm(path, device, dtype, template, quant, group)
     if kind == "hf":
         from tinyllm.hf import load_hf
 
-        return load_hf(path, device, dtype, template)
+        return load_hf(path, device, dtype, template, quant, group)
     from tinyllm.gguf import load_gguf
 
-    return load_gguf(path, device, dtype, template)
+    return load_gguf(path, device, dtype, template, quant, group)
 
 
-def _open_tinyllm(path: Path, device, dtype, template: str | None):
+def _open_tinyllm(path: Path, device, dtype, template: str | None, quant: str, group: int):
     from tinyllm.checkpoint import load_checkpoint
 
-    ckpt = load_checkpoint(path, device, dtype)
+    ckpt = load_checkpoint(path, device, dtype, quant, group)
     return ckpt.model, ckpt.tokenizer, _tinyllm_template(ckpt.info.chat, template), ckpt.info.name
 
 

@@ -66,16 +66,17 @@ def make_generator(params: SamplingParams, device) -> torch.Generator | None:
     return torch.Generator(device=device).manual_seed(params.seed)
 
 
-def apply_repeat_penalty(logits: Tensor, prev: Tensor, penalty: float) -> Tensor:
-    """logits (B, V) float, prev (B, N) ids -> penalized copy."""
+def apply_repeat_penalty(logits: Tensor, prev: Tensor, penalty: float | Tensor) -> Tensor:
+    """logits (B, V) float, prev (B, N) ids -> penalized copy (penalty a float or a (1,) tensor)."""
     seen = logits.gather(1, prev)  # (B, N)
     seen = torch.where(seen > 0, seen / penalty, seen * penalty)
     return logits.scatter(1, prev, seen)
 
 
 def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | None = None,
-           prev: Tensor | None = None) -> Tensor:
-    """logits (B, V) -> next ids (B,)."""
+           prev: Tensor | None = None, noise: Tensor | None = None) -> Tensor:
+    """logits (B, V) -> next ids (B,). noise (B, V): Exponential(1) draws to use instead of
+    the generator's (the in-step sampler's are tested against this function that way)."""
     logits = logits.float()
     if prev is not None and prev.numel() and params.repeat_penalty != 1.0:
         logits = apply_repeat_penalty(logits, prev, params.repeat_penalty)
@@ -92,5 +93,6 @@ def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | 
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
     probs = logits.softmax(dim=-1)  # (B, V)
-    noise = torch.empty_like(probs).exponential_(generator=generator)
+    if noise is None:
+        noise = torch.empty_like(probs).exponential_(generator=generator)
     return (probs / noise).argmax(dim=-1)

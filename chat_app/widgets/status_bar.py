@@ -1,7 +1,8 @@
 """StatusBar: one line under the input with what the decoder is doing.
 
-Shows: model name, device and dtype, CUDA graphs (ON / OFF / "n/a on CPU"), decode
-tokens/s, time to first token, the attention bucket W, position / max_len, and last the
+Shows: model name, device and dtype, CUDA graphs (ON / OFF / "n/a on CPU") and which decode
+step runs ("compiling…" while the compiled step is built in the background, then "compiled"),
+decode tokens/s, time to first token, the attention bucket W, position / max_len, and last the
 state (loading / ready / generating: last, so a narrow terminal clips it first). The app
 calls `show(**fields)` at most once per drained batch; fields not known yet render as "-".
 `line` holds the plain text (tests read it).
@@ -10,6 +11,8 @@ calls `show(**fields)` at most once per drained batch; fields not known yet rend
 from __future__ import annotations
 
 from textual.widgets import Static
+
+STEPS = {"plain": "", "compiling": " · compiling…", "compiled": " · compiled", "compile failed": " · plain step"}
 
 
 class StatusBar(Static):
@@ -28,12 +31,13 @@ class StatusBar(Static):
         if f["state"] in ("starting", "loading", "failed"):
             return f"{f['state']} {f.get('name', '')}".rstrip()
         graphs = {True: "ON", False: "OFF", None: "n/a on CPU"}[f.get("graphs")]
+        step = STEPS.get(str(f.get("step", "plain")), "")
         tok_s = f.get("tok_s")
         ttft = f.get("ttft_ms")
         parts = [
             str(f.get("name", "")),
             f"{f.get('device', '-')} {f.get('dtype', '-')}",
-            f"graphs {graphs}",
+            f"graphs {graphs}{step}",
             f"{tok_s:.0f} tok/s" if tok_s is not None else "- tok/s",
             f"TTFT {ttft:.0f} ms" if ttft is not None else "TTFT -",
             f"W {f.get('window') or '-'}",

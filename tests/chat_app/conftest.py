@@ -1,8 +1,14 @@
 """Fixtures for the app tests: one tiny random checkpoint per session, a tmp data folder per
 test, and helpers that build the app from a command line and wait on conditions.
 
-No test depends on timing: a reply that must still run while the test acts is HELD (see
-`Held`): it pauses after its first token until the test releases it or Esc stops it."""
+No test depends on timing. The session runs in a child process (chat_app.remote_session), so
+nothing here reaches into it; two real interfaces keep a reply running while a test acts:
+- what the APP sees: `Held` wraps the RemoteSession the app calls; the reply's events after
+  its first token wait at a gate until the test releases them (or Esc, which also stops the
+  child's reply). The child decodes on meanwhile; its events queue in the RemoteSession.
+- what the SESSION does: `--ignore-eos` (a real CLI option) makes a reply long by
+  construction: with a large --max-tokens it ends only at Esc / Ctrl+N or at the context's
+  end (2,048 positions), which a test that stops it asserts it never reached."""
 
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from chat_app.__main__ import build_app, build_parser
 from chat_app.app import ChatApp
 from chat_app.store import Saved, Store
 from chat_app.widgets.prompt_input import PromptInput
-from tinyllm.chat import Token
+from tinyllm.chat_events import Token
 from tinyllm.testing import make_tiny_checkpoint
 
 
@@ -43,13 +49,15 @@ def data_dir(tmp_path, monkeypatch) -> Path:
 @pytest.fixture
 def make_app(ckpt) -> Callable[..., ChatApp]:
     def make(*argv: str) -> ChatApp:
-        return build_app(build_parser().parse_args(["--model", str(ckpt), "--device", "cpu", *argv]))
+        compile = [] if "--compile" in argv else ["--compile", "off"]  # the plain step unless asked
+        return build_app(build_parser().parse_args(["--model", str(ckpt), "--device", "cpu", *compile, *argv]))
     return make
 
 
 class Held:
-    """A real ChatSession whose replies pause after their first token until `release()` (or
-    until stop(), which Esc calls): a reply that is certainly still running, on any CPU."""
+    """The app's session (a RemoteSession) whose replies, as the app sees them, pause after
+    their first token until `release()` (or stop(), which Esc calls and which stops the child's
+    reply too): a reply that is certainly still running for the app, on any CPU."""
 
     def __init__(self, session) -> None:
         self._session = session

@@ -112,12 +112,13 @@ async def test_failed_regenerate_keeps_the_previous_reply(make_app, data_dir, mo
         await loaded(pilot)
         await send(pilot, "Hello")
         before = [(m.role, m.content) for m in app.session.messages]
-        import tinyllm.chat
 
-        def overflow(*args, **kwargs):
-            raise OverflowError("Overflow when unpacking long")
+        def refused():  # what the RemoteSession raises when the child's regenerate fails first
+            raise ValueError("OverflowError: Overflow when unpacking long")
 
-        monkeypatch.setattr(tinyllm.chat, "make_generator", overflow)  # fails before the reply begins
+        # The session is in the child process: the failure is made at the interface the app
+        # calls. That the session itself is all or nothing: tests/tinyllm/test_chat_reliability.py.
+        monkeypatch.setattr(app.session, "regenerate", refused)
         await pilot.press("ctrl+r")
         await wait_until(pilot, lambda: not app.busy and errors(app), what="the failed regenerate")
         assert any("Overflow" in e for e in errors(app))

@@ -1,13 +1,20 @@
 """ChatSession: incremental turns against full re-prefill, context trimming, stop, regenerate."""
 
+from functools import partial
+
 import pytest
 import torch
 
-from tinyllm.chat import Finished, Prefilled, Token, open_session
+from tinyllm.chat import Finished, Prefilled, Token
+from tinyllm.chat import open_session as open_compiled
 from tinyllm.testing import make_tiny_checkpoint
 
 TURNS = ["Hello!", "What is the capital of France?", "Tell me a joke.", "Numbers: 1 2 3",
          "Café in Zürich 🙂", "Write a poem about the sea."]
+
+
+# The plain step: these tests are about turns and the context (the compiled step: test_chat_decode.py).
+open_session = partial(open_compiled, compile=None)
 
 
 @pytest.fixture(scope="module")

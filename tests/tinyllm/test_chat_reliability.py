@@ -3,7 +3,6 @@ in a user turn (a crash before the reply began) still alternates."""
 
 import pytest
 
-import tinyllm.chat
 from tinyllm.chat import Finished, open_session
 from tinyllm.sampling import SamplingParams
 from tinyllm.testing import make_tiny_checkpoint
@@ -14,21 +13,57 @@ def ckpt(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("ck") / "tiny", max_seq_len=256)
 
 
+def overflow(*args, **kwargs):
+    raise OverflowError("Overflow when unpacking long")
+
+
+def state(s) -> tuple:
+    return [(m.role, m.content) for m in s.messages], list(s.context), s.first_message
+
+
 def test_regenerate_that_fails_before_it_starts_keeps_the_reply(ckpt, monkeypatch):
-    s = open_session(ckpt, "cpu")
+    s = open_session(ckpt, "cpu", compile=None)
     s.set_param("max_tokens", "8")
     list(s.send("Hello!"))
-    before = ([(m.role, m.content) for m in s.messages], list(s.context))
-
-    def overflow(*args, **kwargs):
-        raise OverflowError("Overflow when unpacking long")
-
-    monkeypatch.setattr(tinyllm.chat, "make_generator", overflow)
+    before = state(s)
+    monkeypatch.setattr(s.decoder.sampler, "load", overflow)  # fails after the prefill, before any event
     with pytest.raises(OverflowError):
         list(s.regenerate())
-    assert ([(m.role, m.content) for m in s.messages], s.context) == before
+    assert state(s) == before
     monkeypatch.undo()
     assert isinstance(list(s.regenerate())[-1], Finished) and len(s.messages) == 2
+
+
+def test_send_that_fails_before_it_starts_changes_nothing(ckpt, monkeypatch):
+    s = open_session(ckpt, "cpu", compile=None)
+    s.set_param("max_tokens", "8")
+    list(s.send("Hello!"))
+    before = state(s)
+    monkeypatch.setattr(s.decoder.sampler, "load", overflow)
+    with pytest.raises(OverflowError):
+        list(s.send("Again?"))
+    assert state(s) == before  # the user turn is taken back, the cache rewound
+    monkeypatch.undo()
+    events = list(s.send("Again?"))
+    assert isinstance(events[-1], Finished) and [m.role for m in s.messages] == ["user", "assistant"] * 2
+    fresh = open_session(ckpt, "cpu", compile=None)  # the same turns, never failed: the same reply
+    fresh.set_param("max_tokens", "8")
+    list(fresh.send("Hello!"))
+    assert list(fresh.send("Again?"))[-1].text == events[-1].text
+
+
+def test_send_that_fails_after_dropping_turns_brings_them_back(ckpt, monkeypatch):
+    s = open_session(ckpt, "cpu", max_len=64, compile=None)
+    s.set_param("max_tokens", "4")
+    while s.first_message == 0 and len(s.messages) < 40:
+        before = state(s)
+        monkeypatch.setattr(s.decoder.sampler, "load", overflow)
+        with pytest.raises(OverflowError):
+            list(s.send("one more turn please"))
+        assert state(s) == before  # also when this turn made the session drop the oldest turns
+        monkeypatch.undo()
+        list(s.send("one more turn please"))
+    assert s.first_message > 0, "the context never filled: the drop path was not exercised"
 
 
 def test_resumed_chat_ending_with_a_user_turn_alternates(ckpt):

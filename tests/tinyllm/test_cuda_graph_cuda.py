@@ -41,7 +41,7 @@ def test_replay_bit_identical_to_static_eager_over_600_steps(cuda_model):
     graph = GraphDecoder(cuda_model, 2, max_len=1024, use_graph=True)
     t_eager, l_eager = run(eager, prompt, 700)
     t_graph, l_graph = run(graph, prompt, 700)
-    assert sorted(graph.graphs) == [128, 256, 512, 1024]
+    assert graph.captured_windows == [128, 256, 512, 1024]
     assert torch.equal(t_eager, t_graph)
     assert torch.equal(l_eager, l_graph)
 
@@ -87,20 +87,43 @@ def test_offset_append_and_truncate_under_graphs(cuda_model):
     assert all(torch.equal(x, y) for x, y in zip(outs[False], outs[True], strict=True))
 
 
-def test_seeded_sampling_identical_with_and_without_graphs(cuda_model):
-    params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=3)
-    prompt = torch.randint(0, 1024, (1, 20), device="cuda")
+@pytest.mark.parametrize("compile", [None, "inductor"])
+def test_in_step_sampling_replay_equals_its_eager_twin_in_runs_of_k(cuda_model, compile):
+    """Seeded in-step sampling (temperature, top-k, top-p, repetition penalty), runs of 1 and
+    16 steps, graphs against the identical steps run eagerly and against one step at a time:
+    the same ids, bit for bit, across 128 -> 256 -> 512."""
+    params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, repeat_penalty=1.3, seed=3)
+    prompt = torch.randint(0, 1024, (2, 100), device="cuda")
     got = []
-    for use_graph in (False, True):
-        dec = GraphDecoder(cuda_model, 1, max_len=1024, use_graph=use_graph)
-        gen = torch.Generator(device="cuda").manual_seed(3)
-        logits, toks = dec.prefill(prompt), []
-        for _ in range(200):
-            tok = sample(logits[:, -1], params, gen)[:, None]
-            toks.append(tok)
-            logits = dec.step(tok)
-        got.append(torch.cat(toks, 1))
-    assert torch.equal(got[0], got[1])
+    for use_graph, steps in ((False, 1), (True, 1), (True, 16), (False, 16)):
+        dec = GraphDecoder(cuda_model, 2, max_len=512, use_graph=use_graph, compile=compile)
+        logits = dec.prefill(prompt)
+        dec.sampler.load(params, prompt)
+        dec.tok.copy_(dec.sampler.draw(logits[:, -1])[:, None])
+        ids = [dec.tok.clone()]
+        while dec.n + steps <= 400:
+            if dec.bucket(dec.n + 1) != dec.bucket(dec.n + steps):  # runs stay inside a bucket
+                dec.run(1)
+                ids.append(dec.out[:, :1].clone())
+                continue
+            dec.run(steps)
+            ids.append(dec.out[:, :steps].clone())
+        got.append(torch.cat(ids, 1)[:, :280])
+    assert all(torch.equal(got[0], g) for g in got[1:])
+    assert len(set(got[0][0].tolist())) > 50  # it did sample
+
+
+def test_sampler_on_cuda_equals_sample_with_the_same_noise(cuda_model):
+    from tinyllm.step_sampler import StepSampler, noise_at
+
+    logits = torch.randn(2, 1024, device="cuda") * 3
+    for params in (SamplingParams(temperature=0.7, top_k=20, top_p=0.8, repeat_penalty=1.2, seed=9),
+                   SamplingParams(repeat_penalty=1.1)):
+        s = StepSampler(2, 1024, "cuda")
+        prev = torch.randint(0, 1024, (2, 64), device="cuda")
+        s.load(params, prev)
+        want = sample(logits, params, prev=prev, noise=noise_at(s.key, s.counter, 2, 1024))
+        assert torch.equal(s.draw(logits), want)
 
 
 def test_capture_time_for_all_buckets(cuda_model):
@@ -108,7 +131,7 @@ def test_capture_time_for_all_buckets(cuda_model):
     dec.prefill(torch.randint(0, 1024, (1, 10), device="cuda"))
     seconds = dec.capture()
     print(f"\ncapture of buckets {dec.buckets}: {seconds * 1000:.1f} ms")
-    assert sorted(dec.graphs) == [128, 256, 512, 1024]
+    assert dec.captured_windows == [128, 256, 512, 1024]
     graphs = dict(dec.graphs)
     dec.capture()  # already captured: nothing new
     assert dec.graphs == graphs
@@ -123,7 +146,7 @@ def test_compiled_replay_bit_identical_to_compiled_eager_step(cuda_model):
     graph = GraphDecoder(cuda_model, 2, max_len=512, use_graph=True, compile="inductor")
     t_eager, l_eager = run(eager, prompt, 300)
     t_graph, l_graph = run(graph, prompt, 300)
-    assert sorted(graph.graphs) == [128, 256, 512]
+    assert graph.captured_windows == [128, 256, 512]
     assert torch.equal(t_eager, t_graph) and torch.equal(l_eager, l_graph)
     toggled = GraphDecoder(cuda_model, 2, max_len=512, use_graph=True, compile="inductor")
     t_tog, l_tog = run(toggled, prompt, 300, toggle_every=7)

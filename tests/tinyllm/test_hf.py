@@ -143,7 +143,7 @@ def test_jinja_template_and_chat_ids_match_apply_chat_template(bpe_folder):
     ref = transformers.AutoTokenizer.from_pretrained(str(bpe_folder))
     convo = [("user", "What is the capital of France?"), ("assistant", "Paris 2 3."), ("user", "Café 🙂")]
     for system in (None, "Be terse."):
-        s = ChatSession(model, tok, tmpl, max_len=128, system=system or tmpl.default_system)
+        s = ChatSession(model, tok, tmpl, max_len=128, system=system or tmpl.default_system, compile=None)
         s.load_messages(convo)
         msgs = ([{"role": "system", "content": system}] if system else []) + [
             {"role": r, "content": c} for r, c in convo]

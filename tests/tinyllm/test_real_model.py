@@ -53,7 +53,7 @@ def test_smollm2_opens_as_its_metadata_says(smollm2):
 
 def test_smollm2_knows_the_capital_of_france(smollm2):
     model, tok, tmpl, name = smollm2
-    session = ChatSession(model, tok, tmpl, max_len=512, system=tmpl.default_system, name=name)
+    session = ChatSession(model, tok, tmpl, max_len=512, system=tmpl.default_system, name=name, compile=None)
     session.set_param("max_tokens", "48")
     question = "What is the capital of France?"
     events = list(session.send(question))

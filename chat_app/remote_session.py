@@ -1,0 +1,200 @@
+"""RemoteSession: ChatSession's interface, served by a child process (tinyllm.chat_server).
+
+The app's worker thread uses it as it would a ChatSession: `send(text)` / `regenerate()`
+return the reply's events (Prefilled, Token, Finished from tinyllm.chat_events, which import
+no torch), `new_chat()`, `set_system()` and `load_messages()` block until done, and `stop()`,
+`set_graphs()` and `set_param()` take effect at once, from any thread, also mid-reply. Errors
+come back as ValueError with the child's message. The public attributes (`name`, `device`,
+`messages`, `params`, `step_kind`, ...) mirror the child's session as of its last message.
+
+The child is started with "spawn" (no fork of a process with threads) and the parent never
+imports torch for it. The child's stdout and stderr go to `open_kwargs["log"]` (a file in the
+data folder), never to the terminal under the TUI. A reader thread owns the receiving end:
+replies go to the job that waits for them, call answers to their caller, state updates apply
+at once. `close()` ends the child.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import queue
+import sys
+import threading
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+from tinyllm.chat_events import Finished, Message, StepStats
+
+CALL_TIMEOUT_S = 30
+
+
+class Params(SimpleNamespace):
+    def __str__(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in vars(self).items())
+
+
+class RemoteSession:
+    def __init__(self, open_kwargs: dict[str, Any]):
+        from tinyllm.chat_server import serve  # the child's entry point; importing it loads no torch
+
+        ctx = mp.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe()
+        self._proc = ctx.Process(target=serve, args=(child_conn, open_kwargs), daemon=True,
+                                 name="tinyllm-session")
+        # Textual swaps sys.stderr for an object with no file descriptor, and multiprocessing hands
+        # sys.stderr's descriptor to its resource tracker: give it the real one while starting.
+        stderr, sys.stderr = sys.stderr, sys.__stderr__
+        try:
+            self._proc.start()
+        finally:
+            sys.stderr = stderr
+        child_conn.close()
+        self.last_stats: StepStats | None = None
+        self._ended = ""  # why the child is gone, once it is
+        self._compiled = threading.Event()
+        self._job: queue.SimpleQueue = queue.SimpleQueue()  # what the running job hears
+        self._answers: dict[int, queue.SimpleQueue] = {}
+        self._ids = itertools.count()
+        self._send_lock = threading.Lock()
+        first = self._recv()
+        if first[0] in ("load_failed", "ended"):
+            self.close()
+            raise ValueError(first[1])
+        self._apply(first[1])
+        threading.Thread(target=self._read, daemon=True, name="tinyllm-session-reader").start()
+
+    # ---- state ---------------------------------------------------------------------------
+
+    def _apply(self, state: dict | None) -> None:
+        if state is None:
+            return
+        self.__dict__.update({k: v for k, v in state.items() if k not in ("params", "messages")})
+        self.params = Params(**state["params"])
+        self.messages = [Message(role, content, stopped=stopped) for role, content, stopped in state["messages"]]
+        if self.step_kind in ("compiled", "compile failed", "plain"):
+            self._compiled.set()
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        return self._compiled.wait(timeout)
+
+    # ---- the connection --------------------------------------------------------------------
+
+    def _recv(self) -> tuple:
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError):
+            self._proc.join(timeout=5)
+            return ("ended", f"the model process ended (exit code {self._proc.exitcode})")
+
+    def _send(self, msg) -> None:
+        with self._send_lock:
+            try:
+                self._conn.send(msg)
+            except OSError:
+                raise ValueError("the model process is not running") from None
+
+    def _read(self) -> None:
+        while True:
+            msg = self._recv()
+            kind = msg[0]
+            if kind == "answer":
+                _, call_id, error, state = msg
+                self._apply(state)
+                self._answers.pop(call_id).put(error)
+            elif kind == "state":
+                self._apply(msg[1])
+            elif kind == "ended":  # whatever waits hears it, now and later
+                self._ended = msg[1]
+                self._job.put(("failed", msg[1]))
+                for answer in list(self._answers.values()):
+                    answer.put(msg[1])
+                return
+            else:
+                self._job.put(msg)
+
+    def _call(self, name: str, *args, wait: bool = True) -> None:
+        call_id, answer = next(self._ids), queue.SimpleQueue()
+        self._answers[call_id] = answer
+        self._send(("call", call_id, name, args))
+        if not wait:
+            return
+        try:
+            error = answer.get(timeout=CALL_TIMEOUT_S)
+        except queue.Empty:
+            raise ValueError("the model process did not answer") from None
+        if error is not None:
+            raise ValueError(error)
+
+    def _wait(self) -> tuple:
+        if self._ended:
+            raise ValueError(self._ended)
+        msg = self._job.get()
+        if msg[0] == "failed":
+            raise ValueError(msg[1])
+        return msg
+
+    # ---- ChatSession's interface -----------------------------------------------------------
+
+    def send(self, text: str) -> Iterator:
+        return self._reply(("job", "send", text))
+
+    def regenerate(self) -> Iterator:
+        return self._reply(("job", "regenerate", None))
+
+    def _reply(self, job: tuple) -> Iterator:
+        self._send(job)
+        self._apply(self._wait()[1])  # "started": accepted (or ValueError, before any event)
+        return self._events()
+
+    def _events(self) -> Iterator:
+        while True:
+            msg = self._wait()
+            if msg[0] == "done":
+                self._apply(msg[1])
+                return
+            _, events, state = msg
+            self._apply(state)
+            for event in events:
+                if isinstance(event, Finished):
+                    self.last_stats = event.stats
+                yield event
+
+    def _job_done(self, kind: str, arg=None) -> None:
+        self._send(("job", kind, arg))
+        self._apply(self._wait()[1])
+
+    def new_chat(self) -> None:
+        self._job_done("new_chat")
+
+    def set_system(self, text: str | None) -> None:
+        self._job_done("system", text)
+
+    def load_messages(self, messages: list[tuple[str, str]]) -> None:
+        self._job_done("load", messages)
+
+    def set_param(self, name: str, value: str) -> None:
+        self._call("set_param", name, value)
+
+    def set_graphs(self, on: bool) -> None:
+        self._call("set_graphs", on)
+
+    def stop(self) -> None:
+        """Ask the reply to finish after the current token (no wait for the answer)."""
+        self._call("stop", wait=False)
+
+    @property
+    def context(self) -> range:
+        """Only its length is mirrored (the ids stay in the child)."""
+        return range(self.context_len)
+
+    def close(self) -> None:
+        try:
+            self._send(("quit",))
+        except ValueError:
+            pass
+        self._proc.join(timeout=5)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(timeout=5)

@@ -1,0 +1,145 @@
+"""ChatSession's decode loop: chunks of K steps against token-by-token decoding (a stop id at
+every offset inside a chunk), seeded sampling, and the background compile taking over."""
+
+import pytest
+import torch
+
+from tinyllm.chat import Finished, Token, open_session
+from tinyllm.testing import make_tiny_checkpoint
+
+K = 8
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("ck") / "tiny", max_seq_len=512)
+
+
+def session(ckpt, chunk, device="cpu", max_len=512, **kw):
+    s = open_session(ckpt, device, max_len=max_len, compile=kw.pop("compile", None), **kw)
+    s.chunk = chunk
+    return s
+
+
+def talk(s, text):
+    events = list(s.send(text))
+    tokens = [e for e in events if isinstance(e, Token)]
+    assert isinstance(events[-1], Finished)
+    assert "".join(t.text for t in tokens) == events[-1].text
+    return events[-1]
+
+
+def cache_of(s):
+    n = s.decoder.n
+    return [t[:, :, :n].clone() for t in s.decoder.cache.k + s.decoder.cache.v]
+
+
+def test_a_stop_id_at_every_offset_of_a_chunk_ends_as_token_by_token_does(ckpt):
+    ref = session(ckpt, 1)
+    ref.set_param("max_tokens", "40")
+    ref.stop_ids = set()
+    talk(ref, "Hello!")
+    reply = ref.messages[-1].ids[:40]
+    # Stop at reply position j (the first place that id occurs): offsets 0..K-1 of the first
+    # two chunks (the first id comes from prefill, so chunk i covers ids 1+iK .. K+iK).
+    offsets = [j for j in range(1, 2 * K + 2) if reply.index(reply[j]) == j]
+    assert len(offsets) >= K, "the tiny model repeats itself too much for this test"
+    for j in offsets:
+        got = {}
+        for chunk in (1, K):
+            s = session(ckpt, chunk)
+            s.set_param("max_tokens", "40")
+            s.stop_ids = {reply[j]}
+            fin = talk(s, "Hello!")
+            assert fin.reason == "eos"
+            got[chunk] = (fin.text, s.decoder.n, s.messages[-1].ids, cache_of(s), list(s.context))
+        a, b = got[1], got[K]
+        assert a[:3] == b[:3] and a[4] == b[4], j
+        assert a[1] == len(s.context) - len(s.encode(s.template.assistant_suffix)), j  # fed: the reply
+        assert all(torch.equal(x, y) for x, y in zip(a[3], b[3], strict=True)), j
+
+
+@pytest.mark.parametrize("reason", ["max_tokens", "stopped", "context_full"])
+def test_other_endings_inside_a_chunk_match_token_by_token(ckpt, reason):
+    got = {}
+    for chunk in (1, K):
+        s = session(ckpt, chunk, max_len=200)  # buckets (128, 200): the reply crosses one
+        s.stop_ids = set()
+        s.set_param("max_tokens", "13" if reason == "max_tokens" else "1000")
+        n_tokens = 0
+        events = []
+        for e in s.send("Hello!"):
+            events.append(e)
+            if isinstance(e, Token):
+                n_tokens += 1
+                if reason == "stopped" and n_tokens == 11:
+                    s.stop()
+        fin = events[-1]
+        assert fin.reason == reason
+        got[chunk] = (fin.text, s.decoder.n, s.messages[-1].ids, cache_of(s))
+    a, b = got[1], got[K]
+    assert a[:3] == b[:3]
+    assert all(torch.equal(x, y) for x, y in zip(a[3], b[3], strict=True))
+
+
+def test_seeded_sampling_is_the_same_in_chunks_and_again_on_regenerate(ckpt):
+    texts = []
+    for chunk in (1, 5, K):
+        s = session(ckpt, chunk)
+        for k, v in [("temperature", "0.9"), ("top_p", "0.95"), ("top_k", "50"), ("seed", "11"),
+                     ("max_tokens", "60"), ("repeat_penalty", "1.2")]:
+            s.set_param(k, v)
+        first = talk(s, "Tell me a joke.").text
+        assert list(s.regenerate())[-1].text == first  # the same seed restarts the same stream
+        texts.append(first)
+    assert texts[0] == texts[1] == texts[2]
+    s.set_param("seed", "12")
+    assert list(s.regenerate())[-1].text != texts[0]
+
+
+def test_the_compiled_step_takes_over_at_a_reply_boundary_and_changes_nothing_shown(ckpt):
+    """Turn 1 runs while the step compiles in the background (or after, if the compile won);
+    turn 2 runs compiled. Nothing already said changes; each turn equals a reference session
+    that ran the same step for it."""
+    s = session(ckpt, K, compile="inductor")
+    s.set_param("max_tokens", "30")
+    first = talk(s, "Hello!")
+    shown = [(m.role, m.content, list(m.ids)) for m in s.messages]
+    assert s.wait_compiled(timeout=600) and s.step_kind == "compiled", s.compile_error
+    second = talk(s, "And then?")
+    assert second.stats.step == "compiled" and first.stats.step in ("compiling", "compiled")
+    assert [(m.role, m.content, list(m.ids)) for m in s.messages[:2]] == shown
+    ref = session(ckpt, K)
+    ref.set_param("max_tokens", "30")
+    if first.stats.step == "compiled":
+        ref.decoder.set_compile("inductor")
+    assert talk(ref, "Hello!").text == first.text
+    ref.decoder.set_compile("inductor")
+    assert talk(ref, "And then?").text == second.text
+
+
+def test_a_compile_that_fails_leaves_the_plain_step_and_says_why(ckpt):
+    s = session(ckpt, K, compile="no-such-backend")
+    assert s.wait_compiled(timeout=60)
+    assert s.step_kind == "compile failed" and "no-such-backend" in s.compile_error
+    s.set_param("max_tokens", "5")
+    fin = talk(s, "Hello!")
+    assert fin.stats.step == "compile failed" and not s.decoder.compile
+
+
+@pytest.mark.cuda
+def test_graphs_toggled_mid_reply_with_sampling_and_compile_change_no_token(ckpt):
+    """CUDA: the compiled step in graphs, seeded sampling on, Ctrl+G every few tokens, against
+    the same compiled step never in graphs."""
+    texts = []
+    for use_graph, toggle in ((False, False), (True, False), (True, True)):
+        s = session(ckpt, K, device="cuda", use_graph=use_graph)
+        s.decoder.set_compile("inductor")
+        for k, v in [("temperature", "0.8"), ("top_p", "0.9"), ("seed", "5"), ("max_tokens", "300")]:
+            s.set_param(k, v)
+        s.stop_ids = set()
+        for i, _ in enumerate(s.send("Hello!")):
+            if toggle and i % 5 == 0:
+                s.set_graphs(not s.use_graph)
+        texts.append((s.messages[-1].ids, s.decoder.n))
+    assert texts[0] == texts[1] == texts[2]

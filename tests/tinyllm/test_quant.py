@@ -1,0 +1,159 @@
+"""Weight-only quantization (tinyllm.quant, tinyllm.build): every kernel against the fp32
+product with the dequantized matrix, the quantized model against the dense one, and a
+quantized checkpoint saved and loaded back unchanged."""
+
+import pytest
+import torch
+
+from tests.conftest import tiny_model
+from tinyllm.build import quantize_model
+from tinyllm.checkpoint import load_checkpoint, save_checkpoint
+from tinyllm.cuda_graph import GraphDecoder
+from tinyllm.quant import QuantEmbedding, QuantLinear, fbgemm_available, pack_int4, quantize, unpack_int4
+from tinyllm.testing import make_tiny_tokenizer
+
+
+def weights(n=96, k=128, seed=0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=g) * 0.05  # (N, K)
+
+
+def test_pack_unpack_int4_round_trip():
+    q = torch.randint(0, 16, (7, 64), dtype=torch.uint8)
+    assert torch.equal(unpack_int4(pack_int4(q)), q)
+    assert pack_int4(q).shape == (7, 32)
+
+
+@pytest.mark.parametrize("kind,group", [("int8", 32), ("int4", 32), ("int4", 64)])
+def test_quantize_dequantize_within_half_a_step(kind, group):
+    w = weights()
+    qt = quantize(w, kind, group)
+    err = (qt.dequantize() - w).abs()  # (N, K)
+    if kind == "int8":
+        bound = w.abs().amax(1, keepdim=True) / 254  # half a step of each row
+    else:
+        g = w.view(96, -1, group)
+        bound = ((g.amax(-1) - g.amin(-1)) / 30).repeat_interleave(group, 1)  # half a step of each group
+    assert (err <= bound * 1.0001 + 1e-9).all()
+    assert qt.group == (128 if kind == "int8" else group) and qt.shape == (96, 128)
+    assert quantize(qt.dequantize(), kind, group).dequantize().sub(qt.dequantize()).abs().max() < 1e-6  # idempotent
+
+
+def test_int4_refuses_rows_that_are_not_whole_groups():
+    with pytest.raises(ValueError, match="whole groups of 32"):
+        quantize(weights(8, 48), "int4", 32)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("generic", [False, True])
+def test_quant_linear_kernels_match_the_dequantized_product(kind, generic):
+    qt = quantize(weights(), kind, 32)
+    layer = QuantLinear(qt, torch.float32, generic=generic)
+    x = torch.randn(3, 5, 128)  # (B, T, K)
+    ref = x @ qt.dequantize().T  # (B, T, N)
+    y = layer(x)
+    assert y.shape == (3, 5, 96)
+    if kind == "int8" and not generic and fbgemm_available():
+        # fbgemm quantizes x to 8 bits per tensor (7 bits of range): error bounded by that step
+        step = x.abs().max() / 127
+        assert (y - ref).abs().max() <= step * qt.dequantize().abs().sum(1).max()
+        assert (y - ref).abs().max() < 0.02 * ref.abs().max()
+    else:
+        torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5)
+    assert torch.equal(layer.qtensor().qweight, qt.qweight)  # the kernel layout gives the values back
+    torch.testing.assert_close(layer.qtensor().scales, qt.scales)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_the_cuda_formulation_under_inductor_matches_eager(kind):
+    """The generic (CUDA) form compiled on the CPU: the batch-1 fused reduction."""
+    layer = QuantLinear(quantize(weights(), kind, 32), torch.float32, generic=True)
+    x = torch.randn(1, 1, 128)  # one row: the reduction path
+    fn = torch.compile(lambda x: layer(x), fullgraph=True, dynamic=True)
+    torch.testing.assert_close(fn(x), x @ layer.qtensor().dequantize().T, rtol=1e-4, atol=1e-5)
+
+
+def test_quant_embedding_rows():
+    for kind in ("int8", "int4"):
+        qt = quantize(weights(50, 64), kind, 32)
+        emb = QuantEmbedding(qt, torch.float32)
+        idx = torch.tensor([[3, 0, 49], [7, 7, 1]])
+        torch.testing.assert_close(emb(idx), qt.dequantize()[idx])
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_quantized_model_logits_close_to_fp32(quant):
+    dense = tiny_model(tie_embeddings=True, ffn_dim=192)
+    model = quantize_model(dense, quant)
+    assert isinstance(model.blocks[0].attn.wqkv, QuantLinear) and isinstance(model.tok_emb, QuantEmbedding)
+    assert isinstance(model.lm_head, QuantLinear)
+    ids = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        a, b = dense(ids)[0], model(ids)[0]  # (B, T, V)
+    # Stated tolerance: int8 within 3% of the logits' range, int4 (groups of 32) within 15%.
+    tol = {"int8": 0.03, "int4": 0.15}[quant]
+    assert (a - b).abs().max() < tol * a.abs().max()
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > {"int8": 0.9, "int4": 0.6}[quant]
+
+
+def test_rows_that_are_not_whole_groups_fall_back_to_int8():
+    model = quantize_model(tiny_model(), "int4")  # ffn_dim 172: w2 rows are not groups of 32
+    assert model.blocks[0].ffn.w2.kind == "int8" and model.blocks[0].ffn.w13.kind == "int4"
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_quantized_checkpoint_saves_and_loads_unchanged(tmp_path, quant):
+    model = quantize_model(tiny_model(tie_embeddings=True, ffn_dim=192), quant)
+    tok = make_tiny_tokenizer(tmp_path / "tok")
+    path = save_checkpoint(model, tok, tmp_path / "ckpt", shard_mb=0.05)  # shards too
+    assert len(list(path.glob("model-*.safetensors"))) > 1
+    back = load_checkpoint(path).model
+    a, b = model.state_dict(), back.state_dict()
+    assert a.keys() == b.keys() and any(k.endswith(".qweight") for k in a)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ids = torch.randint(0, 512, (1, 16))
+    with torch.no_grad():
+        assert torch.equal(model(ids)[0], back(ids)[0])
+    dense = load_checkpoint(path, quant="none").model  # dequantized on request
+    assert type(dense.blocks[0].attn.wqkv) is torch.nn.Linear
+
+
+def test_checkpoint_with_a_bad_quantized_tensor_is_a_one_line_error(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = save_checkpoint(quantize_model(tiny_model(ffn_dim=192), "int4"), make_tiny_tokenizer(tmp_path / "t"),
+                           tmp_path / "ckpt")
+    state = load_file(path / "model.safetensors")
+    state["blocks.0.attn.wq.scales"] = state["blocks.0.attn.wq.scales"][:, :1].contiguous()
+    save_file(state, path / "model.safetensors")
+    with pytest.raises(ValueError, match="shape mismatch blocks.0.attn.wq"):
+        load_checkpoint(path)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_compiled_quantized_step_matches_its_eager_step(quant):
+    model = quantize_model(tiny_model(ffn_dim=192), quant)
+    ids = torch.randint(0, 512, (1, 10), generator=torch.Generator().manual_seed(2))
+    plain = GraphDecoder(model, 1, max_len=64, buckets=(32, 64), use_graph=False)
+    fast = GraphDecoder(model, 1, max_len=64, buckets=(32, 64), use_graph=False, compile="inductor")
+    a, b = plain.prefill(ids), fast.prefill(ids)
+    for _ in range(12):
+        tok = a[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+        assert torch.equal(tok, b[:, -1].argmax(-1, keepdim=True))
+        a, b = plain.step(tok), fast.step(tok)
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+
+
+def test_bench_reports_quantized_weight_bytes(capsys):
+    import json
+
+    from tinyllm.bench import main
+
+    assert main(["--preset", "tiny", "--device", "cpu", "--steps", "2", "--repeats", "1", "--quant", "int8",
+                 "--prompt-lens", "16"]) == 0
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    w = next(r for r in recs if r["metric"] == "weights_mib")
+    assert 0 < w["value"] < w["params"] * 4 / 2**20 / 3  # int8: under a third of fp32's bytes
+    assert any(r["metric"] == "decode_tok_s" and r["quant"] == "int8" for r in recs)

@@ -1,0 +1,290 @@
+"""The layer below every model format: from a config and named tensors to a Transformer.
+
+checkpoint.py, hf.py and gguf.py each read their own files, map names to tinyllm's (the
+separate `attn.wq/wk/wv`, `ffn.w1/w3` names) and hand the tensors down here; none imports
+another format. This module owns what they share:
+- `resolve_device(name)`, `default_dtype(device, quantized)`: bf16 on CUDA; on a CPU fp32,
+  or bf16 for a quantized model where the CPU computes bf16 natively (AVX512-BF16 or AMX,
+  read from /proc/cpuinfo at run time).
+- `expected_shapes(cfg)`, `match_tensors(...)`, `check_tensors(...)`: every tensor a config
+  implies, present, with its shape; a quantized matrix may stand for a dense one (see quant.py).
+- `build_transformer(cfg, state, device, dtype, quant)`: state values are dense tensors or
+  `QTensor`s. `quant`: "none" dequantizes everything; "int8" / "int4" quantizes every matrix
+  (embeddings and output included) to that form (int4 falls back to int8 for a matrix whose
+  rows are not whole groups); "keep" keeps what the file holds; "auto" too, except that on
+  a CPU with fbgemm int4 becomes int8 (fbgemm's int8 kernel is the fast one there). A fused projection
+  (wq/wk/wv, w1/w3) whose parts differ in form is held as int8.
+- `quantize_model(model, quant, group)`: the same, from a dense model in memory.
+- `pick_template(...)`: the chat template, from a name, the model's Jinja source or a guess.
+Refuses with one line (ValueError): an unknown quant or device, shapes that do not match.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import warnings
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from tinyllm.chat_template import ChatTemplate, get_template
+from tinyllm.jinja_template import derive_template, guess_builtin
+from tinyllm.model import ModelConfig, Transformer
+from tinyllm.quant import GROUPS, QTensor, QuantEmbedding, QuantLinear, cat, fbgemm_available, fits, quantize
+
+WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
+QUANTS = ("auto", "keep", "none", "int8", "int4")
+FUSED = {"attn.wqkv": ("attn.wq", "attn.wk", "attn.wv"), "ffn.w13": ("ffn.w1", "ffn.w3")}
+LINEARS = ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "ffn.w1", "ffn.w3", "ffn.w2")
+
+
+def resolve_device(device: str) -> torch.device:
+    """"auto" | "cpu" | "cuda" -> a device; a ValueError for CUDA where there is none."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available (use --device cpu)")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}: use auto, cpu or cuda")
+    return torch.device(device)
+
+
+@cache
+def cpu_has_bf16() -> bool:
+    """AVX512-BF16 or AMX-BF16 in /proc/cpuinfo (False where it cannot be read)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def default_dtype(device: torch.device, quantized: bool = False) -> torch.dtype:
+    if device.type == "cuda" or (quantized and cpu_has_bf16()):
+        return torch.bfloat16
+    return torch.float32
+
+
+def check_quant(quant: str, group: int = 32) -> None:
+    if quant not in QUANTS:
+        raise ValueError(f"unknown quantization {quant!r}: use {', '.join(QUANTS)}")
+    if group not in GROUPS:
+        raise ValueError(f"int4 group size {group} is not supported: use {' or '.join(map(str, GROUPS))}")
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every dense tensor a config implies (separate q/k/v, gate/up names); no lm_head when tied."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if cfg.tie_embeddings:
+        del shapes["lm_head.weight"]
+    return shapes
+
+
+def quant_shapes(name: str, shape: tuple[int, ...], dtype: str) -> dict[str, tuple[int, ...]] | None:
+    """The tensors a quantized `<name>.weight` of `shape` is stored as, for the dtype of its
+    qweight ("I8" int8, "U8" int4), or None for another dtype. int4 group sizes: any listed."""
+    base = name.removesuffix(".weight")
+    n, k = shape
+    if dtype == "I8":
+        return {f"{base}.qweight": (n, k), f"{base}.scales": (n,)}
+    if dtype == "U8":
+        return {f"{base}.qweight": (n, k // 2)}  # scales/zeros: (n, k // g), checked by match_tensors
+    return None
+
+
+def match_tensors(want: dict[str, tuple[int, ...]], found: dict[str, tuple[tuple[int, ...], str]]
+                  ) -> tuple[list[str], list[str], list[str]]:
+    """(missing, unexpected, mis-shaped) names of `found` {name: (shape, safetensors dtype)}
+    against the dense `want`; a matrix may be stored quantized (qweight, scales[, zeros])."""
+    missing, wrong, used = [], [], set()
+    for name, shape in want.items():
+        base = name.removesuffix(".weight")
+        if name in found:
+            used.add(name)
+            if found[name][0] != shape:
+                wrong.append(f"{name}: file {found[name][0]} vs config {shape}")
+            continue
+        q = found.get(f"{base}.qweight")
+        if q is None or len(shape) != 2:
+            missing.append(name)
+            continue
+        parts = quant_shapes(name, shape, q[1]) or {}
+        if q[1] == "U8":
+            m = found.get(f"{base}.scales", ((0, 0),))[0][-1]  # K / g groups per row
+            g = shape[1] // m if m and shape[1] % m == 0 else 0
+            cols = shape[1] // g if g in GROUPS else "K/32 or K/64"
+            parts.update({f"{base}.scales": (shape[0], cols), f"{base}.zeros": (shape[0], cols)})
+        for k, s in parts.items():
+            used.add(k)
+            if k not in found:
+                missing.append(k)
+            elif found[k][0] != s:
+                wrong.append(f"{k}: file {found[k][0]} vs config {s}")
+        if not parts:
+            wrong.append(f"{base}.qweight: dtype {q[1]} (int8 is I8, int4 is U8)")
+    return sorted(missing), sorted(set(found) - used), wrong
+
+
+def check_tensors(lead: str, missing: list[str], unexpected: list[str], wrong: list[str]) -> None:
+    """One line naming the first few missing / unexpected / mis-shaped tensors, if any."""
+    for what, items in (("missing tensors", missing), ("unexpected tensors", unexpected),
+                        ("shape mismatch", wrong)):
+        if items:
+            more = f" (and {len(items) - 3} more)" if len(items) > 3 else ""
+            raise ValueError(f"{lead}: {what} {', '.join(items[:3])}{more}")
+
+
+# ---- safetensors folders (tinyllm checkpoints and Hugging Face folders) ----------------------
+
+def read_safetensors_header(path: Path) -> dict[str, dict]:
+    """Parse a safetensors header and check the file holds all the data it promises."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path} is truncated or not a safetensors file ({size} bytes)")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(size - 8, 100_000_000):
+            raise ValueError(f"{path} is not a safetensors file, or is truncated (header of {n} bytes)")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ValueError(f"{path} has a corrupt safetensors header") from None
+    header.pop("__metadata__", None)
+    end = max((t["data_offsets"][1] for t in header.values()), default=0)
+    if size < 8 + n + end:
+        raise ValueError(f"{path} is truncated: {size} bytes, the header promises {8 + n + end}; "
+                         "copy or download it again")
+    return header
+
+
+def weight_files(path: Path, hint: str) -> list[Path]:
+    """The safetensors files of a folder: the index's shards, or model.safetensors."""
+    if (path / INDEX).exists():
+        try:
+            index = json.loads((path / INDEX).read_text())
+            files = sorted(set(index["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise ValueError(f"{path / INDEX} is not a valid safetensors index") from None
+        missing = [f for f in files if not (path / f).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{path} is missing weight shards {missing}")
+        return [path / f for f in files]
+    if (path / WEIGHTS).is_file():
+        return [path / WEIGHTS]
+    raise FileNotFoundError(f"{path} has no {WEIGHTS} (nor {INDEX}): {hint}")
+
+
+# ---- building -------------------------------------------------------------------------------
+
+def _target(t: torch.Tensor | QTensor, quant: str, group: int) -> torch.Tensor | QTensor:
+    """One matrix in the form `quant` asks for (dense tensors stay fp32 until the end)."""
+    if quant == "none":
+        return t.dequantize() if isinstance(t, QTensor) else t
+    if quant in ("auto", "keep"):
+        return t
+    shape = t.shape if isinstance(t, QTensor) else tuple(t.shape)
+    kind = quant if fits(shape, quant, group) else "int8"
+    if isinstance(t, QTensor) and t.kind == kind and (kind == "int8" or t.group == group):
+        return t
+    return quantize(t.dequantize() if isinstance(t, QTensor) else t, kind, group)
+
+
+def _fuse(parts: list[torch.Tensor | QTensor]) -> torch.Tensor | QTensor:
+    """Row-concatenate a fused projection; mixed forms become int8 (dense parts too)."""
+    if all(not isinstance(p, QTensor) for p in parts):
+        return torch.cat(parts)
+    if all(isinstance(p, QTensor) for p in parts) and len({(p.kind, p.group) for p in parts}) == 1:
+        return cat(parts)
+    return cat([_target(p, "int8", 32) for p in parts])
+
+
+def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor], device: torch.device,
+                      dtype: torch.dtype, quant: str = "auto", group: int = 32) -> Transformer:
+    """A Transformer holding `state` (tinyllm's separate names; lm_head from tok_emb when tied)."""
+    check_quant(quant, group)
+    device = torch.device(device)
+    cpu_int8 = device.type == "cpu" and quant == "auto" and fbgemm_available() and dtype == torch.float32
+    state = dict(state)
+    if cfg.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    mats: dict[str, torch.Tensor | QTensor] = {}
+    names = ["tok_emb.weight"] + ([] if cfg.tie_embeddings else ["lm_head.weight"])
+    names += [f"blocks.{i}.{lin}.weight" for i in range(cfg.n_layers) for lin in LINEARS]
+    for n in names:
+        t = _target(state.pop(n), quant, group)
+        if cpu_int8 and isinstance(t, QTensor) and t.kind == "int4":
+            t = quantize(t.dequantize(), "int8")
+        mats[n] = t
+    for i in range(cfg.n_layers):
+        for fused, parts in FUSED.items():
+            mats[f"blocks.{i}.{fused}.weight"] = _fuse([mats.pop(f"blocks.{i}.{p}.weight") for p in parts])
+    dense = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}  # norms
+    quantized: dict[str, QTensor] = {}
+    for k, v in mats.items():
+        if isinstance(v, QTensor):
+            quantized[k.removesuffix(".weight")] = v.map(lambda t: t.to(device))
+        else:
+            dense[k] = v.to(device=device, dtype=dtype)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    for name, qt in quantized.items():
+        parent, _, leaf = name.rpartition(".")
+        module = QuantEmbedding(qt, dtype) if leaf == "tok_emb" else QuantLinear(qt, dtype)
+        setattr(model.get_submodule(parent) if parent else model, leaf, module)
+    if cfg.tie_embeddings:
+        if "tok_emb" in quantized:
+            model.lm_head = QuantLinear(quantized["tok_emb"], dtype)
+        else:
+            dense["lm_head.weight"] = dense["tok_emb.weight"]
+    for fused, parts in FUSED.items():  # dense fused weights go in whole (the load hook splits names)
+        for i in range(cfg.n_layers):
+            key = f"blocks.{i}.{fused}.weight"
+            if key in dense:
+                rows = dense.pop(key).split([_rows(cfg, p) for p in parts])
+                dense.update({f"blocks.{i}.{p}.weight": r for p, r in zip(parts, rows, strict=True)})
+    result = model.load_state_dict(dense, strict=False, assign=True)
+    assert not result.unexpected_keys, f"builder passed unknown tensors {result.unexpected_keys[:3]}"
+    if cfg.tie_embeddings and "tok_emb" not in quantized:
+        model.lm_head.weight = model.tok_emb.weight
+    left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.device.type == "meta"]
+    assert not left, f"builder left tensors unset: {left[:3]}"
+    model.rope.to(device)
+    return model.eval()
+
+
+def quantize_model(model: Transformer, quant: str, group: int = 32) -> Transformer:
+    """A dense model rebuilt with its matrices in `quant`'s form, on its device, in its dtype."""
+    state = model.state_dict()
+    assert not any(k.endswith(".qweight") for k in state), "quantize_model takes a dense model"
+    return build_transformer(model.cfg, {k: v.float() for k, v in state.items()}, model.device, model.dtype,
+                             quant, group)
+
+
+def _rows(cfg: ModelConfig, part: str) -> int:
+    kv = cfg.n_kv_heads * cfg.head_dim
+    return {"attn.wq": cfg.n_heads * cfg.head_dim, "attn.wk": kv, "attn.wv": kv}.get(part, cfg.ffn_dim)
+
+
+# ---- chat templates -------------------------------------------------------------------------
+
+def pick_template(source: str | None, tokenizer, add_bos: bool, template: str | None,
+                  name: str) -> ChatTemplate:
+    """`template` by name; else the model's own Jinja template when it splits per message;
+    else a built-in guessed from the template source or model name; else chatml."""
+    if template:
+        return get_template(template)
+    bos = tokenizer.id_to_piece(tokenizer.bos_id) if tokenizer.bos_id is not None else None
+    eos = tokenizer.id_to_piece(tokenizer.eos_id) if tokenizer.eos_id is not None else None
+    if source:
+        try:
+            return derive_template(source, bos, eos, add_bos, lambda p: tokenizer.piece_to_id(p) is not None)
+        except ValueError as e:
+            guess = guess_builtin(source) or "chatml"
+            warnings.warn(f"{name}: using the built-in {guess!r} chat template: {e}", stacklevel=2)
+            return get_template(guess)
+    return get_template(guess_builtin(name) or "chatml")

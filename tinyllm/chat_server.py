@@ -1,0 +1,136 @@
+"""Serve one ChatSession over a multiprocessing connection (the app runs it in a child process).
+
+Why a process: decoding and the UI in one process share one GIL. Measured on the 2-core CPU
+with the tiny test model, the app decoded at 25-35% of the same session without a UI (the
+Markdown rendering and the event loop held the GIL while the decoder waited for it). In its
+own process the session decodes as it does alone (docs/INFERENCE.md, "The UI out of the way").
+
+Contract: `serve(conn, open_kwargs)` is the child's entry point. Its stdout and stderr go to
+`open_kwargs["log"]` (or nowhere). It opens the session
+(`open_session(**open_kwargs)`; `ignore_eos=True` makes replies run to max_tokens, for
+benchmarks), then answers messages, all plain picklable data:
+  parent -> child   ("job", kind, arg)       kind: send | regenerate | new_chat | system | load
+                    ("call", id, name, args)  set_param | set_graphs | stop, answered at once,
+                                              also while a reply streams
+                    ("quit",)
+  child -> parent   ("loaded", state) | ("load_failed", message)
+                    ("started", state)        a send/regenerate was accepted; events follow
+                    ("events", [event...], state)  Prefilled/Token/Finished (tinyllm.chat_events),
+                                              batched (every BATCH_S, and at the end); state
+                                              with the batch that holds Finished
+                    ("done", state) | ("failed", message)   a job ended
+                    ("answer", id, error, state)
+                    ("state", state)          the compile ended (step_kind changed)
+`state` is `snapshot(session)`: a dict of the session's public state. Jobs run in order on
+the child's main thread; calls run on its reader thread (ChatSession allows those from any
+thread).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import asdict
+from multiprocessing.connection import Connection
+
+BATCH_S = 0.005  # events go to the parent at most every 5 ms (and at the end of a reply)
+
+
+def snapshot(session) -> dict:
+    s = session
+    return dict(name=s.name, device=s.device, dtype=s.dtype, graphs_available=s.graphs_available,
+                use_graph=s.use_graph, max_len=s.max_len, context_len=len(s.context), first_message=s.first_message,
+                system=s.system,
+                params=asdict(s.params), step_kind=s.step_kind, compile_error=s.compile_error,
+                messages=[(m.role, m.content, m.stopped) for m in s.messages])
+
+
+def serve(conn: Connection, open_kwargs: dict) -> None:
+    _log_to(open_kwargs.pop("log", None))
+    from tinyllm.chat import open_session
+
+    ignore_eos = open_kwargs.pop("ignore_eos", False)
+    try:
+        session = open_session(**open_kwargs)
+    except Exception as e:  # the parent shows it; nothing else to do here
+        conn.send(("load_failed", str(e) if isinstance(e, (ValueError, FileNotFoundError)) else
+                   f"{type(e).__name__}: {e}"))
+        return
+    if ignore_eos:
+        session.stop_ids = set()
+    send_lock = threading.Lock()
+
+    def send(msg) -> None:
+        with send_lock:
+            conn.send(msg)
+
+    send(("loaded", snapshot(session)))
+    jobs: queue.Queue = queue.Queue()
+    threading.Thread(target=_read, args=(conn, session, jobs, send), daemon=True).start()
+    threading.Thread(target=_watch_compile, args=(session, send), daemon=True).start()
+    while (job := jobs.get()) is not None:
+        _run_job(session, *job, send)
+
+
+def _log_to(path: str | None) -> None:
+    """Send this process's stdout and stderr (warnings, tracebacks) to a file, or nowhere:
+    they share the terminal with the parent's TUI otherwise."""
+    import os
+    import sys
+
+    fd = os.open(path or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for stream in (1, 2):
+        os.dup2(fd, stream)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives as long as the process)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def _read(conn: Connection, session, jobs: queue.Queue, send) -> None:
+    calls = {"set_param": session.set_param, "set_graphs": session.set_graphs, "stop": session.stop}
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            break
+        if msg[0] == "quit":
+            break
+        if msg[0] == "job":
+            jobs.put(msg[1:])
+            continue
+        _, call_id, name, args = msg
+        try:
+            calls[name](*args)
+            error = None
+        except ValueError as e:
+            error = str(e)
+        send(("answer", call_id, error, snapshot(session)))
+    jobs.put(None)
+
+
+def _watch_compile(session, send) -> None:
+    if session.step_kind == "compiling":
+        session.wait_compiled()
+        send(("state", snapshot(session)))
+
+
+def _run_job(session, kind: str, arg, send) -> None:
+    try:
+        if kind in ("send", "regenerate"):
+            events = session.send(arg) if kind == "send" else session.regenerate()
+            send(("started", snapshot(session)))
+            batch, last = [], time.perf_counter()
+            for event in events:
+                batch.append(event)
+                now = time.perf_counter()
+                if now - last >= BATCH_S:
+                    send(("events", batch, None))
+                    batch, last = [], now
+            send(("events", batch, snapshot(session)))
+        else:
+            {"new_chat": lambda _: session.new_chat(), "system": session.set_system,
+             "load": session.load_messages}[kind](arg)
+        send(("done", snapshot(session)))
+    except Exception as e:  # shown by the app, which keeps the conversation
+        send(("failed", str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))

@@ -1,0 +1,277 @@
+"""Weight-only quantized linear layers: int8 per output channel, int4 in groups of 32 or 64.
+
+Contract:
+- `QTensor` is the canonical form of one quantized (N, K) matrix, the form checkpoints store
+  and importers produce: int8 `qweight` (N, K) with `scales` (N,), w = q * s; or int4
+  `qweight` uint8 (N, K/2) (element 2j in the low nibble, 2j+1 in the high one) with `scales`
+  and `zeros` (N, K/g), w = q * s + z, q in 0..15. Rows are independent, so row slices,
+  permutations and concatenations of QTensors are exact.
+- `quantize(w, kind, group)`: fp32 (N, K) -> QTensor; round to nearest, so |w - dequantize| is
+  at most half a step (int8: max|row| / 254; int4: (max - min of the group) / 30).
+- `QuantLinear(qt, dtype)` computes x @ dequantize(qt).T in `dtype` (the model's activations).
+  Kernels, picked once per device when built:
+    CPU int8   fbgemm's `quantized::linear_dynamic` (PyTorch's own; x is quantized to 8 bits per
+               tensor on the fly, as llama.cpp quantizes activations). Measured on a 2-core AVX2
+               CPU for a (3072, 576) matrix, batch 1: fbgemm 96-137 us, fp32 sgemv 180-230 us,
+               aten `_weight_int8pack_mm` 1,000-1,700 us. Without fbgemm: `_weight_int8pack_mm`.
+    CPU int4   aten `_weight_int4pack_mm_for_cpu` (exact; slow on AVX2, see docs/BENCHMARKS.md);
+               it needs N a multiple of 16, other matrices take the CUDA formulation.
+    CUDA       dequantization fused into the product (gpt-fast's int8 approach): a compiled
+               batch-1 step sees one reduction over int8 / packed int4 loads that Inductor
+               fuses; eager code dequantizes to `dtype` and calls the library product.
+  Every kernel is graph-safe: no host syncs, no data-dependent shapes; the fbgemm call is a
+  custom op (`tinyllm::fbgemm_linear`) so torch.compile(fullgraph=True) keeps it in the graph.
+- `QuantEmbedding(qt, dtype)`: row lookups dequantized to `dtype` (tied tables and tok_emb).
+- `state_dict()` of either gives the canonical QTensor (`.qweight`, `.scales`, `.zeros`),
+  whatever layout the kernel holds, so a checkpoint saves and loads back unchanged.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+KINDS = ("int8", "int4")
+GROUPS = (32, 64)
+
+
+@dataclass
+class QTensor:
+    """One quantized (N, K) matrix in canonical form (see the module docstring)."""
+    kind: str  # "int8" | "int4"
+    qweight: Tensor  # int8 (N, K) | uint8 (N, K/2)
+    scales: Tensor  # (N,) | (N, K/g)
+    zeros: Tensor | None = None  # None | (N, K/g)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n, k = self.qweight.shape
+        return (n, k * 2) if self.kind == "int4" else (n, k)
+
+    @property
+    def group(self) -> int:
+        return self.shape[1] // self.scales.shape[1] if self.kind == "int4" else self.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.zeros) if t is not None)
+
+    def map(self, fn) -> QTensor:
+        """The same rows transformed by fn (a row permutation, slice, .to(device), ...)."""
+        return QTensor(self.kind, fn(self.qweight), fn(self.scales), None if self.zeros is None else fn(self.zeros))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        if self.kind == "int8":
+            return (self.qweight.to(dtype) * self.scales.to(dtype)[:, None])  # (N, K)
+        n, k = self.shape
+        q = unpack_int4(self.qweight).view(n, k // self.group, self.group).to(dtype)  # (N, K/g, g)
+        return (q * self.scales.to(dtype)[..., None] + self.zeros.to(dtype)[..., None]).view(n, k)
+
+
+def cat(parts: list[QTensor]) -> QTensor:
+    """Row-wise concatenation (a fused projection); parts must share kind and group."""
+    assert len({(p.kind, p.group) for p in parts}) == 1, "fused parts must share kind and group"
+    z = None if parts[0].zeros is None else torch.cat([p.zeros for p in parts])
+    return QTensor(parts[0].kind, torch.cat([p.qweight for p in parts]), torch.cat([p.scales for p in parts]), z)
+
+
+def unpack_int4(p: Tensor) -> Tensor:
+    """uint8 (..., K/2) -> uint8 (..., K): low nibble first."""
+    return torch.stack((p & 15, p >> 4), dim=-1).flatten(-2)
+
+
+def pack_int4(q: Tensor) -> Tensor:
+    """(..., K) values 0..15 -> uint8 (..., K/2)."""
+    q = q.to(torch.uint8)
+    return q[..., 0::2] | (q[..., 1::2] << 4)
+
+
+def quantize(w: Tensor, kind: str, group: int = 32) -> QTensor:
+    """fp32 (N, K) -> QTensor, round to nearest (symmetric int8 per row; asymmetric int4 per group)."""
+    w = w.float()
+    if kind == "int8":
+        s = (w.abs().amax(1) / 127).clamp(min=1e-12)  # (N,)
+        return QTensor("int8", (w / s[:, None]).round().clamp(-127, 127).to(torch.int8), s)
+    if kind != "int4":
+        raise ValueError(f"unknown quantization {kind!r}: use int8 or int4")
+    n, k = w.shape
+    if k % group:
+        raise ValueError(f"int4 needs rows that are whole groups of {group}; this matrix has {k} columns")
+    wg = w.view(n, k // group, group)  # (N, K/g, g)
+    lo, hi = wg.amin(-1), wg.amax(-1)  # (N, K/g)
+    s = ((hi - lo) / 15).clamp(min=1e-12)
+    q = ((wg - lo[..., None]) / s[..., None]).round().clamp(0, 15)
+    return QTensor("int4", pack_int4(q.view(n, k)), s, lo)
+
+
+def fits(shape: tuple[int, int], kind: str, group: int) -> bool:
+    """Whether a matrix of `shape` can be held as `kind` (int4 needs whole groups)."""
+    return kind == "int8" or shape[1] % group == 0
+
+
+# ---- kernels -------------------------------------------------------------------------------
+
+_FBGEMM: dict[int, object] = {}  # key -> fbgemm packed weight (a TorchScript object the compiler cannot trace)
+
+
+def fbgemm_available() -> bool:
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+@torch.library.custom_op("tinyllm::fbgemm_linear", mutates_args=())
+def fbgemm_linear(x: Tensor, key: int, n: int) -> Tensor:
+    """x (M, K) fp32 @ the int8 matrix registered under `key` -> (M, n) fp32."""
+    return torch.ops.quantized.linear_dynamic(x, _FBGEMM[key], True)
+
+
+@fbgemm_linear.register_fake
+def _(x: Tensor, key: int, n: int) -> Tensor:
+    return x.new_empty(x.shape[0], n)
+
+
+def _fbgemm_pack(qt: QTensor) -> object:
+    zp = torch.zeros(qt.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():  # quantized tensor types are deprecated (the op that takes them is not)
+        warnings.simplefilter("ignore", UserWarning)
+        qw = torch._make_per_channel_quantized_tensor(qt.qweight.cpu(), qt.scales.double().cpu(), zp, 0)
+    return torch.ops.quantized.linear_prepack(qw, None)
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W.T for a QTensor W, in the activations' dtype (see the module docstring)."""
+
+    def __init__(self, qt: QTensor, dtype: torch.dtype, generic: bool = False) -> None:
+        """generic: hold the canonical form and use the CUDA formulation on any device (tests)."""
+        super().__init__()
+        self.kind, self.group = qt.kind, qt.group
+        self.out_features, self.in_features = qt.shape
+        self.key: int | None = None
+        device = torch.device("meta") if generic else qt.qweight.device
+        if device.type == "cpu" and qt.kind == "int8" and dtype == torch.float32 and fbgemm_available():
+            self.key = id(self)
+            _FBGEMM[self.key] = _fbgemm_pack(qt)  # holds the int8 matrix: no copy of ours is kept
+            self.register_buffer("scales", qt.scales.to(dtype))  # (N,): for dtype/device and state_dict
+        elif device.type == "cpu" and qt.kind == "int4" and qt.shape[0] % 16 == 0:  # the kernel's N
+            q = unpack_int4(qt.qweight).to(torch.int32)  # (N, K)
+            self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+            sz = torch.stack((qt.scales, qt.zeros + 8 * qt.scales), -1)  # (N, K/g, 2): w = (q - 8) s + z'
+            self.register_buffer("scales_zeros", sz.transpose(0, 1).contiguous().to(dtype))  # (K/g, N, 2)
+        else:
+            self.register_buffer("qweight", qt.qweight)
+            self.register_buffer("scales", qt.scales.to(dtype))
+            self.register_buffer("zeros", None if qt.zeros is None else qt.zeros.to(dtype))
+        self.generic = generic
+
+    def __del__(self) -> None:
+        if self.key is not None:
+            _FBGEMM.pop(self.key, None)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.scales_zeros.dtype if hasattr(self, "scales_zeros") else self.scales.dtype
+
+    def qtensor(self) -> QTensor:
+        """The canonical form, recovered from whatever layout the kernel holds."""
+        if self.key is not None:
+            qw = torch.ops.quantized.linear_unpack(_FBGEMM[self.key])[0]
+            return QTensor("int8", qw.int_repr(), qw.q_per_channel_scales().float())
+        if hasattr(self, "packed"):  # x = I, s = 1, z' = 8 reads the 4-bit values back exactly
+            k, g = self.in_features, self.group
+            ones = torch.ones(k // g, self.out_features, 1)
+            q = torch.ops.aten._weight_int4pack_mm_for_cpu(torch.eye(k), self.packed, g,
+                                                           torch.cat((ones, 8 * ones), -1))  # (K, N)
+            sz = self.scales_zeros.float()
+            s, z = sz[..., 0].T.contiguous(), sz[..., 1].T.contiguous()  # (N, K/g)
+            return QTensor("int4", pack_int4(q.T.round()), s, z - 8 * s)
+        return QTensor(self.kind, self.qweight, self.scales.float(),
+                       None if self.zeros is None else self.zeros.float())
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        qt = self.qtensor()
+        destination[prefix + "qweight"] = qt.qweight
+        destination[prefix + "scales"] = qt.scales
+        if qt.zeros is not None:
+            destination[prefix + "zeros"] = qt.zeros
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., K) -> (..., N)."""
+        lead = x.shape[:-1]
+        if self.key is not None:
+            return fbgemm_linear(x.reshape(-1, self.in_features), self.key, self.out_features).view(*lead, -1)
+        if hasattr(self, "packed"):
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.in_features).contiguous(), self.packed,
+                                                          self.group, self.scales_zeros)  # (M, N)
+            return y.view(*lead, -1)
+        if x.device.type == "cpu" and self.kind == "int8" and not self.generic:
+            y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).contiguous(), self.qweight,
+                                                   self.scales)  # (M, N)
+            return y.view(*lead, -1)
+        if torch.compiler.is_dynamo_compiling() and lead.numel() == 1:
+            return self._reduce(x)
+        if self.kind == "int8":  # gpt-fast: the scale is per output, so it applies after the product
+            return F.linear(x, self.qweight.to(x.dtype)) * self.scales  # (..., N)
+        return F.linear(x, self._dequantized(x.dtype))
+
+    def _dequantized(self, dtype: torch.dtype) -> Tensor:
+        n, k, g = self.out_features, self.in_features, self.group
+        q = unpack_int4(self.qweight).view(n, k // g, g).to(dtype)  # (N, K/g, g)
+        return (q * self.scales[..., None] + self.zeros[..., None]).view(n, k)  # (N, K)
+
+    def _reduce(self, x: Tensor) -> Tensor:
+        """One row, written as a product and a sum over K, so Inductor emits one reduction
+        kernel with the int8 / int4 loads and the dequantization fused into it."""
+        if self.kind == "int8":
+            return (x[..., None, :] * self.qweight.to(x.dtype)).sum(-1) * self.scales  # (..., N)
+        return (x[..., None, :] * self._dequantized(x.dtype)).sum(-1)  # (..., N)
+
+
+class QuantEmbedding(nn.Module):
+    """Embedding rows held as a QTensor (canonical form), dequantized to `dtype` on lookup."""
+
+    def __init__(self, qt: QTensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.kind = qt.kind
+        self.num_embeddings, self.embedding_dim = qt.shape
+        self.register_buffer("qweight", qt.qweight)
+        self.register_buffer("scales", qt.scales.to(dtype))
+        self.register_buffer("zeros", None if qt.zeros is None else qt.zeros.to(dtype))
+
+    @property
+    def weight(self) -> Tensor:
+        """Stands for the table where callers ask a weight's device and dtype (the model's)."""
+        return self.scales
+
+    def qtensor(self) -> QTensor:
+        return QTensor(self.kind, self.qweight, self.scales.float(), None if self.zeros is None else self.zeros.float())
+
+    def forward(self, idx: Tensor) -> Tensor:
+        """idx (B, T) -> (B, T, C) in the model's dtype."""
+        q = self.qweight[idx]  # (B, T, C) int8 | (B, T, C/2) uint8
+        if self.kind == "int8":
+            return q.to(self.scales.dtype) * self.scales[idx][..., None]
+        g = self.embedding_dim // self.scales.shape[1]
+        q = unpack_int4(q).view(*idx.shape, -1, g).to(self.scales.dtype)  # (B, T, C/g, g)
+        return (q * self.scales[idx][..., None] + self.zeros[idx][..., None]).flatten(-2)
+
+
+def quantized_bytes(model: nn.Module) -> int:
+    """Bytes of every parameter and buffer, plus the int8 matrices fbgemm holds for QuantLinear."""
+    seen = {t.data_ptr(): t for t in (*model.parameters(), *model.buffers())}
+    total = sum(t.numel() * t.element_size() for t in seen.values())
+    return total + sum(m.in_features * m.out_features for m in model.modules()
+                       if isinstance(m, QuantLinear) and m.key is not None)
+
+
+def logical_params(model: nn.Module) -> int:
+    """Parameters the model stands for: dense ones plus each quantized matrix's N x K."""
+    n = sum(p.numel() for p in model.parameters())
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            n += m.in_features * m.out_features
+        elif isinstance(m, QuantEmbedding):
+            n += m.num_embeddings * m.embedding_dim
+    return n

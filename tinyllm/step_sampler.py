@@ -1,0 +1,129 @@
+"""Sampling inside the decode step: fixed shapes, settings as device tensors, counter-based noise.
+
+Contract:
+- `StepSampler(batch, vocab, device)` holds every sampling setting as a device tensor
+  (temperature, top_k, top_p, repeat penalty), a ring of the last REPEAT_WINDOW ids of each
+  row (the repetition penalty's window), a 64-bit seed and a step counter. One captured (and
+  compiled) step therefore serves every setting: `load(params, seed, recent)` changes them
+  between steps with plain device copies, never a new capture.
+- Inside the step: `push(ids)` adds the ids just fed to the ring, `draw(logits)` returns the
+  next ids (B,) and advances the counter. Only `greedy` (argmax after the penalty, no sort) vs
+  sampling is a host-side choice: the two are two variants of the step.
+- `draw` equals the reference, `sample(logits, params, noise=noise_at(seed, counter), prev=ring)`,
+  for every setting (tested on the CPU): the same operations on the same values. Ties in top-k
+  and top-p are broken as one descending sort orders them.
+- The noise is a hash of (seed, counter, row, vocab id): the same on every device and in every
+  mode, with no generator state to capture. A given seed gives the same reply in graph replay,
+  the eager twin and any chunking. Without a seed, `load` draws one on the host.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from torch import Tensor
+
+from tinyllm.sampling import SamplingParams, apply_repeat_penalty
+
+REPEAT_WINDOW = 64  # the repetition penalty looks at this many latest ids (llama.cpp's default)
+_M32 = 0xFFFFFFFF
+
+
+def _mix(x: Tensor) -> Tensor:
+    """A 32-bit integer hash (xorshift-multiply) on int64 values in [0, 2^32). The multipliers
+    are below 2^31, so no product leaves the int64 range."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x2C1B3C6D) & _M32
+    return x ^ (x >> 16)
+
+
+def noise_at(key: Tensor, counter: Tensor, batch: int, vocab: int) -> Tensor:
+    """Exponential(1) noise (B, V) float32 for one draw: key (2,) int64 (the seed's two 32-bit
+    halves), counter (1,) int64 (the draw's number)."""
+    device = key.device
+    salt = _mix(_mix(key[0:1] ^ (counter & _M32)) ^ key[1:2])  # (1,)
+    idx = torch.arange(batch * vocab, device=device, dtype=torch.long).view(batch, vocab)  # (B, V)
+    h = _mix(_mix(idx ^ salt) ^ key[1:2])  # (B, V) in [0, 2^32)
+    u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))  # (B, V) uniform in (0, 1)
+    return -torch.log(u)
+
+
+def seed_key(seed: int) -> list[int]:
+    """A 64-bit seed as its two 32-bit halves."""
+    seed &= (1 << 64) - 1
+    return [seed & _M32, seed >> 32]
+
+
+class StepSampler:
+    def __init__(self, batch: int, vocab: int, device):
+        self.batch, self.vocab = batch, vocab
+        f32 = dict(dtype=torch.float32, device=device)
+        i64 = dict(dtype=torch.long, device=device)
+        self.temperature = torch.ones(1, **f32)
+        self.top_p = torch.ones(1, **f32)
+        self.penalty = torch.ones(1, **f32)
+        self.top_k = torch.zeros(1, **i64)
+        self.key = torch.zeros(2, **i64)
+        self.counter = torch.zeros(1, **i64)
+        self.ring = torch.zeros(batch, REPEAT_WINDOW, **i64)  # (B, R) the latest ids, in any order
+        self.ring_at = torch.zeros(1, **i64)  # where the next pushed id goes
+        self.greedy = True  # host-side: which variant of the step runs
+
+    def state(self) -> list[Tensor]:
+        """The tensors a step changes (a capture's warm-up puts them back)."""
+        return [self.counter, self.ring, self.ring_at]
+
+    def load(self, params: SamplingParams, recent: Tensor | None = None, seed: int | None = None) -> None:
+        """Settings for the next draws (between steps). recent (B, N) ids already in the context,
+        N >= 1; the ring keeps their last REPEAT_WINDOW (fewer: padded with copies, which count
+        once, as repeated ids do). seed None: params.seed, or a fresh random one."""
+        self.greedy = params.greedy
+        self.temperature.fill_(params.temperature if params.temperature > 0 else 1.0)
+        self.top_p.fill_(params.top_p)
+        self.penalty.fill_(params.repeat_penalty)
+        self.top_k.fill_(params.top_k)
+        seed = params.seed if seed is None else seed
+        if seed is None:
+            seed = random.getrandbits(64)
+        self.key.copy_(torch.tensor(seed_key(seed)))
+        self.counter.zero_()
+        if recent is not None:
+            assert recent.dim() == 2 and recent.shape[1] >= 1, "recent ids: (B, N), N >= 1"
+            tail = recent[:, -REPEAT_WINDOW:]  # (B, <=R)
+            reps = -(-REPEAT_WINDOW // tail.shape[1])
+            self.ring.copy_(tail.repeat(1, reps)[:, :REPEAT_WINDOW])
+            self.ring_at.fill_(tail.shape[1] % REPEAT_WINDOW)
+
+    def push(self, ids: Tensor) -> None:
+        """ids (B, 1): fed this step; they join the penalty's window."""
+        self.ring.index_copy_(1, self.ring_at, ids)
+        self.ring_at.add_(1).remainder_(REPEAT_WINDOW)
+
+    def draw(self, logits: Tensor) -> Tensor:
+        """logits (B, V) -> next ids (B,), as sample() draws them with this step's noise."""
+        x = apply_repeat_penalty(logits.float(), self.ring, self.penalty)  # (B, V)
+        if self.greedy:
+            return x.argmax(dim=-1)
+        noise = noise_at(self.key, self.counter, self.batch, self.vocab)  # (B, V)
+        self.counter.add_(1)
+        return draw_sorted(x, self.temperature, self.top_k, self.top_p, noise)
+
+
+def draw_sorted(x: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, noise: Tensor) -> Tensor:
+    """sample()'s non-greedy branch with the settings as tensors and one sort: x (B, V) fp32
+    penalized logits -> (B,). top_k 0 or >= V and top_p 1 leave x as it is."""
+    V = x.shape[-1]
+    x = x / temperature
+    srt, order = x.sort(dim=-1, descending=True)  # (B, V)
+    kth = srt.gather(1, (top_k - 1).clamp(0, V - 1).expand(x.shape[0], 1))  # (B, 1)
+    use_k = (top_k > 0) & (top_k < V)  # (1,)
+    x = x.masked_fill(use_k & (x < kth), float("-inf"))
+    srt = srt.masked_fill(use_k & (srt < kth), float("-inf"))  # = x sorted: masking keeps the order
+    p = srt.softmax(dim=-1)
+    drop = (p.cumsum(dim=-1) - p >= top_p) & (top_p < 1.0)  # (B, V) mass before this token
+    x = torch.where(top_p < 1.0, torch.empty_like(x).scatter_(1, order, srt.masked_fill(drop, float("-inf"))), x)
+    probs = x.softmax(dim=-1)  # (B, V)
+    return (probs / noise).argmax(dim=-1)
