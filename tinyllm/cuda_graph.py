@@ -227,6 +227,8 @@ class _Decoder:
         self.compile = backend
         self._step_fn = compiled(self._forward, backend)
         self.graphs.clear()
+        if self.pool is not None:  # the old graphs' pool dies with them: capture into a new one
+            self.pool = torch.cuda.graph_pool_handle()
 
     # -- the step -------------------------------------------------------------------------
 
