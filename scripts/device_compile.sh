@@ -6,7 +6,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv > "$OUT/gpu.txt"
 python3 -m pytest -q -m cuda tests/tinyllm > "$OUT/cuda_tests.log" 2>&1; echo "tests rc=$?"
 tail -5 "$OUT/cuda_tests.log"
-python3 scripts/profile_step.py ${PROFILE_PRESETS:-models/tinychat tinyllama-1.1b} > "$OUT/profile.log" 2>&1
+python3 -m tinyllm.bench --model models/tinychat --profile > "$OUT/profile.jsonl" 2> "$OUT/profile.log"
 grep "==" "$OUT/profile.log"
 python3 -m tinyllm.bench --model models/tinychat --repeats 3 --peers on > "$OUT/bench_tinychat.jsonl" 2> "$OUT/bench_tinychat.txt"
 tail -40 "$OUT/bench_tinychat.txt"

@@ -25,6 +25,9 @@ Metrics (batch 1, greedy, unless said):
                    over bandwidth_gb_s
   engine_tok_s     with --engine (instead of the above): aggregate tokens/s of the continuous
                    engine at each --concurrency (prefill included), and engine_capture_s
+  replay_us        with --profile (instead of the above, CUDA): one step's graph replay, plain
+                   and compiled, first and last bucket; kernels_per_step, and the top kernels
+                   on stderr (tinyllm.bench_profile)
   weights_mib      with --quant: bytes of the weights as held; rss_load_mib (CPU):
                    resident memory growth over the load
 Models: --preset NAME (random weights) or --model PATH (any format open_any reads); --quant
@@ -402,6 +405,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--engine", action="store_true", help="measure the continuous engine instead")
     p.add_argument("--concurrency", type=int_list, help="engine requests at once (default 1,8,32,64 / 1,4)")
     p.add_argument("--chat-turns", type=int, help="measure time to first token over N chat turns instead")
+    p.add_argument("--profile", action="store_true",
+                   help="CUDA: replay time and kernels of one step, plain and compiled, first and last bucket")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quant", default="none", choices=("none", "keep", "auto", "int8", "int4"),
                    help="weights: none (dense), keep (a GGUF's / checkpoint's quantized form), auto (that, "
@@ -445,6 +450,11 @@ def run(args: argparse.Namespace) -> Report:
           f"quant {args.quant}", file=sys.stderr)
     if args.chat_turns:
         bench_chat(model, tok_template, args.chat_turns, report)
+        return report
+    if args.profile:
+        from tinyllm.bench_profile import bench_profile
+
+        bench_profile(model, report, random_ids(model, DECODE_START))
         return report
     compile = args.compile == "on" or (args.compile == "auto" and cuda)
     if args.engine:

@@ -3,6 +3,9 @@
 
 import json
 
+import pytest
+import torch
+
 from tinyllm.bench import kv_bytes, main, weight_bytes
 from tinyllm.model import ModelConfig, Transformer
 
@@ -64,3 +67,10 @@ def test_chat_ttft_metrics(capsys, tmp_path):
     assert [r["turn"] for r in turns] == [1, 2, 3, 4]
     assert all(r["prefilled"] < turns[-1]["position"] for r in turns[1:])  # each turn prefills only its new ids
     assert [r["kind"] for r in recs if r["metric"] == "chat_ttft_ratio"] == ["turn4/turn2"]
+
+
+def test_profile_needs_cuda(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this checks the refusal without CUDA")
+    assert main(["--preset", "tiny", "--device", "cpu", "--profile"]) == 2
+    assert "--profile needs CUDA" in capsys.readouterr().err
