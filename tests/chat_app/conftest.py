@@ -50,7 +50,11 @@ def data_dir(tmp_path, monkeypatch) -> Path:
 def make_app(ckpt) -> Callable[..., ChatApp]:
     def make(*argv: str) -> ChatApp:
         compile = [] if "--compile" in argv else ["--compile", "off"]  # the plain step unless asked
-        return build_app(build_parser().parse_args(["--model", str(ckpt), "--device", "cpu", *compile, *argv]))
+        app = build_app(build_parser().parse_args(["--model", str(ckpt), "--device", "cpu", *compile, *argv]))
+        # Notices stay up until the test reads them: a notice shown at mount must not expire
+        # while the session's child process starts (seconds, on a loaded machine).
+        app.NOTIFICATION_TIMEOUT = 3600
+        return app
     return make
 
 
