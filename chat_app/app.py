@@ -264,7 +264,10 @@ class ChatApp(SlashCommands, App[None]):
                 self.conversation.loading = False
                 self.status.show(state="ready", name=s.name, device=s.device, dtype=s.dtype,
                                  graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
-                                 position=len(s.context), step=s.step_kind)
+                                 position=len(s.context), step=s.step_kind, capped=s.max_len < s.model_max_len)
+                if s.max_len < s.model_max_len:
+                    self.say(f"The context is capped at {s.max_len} of the model's {s.model_max_len} positions "
+                             f"to keep memory low; --max-len {s.model_max_len} lifts the cap.")
             case Started():
                 await self._started(item)
             case Failed():

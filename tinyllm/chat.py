@@ -53,6 +53,10 @@ from tinyllm.step_sampler import REPEAT_WINDOW
 from tinyllm.tokenizer import StreamDecoder, Tokenizer
 
 CHUNK = MAX_RUN  # decode steps per replay (one host read per chunk)
+# The context a session opens with unless asked for more: the static cache is allocated whole
+# (CUDA graphs need fixed addresses), so a model's full 8,192 positions would cost SmolLM2
+# 2.0 GB for "hi" where 2,048 cost 0.5 GB. `max_len` (the app's --max-len) lifts the cap.
+DEFAULT_CONTEXT = 2048
 IN_FLIGHT = 2  # chunks launched ahead of the host
 
 
@@ -86,6 +90,11 @@ class ChatSession:
     @property
     def device(self) -> str:
         return self.model.device.type
+
+    @property
+    def model_max_len(self) -> int:
+        """The model's own context (max_len may be less: see DEFAULT_CONTEXT)."""
+        return self.model.cfg.max_seq_len
 
     @property
     def dtype(self) -> str:
@@ -424,6 +433,6 @@ def open_session(path: str | Path, device: str = "auto", max_len: int | None = N
     model, tokenizer, chat_template, name = open_any(path, dev, template=template, quant=quant)
     if system is None:
         system = getattr(chat_template, "default_system", None)
-    max_len = min(max_len or model.cfg.max_seq_len, model.cfg.max_seq_len)
+    max_len = min(max_len or DEFAULT_CONTEXT, model.cfg.max_seq_len)
     return ChatSession(model, tokenizer, chat_template, max_len=max_len, params=params,
                        system=system, use_graph=use_graph, name=name, compile=compile, threads=threads)

@@ -40,7 +40,8 @@ BATCH_S = 0.005  # events go to the parent at most every 5 ms (and at the end of
 def snapshot(session) -> dict:
     s = session
     return dict(name=s.name, device=s.device, dtype=s.dtype, graphs_available=s.graphs_available,
-                use_graph=s.use_graph, max_len=s.max_len, context_len=len(s.context), first_message=s.first_message,
+                use_graph=s.use_graph, max_len=s.max_len, model_max_len=s.model_max_len, context_len=len(s.context),
+                first_message=s.first_message,
                 system=s.system,
                 params=asdict(s.params), step_kind=s.step_kind, compile_error=s.compile_error,
                 messages=[(m.role, m.content, m.stopped) for m in s.messages])

@@ -2,7 +2,8 @@
 
 Shows: model name, device and dtype, CUDA graphs (ON / OFF / "n/a on CPU") and which decode
 step runs ("compiling…" while the compiled step is built in the background, then "compiled"),
-decode tokens/s, time to first token, the attention bucket W, position / max_len, and last the
+decode tokens/s, time to first token, the attention bucket W, position / max_len ("cap" when
+the context is less than the model's: --max-len lifts it), and last the
 state (loading / ready / generating: last, so a narrow terminal clips it first). The app
 calls `show(**fields)` at most once per drained batch; fields not known yet render as "-".
 `line` holds the plain text (tests read it).
@@ -41,7 +42,7 @@ class StatusBar(Static):
             f"{tok_s:.0f} tok/s" if tok_s is not None else "- tok/s",
             f"TTFT {ttft:.0f} ms" if ttft is not None else "TTFT -",
             f"W {f.get('window') or '-'}",
-            f"pos {f.get('position', '-')}/{f.get('max_len', '-')}",
+            f"pos {f.get('position', '-')}/{f.get('max_len', '-')}{' cap' if f.get('capped') else ''}",
             str(f["state"]),
         ]
         return " · ".join(parts)
