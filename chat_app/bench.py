@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -31,21 +30,7 @@ import tempfile
 import time
 
 from chat_app.__main__ import DEFAULT_MODEL, build_app, build_parser
-
-
-class Report:
-    def __init__(self, **context):
-        self.context, self.rows = context, []
-
-    def __call__(self, metric: str, value: float, unit: str, **extra) -> None:
-        rec = {"metric": metric, "value": round(float(value), 4), "unit": unit, **self.context, **extra}
-        print(json.dumps(rec), flush=True)
-        self.rows.append(rec)
-
-    def table(self) -> str:
-        lines = [f"{'metric':<22} {'where':<10} {'value':>12}  unit"]
-        lines += [f"{r['metric']:<22} {r.get('where', ''):<10} {r['value']:>12.4g}  {r['unit']}" for r in self.rows]
-        return "\n".join(lines)
+from tinyllm.bench import Report
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Namespace]:

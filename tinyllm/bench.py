@@ -73,7 +73,7 @@ class Report:
         self.rows.append(rec)
 
     def table(self) -> str:
-        keys = ("impl", "kind", "prompt_len", "window", "concurrency", "turn")
+        keys = ("impl", "kind", "prompt_len", "window", "concurrency", "turn", "where", "step")
         lines = [f"{'metric':<16} {'context':<38} {'value':>12}  unit"]
         for r in self.rows:
             ctx = " ".join(f"{k}={r[k]}" for k in keys if k in r)

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tinyllm.kv_cache import KVCache, SlotKVCache
+from tinyllm.kv_cache import KVCache, SlotKVCache, ViewLayer
 from tinyllm.model import Transformer
 from tinyllm.step_sampler import StepSampler
 
@@ -137,8 +137,8 @@ class _StaticDecode:
         self.attn_kwargs = {"attn_mask": valid[:, None, None, :]}  # (B, 1, 1, W)
         return rope.cos.index_select(0, c.pos), rope.sin.index_select(0, c.pos)
 
-    def layer(self, i: int) -> _WindowLayer:
-        return _WindowLayer(self, i)
+    def layer(self, i: int) -> ViewLayer:
+        return ViewLayer(self, i)
 
     def update(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         c = self.cache
@@ -148,20 +148,6 @@ class _StaticDecode:
 
     def end_step(self, T: int) -> None:
         self.cache.pos.add_(1)  # captured into the graph; the host copy moves in advance_host()
-
-
-class _WindowLayer:
-    """One layer of a decode view: `update` and `attn_kwargs`, as the cache protocol asks."""
-
-    def __init__(self, view, i: int):
-        self.view, self.i = view, i
-
-    @property
-    def attn_kwargs(self) -> dict:
-        return self.view.attn_kwargs
-
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        return self.view.update(self.i, k, v)
 
 
 def compiled(forward, backend: str | None):

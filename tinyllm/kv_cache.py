@@ -245,15 +245,27 @@ class _SlotDecode:
         sin = rope.sin.index_select(0, lens)[:, None]
         return cos, sin
 
-    def layer(self, i: int) -> _SlotDecodeLayer:
-        return _SlotDecodeLayer(self, i)
+    def layer(self, i: int) -> ViewLayer:
+        return ViewLayer(self, i)
+
+    def update(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        c, W = self.cache, self.window
+        B, H, _, D = k.shape  # (S, Hkv, 1, D)
+        c.ensure(i, k)  # a capture before any admission decodes first
+        idx = c._lens_dev.clamp(max=c.max_len - 1)[:, None, None, None].expand(B, H, 1, D)
+        c.k[i].scatter_(2, idx, k)  # each slot writes at its own length
+        c.v[i].scatter_(2, idx, v)
+        return c.k[i][:, :, :W], c.v[i][:, :, :W]  # (S, Hkv, W, D)
 
     def end_step(self, T: int) -> None:
         self.cache._lens_dev.add_(self.cache._active_dev)  # captured into the graph
 
 
-class _SlotDecodeLayer:
-    def __init__(self, view: _SlotDecode, i: int):
+class ViewLayer:
+    """One layer of a decode view (a static or slot cache's `decode(W)`): the `update` and
+    `attn_kwargs` the cache protocol asks of `cache.layer(i)`, passed on to the view."""
+
+    def __init__(self, view, i: int):
         self.view, self.i = view, i
 
     @property
@@ -261,13 +273,7 @@ class _SlotDecodeLayer:
         return self.view.attn_kwargs
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        c, i, W = self.view.cache, self.i, self.view.window
-        B, H, _, D = k.shape  # (S, Hkv, 1, D)
-        c.ensure(i, k)  # a capture before any admission decodes first
-        idx = c._lens_dev.clamp(max=c.max_len - 1)[:, None, None, None].expand(B, H, 1, D)
-        c.k[i].scatter_(2, idx, k)  # each slot writes at its own length
-        c.v[i].scatter_(2, idx, v)
-        return c.k[i][:, :, :W], c.v[i][:, :, :W]  # (S, Hkv, W, D)
+        return self.view.update(self.i, k, v)
 
 
 class _SlotLayerKV:
