@@ -48,7 +48,7 @@ def sp_tok(tmp_path_factory):
 def sp_folder(request, tmp_path_factory, sp_tok):
     path = tmp_path_factory.mktemp("hf") / "llama"
     tie = request.param == "tied"
-    hf = make_hf_model(path, sp_tok.vocab_size + 8, tie, seed=int(tie), shard=None if tie else "60KB")
+    hf = make_hf_model(path, sp_tok.vocab_size, tie, seed=int(tie), shard=None if tie else "60KB")
     (path / "tokenizer.model").write_bytes(sp_tok.serialized())
     return path, hf
 
