@@ -7,7 +7,9 @@ tests use it to write files and as the reference dequantizer.
 Contract:
 - `read_gguf(path) -> GGUFFile` parses the header only (metadata and tensor table; no tensor
   data is read) and checks it: magic, version 2 or 3, every tensor of a known type lies
-  inside the file. Metadata arrays come back as lists.
+  inside the file (sizes in Python ints), alignment a power of two, arrays nested at most
+  8 deep, at most 4 dims. Metadata arrays come back as lists; `meta(g, key, kind)` reads a
+  key checked for its type (a wrong type is a one-line ValueError).
 - `GGUFFile.tensor(name) -> fp32 tensor` in PyTorch order (GGUF lists dims fastest first),
   dequantized by `gguf_quants.dequantize` (the types it lists; another is a ValueError).
 - `GGUFFile.quantized(name)`: a matrix kept quantized (Q4_0/Q4_1/Q4_K -> int4 exactly, other
