@@ -29,12 +29,14 @@ from tinyllm.model import Transformer
 
 
 class BackgroundCompile:
-    def __init__(self, model: Transformer, batch: int, max_len: int, backend: str, threads: int | None = None):
+    def __init__(self, model: Transformer, batch: int, max_len: int, backend: str, threads: int | None = None,
+                 n_valid: int | None = None):
         self.backend = backend
         self.state = "compiling"
         self.error = ""
         self.seconds = 0.0
         self.threads = threads  # CPU: the decoding threads' count (the compiled step is guarded on it)
+        self.n_valid = n_valid  # the live sampler's (padded embeddings): the step is guarded on it too
         self.ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(model, batch, max_len), daemon=True,
                                         name="tinyllm-compile")
@@ -54,6 +56,8 @@ class BackgroundCompile:
             stream = torch.cuda.Stream() if model.device.type == "cuda" else None
             with torch.no_grad(), torch.cuda.stream(stream) if stream else nullcontext():
                 dec = GraphDecoder(model, batch, max_len=max_len, use_graph=False, compile=self.backend)
+                if self.n_valid is not None:
+                    dec.sampler.n_valid = self.n_valid
                 for greedy in (True, False):
                     dec.sampler.greedy = greedy
                     dec.prefill(torch.zeros(batch, 1, dtype=torch.long, device=model.device))

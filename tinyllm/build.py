@@ -22,6 +22,7 @@ Refuses with one line (ValueError): an unknown quant or device, shapes that do n
 from __future__ import annotations
 
 import json
+import math
 import struct
 import warnings
 from functools import cache
@@ -138,6 +139,16 @@ def check_tensors(lead: str, missing: list[str], unexpected: list[str], wrong: l
             raise ValueError(f"{lead}: {what} {', '.join(items[:3])}{more}")
 
 
+def check_vocab(where: object, tokenizer_size: int, model_size: int) -> None:
+    """A tokenizer larger than the model encodes ids the model has no embedding for (the
+    prompt would fail): refused. A smaller one is a model whose embeddings are padded past
+    the tokenizer (common in fine-tunes); it loads, and ChatSession never samples the padded
+    ids (StepSampler's `n_valid`), so a reply cannot hold an id the tokenizer cannot decode."""
+    if tokenizer_size > model_size:
+        raise ValueError(f"{where}: the tokenizer has {tokenizer_size} tokens but the model only "
+                         f"{model_size} embeddings; use the tokenizer the model was trained with")
+
+
 # ---- safetensors folders (tinyllm checkpoints and Hugging Face folders) ----------------------
 
 def read_safetensors_header(path: Path) -> dict[str, dict]:
@@ -154,12 +165,44 @@ def read_safetensors_header(path: Path) -> dict[str, dict]:
             header = json.loads(f.read(n))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ValueError(f"{path} has a corrupt safetensors header") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} has a corrupt safetensors header (a JSON {type(header).__name__}, "
+                         "not an object); copy or download it again")
     header.pop("__metadata__", None)
-    end = max((t["data_offsets"][1] for t in header.values()), default=0)
+    end = 0
+    for name, t in header.items():
+        end = max(end, _check_entry(path, name, t))
     if size < 8 + n + end:
         raise ValueError(f"{path} is truncated: {size} bytes, the header promises {8 + n + end}; "
                          "copy or download it again")
     return header
+
+
+_ST_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+             "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def _check_entry(path: Path, name: str, t: object) -> int:
+    """One header entry: dtype a string, shape non-negative ints, data_offsets [start, end]
+    ints with 0 <= start <= end, and end - start the tensor's size. Returns end."""
+    def bad(what: str) -> ValueError:
+        return ValueError(f"{path} has a corrupt safetensors header: tensor {str(name)[:60]!r} {what}; "
+                          "copy or download it again")
+
+    if not isinstance(t, dict):
+        raise bad("is not an object")
+    dtype, shape, offs = t.get("dtype"), t.get("shape"), t.get("data_offsets")
+    if not isinstance(dtype, str):
+        raise bad(f"has dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise bad(f"has shape {str(shape)[:40]}")
+    if (not isinstance(offs, list) or len(offs) != 2 or not all(type(o) is int for o in offs)
+            or not 0 <= offs[0] <= offs[1]):
+        raise bad(f"has data_offsets {str(offs)[:40]} (want [start, end] with 0 <= start <= end)")
+    if dtype in _ST_SIZES and (offs[1] - offs[0]) != math.prod(shape) * _ST_SIZES[dtype]:
+        raise bad(f"holds {offs[1] - offs[0]} bytes, its {dtype} shape {shape} needs "
+                  f"{math.prod(shape) * _ST_SIZES[dtype]}")
+    return offs[1]
 
 
 def weight_files(path: Path, hint: str) -> list[Path]:

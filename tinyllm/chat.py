@@ -71,13 +71,15 @@ class ChatSession:
         self.graphs_available = model.device.type == "cuda"
         on = self.graphs_available if use_graph is None else use_graph and self.graphs_available
         self.decoder = GraphDecoder(model, 1, max_len=max_len, use_graph=on)
+        self.decoder.sampler.n_valid = min(tokenizer.vocab_size, model.cfg.vocab_size)  # padded embeddings
         self.max_len = self.decoder.max_len
         if not 1 <= chunk <= MAX_RUN:
             raise ValueError(f"chunk must be in [1, {MAX_RUN}], got {chunk}")
         self.chunk = chunk
         if compile:
             self._capture_ahead()
-        self._compile = BackgroundCompile(model, 1, self.max_len, compile, self.threads) if compile else None
+        self._compile = (BackgroundCompile(model, 1, self.max_len, compile, self.threads, self.decoder.sampler.n_valid)
+                         if compile else None)
         self.params = params
         self.system = system
         self.messages: list[Message] = []

@@ -33,6 +33,7 @@ from tinyllm.build import (
     WEIGHTS,
     build_transformer,
     check_quant,
+    check_vocab,
     default_dtype,
     expected_shapes,
     match_tensors,
@@ -93,9 +94,7 @@ def inspect_checkpoint(path: str | Path) -> CheckpointInfo:
     if not (path / TOKENIZER).is_file() and not (path / TOKENIZER_JSON).is_file():
         raise FileNotFoundError(f"{path} has no {TOKENIZER} (nor {TOKENIZER_JSON}): {_HINT}")
     tok = load_tokenizer(path)  # a ValueError if it isn't one
-    if tok.vocab_size > cfg.vocab_size:
-        raise ValueError(f"{path}: tokenizer has {tok.vocab_size} pieces but the model only "
-                         f"{cfg.vocab_size} embeddings")
+    check_vocab(path, tok.vocab_size, cfg.vocab_size)
     files = weight_files(path, _HINT)
     found: dict[str, dict] = {}
     for f in files:

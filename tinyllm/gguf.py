@@ -7,7 +7,9 @@ tests use it to write files and as the reference dequantizer.
 Contract:
 - `read_gguf(path) -> GGUFFile` parses the header only (metadata and tensor table; no tensor
   data is read) and checks it: magic, version 2 or 3, every tensor of a known type lies
-  inside the file. Metadata arrays come back as lists.
+  inside the file (sizes in Python ints), alignment a power of two, arrays nested at most
+  8 deep, at most 4 dims. Metadata arrays come back as lists; `meta(g, key, kind)` reads a
+  key checked for its type (a wrong type is a one-line ValueError).
 - `GGUFFile.tensor(name) -> fp32 tensor` in PyTorch order (GGUF lists dims fastest first),
   dequantized by `gguf_quants.dequantize` (the types it lists; another is a ValueError).
 - `GGUFFile.quantized(name)`: a matrix kept quantized (Q4_0/Q4_1/Q4_K -> int4 exactly, other
@@ -26,6 +28,7 @@ metadata, unknown tensor types, tensors that do not match the metadata.
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass, field
@@ -34,7 +37,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tinyllm.build import build_transformer, check_quant, check_tensors, default_dtype, expected_shapes, pick_template
+from tinyllm.build import (
+    build_transformer,
+    check_quant,
+    check_tensors,
+    check_vocab,
+    default_dtype,
+    expected_shapes,
+    pick_template,
+)
 from tinyllm.gguf_quants import GGML_TYPES, dequantize, supported_types, to_qtensor
 from tinyllm.model import ModelConfig
 from tinyllm.quant import QTensor
@@ -44,6 +55,8 @@ from tinyllm.tokenizer import Tokenizer
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
             12: "<d"}
 _STRING, _ARRAY = 8, 9
+_MAX_DEPTH = 8  # arrays of arrays nest at most this deep (llama.cpp writes depth 1)
+_MAX_DIMS = 4  # GGML_MAX_DIMS
 
 
 @dataclass
@@ -112,17 +125,23 @@ class _Reader:
     def string(self) -> str:
         return self.take(self.scalar(10)).decode("utf-8", errors="replace")
 
-    def value(self, t: int):
+    def value(self, t: int, depth: int = 0):
         if t == _STRING:
             return self.string()
         if t == _ARRAY:
+            if depth >= _MAX_DEPTH:
+                raise ValueError(f"{self.path}: GGUF metadata arrays nest more than {_MAX_DEPTH} deep; "
+                                 "the file is corrupt or not from llama.cpp")
             et, n = self.scalar(4), self.scalar(10)
+            if n > len(self.buf) - self.pos:  # every element takes at least one byte
+                raise ValueError(f"{self.path} is truncated or corrupt (a metadata array of {n} elements "
+                                 "runs past its end)")
             if et == _STRING:
                 return [self.string() for _ in range(n)]
             if et in _SCALARS:
                 dt = np.dtype(_SCALARS[et].replace("?", "u1"))
                 return np.frombuffer(self.take(n * dt.itemsize), dtype=dt).tolist()
-            return [self.value(et) for _ in range(n)]  # arrays of arrays
+            return [self.value(et, depth + 1) for _ in range(n)]  # arrays of arrays
         if t in _SCALARS:
             return self.scalar(t)
         raise ValueError(f"{self.path}: unknown GGUF metadata value type {t}")
@@ -152,21 +171,28 @@ def read_gguf(path: str | Path) -> GGUFFile:
     infos = []
     for _ in range(n_tensors):
         name = r.string()
-        dims = [r.scalar(10) for _ in range(r.scalar(4))]
+        n_dims = r.scalar(4)
+        if n_dims > _MAX_DIMS:
+            raise ValueError(f"{path}: tensor {_short(name)} has {n_dims} dimensions (GGUF allows {_MAX_DIMS}); "
+                             "the file is corrupt")
+        dims = [r.scalar(10) for _ in range(n_dims)]
         infos.append((name, tuple(reversed(dims)), r.scalar(4), r.scalar(10)))
-    align = int(meta.get("general.alignment", 32))
+    align = meta.get("general.alignment", 32)
+    if type(align) is not int or align <= 0 or align & (align - 1):
+        raise ValueError(f"{path}: general.alignment {align!r} is not a positive power of two; "
+                         "the file is corrupt")
     start = (r.pos + align - 1) // align * align
     tensors = {}
     for name, shape, typ, off in infos:
         _, block, size = GGML_TYPES.get(typ, (None, None, None))
         nbytes = None
         if block is not None:
-            numel = int(np.prod(shape, dtype=np.int64))
+            numel = math.prod(shape)  # Python ints: np.prod would wrap past 2^63
             if shape and shape[-1] % block:
-                raise ValueError(f"{path}: tensor {name} rows of {shape[-1]} are not whole {block}-blocks")
+                raise ValueError(f"{path}: tensor {_short(name)} rows of {shape[-1]} are not whole {block}-blocks")
             nbytes = numel // block * size
             if start + off + nbytes > len(mm):
-                raise ValueError(f"{path} is truncated: tensor {name} runs past the end of the file; "
+                raise ValueError(f"{path} is truncated: tensor {_short(name)} runs past the end of the file; "
                                  "copy or download it again")
         tensors[name] = GGUFTensor(name, shape, typ, start + off, nbytes)
     return GGUFFile(path, version, meta, tensors, mm)
@@ -179,39 +205,66 @@ _NAMES = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn_q": "attn.wq",
           "ffn_down": "ffn.w2"}
 
 
+_KINDS = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", list: "an array"}
+
+
+def meta(g: GGUFFile, key: str, kind: type, default=None, item: type | None = None):
+    """Metadata `key` checked to be of `kind` (a list of `item`s for list; float takes an int;
+    bool takes 0/1), or `default` when absent; the wrong type is a one-line ValueError."""
+    v = g.metadata.get(key)
+    if v is None:
+        return default
+    ok = {int: lambda x: type(x) is int, float: lambda x: type(x) in (int, float),
+          bool: lambda x: type(x) is bool or x in (0, 1), str: lambda x: type(x) is str}
+    if kind is list:
+        good = type(v) is list and (item is None or all(ok[item](x) for x in v))
+    else:
+        good = ok[kind](v)
+    if not good:
+        what = f"an array of {_KINDS[item].split(' ', 1)[1]}s" if kind is list and item else _KINDS[kind]
+        raise ValueError(f"{g.path}: GGUF metadata {key} should be {what}, not {type(v).__name__} "
+                         f"{_short(v)}; the file is corrupt or was written by a broken converter")
+    return v
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
 def gguf_config(g: GGUFFile) -> ModelConfig:
     arch = g.metadata.get("general.architecture")
     if arch != "llama":
-        raise ValueError(f"{g.path}: GGUF architecture {arch!r} is not supported (tinyllm reads llama)")
+        raise ValueError(f"{g.path}: GGUF architecture {_short(arch)} is not supported (tinyllm reads llama)")
 
-    def get(key, default=None):
-        v = g.metadata.get(f"llama.{key}", default)
+    def get(key, default=None, kind: type = int):
+        v = meta(g, f"llama.{key}", kind, default)
         if v is None:
             raise ValueError(f"{g.path}: GGUF metadata lacks llama.{key}")
         return v
 
     if get("expert_count", 0):
         raise ValueError(f"{g.path}: mixture-of-experts llama models are not supported")
-    scaling = g.metadata.get("llama.rope.scaling.type", "none")
+    scaling = meta(g, "llama.rope.scaling.type", str, "none")
     if scaling != "none" or "rope_freqs.weight" in g.tensors:
         raise ValueError(f"{g.path}: rope scaling ({scaling if scaling != 'none' else 'rope_freqs'}) "
                          "is not supported (only plain RoPE)")
     heads, dim = int(get("attention.head_count")), int(get("embedding_length"))
-    kv = get("attention.head_count_kv", heads)
-    if isinstance(kv, list):
+    if isinstance(g.metadata.get("llama.attention.head_count_kv"), list):
         raise ValueError(f"{g.path}: per-layer key/value head counts are not supported")
+    kv = get("attention.head_count_kv", heads)
     for key in ("rope.dimension_count", "attention.key_length", "attention.value_length"):
         if key in {k[len("llama."):] for k in g.metadata} and int(get(key)) != dim // heads:
             raise ValueError(f"{g.path}: llama.{key} {get(key)} is not embedding_length / head_count "
                              f"({dim} / {heads}); tinyllm does not support that")
     emb = g.tensors.get("token_embd.weight")
-    vocab = int(g.metadata.get("llama.vocab_size") or (emb.shape[0] if emb else len(
-        g.metadata.get("tokenizer.ggml.tokens", []))))
+    vocab = int(meta(g, "llama.vocab_size", int) or (emb.shape[0] if emb and emb.shape else len(
+        meta(g, "tokenizer.ggml.tokens", list, []))))
     return ModelConfig(vocab_size=vocab, dim=dim, n_layers=int(get("block_count")), n_heads=heads,
                        n_kv_heads=int(kv), ffn_dim=int(get("feed_forward_length")),
                        max_seq_len=int(get("context_length", 2048)),
-                       rope_theta=float(get("rope.freq_base", 10000.0)),
-                       norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+                       rope_theta=float(get("rope.freq_base", 10000.0, float)),
+                       norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5, float)),
                        tie_embeddings="output.weight" not in g.tensors)
 
 
@@ -235,28 +288,34 @@ def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def gguf_tokenizer(g: GGUFFile):
     """Tokenizer (sentencepiece `llama` vocab) or BPETokenizer (`gpt2` vocab) from metadata."""
-    m = g.metadata
-    kind, tokens = m.get("tokenizer.ggml.model"), m.get("tokenizer.ggml.tokens")
+    kind, tokens = meta(g, "tokenizer.ggml.model", str), meta(g, "tokenizer.ggml.tokens", list, item=str)
     if kind is None or not tokens:
         raise ValueError(f"{g.path} has no tokenizer in its metadata (tokenizer.ggml.model / tokens)")
-    types = m.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    ids = {k: m.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "unknown", "padding")}
+    types = meta(g, "tokenizer.ggml.token_type", list, item=int) or [1] * len(tokens)
+    ids = {k: meta(g, f"tokenizer.ggml.{k}_token_id", int) for k in ("bos", "eos", "unknown", "padding")}
+    scores = meta(g, "tokenizer.ggml.scores", list, item=float) or [0.0] * len(tokens)
+    if len(types) != len(tokens) or len(scores) != len(tokens):
+        raise ValueError(f"{g.path}: GGUF tokenizer metadata disagrees: {len(tokens)} tokens, {len(types)} "
+                         f"token types, {len(scores)} scores; the file is corrupt")
+    bad = {k: i for k, i in ids.items() if i is not None and not 0 <= i < len(tokens)}
+    if bad:
+        raise ValueError(f"{g.path}: GGUF tokenizer {', '.join(f'{k} id {i}' for k, i in bad.items())} "
+                         f"is outside its {len(tokens)} tokens; the file is corrupt")
     if kind == "llama":
         specials = {ids["bos"], ids["eos"], ids["unknown"], ids["padding"]}
         # Control pieces other than BOS/EOS/UNK/PAD (e.g. "<|im_start|>") become user-defined,
         # so text that names them encodes to their ids, as Hugging Face tokenizers do.
         kinds = [4 if t == 3 and i not in specials else t for i, t in enumerate(types)]
-        scores = m.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
         proto = sentencepiece_proto(tokens, scores, kinds, ids["unknown"], ids["bos"], ids["eos"],
-                                    ids["padding"], bool(m.get("tokenizer.ggml.add_space_prefix", True)))
+                                    ids["padding"], bool(meta(g, "tokenizer.ggml.add_space_prefix", bool, True)))
         return Tokenizer.from_serialized(proto)
     if kind == "gpt2":
         from tinyllm.bpe_tokenizer import BPETokenizer
 
-        return BPETokenizer.from_vocab(tokens, m.get("tokenizer.ggml.merges") or [], types,
-                                       m.get("tokenizer.ggml.pre"), ids["bos"], ids["eos"], ids["padding"],
+        return BPETokenizer.from_vocab(tokens, meta(g, "tokenizer.ggml.merges", list, [], str), types,
+                                       meta(g, "tokenizer.ggml.pre", str), ids["bos"], ids["eos"], ids["padding"],
                                        ids["unknown"])
-    raise ValueError(f"{g.path}: GGUF tokenizer model {kind!r} is not supported (llama or gpt2)")
+    raise ValueError(f"{g.path}: GGUF tokenizer model {_short(kind)} is not supported (llama or gpt2)")
 
 
 def inspect_gguf(g: GGUFFile, template: str | None = None):
@@ -276,12 +335,10 @@ def inspect_gguf(g: GGUFFile, template: str | None = None):
         raise ValueError(f"{g.path}: quantization type {', '.join(bad)} is not supported "
                          f"(supported: {', '.join(supported_types())})")
     tokenizer = gguf_tokenizer(g)
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise ValueError(f"{g.path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
-                         f"{cfg.vocab_size} embeddings")
-    name = g.metadata.get("general.name") or g.path.stem
-    add_bos = g.metadata.get("tokenizer.ggml.add_bos_token", g.metadata["tokenizer.ggml.model"] == "llama")
-    chat = pick_template(g.metadata.get("tokenizer.chat_template"), tokenizer, bool(add_bos), template, name)
+    check_vocab(g.path, tokenizer.vocab_size, cfg.vocab_size)
+    name = meta(g, "general.name", str) or g.path.stem
+    add_bos = meta(g, "tokenizer.ggml.add_bos_token", bool, g.metadata["tokenizer.ggml.model"] == "llama")
+    chat = pick_template(meta(g, "tokenizer.chat_template", str), tokenizer, bool(add_bos), template, name)
     return cfg, tokenizer, chat, name, names
 
 

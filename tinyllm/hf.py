@@ -43,6 +43,7 @@ from tinyllm.build import (
     build_transformer,
     check_quant,
     check_tensors,
+    check_vocab,
     default_dtype,
     expected_shapes,
     pick_template,
@@ -66,7 +67,8 @@ def hf_config(raw: dict, where: str = "config.json") -> ModelConfig:
         raise ValueError(f"{where}: model_type {mt!r} is not supported "
                          f"(tinyllm reads {', '.join(SUPPORTED)})")
     if raw.get("quantization_config"):
-        method = raw["quantization_config"].get("quant_method", "?")
+        q = raw["quantization_config"]
+        method = q.get("quant_method", "?") if isinstance(q, dict) else str(q)[:40]
         raise ValueError(f"{where}: quantized weights ({method}) are not supported; "
                          "use an fp16/bf16/fp32 model")
     act = raw.get("hidden_act", raw.get("hidden_activation", "silu"))
@@ -76,6 +78,8 @@ def hf_config(raw: dict, where: str = "config.json") -> ModelConfig:
         if raw.get(bias):
             raise ValueError(f"{where}: {bias}=true is not supported (tinyllm's layers have no biases)")
     rope = raw.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise ValueError(f"{where}: rope_parameters should be an object, not {str(rope)[:40]!r}")
     scaling = raw.get("rope_scaling") or rope
     kind = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else scaling
     if kind not in (None, "default"):
@@ -165,9 +169,7 @@ def inspect_hf(path: str | Path, template: str | None = None):
     wrong = [f"{found[k]} {shapes[found[k]]} vs {want[k]}" for k in found if shapes[found[k]] != want[k]]
     check_tensors(f"{path}: config.json does not match the weights", missing, unknown, wrong)
     tokenizer = load_hf_tokenizer(path, raw)
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise ValueError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
-                         f"{cfg.vocab_size} embeddings")
+    check_vocab(path, tokenizer.vocab_size, cfg.vocab_size)
     tok_cfg = _read_json(path / "tokenizer_config.json")
     name = raw.get("_name_or_path") or path.name
     source = _jinja_source(path, tok_cfg)

@@ -7,7 +7,8 @@ Contract:
   compiled) step therefore serves every setting: `load(params, seed, recent)` changes them
   between steps with plain device copies, never a new capture.
 - Inside the step: `push(ids)` adds the ids just fed to the ring, `draw(logits)` returns the
-  next ids (B,) and advances the counter. Only `greedy` (argmax after the penalty, no sort) vs
+  next ids (B,) and advances the counter. Ids from `n_valid` on (a model whose embeddings are
+  padded past its tokenizer) are never drawn. Only `greedy` (argmax after the penalty, no sort) vs
   sampling is a host-side choice: the two are two variants of the step.
 - `draw` equals the reference, `sample(logits, params, noise=noise_at(seed, counter), prev=ring)`,
   for every setting (tested on the CPU): the same operations on the same values. Ties in top-k
@@ -58,8 +59,9 @@ def seed_key(seed: int) -> list[int]:
 
 
 class StepSampler:
-    def __init__(self, batch: int, vocab: int, device):
+    def __init__(self, batch: int, vocab: int, device, n_valid: int | None = None):
         self.batch, self.vocab = batch, vocab
+        self.n_valid = vocab if n_valid is None else n_valid  # ids from n_valid on are never drawn
         f32 = dict(dtype=torch.float32, device=device)
         i64 = dict(dtype=torch.long, device=device)
         self.temperature = torch.ones(1, **f32)
@@ -104,7 +106,10 @@ class StepSampler:
 
     def draw(self, logits: Tensor) -> Tensor:
         """logits (B, V) -> next ids (B,), as sample() draws them with this step's noise."""
-        x = apply_repeat_penalty(logits.float(), self.ring, self.penalty)  # (B, V)
+        x = logits.float()  # (B, V)
+        if self.n_valid < self.vocab:  # embeddings padded past the tokenizer: never draw those ids
+            x[:, self.n_valid:] = float("-inf")
+        x = apply_repeat_penalty(x, self.ring, self.penalty)
         if self.greedy:
             return x.argmax(dim=-1)
         noise = noise_at(self.key, self.counter, self.batch, self.vocab)  # (B, V)

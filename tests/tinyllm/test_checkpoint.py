@@ -116,6 +116,6 @@ def test_tokenizer_larger_than_vocab(ckpt, tmp_path):
     tok = make_tiny_tokenizer(tmp_path)
     model = tiny_model(vocab_size=tok.vocab_size - 100)
     save_checkpoint(model, tok, tmp_path / "small")
-    with pytest.raises(ValueError, match="tokenizer has 512 pieces but the model only 412"):
+    with pytest.raises(ValueError, match="tokenizer has 512 tokens but the model only 412"):
         load_checkpoint(tmp_path / "small")
     assert cfg["format"] == "tinyllm"

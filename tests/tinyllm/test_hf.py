@@ -48,7 +48,7 @@ def sp_tok(tmp_path_factory):
 def sp_folder(request, tmp_path_factory, sp_tok):
     path = tmp_path_factory.mktemp("hf") / "llama"
     tie = request.param == "tied"
-    hf = make_hf_model(path, sp_tok.vocab_size + 8, tie, seed=int(tie), shard=None if tie else "60KB")
+    hf = make_hf_model(path, sp_tok.vocab_size, tie, seed=int(tie), shard=None if tie else "60KB")
     (path / "tokenizer.model").write_bytes(sp_tok.serialized())
     return path, hf
 
@@ -79,10 +79,10 @@ def test_greedy_generation_matches_transformers(sp_folder):
 
 
 def test_tokenizer_model_with_added_tokens(tmp_path, sp_folder, sp_tok):
-    path, _ = sp_folder
-    dst = tmp_path / "added"
-    shutil.copytree(path, dst)
     n = sp_tok.vocab_size
+    dst = tmp_path / "added"
+    make_hf_model(dst, n + 2, tie=True)  # embeddings for the two added tokens too
+    (dst / "tokenizer.model").write_bytes(sp_tok.serialized())
     added = {str(n): {"content": "<|assistant|>", "special": True}, str(n + 1): {"content": "<tool>"}}
     (dst / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": added}))
     _, tok, _, _ = open_any(dst)
