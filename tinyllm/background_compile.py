@@ -48,6 +48,7 @@ class BackgroundCompile:
         t0 = time.perf_counter()
         if self.threads:
             torch.set_num_threads(self.threads)
+        _lower_priority()
         # The compiler is Python and holds the GIL for the default 5 ms slices: the decoding
         # thread would wait that long for every op it launches. Hand it over 10x as often.
         switch = sys.getswitchinterval()
@@ -78,3 +79,14 @@ class BackgroundCompile:
     def wait(self, timeout: float | None = None) -> bool:
         return self.ready.wait(timeout)
 
+
+def _lower_priority() -> None:
+    """Run this thread (and the compiler processes it starts, which inherit it) at the lowest
+    CPU priority, so the replies decoding meanwhile keep the cores. Linux sets priority per
+    thread; elsewhere this does nothing."""
+    import os
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
