@@ -350,7 +350,7 @@ class ChatSession:
         chunks = deque()  # launched, not yet read
         while True:
             if not ahead:
-                self._launch(chunks, n0, len(out_ids))
+                self._launch(chunks, n0)
                 ahead.extend(chunks.popleft().ids()[0])
             tok_id = ahead.popleft()
             if tok_id in self.stop_ids:
@@ -387,7 +387,7 @@ class ChatSession:
             yield Token(tail, stats)
         yield Finished(reason, text, stats)
 
-    def _launch(self, chunks: deque, n0: int, emitted: int) -> None:
+    def _launch(self, chunks: deque, n0: int) -> None:
         """Launch chunks until IN_FLIGHT are queued (at least one). A chunk never runs past the
         token limit, the context or its bucket; the first id of the reply came from prefill."""
         dec = self.decoder
