@@ -15,6 +15,9 @@ Metrics:
   decode_tok_s           per reply, as the status bar shows it (tokens after the first, over
                          the time since the first), "where": app / session; and their medians
   app_over_session       median app tok/s over median session tok/s (the UI's cost)
+  launch_to_<step>_s     the child's start-up, step by step (ChatSession.timeline):
+                         child_started, torch_imported, open_started, model_loaded,
+                         graphs_captured, compiled
 Options are tinyllm-chat's (--model, --device, --compile, --threads, ...) plus --tokens,
 --replies. The app's data folder is a temporary one.
 """
@@ -58,7 +61,7 @@ async def app_side(args, ours, report: Report) -> object:
     """Run the app headless; returns its session (the model stays loaded for the other side)."""
     from chat_app.widgets.prompt_input import PromptInput
 
-    t0 = time.perf_counter()
+    t0, wall0 = time.perf_counter(), time.time()
     app = build_app(args)
     async with app.run_test(headless=True, size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.session is not None, 900, "the model to load")
@@ -79,6 +82,8 @@ async def app_side(args, ours, report: Report) -> object:
         ready = await asyncio.to_thread(session.wait_compiled, ours.wait_compile)
         if session.step_kind == "compiled" and ready:
             report("launch_to_compiled_s", time.perf_counter() - t0, "s", where="app")
+        for step, at in sorted(session.timeline.items(), key=lambda kv: kv[1]):  # where start-up goes
+            report(f"launch_to_{step}_s", at - wall0, "s", where="child")
 
         speeds = []
         for i in range(ours.replies):

@@ -35,6 +35,7 @@ class BackgroundCompile:
         self.state = "compiling"
         self.error = ""
         self.seconds = 0.0
+        self.done_at = 0.0  # time.time() when it ended (the session's timeline)
         self.threads = threads  # CPU: the decoding threads' count (the compiled step is guarded on it)
         self.n_valid = n_valid  # the live sampler's (padded embeddings): the step is guarded on it too
         self.ready = threading.Event()
@@ -74,6 +75,7 @@ class BackgroundCompile:
         finally:
             sys.setswitchinterval(switch)
             self.seconds = time.perf_counter() - t0
+            self.done_at = time.time()
             self.ready.set()
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -66,6 +66,7 @@ class ChatSession:
                  system: str | None = None, use_graph: bool | None = None, name: str = "model",
                  compile: str | None = "inductor", chunk: int = CHUNK, threads: int | None = None):
         self.model, self.tokenizer, self.template, self.name = model, tokenizer, template, name
+        self.marks: dict[str, float] = {}  # time.time() of each start-up step (see `timeline`)
         # torch's CPU thread count is per thread (OpenMP): set it in every thread that decodes.
         self.threads = (threads or default_cpu_threads()) if model.device.type == "cpu" else None
         self.graphs_available = model.device.type == "cuda"
@@ -78,6 +79,7 @@ class ChatSession:
         self.chunk = chunk
         if compile:
             self._capture_ahead()
+        self.marks["graphs_captured"] = time.time()
         self._compile = (BackgroundCompile(model, 1, self.max_len, compile, self.threads, self.decoder.sampler.n_valid)
                          if compile else None)
         self.params = params
@@ -121,6 +123,14 @@ class ChatSession:
     @property
     def compile_error(self) -> str:
         return self._compile.error if self._compile is not None else ""
+
+    @property
+    def timeline(self) -> dict[str, float]:
+        """time.time() of each start-up step so far: those in `marks` (open_session adds
+        "open_started" and "model_loaded", the app's child process its own) and "compiled"
+        once the background compile has ended."""
+        done = self._compile.done_at if self._compile is not None else 0.0
+        return dict(self.marks, **({"compiled": done} if done else {}))
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Block until the background compile is over (compiled or failed); False on timeout."""
@@ -429,12 +439,16 @@ def open_session(path: str | Path, device: str = "auto", max_len: int | None = N
     none) is used."""
     from tinyllm.open_model import open_any
 
+    started = time.time()
     dev = resolve_device(device)
     if dev.type == "cpu":
         torch.set_num_threads(threads or default_cpu_threads())  # for loading; replies set it again
     model, tokenizer, chat_template, name = open_any(path, dev, template=template, quant=quant)
+    loaded = time.time()
     if system is None:
         system = getattr(chat_template, "default_system", None)
     max_len = min(max_len or DEFAULT_CONTEXT, model.cfg.max_seq_len)
-    return ChatSession(model, tokenizer, chat_template, max_len=max_len, params=params,
-                       system=system, use_graph=use_graph, name=name, compile=compile, threads=threads)
+    session = ChatSession(model, tokenizer, chat_template, max_len=max_len, params=params,
+                          system=system, use_graph=use_graph, name=name, compile=compile, threads=threads)
+    session.marks.update(open_started=started, model_loaded=loaded)
+    return session

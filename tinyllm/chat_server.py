@@ -43,13 +43,16 @@ def snapshot(session) -> dict:
                 use_graph=s.use_graph, max_len=s.max_len, model_max_len=s.model_max_len, context_len=len(s.context),
                 first_message=s.first_message,
                 system=s.system,
-                params=asdict(s.params), step_kind=s.step_kind, compile_error=s.compile_error,
+                params=asdict(s.params), step_kind=s.step_kind, compile_error=s.compile_error, timeline=s.timeline,
                 messages=[(m.role, m.content, m.stopped) for m in s.messages])
 
 
 def serve(conn: Connection, open_kwargs: dict) -> None:
+    started = time.time()
     _log_to(open_kwargs.pop("log", None))
     from tinyllm.chat import open_session
+
+    imported = time.time()
 
     ignore_eos = open_kwargs.pop("ignore_eos", False)
     try:
@@ -60,6 +63,7 @@ def serve(conn: Connection, open_kwargs: dict) -> None:
         return
     if ignore_eos:
         session.stop_ids = set()
+    session.marks.update(child_started=started, torch_imported=imported)
     send_lock = threading.Lock()
 
     def send(msg) -> None:

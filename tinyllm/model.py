@@ -249,6 +249,8 @@ class Attention(nn.Module):
         if kv is None:
             return self._attend(q, k, v, {"is_causal": True})
         k, v = kv.update(k, v)  # (B, Hkv, S, D): every key this step may see
+        if torch.compiler.is_compiling():  # the context would stop AOTAutograd's cache (warm starts)
+            return self._attend(q, k, v, kv.attn_kwargs)
         with sdpa_kernel(CACHED_SDPA):
             return self._attend(q, k, v, kv.attn_kwargs)
 
@@ -262,7 +264,7 @@ class Attention(nn.Module):
             q = q.view(B, self.n_kv_heads, rep, self.head_dim)  # (B, Hkv, rep, D)
             mask = attn_kwargs.get("attn_mask")
             if mask is not None:  # a windowed (static or slot) decode step
-                y = window_attention(q, k, v, mask)  # (B, Hkv, rep, D)
+                y = window_attention(q, k, v, mask, self.head_dim ** -0.5)  # (B, Hkv, rep, D)
             else:
                 y = F.scaled_dot_product_attention(q, k, v, **attn_kwargs)  # (B, Hkv, rep, D)
             return linear(self.wo, y.reshape(B, 1, -1))
@@ -273,7 +275,7 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 
-def window_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+def window_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
     """One decode position over a fixed window of W keys, keys outside `mask` ignored.
 
     q (B, Hkv, R, D): the R query heads that share a KV head; k, v (B, Hkv, W, D); mask
@@ -282,9 +284,11 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     run one or two thread blocks per head down all W keys (measured on an H200: 9 µs a layer at
     W=128, 48 µs at W=1024), while a matrix product spreads W over the whole GPU. Scores and
     softmax are fp32, as in SDPA; the scores are rounded to the weights' dtype once, as in
-    Hugging Face's eager attention.
+    Hugging Face's eager attention. `scale` is D ** -0.5, a constant from the config: computed
+    from q's size it would be a symbolic float in a dynamic-shape compile, which restarts the
+    trace (a warm start then traces twice).
     """
-    scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5  # (B, Hkv, R, W)
+    scores = (q @ k.transpose(-1, -2)).float() * scale  # (B, Hkv, R, W)
     scores = scores.masked_fill(~mask, float("-inf"))
     return scores.softmax(dim=-1).to(v.dtype) @ v  # (B, Hkv, R, D)
 
@@ -318,7 +322,10 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
+        # Built on the meta device (every load), the embedding skips its normal init: the meta
+        # kernel of normal_ imports torch._refs, 1-3 s of start-up for nothing.
+        meta = torch.empty(0).is_meta
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim, _weight=torch.empty(cfg.vocab_size, cfg.dim) if meta else None)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
