@@ -105,7 +105,8 @@ def session_side(args, ours, report: Report) -> list[float]:
     t0 = time.perf_counter()
     session = open_session(args.model or DEFAULT_MODEL, args.device, max_len=args.max_len, params=params,
                            system=args.system, use_graph=False if args.no_graphs else None, template=args.template,
-                           compile="inductor" if args.compile == "on" else None, threads=args.threads)
+                           compile="inductor" if args.compile == "on" else None, threads=args.threads,
+                           quant=args.quant)
     session.stop_ids = set()  # fixed-length replies, as --ignore-eos does in the app
     session.wait_compiled()
     report("open_to_compiled_s", time.perf_counter() - t0, "s", where="session", step=session.step_kind)

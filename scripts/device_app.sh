@@ -1,34 +1,61 @@
 #!/usr/bin/env bash
-# The app's speed and the decoder's CUDA tests on the H200, in one call (docs/BENCHMARKS.md,
-# "The app"). Run from the repo root; results go to $OUT. Needs textual and platformdirs as
-# wheels in .whl/ (the device image has neither). Usage: bash scripts/device_app.sh [tests|bench|all] [MODEL...]
+# The H200 side of issues 10 and 11 (docs/BENCHMARKS.md, "The app itself"), one step per call
+# of this script, so a device call chains as many as fit in its 10 minutes. Run from the repo
+# root; results go to $OUT. The device image has no textual/platformdirs: they travel as
+# wheels in .whl/ (device/README.md), installed by `setup`.
+#
+#   setup                         install the wheels into /tmp/site; join /tmp/g/part* (the
+#                                 SmolLM2 GGUF, sent in parts) into data/smollm2/
+#   app MODEL RUNS TOKENS LIMIT   python -m chat_app.bench once per run in RUNS ("cold warm":
+#                                 the second launch finds the compile in the cache), LIMIT s each
+#   preset NAME DST               a checkpoint of a preset's shape, random bf16 weights
+#   tests LIMIT                   the CUDA tests (-m cuda)
+#   lib LIMIT TAG ARGS...         python -m tinyllm.bench ARGS (the library's own numbers)
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
-what=${1:-all}; shift || true
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 TINYLLM_CHAT_DATA_DIR=/tmp/chatdata
-nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv >> "$OUT/gpu.txt" 2>&1
-if [ "$what" != bench ]; then
-  timeout 180 python3 -m pytest -q -rfs --tb=short -m cuda tests/tinyllm > "$OUT/cuda_tests.txt" 2>&1
-  tail -3 "$OUT/cuda_tests.txt"
-fi
-if [ "$what" != tests ]; then
-  for model in "$@"; do
-    tag=$(basename "$model" | tr -c 'A-Za-z0-9_\n-' _)
-    for run in ${RUNS:-cold warm}; do  # the second launch finds the compiled step in Inductor's cache
-      timeout 170 python3 -m chat_app.bench --model "$model" --device cuda --tokens 1024 --replies 3 \
-          > "$OUT/app_${tag}_$run.jsonl" 2> "$OUT/app_${tag}_$run.err"
-      grep -A20 "^metric" "$OUT/app_${tag}_$run.err" | sed "s/^/$tag $run: /"
-      tail -c 3000 /tmp/chatdata/session.log > "$OUT/session_${tag}_$run.log" 2>/dev/null
-    done
+tag() { basename "$1" | tr -c 'A-Za-z0-9_\n-' _; }
+step=$1; shift
+case $step in
+setup)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  if compgen -G "/tmp/g/part*" > /dev/null; then
+    mkdir -p data/smollm2 && cat /tmp/g/part* > data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    sha256sum data/smollm2/*.gguf
+  fi
+  nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
+  ;;
+app)
+  model=$1 runs=$2 tokens=$3 limit=$4; t=$(tag "$model")
+  for run in $runs; do
+    timeout "$limit" python3 -m chat_app.bench --model "$model" --device cuda --tokens "$tokens" --replies 3 \
+        > "$OUT/app_${t}_$run.jsonl" 2> "$OUT/app_${t}_$run.err"
+    echo "== app $t $run rc=$?"
+    grep -A30 "^metric" "$OUT/app_${t}_$run.err" | grep -v "^metric"
+    [ -s "$OUT/app_${t}_$run.jsonl" ] || tail -5 "$OUT/app_${t}_$run.err"
+    tail -c 2000 /tmp/chatdata/session.log > "$OUT/session_${t}_$run.log" 2>/dev/null
   done
-fi
-# The library's own numbers for the same models, in the same call.
-if [ "$what" != tests ]; then
-  for model in "$@"; do
-    tag=$(basename "$model" | tr -c 'A-Za-z0-9_\n-' _)
-    timeout 110 python3 -m tinyllm.bench --model "$model" --device cuda --repeats 3 --peers off --prompt-lens 128 \
-        > "$OUT/lib_$tag.jsonl" 2> "$OUT/lib_$tag.err"
-    grep -E '"decode_tok_s"' "$OUT/lib_$tag.jsonl" | cut -c1-160
-  done
-fi
+  ;;
+preset)
+  python3 - "$1" "$2" <<'EOF'
+import sys, torch
+from tinyllm.bench import random_model
+from tinyllm.checkpoint import save_checkpoint
+from tinyllm.tokenizer import Tokenizer
+model = random_model(sys.argv[1], torch.device("cuda"), torch.bfloat16)
+save_checkpoint(model, Tokenizer.load("models/tinychat/tokenizer.model"), sys.argv[2], name=sys.argv[1],
+                chat={"template": "chatml", "stop": ["<|im_end|>"]}, shard_mb=4000)
+print("wrote", sys.argv[2])
+EOF
+  ;;
+tests)
+  timeout "$1" python3 -m pytest -q -rfs --tb=short -m cuda tests/tinyllm > "$OUT/cuda_tests.txt" 2>&1
+  echo "== tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/cuda_tests.txt" | tail -12
+  ;;
+lib)
+  limit=$1 t=$2; shift 2
+  timeout "$limit" python3 -m tinyllm.bench "$@" > "$OUT/lib_$t.jsonl" 2> "$OUT/lib_$t.err"
+  echo "== lib $t rc=$?"; grep -E '"(decode_tok_s|weights_mib|rss_mib)"' "$OUT/lib_$t.jsonl" | cut -c1-170
+  ;;
+*) echo "unknown step $step"; exit 2 ;;
+esac

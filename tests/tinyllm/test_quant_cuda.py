@@ -30,9 +30,13 @@ def test_cuda_kernels_match_the_dequantized_product(kind):
     for rows in (1, 7):
         x = torch.randn(1, rows, 512, device="cuda", dtype=torch.bfloat16)
         ref = x.float() @ qt.dequantize().cuda().T
-        torch.testing.assert_close(layer(x).float(), ref, rtol=2e-2, atol=2e-2)
+        # bf16 weights and outputs: within 2% of the output's scale (int4 measured 0.8% on the
+        # CPU twin of this formulation; an element-wise 2e-2 failed near zero). A wrong nibble
+        # order or scale is off by the output's whole scale.
+        tol = dict(rtol=0, atol=0.02 * ref.abs().max().item())
+        torch.testing.assert_close(layer(x).float(), ref, **tol)
         fn = torch.compile(lambda x: layer(x), fullgraph=True, dynamic=True)
-        torch.testing.assert_close(fn(x).float(), ref, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(fn(x).float(), ref, **tol)
 
 
 @torch.no_grad()
