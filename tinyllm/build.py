@@ -12,7 +12,10 @@ another format. This module owns what they share:
   `QTensor`s. `quant`: "none" dequantizes everything; "int8" / "int4" quantizes every matrix
   (embeddings and output included) to that form (int4 falls back to int8 for a matrix whose
   rows are not whole groups); "keep" keeps what the file holds; "auto" too, except that on
-  a CPU with fbgemm int4 becomes int8 (fbgemm's int8 kernel is the fast one there). A fused projection
+  a CPU with fbgemm int4 becomes int8 (fbgemm's int8 kernel is the fast one there), and on CUDA
+  everything is dense in `dtype` (measured on the H200, SmolLM2 Q4_1 in the app: int4 kept 459
+  tok/s compiled and 8.5 tok/s on the plain step, which dequantizes whole matrices each
+  token; docs/BENCHMARKS.md). A fused projection
   (wq/wk/wv, w1/w3) whose parts differ in form is held as int8.
 - `quantize_model(model, quant, group)`: the same, from a dense model in memory.
 - `pick_template(...)`: the chat template, from a name, the model's Jinja source or a guess.
@@ -251,6 +254,8 @@ def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor]
     """A Transformer holding `state` (tinyllm's separate names; lm_head from tok_emb when tied)."""
     check_quant(quant, group)
     device = torch.device(device)
+    if quant == "auto" and device.type == "cuda":
+        quant = "none"
     cpu_int8 = device.type == "cpu" and quant == "auto" and fbgemm_available() and dtype == torch.float32
     state = dict(state)
     if cfg.tie_embeddings:

@@ -80,8 +80,8 @@ class ChatSession:
         if compile:
             self._capture_ahead()
         self.marks["graphs_captured"] = time.time()
-        self._compile = (BackgroundCompile(model, 1, self.max_len, compile, self.threads, self.decoder.sampler.n_valid)
-                         if compile else None)
+        self._compile = (BackgroundCompile(model, 1, self.max_len, compile, self.threads, self.decoder.sampler.n_valid,
+                                           first_greedy=params.greedy) if compile else None)
         self.params = params
         self.system = system
         self.messages: list[Message] = []
@@ -149,10 +149,15 @@ class ChatSession:
         dec.truncate(0)
 
     def _take_compiled_step(self) -> None:
-        """At a reply boundary: switch to the compiled step once it is ready."""
+        """At a reply boundary: run the compiled step once it is ready for this reply's sampler
+        variant. The other variant compiles after the first: a reply that needs it before then
+        runs the plain step (never a compile on the reply's path)."""
         c = self._compile
-        if c is not None and c.state == "compiled" and not self.decoder.compile:
-            self.decoder.set_compile(c.backend)
+        if c is None or c.state != "compiled":
+            return
+        ready = self.params.greedy in c.done
+        if ready != bool(self.decoder.compile):
+            self.decoder.set_compile(c.backend if ready else None)
 
     # ---- settings (any thread) -------------------------------------------------------
 

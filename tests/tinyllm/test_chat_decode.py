@@ -1,6 +1,8 @@
 """ChatSession's decode loop: chunks of K steps against token-by-token decoding (a stop id at
 every offset inside a chunk), seeded sampling, and the background compile taking over."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -116,6 +118,21 @@ def test_the_compiled_step_takes_over_at_a_reply_boundary_and_changes_nothing_sh
     assert talk(ref, "Hello!").text == first.text
     ref.decoder.set_compile("inductor")
     assert talk(ref, "And then?").text == second.text
+
+
+def test_a_reply_runs_the_compiled_step_only_for_a_sampler_variant_already_compiled(ckpt):
+    """The variant the settings use compiles first; the other after it. A reply that needs one
+    not compiled yet runs the plain step (a compile never sits on a reply's path). The
+    background compile is stood in for (only greedy done), so no timing decides this."""
+    s = session(ckpt, K)
+    s._compile = SimpleNamespace(state="compiled", done={True}, backend="eager", error="", done_at=0.0)
+    s.set_param("max_tokens", "8")
+    assert talk(s, "Hello!").stats.step == "compiled" and s.decoder.compile == "eager"
+    s.set_param("temperature", "0.8")
+    fin = talk(s, "More?")
+    assert fin.stats.step == "compiling" and not s.decoder.compile
+    s._compile.done.add(False)
+    assert talk(s, "And more?").stats.step == "compiled"
 
 
 def test_a_compile_that_fails_leaves_the_plain_step_and_says_why(ckpt):
