@@ -1,22 +1,22 @@
-"""Compile the decode step on a background thread, so the first reply never waits for it.
+"""Compile the decode step on a background thread, so no reply ever waits for it.
 
-Contract: `BackgroundCompile(model, batch, max_len, backend, first_greedy=...)` starts a daemon
+Contract: `BackgroundCompile(model, batch, max_len, backend, greedy=...)` starts a daemon
 thread that builds a scratch `GraphDecoder` (its own small cache, never the live one) and runs
-its step once for each sampler variant eagerly, the one asked for first (the session's
-current settings: measured on the 2-core CPU, a warm greedy variant 9 s and sampling 5 s; cold
-52 s and 154 s). That traces and compiles the
-step; torch.compile keeps the result on the step's code, guarded on shapes and types, not on
-the decoder instance, so a live decoder switched to the same backend afterwards runs it with
-no compile of its own (measured here: 0.01 s instead of 7 s for the tiny model). Results
-persist across runs through Inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR), so a second
-launch is quick.
+its step once eagerly with the sampler variant asked for (`greedy`: argmax, else sampling;
+the step is specialized on it). That traces and compiles the step; torch.compile keeps the
+result on the step's code, guarded on shapes and types, not on the decoder instance, so a live
+decoder switched to the same backend afterwards runs it with no compile of its own (measured:
+0.01 s instead of 7 s for the tiny model). Results persist across runs through Inductor's and
+AOTAutograd's on-disk caches, so a second launch is quick. One variant a compile: measured on
+the 2-core CPU, the greedy variant compiles in 52 s cold and 9 s warm, sampling in 154 s and
+5 s; a session compiles the one its settings use, and the other only when asked for.
 
-`state` is "compiling", then "compiled" once the first variant is, or "failed" (with `error`,
-one line); `ready` is an Event set then. `done` holds the variants compiled so far (True:
-greedy); `complete` is set once both are (or one failed). On CUDA the thread works on its own stream, and graph captures
-elsewhere use thread-local capture mode, so it never disturbs the live decoder. What runs
-meanwhile is the plain step; switching is the caller's choice (ChatSession: at a reply
-boundary).
+`state` is "compiling", then "compiled" or "failed" (with `error`, one line); `ready` is an
+Event set then. On CUDA the thread works on its own stream, and graph captures elsewhere use
+thread-local capture mode. What runs meanwhile must be the plain step: a compiled function
+run while Dynamo traces on another thread fails (FX's tracing state is global), and a
+compiled step's capture then is invalidated by the compiler's own CUDA work (both seen on the
+H200). Switching is the caller's job (ChatSession: at a reply boundary, no compile running).
 """
 
 from __future__ import annotations
@@ -33,11 +33,8 @@ from tinyllm.model import Transformer
 
 class BackgroundCompile:
     def __init__(self, model: Transformer, batch: int, max_len: int, backend: str, threads: int | None = None,
-                 n_valid: int | None = None, first_greedy: bool = True):
-        self.backend = backend
-        self.order = (first_greedy, not first_greedy)
-        self.done: set[bool] = set()
-        self.complete = threading.Event()
+                 n_valid: int | None = None, greedy: bool = True):
+        self.backend, self.greedy = backend, greedy
         self.state = "compiling"
         self.error = ""
         self.seconds = 0.0
@@ -66,30 +63,22 @@ class BackgroundCompile:
                 dec = GraphDecoder(model, batch, max_len=max_len, use_graph=False, compile=self.backend)
                 if self.n_valid is not None:
                     dec.sampler.n_valid = self.n_valid
-                for greedy in self.order:
-                    dec.sampler.greedy = greedy
-                    dec.prefill(torch.zeros(batch, 1, dtype=torch.long, device=model.device))
-                    dec.run(1)
-                    if stream is not None:
-                        stream.synchronize()
-                    self.done.add(greedy)
-                    if not self.ready.is_set():
-                        self._end("compiled", t0)
+                dec.sampler.greedy = self.greedy
+                dec.prefill(torch.zeros(batch, 1, dtype=torch.long, device=model.device))
+                dec.run(1)
+                if stream is not None:
+                    stream.synchronize()
                 del dec
+            self.state = "compiled"
         except Exception as e:  # any failure leaves the plain step in place; say why once
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             self.error = f"{type(e).__name__}: {first}"[:300]
-            if not self.ready.is_set():
-                self._end("failed", t0)
+            self.state = "failed"
         finally:
             sys.setswitchinterval(switch)
-            self.complete.set()
-
-    def _end(self, state: str, t0: float) -> None:
-        self.state = state
-        self.seconds = time.perf_counter() - t0
-        self.done_at = time.time()
-        self.ready.set()
+            self.seconds = time.perf_counter() - t0
+            self.done_at = time.time()
+            self.ready.set()
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.ready.wait(timeout)

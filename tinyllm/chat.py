@@ -80,9 +80,13 @@ class ChatSession:
         if compile:
             self._capture_ahead()
         self.marks["graphs_captured"] = time.time()
-        self._compile = (BackgroundCompile(model, 1, self.max_len, compile, self.threads, self.decoder.sampler.n_valid,
-                                           first_greedy=params.greedy) if compile else None)
         self.params = params
+        self._backend = compile
+        self._compiled: set[bool] = set()  # sampler variants compiled (True: greedy)
+        self._compiles: list[BackgroundCompile] = []  # started so far; the last may be running
+        self.compile_started = threading.Event()  # set at each start (the app's server watches it)
+        if compile:
+            self._start_compile(params.greedy)
         self.system = system
         self.messages: list[Message] = []
         self._stop = threading.Event()
@@ -105,13 +109,30 @@ class ChatSession:
         return str(self.model.dtype).removeprefix("torch.")
 
     @property
+    def _compile(self) -> BackgroundCompile | None:
+        return self._compiles[-1] if self._compiles else None
+
+    def _start_compile(self, greedy: bool) -> None:
+        self._compiles.append(BackgroundCompile(self.model, 1, self.max_len, self._backend, self.threads,
+                                                self.decoder.sampler.n_valid, greedy=greedy))
+        self.compile_started.set()
+
+    def _compiled_variants(self) -> set[bool]:
+        return {c.greedy for c in self._compiles if c.state == "compiled"}
+
+    @property
     def step_kind(self) -> str:
-        """The step the next reply runs: "plain" (no compile asked), "compiling", "compiled",
-        or "compile failed" (see compile_error; the plain step stays)."""
+        """The step the next reply runs: "plain" (no compile asked), "compiling" (a compile
+        runs, or the settings' sampler variant is not compiled yet), "compiled", or "compile
+        failed" (see compile_error; the plain step stays)."""
         c = self._compile
         if c is None:
             return "plain"
-        return {"compiling": "compiling", "compiled": "compiled", "failed": "compile failed"}[c.state]
+        if c.state == "compiling":
+            return "compiling"
+        if self.params.greedy in self._compiled_variants():
+            return "compiled"
+        return "compile failed" if c.state == "failed" else "compiling"
 
     def _step_running(self) -> str:
         """The step the current reply runs (the compiled one takes over between replies)."""
@@ -129,11 +150,11 @@ class ChatSession:
         """time.time() of each start-up step so far: those in `marks` (open_session adds
         "open_started" and "model_loaded", the app's child process its own) and "compiled"
         once the background compile has ended."""
-        done = self._compile.done_at if self._compile is not None else 0.0
+        done = self._compiles[0].done_at if self._compiles else 0.0
         return dict(self.marks, **({"compiled": done} if done else {}))
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
-        """Block until the background compile is over (compiled or failed); False on timeout."""
+        """Block until the running background compile is over (compiled or failed); False on timeout."""
         return self._compile is None or self._compile.wait(timeout)
 
     def _capture_ahead(self) -> None:
@@ -149,15 +170,21 @@ class ChatSession:
         dec.truncate(0)
 
     def _take_compiled_step(self) -> None:
-        """At a reply boundary: run the compiled step once it is ready for this reply's sampler
-        variant. The other variant compiles after the first: a reply that needs it before then
-        runs the plain step (never a compile on the reply's path)."""
+        """At a reply boundary: run the compiled step if this reply's sampler variant is
+        compiled and no compile is running (see background_compile's contract). A variant not
+        compiled yet starts compiling now, once, and this reply runs the plain step: a
+        compile never sits on a reply's path."""
         c = self._compile
-        if c is None or c.state != "compiled":
+        if c is None:
             return
-        ready = self.params.greedy in c.done
-        if ready != bool(self.decoder.compile):
-            self.decoder.set_compile(c.backend if ready else None)
+        greedy = self.params.greedy
+        idle = c.ready.is_set()
+        if idle and c.state == "compiled" and greedy not in self._compiled_variants():
+            self._start_compile(greedy)
+            idle = False
+        use = idle and greedy in self._compiled_variants()
+        if use != bool(self.decoder.compile):
+            self.decoder.set_compile(self._backend if use else None)
 
     # ---- settings (any thread) -------------------------------------------------------
 

@@ -20,7 +20,7 @@ benchmarks), then answers messages, all plain picklable data:
                                               with the batch that holds Finished
                     ("done", state) | ("failed", message)   a job ended
                     ("answer", id, error, state)
-                    ("state", state)          the compile ended (step_kind changed)
+                    ("state", state)          a background compile ended (step_kind changed)
 `state` is `snapshot(session)`: a dict of the session's public state. Jobs run in order on
 the child's main thread; calls run on its reader thread (ChatSession allows those from any
 thread).
@@ -115,7 +115,10 @@ def _read(conn: Connection, session, jobs: queue.Queue, send) -> None:
 
 
 def _watch_compile(session, send) -> None:
-    if session.step_kind == "compiling":
+    """Tell the parent each time a background compile ends (the first at start-up, another
+    when a reply asks for the other sampler variant)."""
+    while session.compile_started.wait():
+        session.compile_started.clear()
         session.wait_compiled()
         send(("state", snapshot(session)))
 

@@ -1,8 +1,6 @@
 """ChatSession's decode loop: chunks of K steps against token-by-token decoding (a stop id at
 every offset inside a chunk), seeded sampling, and the background compile taking over."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -120,19 +118,23 @@ def test_the_compiled_step_takes_over_at_a_reply_boundary_and_changes_nothing_sh
     assert talk(ref, "And then?").text == second.text
 
 
-def test_a_reply_runs_the_compiled_step_only_for_a_sampler_variant_already_compiled(ckpt):
-    """The variant the settings use compiles first; the other after it. A reply that needs one
-    not compiled yet runs the plain step (a compile never sits on a reply's path). The
-    background compile is stood in for (only greedy done), so no timing decides this."""
-    s = session(ckpt, K)
-    s._compile = SimpleNamespace(state="compiled", done={True}, backend="eager", error="", done_at=0.0)
+def test_the_other_sampler_variant_compiles_when_asked_for_and_the_reply_runs_plain_meanwhile(ckpt):
+    """A session compiles the sampler variant its settings use. A reply that needs the other
+    starts its compile and runs the plain step (no compile on a reply's path, and no compiled
+    step while Dynamo traces on another thread); the next reply after it runs compiled, with
+    the same tokens. Backend "eager" (Dynamo without Inductor) keeps it quick."""
+    s = session(ckpt, K, compile="eager")
+    assert s.wait_compiled(timeout=600) and s.step_kind == "compiled", s.compile_error
     s.set_param("max_tokens", "8")
     assert talk(s, "Hello!").stats.step == "compiled" and s.decoder.compile == "eager"
-    s.set_param("temperature", "0.8")
-    fin = talk(s, "More?")
-    assert fin.stats.step == "compiling" and not s.decoder.compile
-    s._compile.done.add(False)
-    assert talk(s, "And more?").stats.step == "compiled"
+    for k, v in [("temperature", "0.8"), ("seed", "5")]:
+        s.set_param(k, v)
+    assert s.step_kind == "compiling"
+    first = talk(s, "More?")
+    assert first.stats.step == "compiling" and not s.decoder.compile
+    assert s.wait_compiled(timeout=600) and s.step_kind == "compiled", s.compile_error
+    again = list(s.regenerate())[-1]
+    assert again.stats.step == "compiled" and again.text == first.text
 
 
 def test_a_compile_that_fails_leaves_the_plain_step_and_says_why(ckpt):
