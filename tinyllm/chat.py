@@ -441,13 +441,23 @@ class ChatSession:
             assert steps_left > 0 and room > 0, "launch asked past the reply's end"
             self._apply_graph_toggle()
             to_bucket = dec.bucket(dec.n + 1) - dec.n  # steps left in this bucket
-            chunks.append(dec.launch(min(self.chunk, steps_left, room, to_bucket)))
+            chunks.append(dec.launch(run_length(min(steps_left, room, to_bucket), self.chunk)))
 
     def _stats(self, n: int, position: int, t_decode: float, ttft: float) -> StepStats:
         dt = time.perf_counter() - t_decode
         return StepStats(window=self.decoder.window or 0, position=position, max_len=self.max_len,
                          tokens=n, tok_per_s=(n - 1) / dt if n > 1 and dt > 0 else 0.0, ttft_ms=ttft,
                          graphs=self.decoder.use_graph if self.graphs_available else None, step=self._step_running())
+
+
+def run_length(fits: int, chunk: int) -> int:
+    """Steps of the next run: a whole chunk where it fits, else the largest power of two that
+    does. Each run length is a graph of its own per bucket (captured the first time it runs):
+    with any length up to `fits`, the ends of replies and buckets kept capturing new ones
+    (a likely part of why the 1.1B shape ran at 517 tok/s through the session and 786 in the
+    library on the H200; not re-measured since); with powers of two a session captures at
+    most 1 + log2(chunk) lengths per bucket and sampler variant."""
+    return chunk if fits >= chunk else 1 << (fits.bit_length() - 1)
 
 
 def default_cpu_threads() -> int:

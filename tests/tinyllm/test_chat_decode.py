@@ -97,6 +97,21 @@ def test_seeded_sampling_is_the_same_in_chunks_and_again_on_regenerate(ckpt):
     assert list(s.regenerate())[-1].text != texts[0]
 
 
+def test_runs_are_whole_chunks_or_powers_of_two_so_few_graphs_are_ever_captured(ckpt):
+    """Each run length is a graph per bucket: replies that end at every kind of offset, and
+    bucket ends, use only K and the powers of two below it."""
+    s = session(ckpt, K)
+    s.stop_ids = set()
+    lengths = []
+    launch = s.decoder.launch
+    s.decoder.launch = lambda steps: (lengths.append(steps), launch(steps))[1]
+    for n in (5, 13, 22, 37, 50, 91):
+        s.set_param("max_tokens", str(n))
+        talk(s, "Hello!")
+    assert set(lengths) <= {8, 4, 2, 1} and {4, 2, 1} & set(lengths), lengths
+    assert s.decoder.n > 256  # the replies crossed bucket ends too
+
+
 def test_the_compiled_step_takes_over_at_a_reply_boundary_and_changes_nothing_shown(ckpt):
     """Turn 1 runs while the step compiles in the background (or after, if the compile won);
     turn 2 runs compiled. Nothing already said changes; each turn equals a reference session
