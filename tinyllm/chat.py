@@ -82,7 +82,6 @@ class ChatSession:
         self.marks["graphs_captured"] = time.time()
         self.params = params
         self._backend = compile
-        self._compiled: set[bool] = set()  # sampler variants compiled (True: greedy)
         self._compiles: list[BackgroundCompile] = []  # started so far; the last may be running
         self.compile_started = threading.Event()  # set at each start (the app's server watches it)
         if compile:
