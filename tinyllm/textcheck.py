@@ -170,8 +170,10 @@ def first_new_number(reply: str, prompt: str = "") -> float | None:
     return None
 
 
-def check_reply(reply: str, spec: dict, prompt: str = "") -> bool:
-    """True when the reply meets every key of spec:
+def check_reply(reply: str, spec: dict, prompt: str | list[str] = "") -> bool:
+    """True when the reply meets every key of spec and does not just say the question back.
+    prompt: the question, or the chat's turns so far (the last one the question; numbers in
+    any of them count as given):
       any / all / none: lists of words or phrases, matched whole and case-insensitively
       number: the first number in the reply that is not in the prompt equals it (or, with none
               new, it is there); numerals or number words
@@ -183,6 +185,10 @@ def check_reply(reply: str, spec: dict, prompt: str = "") -> bool:
     unknown = set(spec) - set(CHECKS)
     assert not unknown, f"unknown check keys {sorted(unknown)}"
     text = reply.strip()
+    turns = [prompt] if isinstance(prompt, str) else list(prompt)
+    if turns and turns[-1] and normalize(text) == normalize(turns[-1]):
+        return False  # repeating the question answers nothing
+    prompt = "\n".join(turns)
     ok = True
     if "any" in spec:
         ok &= any(_has(text, p) for p in spec["any"])

@@ -7,7 +7,7 @@
 Contract:
 - Runs rounds (`rounds.run_round`, `--round-size` first turns each) until the kept
   conversations hold `--tokens` teacher tokens (all turns, system prompts included), or
-  `--minutes` would be passed by one more round; then packs OUT/chat-NNN.jsonl.xz shards
+  `--minutes` would be passed by one more round, or after `--rounds` rounds; then packs OUT/chat-NNN.jsonl.xz shards
   (<= 15 MiB each, `shards.pack`) and writes OUT/stats.json (totals, by source, drops).
 - Resumable: OUT/state.json holds the seed, the next round and the totals; a second call
   with the same OUT continues (round r is a function of the seed and r; the dedup and
@@ -102,7 +102,9 @@ def generate(args) -> dict:
     print(json.dumps({"event": "start", "leak_prompts": len(filters.leak), "resumed_round": state["next_round"],
                       "setup_s": round(time.perf_counter() - t0, 1)}), flush=True)
     last = 0.0
-    while state["tokens"] < args.tokens:
+    rounds = 0
+    while state["tokens"] < args.tokens and not (args.rounds and rounds >= args.rounds):
+        rounds += 1
         elapsed = time.perf_counter() - t0
         if args.minutes and elapsed + 1.2 * last > args.minutes * 60:
             break
@@ -130,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tokens", type=int, default=60_000_000, help="stop once the kept data holds this many teacher tokens")
     ap.add_argument("--minutes", type=float, default=0.0, help="stop before a round would pass this (0: no limit)")
+    ap.add_argument("--rounds", type=int, default=0, help="at most this many rounds in this call (0: no limit)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--round-size", type=int, default=4000, help="first turns planned per round")
     ap.add_argument("--slots", type=int, default=64, help="concurrent requests in the engine")

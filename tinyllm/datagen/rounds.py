@@ -22,6 +22,7 @@ Contract:
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 
 from tinyllm.datagen.dedup import LeakFilter, NearDup
@@ -33,6 +34,11 @@ from tinyllm.textcheck import check_reply, has_loop, is_english, normalize
 WRITE = SamplingParams(temperature=0.9, top_k=50, top_p=0.95, repeat_penalty=1.1, max_tokens=160)
 ANSWER = SamplingParams(temperature=0.5, top_k=50, top_p=0.9, repeat_penalty=1.1, max_tokens=384)
 TEACHER_NAMES = ("smollm", "hugging face", "huggingface")
+
+
+def stage_seed(seed: int, r: int, stage: str) -> int:
+    """The sampling seed of one teacher call: a hash of the run's seed, the round and the stage."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{r}:{stage}".encode(), digest_size=8).digest(), "little") >> 1
 
 
 class Filters:
@@ -92,7 +98,7 @@ def run_round(teacher, tasks: dict, filters: Filters, seed: int, r: int, n: int)
     stats: Counter = Counter()
     items, metas = plan_round(tasks, seed, r, n)
     # 1. the teacher writes first turns
-    replies = teacher.chat([[{"role": "user", "content": m.prompt}] for m in metas], WRITE, seed * 1000 + r * 4)
+    replies = teacher.chat([[{"role": "user", "content": m.prompt}] for m in metas], WRITE, stage_seed(seed, r, "write"))
     for meta, rep in zip(metas, replies, strict=True):
         items += expand(meta, rep.text) if rep.finished else []
     stats["planned"] = n
@@ -108,7 +114,7 @@ def run_round(teacher, tasks: dict, filters: Filters, seed: int, r: int, n: int)
     # 2. answers
     convs = [([{"role": "system", "content": it.system["text"]}] if it.system else [])
              + [{"role": "user", "content": it.user}] for it in kept]
-    replies = teacher.chat([_context(tasks, c) for c in convs], ANSWER, seed * 1000 + r * 4 + 1)
+    replies = teacher.chat([_context(tasks, c) for c in convs], ANSWER, stage_seed(seed, r, "answer"))
     done: list[tuple[Item, list[dict]]] = []
     for it, conv, rep in zip(kept, convs, replies, strict=True):
         why = judge_answer(rep.text, rep.finished, it.user, it.expect, it.system and it.system["check"])
@@ -125,7 +131,8 @@ def run_round(teacher, tasks: dict, filters: Filters, seed: int, r: int, n: int)
         pick = [(it, c) for it, c in done if sum(m["role"] == "user" for m in c) == turn - 1
                 and rng.random() < share]
         share = tasks["third_turn_share"]
-        _follow_up(teacher, tasks, filters, pick, rng, stats, seed * 1000 + r * 4 + turn)
+        _follow_up(teacher, tasks, filters, pick, rng, stats, stage_seed(seed, r, f"write{turn}"),
+                   stage_seed(seed, r, f"answer{turn}"))
     out = []
     for it, conv in done:
         out.append({"messages": conv, "src": it.src, "round": r})
@@ -135,14 +142,15 @@ def run_round(teacher, tasks: dict, filters: Filters, seed: int, r: int, n: int)
     return out, dict(stats)
 
 
-def _follow_up(teacher, tasks: dict, filters: Filters, pick: list, rng, stats: Counter, seed: int) -> None:
+def _follow_up(teacher, tasks: dict, filters: Filters, pick: list, rng, stats: Counter,
+               write_seed: int, answer_seed: int) -> None:
     """Append a user turn and its answer to each picked conversation (in place), or nothing."""
     if not pick:
         return
     by_teacher = [rng.random() < tasks["followup_teacher_share"] for _ in pick]
     metas = [[{"role": "user", "content": tasks["followup_meta"].format(q=c[-2]["content"], a=c[-1]["content"])}]
              for (_, c), t in zip(pick, by_teacher, strict=True) if t]
-    written = iter(teacher.chat(metas, WRITE, seed * 7))
+    written = iter(teacher.chat(metas, WRITE, write_seed))
     asks: list[tuple[list[dict], str]] = []
     for (_, conv), t in zip(pick, by_teacher, strict=True):
         if t:
@@ -157,7 +165,7 @@ def _follow_up(teacher, tasks: dict, filters: Filters, pick: list, rng, stats: C
             continue
         asks.append((conv, q))
     replies = teacher.chat([_context(tasks, c + [{"role": "user", "content": q}]) for c, q in asks],
-                           ANSWER, seed * 7 + 1)
+                           ANSWER, answer_seed)
     for (conv, q), rep in zip(asks, replies, strict=True):
         check = None
         if conv[0]["role"] == "system":

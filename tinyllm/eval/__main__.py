@@ -62,7 +62,7 @@ def score(prompts: list[dict], replies: list[dict]) -> dict:
     tot = {"prompts": 0, "checkable": 0, "correct": 0, "loops": 0, "unfinished": 0, "degenerate": 0}
     for p, r in zip(prompts, replies, strict=True):
         c = cats[p["cat"]]
-        user = p["messages"][-1]["content"]
+        turns = [m["content"] for m in p["messages"] if m["role"] != "system"]
         loop, unfinished = has_loop(r["reply"]), r["reason"] != "eos"
         r["loop"], r["unfinished"] = loop, unfinished
         tot["prompts"] += 1
@@ -72,7 +72,7 @@ def score(prompts: list[dict], replies: list[dict]) -> dict:
         tot["degenerate"] += loop or unfinished
         c["degenerate"] += loop or unfinished
         if p.get("check"):
-            r["correct"] = check_reply(r["reply"], p["check"], user)
+            r["correct"] = check_reply(r["reply"], p["check"], turns)
             tot["checkable"] += 1
             tot["correct"] += r["correct"]
             c["checkable"] += 1
