@@ -110,7 +110,7 @@ def generate(args) -> dict:
             break
         tr = time.perf_counter()
         r = state["next_round"]
-        convs, stats = run_round(teacher, tasks, filters, args.seed, r, args.round_size)
+        convs, stats = run_round(teacher, tasks, filters, args.seed, r, args.round_size, args.max_tokens)
         write_round(out, r, convs)
         state["next_round"] = r + 1
         state["conversations"] += len(convs)
@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--round-size", type=int, default=4000, help="first turns planned per round")
     ap.add_argument("--slots", type=int, default=64, help="concurrent requests in the engine")
     ap.add_argument("--max-len", type=int, default=1024, help="prompt + reply tokens per request")
+    ap.add_argument("--max-tokens", type=int, default=0,
+                    help="cap on every reply (smoke runs; 0: 160 for written prompts, 384 for answers)")
     ap.add_argument("--compile", action="store_true", help="compile the engine's step (CUDA)")
     ap.add_argument("--heldout", default="data/tinychat-distill", help="data whose held-out split must not leak")
     ap.add_argument("--tasks", default=None, help="task lists (default: tinyllm/datagen/tasks.json)")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from dataclasses import replace
 
 from tinyllm.datagen.dedup import LeakFilter, NearDup
 from tinyllm.datagen.plan import Item, expand, pick_system, plan_round, round_rng
@@ -94,11 +95,17 @@ def _context(tasks: dict, conv: list[dict]) -> list[dict]:
     return [{"role": "system", "content": tasks["hidden_system"]}] + conv
 
 
-def run_round(teacher, tasks: dict, filters: Filters, seed: int, r: int, n: int) -> tuple[list[dict], dict]:
+def run_round(teacher, tasks: dict, filters: Filters, seed: int, r: int, n: int,
+              max_tokens: int | None = None) -> tuple[list[dict], dict]:
+    """See the module docstring; max_tokens caps every reply (smoke runs on a CPU)."""
+    write, answer = WRITE, ANSWER
+    if max_tokens:
+        write = replace(WRITE, max_tokens=min(WRITE.max_tokens, max_tokens))
+        answer = replace(ANSWER, max_tokens=min(ANSWER.max_tokens, max_tokens))
     stats: Counter = Counter()
     items, metas = plan_round(tasks, seed, r, n)
     # 1. the teacher writes first turns
-    replies = teacher.chat([[{"role": "user", "content": m.prompt}] for m in metas], WRITE, stage_seed(seed, r, "write"))
+    replies = teacher.chat([[{"role": "user", "content": m.prompt}] for m in metas], write, stage_seed(seed, r, "write"))
     for meta, rep in zip(metas, replies, strict=True):
         items += expand(meta, rep.text) if rep.finished else []
     stats["planned"] = n
@@ -114,7 +121,7 @@ def run_round(teacher, tasks: dict, filters: Filters, seed: int, r: int, n: int)
     # 2. answers
     convs = [([{"role": "system", "content": it.system["text"]}] if it.system else [])
              + [{"role": "user", "content": it.user}] for it in kept]
-    replies = teacher.chat([_context(tasks, c) for c in convs], ANSWER, stage_seed(seed, r, "answer"))
+    replies = teacher.chat([_context(tasks, c) for c in convs], answer, stage_seed(seed, r, "answer"))
     done: list[tuple[Item, list[dict]]] = []
     for it, conv, rep in zip(kept, convs, replies, strict=True):
         why = judge_answer(rep.text, rep.finished, it.user, it.expect, it.system and it.system["check"])
@@ -131,8 +138,8 @@ def run_round(teacher, tasks: dict, filters: Filters, seed: int, r: int, n: int)
         pick = [(it, c) for it, c in done if sum(m["role"] == "user" for m in c) == turn - 1
                 and rng.random() < share]
         share = tasks["third_turn_share"]
-        _follow_up(teacher, tasks, filters, pick, rng, stats, stage_seed(seed, r, f"write{turn}"),
-                   stage_seed(seed, r, f"answer{turn}"))
+        _follow_up(teacher, tasks, filters, pick, rng, stats, (write, stage_seed(seed, r, f"write{turn}")),
+                   (answer, stage_seed(seed, r, f"answer{turn}")))
     out = []
     for it, conv in done:
         out.append({"messages": conv, "src": it.src, "round": r})
@@ -143,14 +150,14 @@ def run_round(teacher, tasks: dict, filters: Filters, seed: int, r: int, n: int)
 
 
 def _follow_up(teacher, tasks: dict, filters: Filters, pick: list, rng, stats: Counter,
-               write_seed: int, answer_seed: int) -> None:
+               write: tuple[SamplingParams, int], answer: tuple[SamplingParams, int]) -> None:
     """Append a user turn and its answer to each picked conversation (in place), or nothing."""
     if not pick:
         return
     by_teacher = [rng.random() < tasks["followup_teacher_share"] for _ in pick]
     metas = [[{"role": "user", "content": tasks["followup_meta"].format(q=c[-2]["content"], a=c[-1]["content"])}]
              for (_, c), t in zip(pick, by_teacher, strict=True) if t]
-    written = iter(teacher.chat(metas, WRITE, write_seed))
+    written = iter(teacher.chat(metas, *write))
     asks: list[tuple[list[dict], str]] = []
     for (_, conv), t in zip(pick, by_teacher, strict=True):
         if t:
@@ -165,7 +172,7 @@ def _follow_up(teacher, tasks: dict, filters: Filters, pick: list, rng, stats: C
             continue
         asks.append((conv, q))
     replies = teacher.chat([_context(tasks, c + [{"role": "user", "content": q}]) for c, q in asks],
-                           ANSWER, answer_seed)
+                           *answer)
     for (conv, q), rep in zip(asks, replies, strict=True):
         check = None
         if conv[0]["role"] == "system":
