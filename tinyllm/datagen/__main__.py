@@ -38,9 +38,9 @@ STATE = "state.json"
 
 def heldout_prompts(heldout: str | None) -> list[str]:
     """User turns the data must not hold: the eval's prompts and the held-out split's."""
-    from tinyllm.eval.prompts import load_prompts
+    from tinyllm.eval.prompts import user_turns
 
-    out = [m["content"] for p in load_prompts() for m in p["messages"] if m["role"] == "user"]
+    out = user_turns()
     if heldout and Path(heldout).is_dir() and list(Path(heldout).glob("*.jsonl.xz")):
         from tinyllm.data import read_split
 

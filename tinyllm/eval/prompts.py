@@ -38,3 +38,8 @@ def load_prompts(path: str | Path | None = None) -> list[dict]:
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: duplicate prompt ids")
     return out
+
+
+def user_turns(prompts: list[dict] | None = None) -> list[str]:
+    """Every user turn of the eval's prompts: what training data must never hold."""
+    return [m["content"] for p in (prompts or load_prompts()) for m in p["messages"] if m["role"] == "user"]
