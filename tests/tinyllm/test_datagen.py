@@ -58,6 +58,15 @@ def test_judge_answer_names_each_reason():
     assert judge_answer("One. Two. Three.", True, "q", system_check={"max_sentences": 1}) == "system_ignored"
 
 
+def test_judge_user_names_each_reason():
+    f = Filters(LeakFilter(["What is the capital of Japan?"]))
+    assert judge_user("How do bees make honey from the flowers they visit?", f) is None
+    assert judge_user("How do bees make honey from the flowers they visit??", f) == "dup_question"
+    assert judge_user("Comment les abeilles font-elles du miel avec les fleurs?", f) == "language"
+    assert judge_user("why why why is the sky sky blue why why why is the sky sky blue why why why is the sky", f) == "loop"
+    assert judge_user("What is the capital of Japan?", f) == "leak"
+
+
 # ---- dedup and leaks ----------------------------------------------------------------------
 
 def test_near_dup_rejects_exact_and_near_copies_keeps_new():

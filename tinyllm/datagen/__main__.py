@@ -13,8 +13,9 @@ Contract:
   with the same OUT continues (round r is a function of the seed and r; the dedup and
   answer sets are rebuilt from OUT/rounds/). Another --seed into the same OUT is refused.
 - Held-out prompts kept out of the data (`dedup.LeakFilter`): every eval prompt's user turns
-  (`tinyllm.eval`) and the user turns of `--heldout`'s held-out split (tinychat-distill's 1%
-  by line hash, `tinyllm.data.read_split`), when that folder exists.
+  (`tinyllm.eval`) and `--heldout`'s: by default heldout_users.jsonl beside this file, the
+  1,631 user turns of tinychat-distill's held-out split (its 1% by line hash,
+  `tinyllm.data.read_split`), or a data folder's held-out split.
 - One JSON line per round on stdout: round, conversations, tokens so far, teacher tok/s.
 Refuses (ValueError -> one line on stderr, exit 2): a missing teacher, a seed mismatch.
 """
@@ -34,18 +35,26 @@ from tinyllm.datagen.rounds import Filters, run_round
 from tinyllm.datagen.shards import pack, read_rounds, write_round
 
 STATE = "state.json"
+HELDOUT = Path(__file__).with_name("heldout_users.jsonl")  # tinychat-distill's held-out user turns
 
 
 def heldout_prompts(heldout: str | None) -> list[str]:
-    """User turns the data must not hold: the eval's prompts and the held-out split's."""
+    """User turns the data must not hold: the eval's prompts, and the held-out split's: a
+    data folder's (its 1% by line hash, as training splits it) or a JSON-lines file of
+    strings (HELDOUT: tinychat-distill's, so the device needs no copy of that data)."""
     from tinyllm.eval.prompts import user_turns
 
     out = user_turns()
-    if heldout and Path(heldout).is_dir() and list(Path(heldout).glob("*.jsonl.xz")):
+    path = Path(heldout) if heldout else None
+    if path is not None and path.is_dir() and list(path.glob("*.jsonl.xz")):
         from tinyllm.data import read_split
 
-        _, held = read_split(heldout)
+        _, held = read_split(path)
         out += [m["content"] for conv in held for m in conv if m["role"] == "user"]
+    elif path is not None and path.is_file():
+        out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    elif heldout and heldout != "none":
+        raise FileNotFoundError(f"--heldout {heldout}: no such data folder or prompts file")
     return out
 
 
@@ -140,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=0,
                     help="cap on every reply (smoke runs; 0: 160 for written prompts, 384 for answers)")
     ap.add_argument("--compile", action="store_true", help="compile the engine's step (CUDA)")
-    ap.add_argument("--heldout", default="data/tinychat-distill", help="data whose held-out split must not leak")
+    ap.add_argument("--heldout", default=str(HELDOUT),
+                    help="held-out user turns that must not leak: a data folder or a JSON-lines file ('none')")
     ap.add_argument("--tasks", default=None, help="task lists (default: tinyllm/datagen/tasks.json)")
     ap.add_argument("--pack-only", action="store_true", help="only pack OUT/rounds into shards")
     ap.add_argument("--no-pack", action="store_true", help="leave packing to a later --pack-only")
