@@ -126,12 +126,14 @@ def test_batched_greedy_equals_the_engine_and_generate():
     model = tiny_model()
     prompts = _prompts(5)
     ref = Engine(model, 3, max_len=64)
-    ids = [ref.add_request(p, SamplingParams(max_tokens=12)) for p in prompts]
+    lens = [12, 5, 9, 3, 7]  # requests end at different steps: slots free one at a time
+    ids = [ref.add_request(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts, lens, strict=True)]
     ref.run_until_done()
-    eng = BatchSampledEngine(model, 3, SamplingParams(max_tokens=12), seed=0, max_len=64)
-    mine = [eng.add(p, 12, ()) for p in prompts]
-    eng.run_until_done()
-    assert [eng.result(i) for i in mine] == [ref.result(i) for i in ids]
+    for min_admit in (1, 2):  # admissions held back for two free slots change no greedy token
+        eng = BatchSampledEngine(model, 3, SamplingParams(max_tokens=12), seed=0, min_admit=min_admit, max_len=64)
+        mine = [eng.add(p, n, ()) for p, n in zip(prompts, lens, strict=True)]
+        eng.run_until_done()
+        assert [eng.result(i) for i in mine] == [ref.result(i) for i in ids]
     # with a repeat penalty, while prompt + reply fit the 64-id window, as generate() penalizes
     pen = SamplingParams(repeat_penalty=1.3, max_tokens=10)
     eng = BatchSampledEngine(model, 2, pen, seed=0, max_len=64)

@@ -10,7 +10,9 @@ Contract:
   noise (`step_sampler.noise_at`) keyed by the seed. The same seed, requests and order give
   the same tokens on the same device. Why: `Engine` samples a non-greedy row with its own
   `sample()` call, about 25 kernel launches a row a step (~10 ms a step at 64 rows on a GPU,
-  against ~1 ms for the model step).
+  against ~1-2 ms for the model step). `min_admit` (Teacher: n_slots // 8) holds waiting
+  requests back until that many slots are free, so admissions (one eager prefill each) come
+  in groups rather than one per finished request.
 - `Teacher(path, device, n_slots=64, max_len=1024, compile=None)` opens the model (`open_any`),
   `Teacher.chat(jobs, params, seed) -> list[Reply]` renders each job (a list of
   {"role", "content"} messages ending with a user turn; no system message: the template's
@@ -35,9 +37,9 @@ from tinyllm.step_sampler import REPEAT_WINDOW, noise_at, seed_key
 
 
 class BatchSampledEngine(Engine):
-    def __init__(self, model, n_slots: int, params: SamplingParams, seed: int, **kw):
+    def __init__(self, model, n_slots: int, params: SamplingParams, seed: int, min_admit: int = 1, **kw):
         super().__init__(model, n_slots, **kw)
-        self.params = params
+        self.params, self.min_admit = params, min_admit
         device = model.device
         self.ring = torch.zeros(n_slots, REPEAT_WINDOW, dtype=torch.long, device=device)  # (S, R)
         self.ring_at = torch.zeros(n_slots, dtype=torch.long, device=device)  # (S,) next write
@@ -47,6 +49,15 @@ class BatchSampledEngine(Engine):
 
     def add(self, prompt_ids: list[int], max_tokens: int, stop_ids) -> int:
         return self.add_request(prompt_ids, SamplingParams(max_tokens=max_tokens), stop_ids)
+
+    def _admit_waiting(self, events) -> None:
+        """Admit only once min_admit slots are free (or all the waiting fit, or none runs):
+        each admission is one eager prefill, and one per freed slot would cost more than the
+        decode step it rides on."""
+        free = len(self.slots.free_slots())
+        if free < min(self.min_admit, len(self._waiting)) and any(self.slots.active):
+            return
+        super()._admit_waiting(events)
 
     def _sample(self, rows, logits: Tensor, nxt: Tensor) -> Tensor:
         """logits (N, V), nxt (N,): every row's draw in one batch (see the module docstring)."""
@@ -133,7 +144,7 @@ class Teacher:
         """One engine for the teacher's life (a compiled step and its graphs are made once);
         each call resets its sampling settings and noise counter."""
         if self._engine is None:
-            self._engine = BatchSampledEngine(self.model, self.n_slots, params, seed,
+            self._engine = BatchSampledEngine(self.model, self.n_slots, params, seed, max(1, self.n_slots // 8),
                                               max_len=self.max_len, compile=self.compile)
         e = self._engine
         e.params = params
