@@ -11,7 +11,7 @@
 #            ... the same for part-01 .. part-03, each call within the warm window of the last ...
 #   device:  run(carry=[".teacher/SHA256", ".teacher/part-04"], command="MINUTES=8 bash scripts/device_datagen.sh gen")
 #   device:  run(command="MINUTES=9 bash scripts/device_datagen.sh gen")   # more rounds, while warm
-#   here:    cp the returned chat-*.jsonl.xz, stats.json, state.json into data/teacher/
+#   here:    cp the returned teacher-*.jsonl.xz, stats.json, state.json into data/teacher/
 #
 # `gen` receives a carried part (if any), assembles the teacher once all parts are there (checked
 # against SHA256), generates into data/teacher/ ON THE DEVICE for MINUTES (resuming the rounds
@@ -64,7 +64,7 @@ case "${1:-gen}" in
     grep -v '^{"round"' "$log" | tail -6
     grep '^{"round"' "$log" | tail -4
     i=0
-    for s in data/teacher/chat-*.jsonl.xz; do
+    for s in data/teacher/teacher-*.jsonl.xz; do
       if [ "$i" -ge "${SHARD_FROM:-0}" ] && [ "$i" -lt $(( ${SHARD_FROM:-0} + 5 )) ]; then cp "$s" "$OUT/"; fi
       i=$((i + 1))
     done

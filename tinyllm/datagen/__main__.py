@@ -7,8 +7,10 @@
 Contract:
 - Runs rounds (`rounds.run_round`, `--round-size` first turns each) until the kept
   conversations hold `--tokens` teacher tokens (all turns, system prompts included), or
-  `--minutes` would be passed by one more round, or after `--rounds` rounds; then packs OUT/chat-NNN.jsonl.xz shards
-  (<= 15 MiB each, `shards.pack`) and writes OUT/stats.json (totals, by source, drops).
+  `--minutes` would be passed by one more round, or after `--rounds` rounds; then packs
+  OUT/teacher-NNN.jsonl.xz shards (<= 15 MiB each, `shards.pack`; named apart from
+  tinychat-distill's chat-NNN so both can sit in one training folder) and writes
+  OUT/stats.json (totals, by source, drops).
 - Resumable: OUT/state.json holds the seed, the next round and the totals; a second call
   with the same OUT continues (round r is a function of the seed and r; the dedup and
   answer sets are rebuilt from OUT/rounds/). Another --seed into the same OUT is refused.
@@ -87,7 +89,7 @@ def summarize(out: Path, state: dict) -> dict:
             by_src[c["src"].split(".")[0]] += 1
             turns[sum(m["role"] == "user" for m in c["messages"])] += 1
             system += c["messages"][0]["role"] == "system"
-    shards = sorted(out.glob("chat-*.jsonl.xz"))
+    shards = sorted(out.glob("teacher-*.jsonl.xz"))
     return {"conversations": state["conversations"], "teacher_tokens": state["tokens"],
             "rounds": state["next_round"], "seed": state["seed"], "by_source": dict(sorted(by_src.items())),
             "by_user_turns": {str(k): v for k, v in sorted(turns.items())}, "with_system_prompt": system,

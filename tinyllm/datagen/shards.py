@@ -4,10 +4,10 @@ Contract:
 - `write_round(out, r, convs)` writes OUT/rounds/round-RRRRR.jsonl.xz atomically (a temporary
   file renamed), one JSON conversation a line (sorted keys, ensure_ascii=False, so the same
   conversations give the same bytes); `read_rounds(out)` yields (r, conversations) in order.
-- `pack(out, max_bytes=MAX_SHARD)` rewrites OUT/chat-NNN.jsonl.xz from every round, in round
+- `pack(out, max_bytes=MAX_SHARD)` rewrites OUT/teacher-NNN.jsonl.xz from every round, in round
   order: each shard is the longest run of whole lines whose xz stream is <= max_bytes (lines
   are cut into shards by their uncompressed size, then a shard over the limit is split in
-  two until it fits). Old chat-*.jsonl.xz files are replaced. These shards are what
+  two until it fits). Old teacher-*.jsonl.xz files are replaced. These shards are what
   `tinyllm.data` reads (`--data OUT`); rounds/ is the generator's working state.
 """
 
@@ -81,11 +81,11 @@ def pack(out: str | Path, max_bytes: int = MAX_SHARD, raw_per_shard: int = RAW_P
             blobs = [b for part in pool.map(_compress_job, jobs) for b in part]
     else:
         blobs = [b for job in jobs for b in _compress_job(job)]
-    for old in out.glob("chat-*.jsonl.xz"):
+    for old in out.glob("teacher-*.jsonl.xz"):
         old.unlink()
     paths = []
     for i, blob in enumerate(blobs):
-        p = out / f"chat-{i:03d}.jsonl.xz"
+        p = out / f"teacher-{i:03d}.jsonl.xz"
         p.write_bytes(blob)
         paths.append(p)
     return paths
