@@ -107,11 +107,11 @@ def test_plan_is_a_function_of_seed_and_round():
     assert all(i.expect is not None for i in items if i.src.startswith(("math", "wp")))
 
 
-def test_expand_cleans_numbered_lines_and_keeps_questions():
-    m = Meta("q.science", "...", 5, question=True)
-    got = expand(m, '1. Why is the sky blue?\n2) "How do magnets work?"\n- This is not a question.\nQ4: Why?\n'
-                    "5. What makes a rainbow appear after rain?")
-    assert [i.user for i in got] == ["Why is the sky blue?", "How do magnets work?",
+def test_expand_cleans_numbered_lines_and_keeps_questions_that_name_the_topic():
+    m = Meta("q.science", "...", 5, question=True, topic="rainbows and the sky")
+    got = expand(m, '1. Why is the sky blue?\n2) "How do rainbows form"\n- This is not a question about rainbows.\n'
+                    "Q4: Why?\n5. What makes a rainbow appear after rain? 6. How does it work?")
+    assert [i.user for i in got] == ["Why is the sky blue?", "How do rainbows form?",
                                      "What makes a rainbow appear after rain?"]
 
 
@@ -174,10 +174,12 @@ class ScriptedTeacher:
 
     def reply(self, msgs):
         last = msgs[-1]["content"]
-        if last.startswith("Write ") and "questions" in last:
-            topic = last.split(" about ")[-1].split(".")[0]
-            return (f"1. What is special about {topic}?\n2. Why do people study {topic} so much?\n"
-                    "3. What is the capital of Japan?")  # the last one is an eval prompt: a leak
+        if last.startswith("List ") and "questions" in last:
+            topic = last.split(" about ")[-1].rstrip(".")
+            return (f"1. What is special about {topic}? 2. Why do people study {topic} so much?\n"
+                    "3. How did it start?")  # the last one does not name its topic: dropped
+        if last.startswith("List "):  # small-talk openers; the second is an eval prompt: a leak
+            return "1. Hi there, I just got back from a long walk!\n2. What is the capital of Japan?"
         if last.startswith("Write "):
             return "Friendly robots help people every day."
         if last.startswith("Here is a question"):
@@ -189,7 +191,7 @@ class ScriptedTeacher:
             return "Music is nice. " + "Music is a nice thing to have. " * 3  # a loop
         return f"Here is a short, clear answer about this: {last[:40]} is worth learning about."
 
-    def chat(self, jobs, params, seed):
+    def chat(self, jobs, params, seed, prefills=None):
         self.calls += 1
         return [Reply(self.reply(j), 10, True) for j in jobs]
 

@@ -9,9 +9,12 @@ Contract:
   topic for a given asker, one sentence to rewrite, small-talk openers). Shares follow
   tasks["mix"]; n counts the first turns the round aims at (a meta asking for k lines
   counts k).
-- `expand(meta, reply_text) -> list[Item]`: the lines a meta's reply holds, cleaned
-  (numbering, bullets, quotes and "Question:" labels stripped), as items; lines that do not
-  look like what was asked (too short or long, not a question where one was asked) dropped.
+- `expand(meta, reply_text) -> list[Item]`: the lines a meta's reply holds (a numbered list
+  on one line split too), cleaned (numbering, bullets, quotes and "Question:" labels
+  stripped), as items; lines that do not look like what was asked (too short or long; where
+  a question was asked: not a question, or one that does not name the topic, "How did it
+  start?") dropped. The teacher (SmolLM2-135M) writes such lists only when its reply is
+  started for it ("1.", Meta.prefill); asked plainly, it answers the topic instead.
 - `pick_system(tasks, rng)`: a stored system prompt {"text", "check"} or None, at
   tasks["system_share"].
 """
@@ -43,6 +46,8 @@ class Meta:
     n: int  # lines asked for
     wrap: str | None = None  # "{s}" format for each line ("Rewrite ...: {s}")
     question: bool = False  # lines must be questions
+    prefill: str = ""  # how the teacher's reply starts ("1." for a list)
+    topic: str = ""  # a question must name it (one of its words), so it stands alone
 
 
 def load_tasks(path: str | Path | None = None) -> dict:
@@ -117,7 +122,8 @@ def plan_round(t: dict, seed: int, round_index: int, n: int) -> tuple[list[Item]
             area = rng.choice(sorted(t["topics"]))
             topic, who = rng.choice(t["topics"][area]), rng.choice(t["question_writers"])
             prompt = t["question_meta"].format(n=LINES_PER_META, who=who, topic=topic)
-            metas.append(Meta(f"q.{area}", prompt, LINES_PER_META, question=True))
+            metas.append(Meta(f"q.{area}", prompt, LINES_PER_META, question=True, prefill=t["list_prefill"],
+                              topic=topic))
             planned += LINES_PER_META
             continue
         if kind == "rewrite":
@@ -126,7 +132,7 @@ def plan_round(t: dict, seed: int, round_index: int, n: int) -> tuple[list[Item]
             metas.append(Meta("rewrite", prompt, 1, wrap=rng.choice(t["rewrite"]["prompts"])))
         elif kind == "smalltalk" and rng.random() < 0.5:
             prompt = t["smalltalk_meta"].format(n=LINES_PER_META, who=rng.choice(t["question_writers"]))
-            metas.append(Meta("chat.teacher", prompt, LINES_PER_META))
+            metas.append(Meta("chat.teacher", prompt, LINES_PER_META, prefill=t["list_prefill"]))
             planned += LINES_PER_META
             continue
         elif kind == "smalltalk":
@@ -142,23 +148,42 @@ def plan_round(t: dict, seed: int, round_index: int, n: int) -> tuple[list[Item]
 
 
 _LABEL = re.compile(r"^\s*(?:[-*•]|\d+[.):]|q\d*[.:]|question\s*\d*[.:]|sentence\s*\d*[.:])\s*", re.I)
+_INLINE = re.compile(r"(?:^|\s)\d{1,2}[.)]\s+")  # "1. ... 2. ..." on one line
+_ASKS = ("how", "what", "why", "when", "where", "who", "which", "is", "are", "do", "does", "did", "can",
+         "could", "should", "would", "will", "whats", "what's", "how's")
+_SMALL = frozenset("the a an of and or to in on for with about from by at its it their".split())
 
 
 def clean_line(line: str) -> str:
     line = _LABEL.sub("", line.strip())
-    line = line.strip().strip('"“”\'').strip()
+    line = line.strip().strip('"“”\'*').strip()
     return re.sub(r"\s+", " ", line)
 
 
+def names_topic(text: str, topic: str) -> bool:
+    """The text names the topic: one of its words of 3+ letters (their first 5 letters, so
+    "volcanoes" matches "volcanic") appears."""
+    stems = [w[:5] for w in re.findall(r"[a-z]+", topic.lower()) if len(w) >= 3 and w not in _SMALL]
+    low = text.lower()
+    return not stems or any(st in low for st in stems)
+
+
+def _as_question(line: str) -> str:
+    if line.endswith("?"):
+        return line
+    first = line.split()[0].lower() if line.split() else ""
+    return line.rstrip(".!") + "?" if first in _ASKS and "?" not in line else ""
+
+
 def expand(meta: Meta, reply: str) -> list[Item]:
-    lines = [clean_line(x) for x in reply.splitlines()]
+    lines = [x for part in reply.splitlines() for x in _INLINE.split(part)]
+    lines = [clean_line(x) for x in lines]
     lines = [x for x in lines if 3 <= len(x.split()) <= 40]
     if meta.wrap is not None:  # one sentence asked: its first line
         lines = lines[:1]
     if meta.question:
-        lines = [x for x in lines if x.endswith("?")]
-    out = [Item(meta.src, meta.wrap.format(s=x) if meta.wrap else x) for x in lines[:meta.n]]
-    return out
+        lines = [q for q in (_as_question(x) for x in lines) if q and names_topic(q, meta.topic)]
+    return [Item(meta.src, meta.wrap.format(s=x) if meta.wrap else x) for x in lines[:meta.n]]
 
 
 def pick_system(t: dict, rng: random.Random) -> dict | None:

@@ -105,7 +105,8 @@ def run_round(teacher, tasks: dict, filters: Filters, seed: int, r: int, n: int,
     stats: Counter = Counter()
     items, metas = plan_round(tasks, seed, r, n)
     # 1. the teacher writes first turns
-    replies = teacher.chat([[{"role": "user", "content": m.prompt}] for m in metas], write, stage_seed(seed, r, "write"))
+    replies = teacher.chat([[{"role": "user", "content": m.prompt}] for m in metas], write,
+                           stage_seed(seed, r, "write"), [m.prefill for m in metas])
     for meta, rep in zip(metas, replies, strict=True):
         items += expand(meta, rep.text) if rep.finished else []
     stats["planned"] = n

@@ -19,6 +19,7 @@ Contract:
   default one is NOT added) with the model's chat template as ChatSession encodes it, runs
   them all, and returns each reply's text, token count and whether it ended on a stop id.
   Jobs whose prompt leaves fewer than 16 tokens for a reply come back empty, unfinished.
+  `prefills` start replies (a numbered list's "1.").
 - `Teacher.stats` counts generated tokens and seconds spent in the engine.
 """
 
@@ -153,26 +154,30 @@ class Teacher:
         e.requests.clear()
         return e
 
-    def chat(self, jobs: list[list[dict]], params: SamplingParams, seed: int) -> list[Reply]:
-        """Replies to every job, in order (see the module docstring)."""
+    def chat(self, jobs: list[list[dict]], params: SamplingParams, seed: int,
+             prefills: list[str] | None = None) -> list[Reply]:
+        """Replies to every job, in order (see the module docstring). prefills[i], when given,
+        starts job i's reply (encoded after the assistant prefix; "1." makes the teacher
+        write a numbered list it would otherwise not write) and begins its Reply.text."""
         if not jobs:
             return []
         t0 = time.perf_counter()
         engine = self.engine(params, seed)
         rids: list[int | None] = []
-        for msgs in jobs:
-            ids = self.encode(msgs)
+        prefills = prefills or [""] * len(jobs)
+        for msgs, pre in zip(jobs, prefills, strict=True):
+            ids = self.encode(msgs) + (self.tok.encode(pre) if pre else [])
             room = self.max_len - len(ids)
             rids.append(engine.add(ids, min(params.max_tokens, room), self.stop_ids) if room >= 16 else None)
         engine.run_until_done()
         out: list[Reply] = []
-        for rid in rids:
+        for rid, pre in zip(rids, prefills, strict=True):
             if rid is None:
                 out.append(Reply("", 0, False))
                 continue
             toks = engine.result(rid)
             finished = engine.finish_reason(rid) == "stop"
-            text = self.tok.decode(toks[:-1] if finished else toks).strip()
+            text = (pre + self.tok.decode(toks[:-1] if finished else toks)).strip()
             out.append(Reply(text, len(toks), finished))
             self.stats.tokens += len(toks)
         self.stats.requests += len(jobs)

@@ -1,10 +1,10 @@
 """`python -m tinyllm.eval --model PATH`: judge a model's answers with the app's defaults.
 
     python -m tinyllm.eval --model models/tinychat --device cpu
-    python -m tinyllm.eval --model data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --limit 20 --heldout-rows 4
+    python -m tinyllm.eval --model data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --stride 6 --heldout-rows 4
 
 Contract:
-- Every prompt of `tinyllm.eval.prompts` (or the first --limit) is answered by a
+- Every prompt of `tinyllm.eval.prompts` (or every --stride-th, the first --limit) is answered by a
   `ChatSession` (`open_session`: the model's chat template, its default system prompt when
   the prompt has none, greedy, --repeat-penalty 1.1 over the last 64 ids, --max-tokens 256:
   the app's defaults), each in a new chat; a multi-turn prompt's fixed turns are loaded
@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat-penalty", type=float, default=1.1, help="the app's default: 1.1")
     ap.add_argument("--max-tokens", type=int, default=256, help="the app's default: 256")
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts (0: all)")
+    ap.add_argument("--stride", type=int, default=1, help="every K-th prompt (a subset across categories)")
     ap.add_argument("--prompts", default=None, help="another prompts.jsonl")
     ap.add_argument("--heldout", default="data/tinychat-distill", help="folder whose held-out split is scored")
     ap.add_argument("--heldout-rows", type=int, default=-1, help="rows of 1,025 tokens to score (-1: all, 0: skip)")
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         from tinyllm.chat import open_session
         from tinyllm.sampling import SamplingParams
 
-        prompts = load_prompts(args.prompts)[: args.limit or None]
+        prompts = load_prompts(args.prompts)[:: max(1, args.stride)][: args.limit or None]
         params = SamplingParams(repeat_penalty=args.repeat_penalty, max_tokens=args.max_tokens)
         t0 = time.perf_counter()
         session = open_session(args.model, args.device, params=params, compile=None, threads=args.threads)
