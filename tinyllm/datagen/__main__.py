@@ -18,7 +18,8 @@ Contract:
   (`tinyllm.eval`) and `--heldout`'s: by default heldout_users.jsonl beside this file, the
   1,631 user turns of tinychat-distill's held-out split (its 1% by line hash,
   `tinyllm.data.read_split`), or a data folder's held-out split.
-- One JSON line per round on stdout: round, conversations, tokens so far, teacher tok/s.
+- One JSON line per round on stdout: round, conversations, kept tokens so far, tokens the
+  teacher generated in this call (kept or not) and its tok/s, drops by reason.
 Refuses (ValueError -> one line on stderr, exit 2): a missing teacher, a seed mismatch.
 """
 
@@ -131,7 +132,8 @@ def generate(args) -> dict:
         last = time.perf_counter() - tr
         print(json.dumps({"round": r, "conversations": len(convs), "total_conversations": state["conversations"],
                           "total_tokens": state["tokens"], "round_s": round(last, 1),
-                          "teacher_tok_s": round(teacher.stats.tok_per_s), "elapsed": round(time.perf_counter() - t0, 1),
+                          "teacher_tok_s": round(teacher.stats.tok_per_s),
+                          "generated": teacher.stats.tokens, "elapsed": round(time.perf_counter() - t0, 1),
                           **{k: v for k, v in stats.items() if k.startswith("drop")}}), flush=True)
     return state
 
