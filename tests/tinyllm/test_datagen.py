@@ -113,6 +113,8 @@ def test_expand_cleans_numbered_lines_and_keeps_questions_that_name_the_topic():
                     "Q4: Why?\n5. What makes a rainbow appear after rain? 6. How does it work?")
     assert [i.user for i in got] == ["Why is the sky blue?", "How do rainbows form?",
                                      "What makes a rainbow appear after rain?"]
+    cut = expand(m, "1. Why is the sky blue? 2. How do rainbows form? 3. What makes a rainbow", complete=False)
+    assert [i.user for i in cut] == ["Why is the sky blue?", "How do rainbows form?"]
 
 
 # ---- the batched sampler ------------------------------------------------------------------

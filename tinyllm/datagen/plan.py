@@ -9,7 +9,8 @@ Contract:
   topic for a given asker, one sentence to rewrite, small-talk openers). Shares follow
   tasks["mix"]; n counts the first turns the round aims at (a meta asking for k lines
   counts k).
-- `expand(meta, reply_text) -> list[Item]`: the lines a meta's reply holds (a numbered list
+- `expand(meta, reply_text, complete=True) -> list[Item]`: the lines a meta's reply holds
+  (all but the last when the reply was cut by the token limit; a numbered list
   on one line split too), cleaned (numbering, bullets, quotes and "Question:" labels
   stripped), as items; lines that do not look like what was asked (too short or long; where
   a question was asked: not a question, or one that does not name the topic, "How did it
@@ -175,8 +176,10 @@ def _as_question(line: str) -> str:
     return line.rstrip(".!") + "?" if first in _ASKS and "?" not in line else ""
 
 
-def expand(meta: Meta, reply: str) -> list[Item]:
+def expand(meta: Meta, reply: str, complete: bool = True) -> list[Item]:
     lines = [x for part in reply.splitlines() for x in _INLINE.split(part)]
+    if not complete:  # cut by the token limit: its last line may stop mid-sentence
+        lines = lines[:-1]
     lines = [clean_line(x) for x in lines]
     lines = [x for x in lines if 3 <= len(x.split()) <= 40]
     if meta.wrap is not None:  # one sentence asked: its first line

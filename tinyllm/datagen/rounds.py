@@ -108,7 +108,7 @@ def run_round(teacher, tasks: dict, filters: Filters, seed: int, r: int, n: int,
     replies = teacher.chat([[{"role": "user", "content": m.prompt}] for m in metas], write,
                            stage_seed(seed, r, "write"), [m.prefill for m in metas])
     for meta, rep in zip(metas, replies, strict=True):
-        items += expand(meta, rep.text) if rep.finished else []
+        items += expand(meta, rep.text, rep.finished)
     stats["planned"] = n
     rng = round_rng(seed, r, "turns")
     kept: list[Item] = []
