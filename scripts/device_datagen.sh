@@ -9,19 +9,25 @@
 #   here:    bash scripts/device_datagen.sh split 20        # .teacher/part-00..04 + .teacher/SHA256
 #   device:  run(carry=[".teacher/SHA256", ".teacher/part-00"], command="bash scripts/device_datagen.sh receive")
 #            ... the same for part-01 .. part-03, each call within the warm window of the last ...
-#   device:  run(carry=[".teacher/SHA256", ".teacher/part-04"], command="MINUTES=8 bash scripts/device_datagen.sh gen")
-#   device:  run(command="MINUTES=9 bash scripts/device_datagen.sh gen")   # more rounds, while warm
+#   device:  run(carry=[".teacher/SHA256", ".teacher/part-04"], command="MINUTES=26 bash scripts/device_datagen.sh start")
+#   device:  run(command="WAIT=560 bash scripts/device_datagen.sh collect")   # again, back to back, until done
 #   here:    cp the returned teacher-*.jsonl.xz, stats.json, state.json into data/teacher/
 #
-# `gen` receives a carried part (if any), assembles the teacher once all parts are there (checked
-# against SHA256), generates into data/teacher/ ON THE DEVICE for MINUTES (resuming the rounds
-# already there; TOKENS=60000000, SEED=0, ROUND=4000 first turns a round), packs the shards, and
-# copies to $OUT: shards SHARD_FROM.. (default 0; 5 at most, as 8 files / 64 MiB come back per
-# call), stats.json, state.json and log.txt.
+# Modes:
+#   receive  keep a carried part outside the repository; assemble the teacher once all parts are
+#            there (checked against SHA256)
+#   start    receive, then start the generator in the background (setsid: it outlives the call
+#            while the machine is held; one model load and one compile for the whole run) for
+#            MINUTES, then collect after WAIT seconds (default 480)
+#   collect  sleep WAIT (default 0), pack the rounds written so far, copy to $OUT: shards
+#            SHARD_FROM.. (default 0; 5 at most, as 8 files / 64 MiB come back per call),
+#            stats.json, state.json, log.txt
+#   gen      the same in the foreground for MINUTES (default 8), then collect
+# Settings: TOKENS (60000000), SEED (0), ROUND (4000 first turns a round).
 set -u
 cd "$(dirname "$0")/.."
 GGUF=data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-PARTS=/root/teacher-parts  # outside the repository: kept across calls while the machine is warm
+PARTS=${PARTS:-/root/teacher-parts}  # outside the repository: kept across calls while the machine is warm
 
 receive() {
   [ -f "$GGUF" ] && { echo "teacher present: $GGUF"; return 0; }
@@ -39,6 +45,27 @@ receive() {
   echo "teacher assembled: $GGUF"
 }
 
+datagen() {  # generate into data/teacher for $1 minutes, no packing
+  python3 -m tinyllm.datagen --teacher "$GGUF" --device cuda --compile --tokens "${TOKENS:-60000000}" \
+    --seed "${SEED:-0}" --round-size "${ROUND:-4000}" --minutes "$1" --out data/teacher --no-pack
+}
+
+collect() {
+  sleep "${WAIT:-0}"
+  python3 -m tinyllm.datagen --pack-only --out data/teacher --workers 12 | tail -1
+  grep -v '^{"round"' data/teacher.log | tail -4
+  grep '^{"round"' data/teacher.log | tail -3
+  i=0
+  for s in data/teacher/teacher-*.jsonl.xz; do
+    if [ "$i" -ge "${SHARD_FROM:-0}" ] && [ "$i" -lt $(( ${SHARD_FROM:-0} + 5 )) ]; then cp "$s" "$OUT/"; fi
+    i=$((i + 1))
+  done
+  cp data/teacher/stats.json data/teacher/state.json "$OUT/" 2>/dev/null
+  cp data/teacher.log "$OUT/log.txt"
+  ls -l "$OUT"
+}
+
+export PYTHONUNBUFFERED=1 PYTHONPATH=.
 case "${1:-gen}" in
   split)
     mkdir -p .teacher && rm -f .teacher/part-* .teacher/SHA256
@@ -51,25 +78,25 @@ case "${1:-gen}" in
   receive)
     receive || true
     ;;
-  gen)
-    export PYTHONUNBUFFERED=1 PYTHONPATH=.
+  start)
     receive || { echo "teacher not complete: carry the remaining parts first"; exit 3; }
-    log=$OUT/log.txt
-    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | tee -a "$log"
-    minutes=${MINUTES:-8}
-    timeout "$(python3 -c "print(int($minutes * 60 + 100))")" python3 -m tinyllm.datagen --teacher "$GGUF" \
-      --device cuda --compile --tokens "${TOKENS:-60000000}" --seed "${SEED:-0}" --round-size "${ROUND:-4000}" \
-      --minutes "$minutes" --out data/teacher --workers 12 >> "$log" 2>&1
-    echo "datagen exit $?"
-    grep -v '^{"round"' "$log" | tail -6
-    grep '^{"round"' "$log" | tail -4
-    i=0
-    for s in data/teacher/teacher-*.jsonl.xz; do
-      if [ "$i" -ge "${SHARD_FROM:-0}" ] && [ "$i" -lt $(( ${SHARD_FROM:-0} + 5 )) ]; then cp "$s" "$OUT/"; fi
-      i=$((i + 1))
-    done
-    cp data/teacher/stats.json data/teacher/state.json "$OUT/" 2>/dev/null
-    ls -l "$OUT"
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+    mkdir -p data/teacher
+    setsid nohup bash -c "$(declare -f datagen); GGUF=$GGUF TOKENS=${TOKENS:-60000000} SEED=${SEED:-0} \
+      ROUND=${ROUND:-4000} datagen ${MINUTES:-26}" >> data/teacher.log 2>&1 < /dev/null &
+    WAIT=${WAIT:-480} collect
     ;;
-  *) echo "usage: $0 split [MB] | receive | gen"; exit 2 ;;
+  collect)
+    collect
+    ;;
+  gen)
+    receive || { echo "teacher not complete: carry the remaining parts first"; exit 3; }
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+    mkdir -p data/teacher
+    timeout "$(python3 -c "print(int(${MINUTES:-8} * 60 + 60))")" bash -c "$(declare -f datagen); GGUF=$GGUF datagen ${MINUTES:-8}" \
+      >> data/teacher.log 2>&1
+    echo "datagen exit $?"
+    collect
+    ;;
+  *) echo "usage: $0 split [MB] | receive | start | collect | gen"; exit 2 ;;
 esac

@@ -36,7 +36,7 @@ def write_round(out: str | Path, r: int, convs: list[dict]) -> Path:
     path = round_path(Path(out), r)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(lzma.compress("".join(dumps(c) + "\n" for c in convs).encode(), preset=6))
+    tmp.write_bytes(lzma.compress("".join(dumps(c) + "\n" for c in convs).encode(), preset=3))  # fast: working files
     os.replace(tmp, path)
     return path
 
