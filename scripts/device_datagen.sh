@@ -20,8 +20,8 @@
 #            while the machine is held; one model load and one compile for the whole run) for
 #            MINUTES, then collect after WAIT seconds (default 480)
 #   collect  sleep WAIT (default 0), pack the rounds written so far, copy to $OUT: shards
-#            SHARD_FROM.. (default 0; 5 at most, as 8 files / 64 MiB come back per call),
-#            stats.json, state.json, log.txt
+#            SHARD_FROM.. (default 0; 3 at most: 8 files, 64 MiB come back per call),
+#            stats.json, state.json, users.jsonl.xz (for --dedup-with of a later run), log.txt
 #   gen      the same in the foreground for MINUTES (default 8), then collect
 # Settings: TOKENS (60000000), SEED (0), ROUND (4000 first turns a round).
 set -u
@@ -53,11 +53,12 @@ datagen() {  # generate into data/teacher for $1 minutes, no packing
 collect() {
   sleep "${WAIT:-0}"
   python3 -m tinyllm.datagen --pack-only --out data/teacher --workers 12 | tail -1
+  cp data/teacher/users.jsonl.xz "$OUT/" 2>/dev/null
   grep -v '^{"round"' data/teacher.log | tail -4
   grep '^{"round"' data/teacher.log | tail -3
   i=0
   for s in data/teacher/teacher-*.jsonl.xz; do
-    if [ "$i" -ge "${SHARD_FROM:-0}" ] && [ "$i" -lt $(( ${SHARD_FROM:-0} + 5 )) ]; then cp "$s" "$OUT/"; fi
+    if [ "$i" -ge "${SHARD_FROM:-0}" ] && [ "$i" -lt $(( ${SHARD_FROM:-0} + 3 )) ]; then cp "$s" "$OUT/"; fi
     i=$((i + 1))
   done
   cp data/teacher/stats.json data/teacher/state.json "$OUT/" 2>/dev/null

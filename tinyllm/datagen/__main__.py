@@ -14,6 +14,8 @@ Contract:
 - Resumable: OUT/state.json holds the seed, the next round and the totals; a second call
   with the same OUT continues (round r is a function of the seed and r; the dedup and
   answer sets are rebuilt from OUT/rounds/). Another --seed into the same OUT is refused.
+  A run into another folder (a fresh machine) skips the first turns of earlier runs given
+  with --dedup-with (each run writes OUT/users.jsonl.xz when it packs).
 - Held-out prompts kept out of the data (`dedup.LeakFilter`): every eval prompt's user turns
   (`tinyllm.eval`) and `--heldout`'s: by default heldout_users.jsonl beside this file, the
   1,631 user turns of tinychat-distill's held-out split (its 1% by line hash,
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import sys
 import time
 from collections import Counter
@@ -98,6 +101,14 @@ def summarize(out: Path, state: dict) -> dict:
             "drops_and_counts": state["stats"]}
 
 
+def write_users(out: Path) -> None:
+    """OUT/users.jsonl.xz: every kept conversation's first user turn, for --dedup-with of a
+    later run in another folder (a few MB where the shards are tens)."""
+    lines = [json.dumps(next(m["content"] for m in c["messages"] if m["role"] == "user"), ensure_ascii=False)
+             for _, convs in read_rounds(out) for c in convs]
+    (out / "users.jsonl.xz").write_bytes(lzma.compress("".join(x + "\n" for x in lines).encode(), preset=6))
+
+
 def generate(args) -> dict:
     from tinyllm.datagen.teacher import Teacher
 
@@ -106,6 +117,11 @@ def generate(args) -> dict:
     t0 = time.perf_counter()
     tasks = load_tasks(args.tasks)
     filters = Filters(LeakFilter(heldout_prompts(args.heldout)))
+    for path in args.dedup_with:  # first turns of an earlier run (its users.jsonl.xz)
+        with lzma.open(path, "rt", encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    filters.questions.add(json.loads(line))
     state = load_state(out, args.seed, filters)
     if not Path(args.teacher).exists():
         raise FileNotFoundError(f"teacher {args.teacher} not found: copy the SmolLM2 GGUF there (docs/DATA.md)")
@@ -155,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile", action="store_true", help="compile the engine's step (CUDA)")
     ap.add_argument("--heldout", default=str(HELDOUT),
                     help="held-out user turns that must not leak: a data folder or a JSON-lines file ('none')")
+    ap.add_argument("--dedup-with", action="append", default=[], metavar="USERS",
+                    help="an earlier run's users.jsonl.xz: its first turns count as seen (repeatable)")
     ap.add_argument("--tasks", default=None, help="task lists (default: tinyllm/datagen/tasks.json)")
     ap.add_argument("--pack-only", action="store_true", help="only pack OUT/rounds into shards")
     ap.add_argument("--no-pack", action="store_true", help="leave packing to a later --pack-only")
@@ -169,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             if state is None:
                 raise FileNotFoundError(f"{out} holds no {STATE}: nothing generated there yet")
             pack(out, workers=args.workers)
+            write_users(out)
             summary = summarize(out, state)
             (out / "stats.json").write_text(json.dumps(summary, indent=1) + "\n")
             print(json.dumps({"event": "packed", **{k: summary[k] for k in ("conversations", "teacher_tokens",
