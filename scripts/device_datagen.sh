@@ -23,7 +23,8 @@
 #            SHARD_FROM.. (default 0; 3 at most: 8 files, 64 MiB come back per call),
 #            stats.json, state.json, users.jsonl.xz (for --dedup-with of a later run), log.txt
 #   gen      the same in the foreground for MINUTES (default 8), then collect
-# Settings: TOKENS (60000000), SEED (0), ROUND (4000 first turns a round).
+# Settings: TOKENS (60000000), SEED (0), ROUND (4000 first turns a round), EXTRA (more flags, e.g.
+# "--dedup-with .teacher/users.jsonl.xz" on a fresh machine after an earlier run with SEED=0).
 set -u
 cd "$(dirname "$0")/.."
 GGUF=data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -47,7 +48,7 @@ receive() {
 
 datagen() {  # generate into data/teacher for $1 minutes, no packing
   python3 -m tinyllm.datagen --teacher "$GGUF" --device cuda --compile --tokens "${TOKENS:-60000000}" \
-    --seed "${SEED:-0}" --round-size "${ROUND:-4000}" --minutes "$1" --out data/teacher --no-pack
+    --seed "${SEED:-0}" --round-size "${ROUND:-4000}" --minutes "$1" --out data/teacher --no-pack ${EXTRA:-}
 }
 
 collect() {
@@ -84,7 +85,7 @@ case "${1:-gen}" in
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
     mkdir -p data/teacher
     setsid nohup bash -c "$(declare -f datagen); GGUF=$GGUF TOKENS=${TOKENS:-60000000} SEED=${SEED:-0} \
-      ROUND=${ROUND:-4000} datagen ${MINUTES:-26}" >> data/teacher.log 2>&1 < /dev/null &
+      ROUND=${ROUND:-4000} EXTRA='${EXTRA:-}' datagen ${MINUTES:-26}" >> data/teacher.log 2>&1 < /dev/null &
     WAIT=${WAIT:-480} collect
     ;;
   collect)
