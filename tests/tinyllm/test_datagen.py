@@ -115,6 +115,8 @@ def test_expand_cleans_numbered_lines_and_keeps_questions_that_name_the_topic():
                                      "What makes a rainbow appear after rain?"]
     cut = expand(m, "1. Why is the sky blue? 2. How do rainbows form? 3. What makes a rainbow", complete=False)
     assert [i.user for i in cut] == ["Why is the sky blue?", "How do rainbows form?"]
+    talk = expand(m, '1. "What is a rainbow made of?" - A child may wonder how light\n2. **Why is the sky so', False)
+    assert [i.user for i in talk] == ["What is a rainbow made of?"]  # the question, not what follows
 
 
 # ---- the batched sampler ------------------------------------------------------------------

@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, default=64, help="concurrent requests in the engine")
     ap.add_argument("--max-len", type=int, default=1024, help="prompt + reply tokens per request")
     ap.add_argument("--max-tokens", type=int, default=0,
-                    help="cap on every reply (smoke runs; 0: 160 for written prompts, 384 for answers)")
+                    help="cap on every reply (smoke runs; 0: 120 for written prompts, 384 for answers)")
     ap.add_argument("--compile", action="store_true", help="compile the engine's step (CUDA)")
     ap.add_argument("--heldout", default=str(HELDOUT),
                     help="held-out user turns that must not leak: a data folder or a JSON-lines file ('none')")

@@ -170,16 +170,20 @@ def names_topic(text: str, topic: str) -> bool:
 
 
 def _as_question(line: str) -> str:
-    if line.endswith("?"):
-        return line
+    """The line's question: its text up to the first "?" (the teacher often explains after
+    it), or the whole line with a "?" when it opens like a question and has none."""
+    line = line.replace("**", "")
+    if "?" in line:
+        q = clean_line(line[:line.index("?")]) + "?"
+        return q if len(q.split()) >= 3 else ""
     first = line.split()[0].lower() if line.split() else ""
-    return line.rstrip(".!") + "?" if first in _ASKS and "?" not in line else ""
+    return line.rstrip(".!") + "?" if first in _ASKS else ""
 
 
 def expand(meta: Meta, reply: str, complete: bool = True) -> list[Item]:
     lines = [x for part in reply.splitlines() for x in _INLINE.split(part)]
-    if not complete:  # cut by the token limit: its last line may stop mid-sentence
-        lines = lines[:-1]
+    if not complete and lines and not (meta.question and "?" in lines[-1]):
+        lines = lines[:-1]  # cut by the token limit mid-line (a question before the cut stands)
     lines = [clean_line(x) for x in lines]
     lines = [x for x in lines if 3 <= len(x.split()) <= 40]
     if meta.wrap is not None:  # one sentence asked: its first line

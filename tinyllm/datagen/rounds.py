@@ -32,7 +32,7 @@ from tinyllm.sampling import SamplingParams
 from tinyllm.textcheck import check_reply, has_loop, is_english, normalize
 
 # The teacher writes prompts hot and answers as the tinychat-distill answers were made.
-WRITE = SamplingParams(temperature=0.9, top_k=50, top_p=0.95, repeat_penalty=1.1, max_tokens=160)
+WRITE = SamplingParams(temperature=0.9, top_k=50, top_p=0.95, repeat_penalty=1.1, max_tokens=120)
 ANSWER = SamplingParams(temperature=0.5, top_k=50, top_p=0.9, repeat_penalty=1.1, max_tokens=384)
 TEACHER_NAMES = ("smollm", "hugging face", "huggingface")
 
