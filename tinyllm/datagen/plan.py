@@ -169,15 +169,20 @@ def names_topic(text: str, topic: str) -> bool:
     return not stems or any(st in low for st in stems)
 
 
-def _as_question(line: str) -> str:
-    """The line's question: its text up to the first "?" (the teacher often explains after
-    it), or the whole line with a "?" when it opens like a question and has none."""
+def _as_question(line: str, topic: str = "") -> str:
+    """The line's question: the first of its "?"-ended sentences that names the topic (the
+    teacher often explains after it), or the whole line with a "?" when it opens like a
+    question and has none."""
     line = line.replace("**", "")
     if "?" in line:
-        q = clean_line(line[:line.index("?")]) + "?"
-        return q if len(q.split()) >= 3 else ""
+        for part in re.findall(r"[^?]*\?", line):
+            q = clean_line(re.split(r"(?<=[.!])\s+|[\"“”]\s*-?\s*", part.strip())[-1]) if part.strip() else ""
+            if len(q.split()) >= 3 and names_topic(q, topic):
+                return q
+        return ""
     first = line.split()[0].lower() if line.split() else ""
-    return line.rstrip(".!") + "?" if first in _ASKS else ""
+    q = line.rstrip(".!") + "?"
+    return q if first in _ASKS and names_topic(q, topic) else ""
 
 
 def expand(meta: Meta, reply: str, complete: bool = True) -> list[Item]:
@@ -185,11 +190,11 @@ def expand(meta: Meta, reply: str, complete: bool = True) -> list[Item]:
     if not complete and lines and not (meta.question and "?" in lines[-1]):
         lines = lines[:-1]  # cut by the token limit mid-line (a question before the cut stands)
     lines = [clean_line(x) for x in lines]
+    if meta.question:
+        lines = [_as_question(x, meta.topic) for x in lines]
     lines = [x for x in lines if 3 <= len(x.split()) <= 40]
     if meta.wrap is not None:  # one sentence asked: its first line
         lines = lines[:1]
-    if meta.question:
-        lines = [q for q in (_as_question(x) for x in lines) if q and names_topic(q, meta.topic)]
     return [Item(meta.src, meta.wrap.format(s=x) if meta.wrap else x) for x in lines[:meta.n]]
 
 
