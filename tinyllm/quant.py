@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tinyllm import cpu_qgemv
+
 KINDS = ("int8", "int4")
 GROUPS = (32, 64)
 
@@ -151,7 +153,12 @@ class QuantLinear(nn.Module):
         self.out_features, self.in_features = qt.shape
         self.key: int | None = None
         device = torch.device("meta") if generic else qt.qweight.device
-        if device.type == "cpu" and qt.kind == "int8" and dtype == torch.float32 and fbgemm_available():
+        self.avx2 = device.type == "cpu" and dtype == torch.float32 and cpu_qgemv.available()
+        if self.avx2:  # the kernel reads the canonical form in place (shared with a tied embedding)
+            self.register_buffer("qweight", qt.qweight.contiguous())
+            self.register_buffer("scales", qt.scales.to(dtype).contiguous())
+            self.register_buffer("zeros", None if qt.zeros is None else qt.zeros.to(dtype).contiguous())
+        elif device.type == "cpu" and qt.kind == "int8" and dtype == torch.float32 and fbgemm_available():
             self.key = id(self)
             _FBGEMM[self.key] = _fbgemm_pack(qt)  # holds the int8 matrix: no copy of ours is kept
             self.register_buffer("scales", qt.scales.to(dtype))  # (N,): for dtype/device and state_dict
@@ -200,6 +207,11 @@ class QuantLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x (..., K) -> (..., N)."""
         lead = x.shape[:-1]
+        if self.avx2:
+            x2 = x.reshape(-1, self.in_features)  # (M, K)
+            y = (cpu_qgemv.qmm_int8(x2, self.qweight, self.scales) if self.kind == "int8"
+                 else cpu_qgemv.qmm_int4(x2, self.qweight, self.scales, self.zeros))  # (M, N)
+            return y.view(*lead, -1)
         if self.key is not None:
             return fbgemm_linear(x.reshape(-1, self.in_features), self.key, self.out_features).view(*lead, -1)
         if hasattr(self, "packed"):
