@@ -9,8 +9,10 @@
 //       qweight[n, j], q[n, 2j+1] the high one; g = K / scales.size(1), a multiple of 32.
 // As llama.cpp does, x is quantized once per product to int8 in blocks of 32 (one fp32 scale
 // a block, round to nearest), and each block's dot product is integer
-// (_mm256_maddubs_epi16 + _mm256_madd_epi16), scaled in fp32. The int4 zero term uses x's
-// exact fp32 block sums. int8 rows whose K is not a multiple of 32 take the tail in fp32.
+// (_mm256_maddubs_epi16 + _mm256_madd_epi16), scaled in fp32, so the result is the quantized
+// x times the dequantized W (the int4 zero term too: the sums of the quantized x, as llama.cpp's
+// Q8_1 keeps; x's exact sums would multiply the rounding by w - zero, larger than w). int8 rows
+// whose K is not a multiple of 32 take the tail in fp32.
 // Rows of W are split over threads with at::parallel_for (torch.set_num_threads).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -29,7 +31,7 @@ constexpr int QK = 32;  // activation block
 struct QX {  // x quantized: M rows of nb blocks
   std::vector<int8_t> q;    // (M, nb * 32), 32-byte aligned blocks are not required (loadu)
   std::vector<float> d;     // (M, nb) block scales
-  std::vector<float> sum;   // (M, nb) exact fp32 block sums (int4 zero term)
+  std::vector<float> sum;   // (M, nb) block sums of the quantized x, d * sum(q) (int4 zero term)
 };
 
 inline float hsum(__m256 v) {
@@ -49,16 +51,18 @@ QX quantize_x(const float* x, int64_t M, int64_t K, int64_t nb, bool interleave)
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + m * K + b * QK;
-      float amax = 0.f, s = 0.f;
-      for (int i = 0; i < QK; ++i) { amax = std::max(amax, std::fabs(xb[i])); s += xb[i]; }
+      float amax = 0.f;
+      int s = 0;
+      for (int i = 0; i < QK; ++i) amax = std::max(amax, std::fabs(xb[i]));
       const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
       int8_t* qb = r.q.data() + (m * nb + b) * QK;
       for (int i = 0; i < QK; ++i) {
         const int j = interleave ? (i % 2) * 16 + i / 2 : i;
         qb[j] = static_cast<int8_t>(std::nearbyint(xb[i] * id));
+        s += qb[j];
       }
       r.d[m * nb + b] = d;
-      r.sum[m * nb + b] = s;
+      r.sum[m * nb + b] = d * float(s);
     }
   }
   return r;
