@@ -4,7 +4,8 @@
 // QTensor layout, read in place, no copy):
 //   qmm_int8(x, qweight int8 (N, K), scales fp32 (N,)) -> (M, N) fp32
 //       y[m, n] = scales[n] * sum_k qweight[n, k] * x[m, k]
-//   qmm_int4(x, qweight uint8 (N, K/2), scales fp32 (N, K/g), zeros fp32 (N, K/g)) -> (M, N) fp32
+//   qmm_int4(x, qweight uint8 (N, K/2), scales (N, K/g), zeros (N, K/g)) -> (M, N) fp32; scales
+//       and zeros both fp32 or both fp16 (a GGUF's Q4_0/Q4_1 are fp16 already: 20% fewer bytes)
 //       w[n, k] = q[n, k] * scales[n, k/g] + zeros[n, k/g]; q[n, 2j] is the low nibble of
 //       qweight[n, j], q[n, 2j+1] the high one; g = K / scales.size(1), a multiple of 32.
 // As llama.cpp does, x is quantized once per product to int8 in blocks of 32 (one fp32 scale
@@ -102,8 +103,11 @@ void rows_int8(const int8_t* w, const float* sc, int64_t K, int64_t nb, const QX
 }
 
 // R weight rows against MT activation rows, int4 in groups of bpg blocks.
-template <int R, int MT>
-void rows_int4(const uint8_t* w, const float* sc, const float* zr, int64_t K, int64_t nb, int64_t bpg,
+inline float f32(float v) { return v; }
+inline float f32(uint16_t h) { return _cvtsh_ss(h); }  // fp16 bits (F16C)
+
+template <int R, int MT, class S>
+void rows_int4(const uint8_t* w, const S* sc, const S* zr, int64_t K, int64_t nb, int64_t bpg,
                const QX& qx, int64_t m0, int64_t N, float* y, int64_t n0) {
   const int64_t ng = nb / bpg;
   __m256 acc[R][MT];
@@ -121,7 +125,7 @@ void rows_int4(const uint8_t* w, const float* sc, const float* zr, int64_t K, in
     for (int r = 0; r < R; ++r) {
       const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (n0 + r) * (K / 2) + b * 16));
       const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), low);  // even | odd
-      const float s = sc[(n0 + r) * ng + g];
+      const float s = f32(sc[(n0 + r) * ng + g]);
       for (int t = 0; t < MT; ++t) {
         const __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv[t]), ones);
         acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(s * dx[t]), acc[r][t]);
@@ -129,14 +133,14 @@ void rows_int4(const uint8_t* w, const float* sc, const float* zr, int64_t K, in
     }
   }
   for (int r = 0; r < R; ++r) {
-    const float* z = zr + (n0 + r) * ng;
+    const S* z = zr + (n0 + r) * ng;
     for (int t = 0; t < MT; ++t) {
       float zs = 0.f;  // sum_g zeros[g] * sum of x over group g
       const float* xs = qx.sum.data() + (m0 + t) * nb;
       for (int64_t g = 0; g < ng; ++g) {
         float gs = 0.f;
         for (int64_t j = 0; j < bpg; ++j) gs += xs[g * bpg + j];
-        zs += z[g] * gs;
+        zs += f32(z[g]) * gs;
       }
       y[(m0 + t) * N + n0 + r] = hsum(acc[r][t]) + zs;
     }
@@ -148,8 +152,9 @@ struct Int8Tile {
   template <int R, int MT> void run(int64_t m0, int64_t n0) const { rows_int8<R, MT>(w, sc, K, nb, qx, m0, xp, N, yp, n0); }
 };
 
+template <class S>
 struct Int4Tile {
-  const uint8_t* w; const float *sc, *zr; float* yp; int64_t K, nb, bpg, N; const QX& qx;
+  const uint8_t* w; const S *sc, *zr; float* yp; int64_t K, nb, bpg, N; const QX& qx;
   template <int R, int MT> void run(int64_t m0, int64_t n0) const { rows_int4<R, MT>(w, sc, zr, K, nb, bpg, qx, m0, N, yp, n0); }
 };
 
@@ -218,10 +223,11 @@ at::Tensor qmm_int4(const at::Tensor& x_, const at::Tensor& qweight, const at::T
   TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.dim() == 2 && qweight.is_contiguous(),
               "qweight must be contiguous uint8 (N, K/2)");
   const int64_t N = qweight.size(0), K = 2 * qweight.size(1);
-  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && scales.scalar_type() == at::kFloat &&
+  const bool half = scales.scalar_type() == at::kHalf;
+  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && (half || scales.scalar_type() == at::kFloat) &&
               scales.is_contiguous() && zeros.sizes() == scales.sizes() &&
-              zeros.scalar_type() == at::kFloat && zeros.is_contiguous(),
-              "scales and zeros must be contiguous fp32 (N, K/g)");
+              zeros.scalar_type() == scales.scalar_type() && zeros.is_contiguous(),
+              "scales and zeros must be contiguous fp32 or fp16 (N, K/g), of one dtype");
   const int64_t ng = scales.size(1), g = K / ng;
   TORCH_CHECK(K % ng == 0 && g % QK == 0, "int4 groups must be whole multiples of 32, got K ", K, ", ", ng, " groups");
   check_x(x_, K);
@@ -230,9 +236,13 @@ at::Tensor qmm_int4(const at::Tensor& x_, const at::Tensor& qweight, const at::T
   at::Tensor y = at::empty({M, N}, x.options());
   const QX qx = quantize_x(x.data_ptr<float>(), M, K, nb, true);
   const uint8_t* w = qweight.data_ptr<uint8_t>();
-  const float *sc = scales.data_ptr<float>(), *zr = zeros.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  over_tiles(M, N, Int4Tile{w, sc, zr, yp, K, nb, bpg, N, qx});
+  if (half) {
+    const auto *sc = static_cast<const uint16_t*>(scales.data_ptr()), *zr = static_cast<const uint16_t*>(zeros.data_ptr());
+    over_tiles(M, N, Int4Tile<uint16_t>{w, sc, zr, yp, K, nb, bpg, N, qx});
+  } else {
+    over_tiles(M, N, Int4Tile<float>{w, scales.data_ptr<float>(), zeros.data_ptr<float>(), yp, K, nb, bpg, N, qx});
+  }
   return y;
 }
 

@@ -74,6 +74,10 @@ class QTensor:
         return (q * self.scales.to(dtype)[..., None] + self.zeros.to(dtype)[..., None]).view(n, k)
 
 
+def _exact_in_fp16(t: Tensor) -> bool:
+    return bool((t.half().float() == t).all())
+
+
 def cat(parts: list[QTensor]) -> QTensor:
     """Row-wise concatenation (a fused projection); parts must share kind and group."""
     assert len({(p.kind, p.group) for p in parts}) == 1, "fused parts must share kind and group"
@@ -155,9 +159,12 @@ class QuantLinear(nn.Module):
         device = torch.device("meta") if generic else qt.qweight.device
         self.avx2 = device.type == "cpu" and dtype == torch.float32 and cpu_qgemv.available()
         if self.avx2:  # the kernel reads the canonical form in place (shared with a tied embedding)
+            s, z = qt.scales.contiguous(), None if qt.zeros is None else qt.zeros.contiguous()
+            if z is not None and _exact_in_fp16(s) and _exact_in_fp16(z):  # a GGUF's Q4_0 / Q4_1
+                s, z = s.half(), z.half()  # int4 + fp16 pairs: 20 bytes a block of 32, as llama.cpp reads
             self.register_buffer("qweight", qt.qweight.contiguous())
-            self.register_buffer("scales", qt.scales.to(dtype).contiguous())
-            self.register_buffer("zeros", None if qt.zeros is None else qt.zeros.to(dtype).contiguous())
+            self.register_buffer("scales", s)
+            self.register_buffer("zeros", z)
         elif device.type == "cpu" and qt.kind == "int8" and dtype == torch.float32 and fbgemm_available():
             self.key = id(self)
             _FBGEMM[self.key] = _fbgemm_pack(qt)  # holds the int8 matrix: no copy of ours is kept
@@ -179,6 +186,8 @@ class QuantLinear(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
+        if self.avx2:
+            return torch.float32
         return self.scales_zeros.dtype if hasattr(self, "scales_zeros") else self.scales.dtype
 
     def qtensor(self) -> QTensor:

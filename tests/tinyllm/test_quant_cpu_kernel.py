@@ -75,6 +75,21 @@ def test_kernel_takes_zero_and_strided_rows():
 
 
 @needs_kernel
+def test_int4_scales_exact_in_fp16_are_held_in_fp16():
+    """A GGUF's Q4_1 scales and offsets are fp16 already: the layer holds them so (fewer
+    bytes a token), computes the same, and gives the fp32 canonical form back."""
+    qt = quantize(torch.randn(24, 128), "int4", 64)
+    qt = QTensor("int4", qt.qweight, qt.scales.half().float(), qt.zeros.half().float())
+    layer = QuantLinear(qt, torch.float32)
+    assert layer.scales.dtype == layer.zeros.dtype == torch.float16 and layer.dtype == torch.float32
+    x = torch.randn(3, 128)
+    assert torch.equal(layer(x), product(x, qt))
+    back = layer.state_dict()
+    assert back["scales"].dtype == torch.float32 and torch.equal(back["zeros"], qt.zeros)
+    assert QuantLinear(quantize(torch.randn(24, 128), "int4"), torch.float32).scales.dtype == torch.float32
+
+
+@needs_kernel
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_the_op_stays_inside_a_fullgraph_compile(kind):
     layer = QuantLinear(quantize(torch.randn(96, 128), kind, 32), torch.float32)
