@@ -12,7 +12,8 @@ another format. This module owns what they share:
   `QTensor`s. `quant`: "none" dequantizes everything; "int8" / "int4" quantizes every matrix
   (embeddings and output included) to that form (int4 falls back to int8 for a matrix whose
   rows are not whole groups); "keep" keeps what the file holds; "auto" too, except that on
-  a CPU with fbgemm int4 becomes int8 (fbgemm's int8 kernel is the fast one there). A fused projection
+  a CPU without the AVX2 kernel (tinyllm.cpu_qgemv) but with fbgemm int4 becomes int8
+  (fbgemm's int8 kernel is then the fast one). A fused projection
   (wq/wk/wv, w1/w3) whose parts differ in form is held as int8.
 - `quantize_model(model, quant, group)`: the same, from a dense model in memory.
 - `pick_template(...)`: the chat template, from a name, the model's Jinja source or a guess.
@@ -33,6 +34,7 @@ import torch
 from tinyllm.chat_template import ChatTemplate, get_template
 from tinyllm.jinja_template import derive_template, guess_builtin
 from tinyllm.model import ModelConfig, Transformer
+from tinyllm import cpu_qgemv
 from tinyllm.quant import GROUPS, QTensor, QuantEmbedding, QuantLinear, cat, fbgemm_available, fits, quantize
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -251,7 +253,8 @@ def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor]
     """A Transformer holding `state` (tinyllm's separate names; lm_head from tok_emb when tied)."""
     check_quant(quant, group)
     device = torch.device(device)
-    cpu_int8 = device.type == "cpu" and quant == "auto" and fbgemm_available() and dtype == torch.float32
+    cpu_int8 = (device.type == "cpu" and quant == "auto" and fbgemm_available() and dtype == torch.float32
+                and not cpu_qgemv.available())  # without the AVX2 kernel int4 is slow on a CPU: int8
     state = dict(state)
     if cfg.tie_embeddings:
         state.pop("lm_head.weight", None)

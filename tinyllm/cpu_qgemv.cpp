@@ -114,21 +114,23 @@ void rows_int4(const uint8_t* w, const S* sc, const S* zr, int64_t K, int64_t nb
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < MT; ++t) acc[r][t] = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
-  for (int64_t b = 0; b < nb; ++b) {
-    const int64_t g = b / bpg;
-    __m256i xv[MT];
-    float dx[MT];
-    for (int t = 0; t < MT; ++t) {
-      xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx.q.data() + ((m0 + t) * nb + b) * QK));
-      dx[t] = qx.d[(m0 + t) * nb + b];
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (n0 + r) * (K / 2) + b * 16));
-      const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), low);  // even | odd
-      const float s = f32(sc[(n0 + r) * ng + g]);
+  for (int64_t g = 0, b = 0; g < ng; ++g) {
+    float s[R];
+    for (int r = 0; r < R; ++r) s[r] = f32(sc[(n0 + r) * ng + g]);
+    for (int64_t j = 0; j < bpg; ++j, ++b) {
+      __m256i xv[MT];
+      float dx[MT];
       for (int t = 0; t < MT; ++t) {
-        const __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv[t]), ones);
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(s * dx[t]), acc[r][t]);
+        xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx.q.data() + ((m0 + t) * nb + b) * QK));
+        dx[t] = qx.d[(m0 + t) * nb + b];
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (n0 + r) * (K / 2) + b * 16));
+        const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), low);  // even | odd
+        for (int t = 0; t < MT; ++t) {
+          const __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv[t]), ones);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(s[r] * dx[t]), acc[r][t]);
+        }
       }
     }
   }

@@ -30,7 +30,9 @@ import torch
 from torch import Tensor
 
 SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")
-CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17"]
+# -fopenmp: at::parallel_for is inline code that threads only under OpenMP; the library links the
+# libgomp.so.1 torch has already loaded (one thread pool, sized by torch.set_num_threads).
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fopenmp"]
 
 
 def cache_dir() -> Path:
@@ -78,7 +80,8 @@ def _build() -> None:
     tag = hashlib.sha256(src + torch.__version__.encode() + " ".join(CFLAGS).encode()).hexdigest()[:16]
     folder = cache_dir() / f"cpu_qgemv-{tag}"
     folder.mkdir(parents=True, exist_ok=True)
-    cpp_extension.load("tinyllm_cpu_qgemv", [str(SOURCE)], extra_cflags=CFLAGS, build_directory=str(folder),
+    cpp_extension.load("tinyllm_cpu_qgemv", [str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
+                       build_directory=str(folder),
                        is_python_module=False, verbose=False)
 
     @torch.library.register_fake("tinyllm_cpu::qmm_int8")
