@@ -14,6 +14,7 @@
 // x times the dequantized W (the int4 zero term too: the sums of the quantized x, as llama.cpp's
 // Q8_1 keeps; x's exact sums would multiply the rounding by w - zero, larger than w). int8 rows
 // whose K is not a multiple of 32 take the tail in fp32.
+//   dequantize(qweight, scales, zeros or None) -> (N, K) fp32, w as above (for many rows of x).
 // Rows of W are split over threads with at::parallel_for (torch.set_num_threads).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -248,14 +249,48 @@ at::Tensor qmm_int4(const at::Tensor& x_, const at::Tensor& qweight, const at::T
   return y;
 }
 
+// The fp32 matrix (N, K) of either form, for a product with many rows (prefill), where the
+// library's fp32 GEMM beats one pass of the kernel per 4 activation rows.
+at::Tensor dequantize(const at::Tensor& qweight, const at::Tensor& scales, const c10::optional<at::Tensor>& zeros) {
+  const bool int4 = zeros.has_value();
+  const int64_t N = qweight.size(0), K = int4 ? 2 * qweight.size(1) : qweight.size(1);
+  TORCH_CHECK(qweight.is_contiguous() && scales.is_contiguous() && (!int4 || zeros->is_contiguous()),
+              "dequantize takes contiguous tensors");
+  const at::Tensor s = scales.to(at::kFloat), z = int4 ? zeros->to(at::kFloat) : scales;
+  at::Tensor w = at::empty({N, K}, scales.options().dtype(at::kFloat));
+  const int64_t ng = int4 ? s.size(1) : 1, g = K / ng;
+  const float *sp = s.data_ptr<float>(), *zp = z.data_ptr<float>();
+  float* wp = w.data_ptr<float>();
+  const void* q = qweight.data_ptr();
+  at::parallel_for(0, N, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t n = lo; n < hi; ++n) {
+      float* row = wp + n * K;
+      if (!int4) {
+        const int8_t* qr = static_cast<const int8_t*>(q) + n * K;
+        for (int64_t k = 0; k < K; ++k) row[k] = float(qr[k]) * sp[n];
+        continue;
+      }
+      const uint8_t* qr = static_cast<const uint8_t*>(q) + n * (K / 2);
+      for (int64_t k = 0; k < K; k += 2) {
+        const float sc = sp[n * ng + k / g], zr = zp[n * ng + k / g];
+        row[k] = float(qr[k / 2] & 15) * sc + zr;
+        row[k + 1] = float(qr[k / 2] >> 4) * sc + zr;
+      }
+    }
+  });
+  return w;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(tinyllm_cpu, m) {
   m.def("qmm_int8(Tensor x, Tensor qweight, Tensor scales) -> Tensor");
   m.def("qmm_int4(Tensor x, Tensor qweight, Tensor scales, Tensor zeros) -> Tensor");
+  m.def("dequantize(Tensor qweight, Tensor scales, Tensor? zeros) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tinyllm_cpu, CPU, m) {
   m.impl("qmm_int8", &qmm_int8);
   m.impl("qmm_int4", &qmm_int4);
+  m.impl("dequantize", &dequantize);
 }

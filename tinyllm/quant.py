@@ -218,9 +218,7 @@ class QuantLinear(nn.Module):
         lead = x.shape[:-1]
         if self.avx2:
             x2 = x.reshape(-1, self.in_features)  # (M, K)
-            y = (cpu_qgemv.qmm_int8(x2, self.qweight, self.scales) if self.kind == "int8"
-                 else cpu_qgemv.qmm_int4(x2, self.qweight, self.scales, self.zeros))  # (M, N)
-            return y.view(*lead, -1)
+            return cpu_qgemv.linear(x2, self.qweight, self.scales, self.zeros).view(*lead, -1)  # (..., N)
         if self.key is not None:
             return fbgemm_linear(x.reshape(-1, self.in_features), self.key, self.out_features).view(*lead, -1)
         if hasattr(self, "packed"):

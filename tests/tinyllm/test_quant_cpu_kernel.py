@@ -66,6 +66,23 @@ def test_kernel_equals_the_quantized_x_times_the_dequantized_matrix(kind, group,
 
 
 @needs_kernel
+@pytest.mark.parametrize("kind,group", [("int8", 32), ("int4", 32), ("int4", 64)])
+def test_many_rows_take_the_dequantized_matrix_and_the_fp32_gemm(kind, group):
+    qt = quantize(torch.randn(13, 128), kind, group)
+    z = None if qt.zeros is None else qt.zeros
+    exact = dict(rtol=1e-6, atol=1e-6)  # q * s + z may be one fused multiply-add
+    torch.testing.assert_close(torch.ops.tinyllm_cpu.dequantize(qt.qweight, qt.scales, z), qt.dequantize(), **exact)
+    if z is not None:  # fp16 scales, as a GGUF's Q4_1 is held
+        w16 = torch.ops.tinyllm_cpu.dequantize(qt.qweight, qt.scales.half(), z.half())
+        ref = QTensor("int4", qt.qweight, qt.scales.half().float(), z.half().float()).dequantize()
+        torch.testing.assert_close(w16, ref, **exact)
+    x = torch.randn(cpu_qgemv.PREFILL_M, 128)
+    torch.testing.assert_close(cpu_qgemv.linear(x, qt.qweight, qt.scales, z), x @ qt.dequantize().T)
+    small = cpu_qgemv.linear(x[:-1], qt.qweight, qt.scales, z)  # the kernel: x rounded to int8
+    assert torch.equal(small, product(x[:-1], qt))
+
+
+@needs_kernel
 def test_kernel_takes_zero_and_strided_rows():
     qt = quantize(torch.randn(8, 64), "int4", 32)
     x = torch.zeros(3, 64)
