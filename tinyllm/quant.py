@@ -10,6 +10,10 @@ Contract:
   at most half a step (int8: max|row| / 254; int4: (max - min of the group) / 30).
 - `QuantLinear(qt, dtype)` computes x @ dequantize(qt).T in `dtype` (the model's activations).
   Kernels, picked once per device when built:
+    CPU, fp32  tinyllm.cpu_qgemv's AVX2 ops (int8 and int4; x rounded to int8 blocks of 32, as
+               llama.cpp does), reading the canonical form in place; int4 scales and zeros
+               exact in fp16 (a GGUF's Q4_0/Q4_1) held in fp16. Where that kernel cannot be
+               built (one warning), the kernels below:
     CPU int8   fbgemm's `quantized::linear_dynamic` (PyTorch's own; x is quantized to 8 bits per
                tensor on the fly, as llama.cpp quantizes activations). Measured on a 2-core AVX2
                CPU for a (3072, 576) matrix, batch 1: fbgemm 96-137 us, fp32 sgemv 180-230 us,
