@@ -20,7 +20,7 @@ Metrics (batch 1, greedy, unless said):
                    weights) and "compile_reduce_overhead" (our static step under
                    torch.compile(mode="reduce-overhead"), gpt-fast style)
   bucket_tok_s     decode positioned inside each bucket W ("window"), graphs where possible,
-                   plain and compiled ("impl")
+                   plain and compiled ("impl"); --no-buckets skips it
   bw_fraction      for each bucket: (weight bytes + K/V window bytes read per step) x tok/s
                    over bandwidth_gb_s
   engine_tok_s     with --engine (instead of the above): aggregate tokens/s of the continuous
@@ -407,6 +407,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--chat-turns", type=int, help="measure time to first token over N chat turns instead")
     p.add_argument("--profile", action="store_true",
                    help="CUDA: replay time and kernels of one step, plain and compiled, first and last bucket")
+    p.add_argument("--no-buckets", action="store_true",
+                   help="skip decode inside each bucket (bucket_tok_s, bw_fraction): minutes on a CPU")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quant", default="none", choices=("none", "keep", "auto", "int8", "int4"),
                    help="weights: none (dense), keep (a GGUF's / checkpoint's quantized form), auto (that, "
@@ -474,7 +476,7 @@ def run(args: argparse.Namespace) -> Report:
             d.prefill(random_ids(model, DECODE_START))
             bench_capture(d, report, suffix.strip("_") or "plain")
     bench_decode(model, decs, steps, repeats, report)
-    for suffix, d in decs.items():
+    for suffix, d in decs.items() if not args.no_buckets else ():
         bench_buckets(model, d, steps, repeats, bandwidth, report, "graph" + suffix if cuda else "static_eager" + suffix)
     if args.peers == "on" or (args.peers == "auto" and cuda):
         run_peers(model, steps, repeats, report)

@@ -12,10 +12,10 @@ another format. This module owns what they share:
   `QTensor`s. `quant`: "none" dequantizes everything; "int8" / "int4" quantizes every matrix
   (embeddings and output included) to that form (int4 falls back to int8 for a matrix whose
   rows are not whole groups); "keep" keeps what the file holds; "auto" too, except that on
-  a CPU with fbgemm int4 becomes int8 (fbgemm's int8 kernel is the fast one there), and on CUDA
-  everything is dense in `dtype` (measured on the H200, SmolLM2 Q4_1 in the app: int4 kept 459
-  tok/s compiled and 8.5 tok/s on the plain step, which dequantizes whole matrices each
-  token; docs/BENCHMARKS.md). A fused projection
+  a CPU without the AVX2 kernel (tinyllm.cpu_qgemv) but with fbgemm int4 becomes int8
+  (fbgemm's int8 kernel is then the fast one), and on CUDA everything is dense in `dtype`
+  (measured on the H200, SmolLM2 Q4_1 in the app: int4 kept 459 tok/s compiled and 8.5 tok/s
+  on the plain step, which dequantizes whole matrices each token; docs/BENCHMARKS.md). A fused projection
   (wq/wk/wv, w1/w3) whose parts differ in form is held as int8.
 - `quantize_model(model, quant, group)`: the same, from a dense model in memory.
 - `pick_template(...)`: the chat template, from a name, the model's Jinja source or a guess.
@@ -36,6 +36,7 @@ import torch
 from tinyllm.chat_template import ChatTemplate, get_template
 from tinyllm.jinja_template import derive_template, guess_builtin
 from tinyllm.model import ModelConfig, Transformer
+from tinyllm import cpu_qgemv
 from tinyllm.quant import GROUPS, QTensor, QuantEmbedding, QuantLinear, cat, fbgemm_available, fits, quantize
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -256,7 +257,8 @@ def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor]
     device = torch.device(device)
     if quant == "auto" and device.type == "cuda":
         quant = "none"
-    cpu_int8 = device.type == "cpu" and quant == "auto" and fbgemm_available() and dtype == torch.float32
+    cpu_int8 = (device.type == "cpu" and quant == "auto" and fbgemm_available() and dtype == torch.float32
+                and not cpu_qgemv.available())  # without the AVX2 kernel int4 is slow on a CPU: int8
     state = dict(state)
     if cfg.tie_embeddings:
         state.pop("lm_head.weight", None)

@@ -10,6 +10,10 @@ Contract:
   at most half a step (int8: max|row| / 254; int4: (max - min of the group) / 30).
 - `QuantLinear(qt, dtype)` computes x @ dequantize(qt).T in `dtype` (the model's activations).
   Kernels, picked once per device when built:
+    CPU, fp32  tinyllm.cpu_qgemv's AVX2 ops (int8 and int4; x rounded to int8 blocks of 32, as
+               llama.cpp does), reading the canonical form in place; int4 scales and zeros
+               exact in fp16 (a GGUF's Q4_0/Q4_1) held in fp16. Where that kernel cannot be
+               built (one warning), the kernels below:
     CPU int8   fbgemm's `quantized::linear_dynamic` (PyTorch's own; x is quantized to 8 bits per
                tensor on the fly, as llama.cpp quantizes activations). Measured on a 2-core AVX2
                CPU for a (3072, 576) matrix, batch 1: fbgemm 96-137 us, fp32 sgemv 180-230 us,
@@ -34,6 +38,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from tinyllm import cpu_qgemv
 
 KINDS = ("int8", "int4")
 GROUPS = (32, 64)
@@ -70,6 +76,10 @@ class QTensor:
         n, k = self.shape
         q = unpack_int4(self.qweight).view(n, k // self.group, self.group).to(dtype)  # (N, K/g, g)
         return (q * self.scales.to(dtype)[..., None] + self.zeros.to(dtype)[..., None]).view(n, k)
+
+
+def _exact_in_fp16(t: Tensor) -> bool:
+    return bool((t.half().float() == t).all())
 
 
 def cat(parts: list[QTensor]) -> QTensor:
@@ -151,7 +161,15 @@ class QuantLinear(nn.Module):
         self.out_features, self.in_features = qt.shape
         self.key: int | None = None
         device = torch.device("meta") if generic else qt.qweight.device
-        if device.type == "cpu" and qt.kind == "int8" and dtype == torch.float32 and fbgemm_available():
+        self.avx2 = device.type == "cpu" and dtype == torch.float32 and cpu_qgemv.available()
+        if self.avx2:  # the kernel reads the canonical form in place (shared with a tied embedding)
+            s, z = qt.scales.contiguous(), None if qt.zeros is None else qt.zeros.contiguous()
+            if z is not None and _exact_in_fp16(s) and _exact_in_fp16(z):  # a GGUF's Q4_0 / Q4_1
+                s, z = s.half(), z.half()  # int4 + fp16 pairs: 20 bytes a block of 32, as llama.cpp reads
+            self.register_buffer("qweight", qt.qweight.contiguous())
+            self.register_buffer("scales", s)
+            self.register_buffer("zeros", z)
+        elif device.type == "cpu" and qt.kind == "int8" and dtype == torch.float32 and fbgemm_available():
             self.key = id(self)
             _FBGEMM[self.key] = _fbgemm_pack(qt)  # holds the int8 matrix: no copy of ours is kept
             self.register_buffer("scales", qt.scales.to(dtype))  # (N,): for dtype/device and state_dict
@@ -172,6 +190,8 @@ class QuantLinear(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
+        if self.avx2:
+            return torch.float32
         return self.scales_zeros.dtype if hasattr(self, "scales_zeros") else self.scales.dtype
 
     def qtensor(self) -> QTensor:
@@ -200,6 +220,9 @@ class QuantLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x (..., K) -> (..., N)."""
         lead = x.shape[:-1]
+        if self.avx2:
+            x2 = x.reshape(-1, self.in_features)  # (M, K)
+            return cpu_qgemv.linear(x2, self.qweight, self.scales, self.zeros).view(*lead, -1)  # (..., N)
         if self.key is not None:
             return fbgemm_linear(x.reshape(-1, self.in_features), self.key, self.out_features).view(*lead, -1)
         if hasattr(self, "packed"):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
+from tinyllm import cpu_qgemv
 from tinyllm.build import quantize_model
 from tinyllm.checkpoint import load_checkpoint, save_checkpoint
 from tinyllm.cuda_graph import GraphDecoder
@@ -45,15 +46,27 @@ def test_int4_refuses_rows_that_are_not_whole_groups():
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
-@pytest.mark.parametrize("generic", [False, True])
-def test_quant_linear_kernels_match_the_dequantized_product(kind, generic):
+@pytest.mark.parametrize("path", ["avx2", "fallback", "generic"])
+def test_quant_linear_kernels_match_the_dequantized_product(kind, path, monkeypatch):
+    """Each CPU path: the AVX2 kernel (where it builds), PyTorch's kernels (fbgemm / aten
+    int4pack, the fallback without it), and the generic (CUDA) formulation."""
+    if path == "avx2" and not cpu_qgemv.available():
+        pytest.skip("no AVX2 kernel here")
+    if path == "fallback":
+        monkeypatch.setattr(cpu_qgemv, "available", lambda: False)
     qt = quantize(weights(), kind, 32)
-    layer = QuantLinear(qt, torch.float32, generic=generic)
+    layer = QuantLinear(qt, torch.float32, generic=path == "generic")
+    assert layer.avx2 == (path == "avx2")
     x = torch.randn(3, 5, 128)  # (B, T, K)
     ref = x @ qt.dequantize().T  # (B, T, N)
     y = layer(x)
     assert y.shape == (3, 5, 96)
-    if kind == "int8" and not generic and fbgemm_available():
+    if path == "avx2":
+        # x is quantized to int8 in blocks of 32: each element within max|block| / 254
+        step = x.abs().max() / 254
+        assert (y - ref).abs().max() <= step * qt.dequantize().abs().sum(1).max() + 1e-5
+        assert (y - ref).abs().max() < 0.01 * ref.abs().max()
+    elif kind == "int8" and path == "fallback" and fbgemm_available():
         # fbgemm quantizes x to 8 bits per tensor (7 bits of range): error bounded by that step
         step = x.abs().max() / 127
         assert (y - ref).abs().max() <= step * qt.dequantize().abs().sum(1).max()
