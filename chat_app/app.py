@@ -36,6 +36,7 @@ from textual.css.query import NoMatches
 from textual.widgets import Footer
 from textual.worker import get_current_worker
 
+from chat_app.chats import ChatSwitching, system_note
 from chat_app.commands import COMMANDS, SlashCommands
 from chat_app.events import Done, Failed, Finished, Loaded, Prefilled, Started, Token
 from chat_app.store import Saved, Store, StoreError
@@ -61,7 +62,7 @@ def key_name(key: str) -> str:
     return "+".join(part.upper() if len(part) == 1 else part.capitalize() for part in key.split("+"))
 
 
-class ChatApp(SlashCommands, App[None]):
+class ChatApp(ChatSwitching, SlashCommands, App[None]):
     CSS_PATH = "chat.tcss"
     TITLE = "tinyllm-chat"
     ENABLE_COMMAND_PALETTE = False  # slash commands and F1 instead
@@ -69,6 +70,7 @@ class ChatApp(SlashCommands, App[None]):
         Binding("escape", "stop", "Stop", tooltip="stop the reply (its text stays, marked stopped)"),
         Binding("ctrl+r", "regenerate", "Regenerate", tooltip="replace the last reply with a new one"),
         Binding("ctrl+n", "new_chat", "New chat", tooltip="start a new chat (the old one stays saved)"),
+        Binding("ctrl+o", "chats", "Chats", tooltip="saved chats: open, rename (r), delete (d)"),
         Binding("ctrl+g", "toggle_graphs", "Graphs", tooltip="CUDA graphs on/off, from the next step"),
         Binding("f1", "help", "Help", tooltip="this help"),
         Binding("ctrl+q", "quit", "Quit", tooltip="quit", priority=True),
@@ -125,7 +127,7 @@ class ChatApp(SlashCommands, App[None]):
         if self.store.error:
             self._store_failed(self.store.error)
         if self.resume:
-            await self._resume()
+            await self.resume_last_chat()
 
     def on_unmount(self) -> None:
         self.save_partial()  # quitting mid-reply keeps what streamed (still marked partial)
@@ -187,8 +189,15 @@ class ChatApp(SlashCommands, App[None]):
                 close()
 
     def _run_jobs(self, session: ChatSession, worker) -> None:
+        launch = {k: "none" if v is None else str(v) for k, v in vars(session.params).items()}
+
+        def set_params(settings: dict[str, str]) -> None:  # a chat's /set values over the launch's
+            for name, value in {**launch, **settings}.items():
+                session.set_param(name, value)
+
         jobs: dict[str, Callable[[Any], None]] = {"new_chat": lambda _: session.new_chat(),
-                                                  "system": session.set_system, "load": session.load_messages}
+                                                  "system": session.set_system, "load": session.load_messages,
+                                                  "params": set_params, "open": lambda _: None}
         while not worker.is_cancelled:
             try:
                 kind, arg = self._jobs.get(timeout=0.1)
@@ -279,14 +288,14 @@ class ChatApp(SlashCommands, App[None]):
         conversation = self.conversation
         if item.kind == "regenerate":
             await conversation.drop_last_reply()
-            last = self.store.messages()[-1:]
+            last = [m for m in self.store.messages() if m.role != "system"][-1:]
             if last and last[0].role == "assistant":
                 self._save(self.store.drop, last[0])
         else:
             await conversation.add_user(item.text)
             self._save(self.store.add, Saved("user", item.text))
         self._reply = await conversation.add_reply(self.model_name)
-        self._row, self._text, self._saved_at = Saved("assistant", "", partial=True), [], 0.0
+        self._row, self._text, self._saved_at = Saved("assistant", "", partial=True, model=self.model_name), [], 0.0
         self._save(self.store.add, self._row)
         self.status.show(state="generating")
 
@@ -333,12 +342,15 @@ class ChatApp(SlashCommands, App[None]):
             self.store.new_chat()
             self.status.show(tok_s=None, ttft_ms=None, window=None, position=len(self.session.context))
         elif item.kind == "system":
-            self._save(self.store.set_system, self.session.system)
             system = self.session.system
+            self._save(self.store.set_system, system)
+            if self.session.messages:
+                await self.conversation.add_note(system_note(system or ""))
             self.say(f"System prompt set: {system}" if system else "System prompt cleared.")
         elif item.kind == "load":
             self.status.show(position=len(self.session.context))
-            self.say(f"Resumed the last chat ({len(item.arg)} messages).")
+        elif item.kind == "open":
+            await self.open_chat(item.arg)
 
     def _show_stats(self, stats: StepStats, state: str) -> None:
         self.status.show(state=state, tok_s=stats.tok_per_s, ttft_ms=stats.ttft_ms, window=stats.window,
@@ -348,31 +360,6 @@ class ChatApp(SlashCommands, App[None]):
             self._compile_failure_said = True
             self.say(f"The compiled step is not available here ({self.session.compile_error}); "
                      "replies use the plain step.", "warning")
-
-    async def _resume(self) -> None:
-        try:
-            saved, held = self.store.resume_last()
-        except StoreError as e:
-            self._store_failed(f"could not resume: {e}")
-            return
-        if held:
-            self.say("The last chat is open in another tinyllm-chat; "
-                     + ("this is the one before it." if saved else "this is a new one."), "warning")
-        if not saved:
-            if not held:
-                self.say("No saved chat to resume; this is a new one.")
-            return
-        if saved[-1].role == "user":  # its reply never began (a crash): an empty one, so turns alternate
-            saved.append(Saved("assistant", "", stopped=True))
-            self._save(self.store.add, saved[-1])
-        for m in saved:
-            if m.role == "user":
-                await self.conversation.add_user(m.content)
-            else:
-                note = "partial" if m.partial else "stopped" if m.stopped else ""
-                await self.conversation.add_reply(self.model_name, m.content, note)
-        pairs = [("system", self.store.system)] if self.store.system else []
-        self.queue_job("load", pairs + [(m.role, m.content) for m in saved])
 
     # ---- input --------------------------------------------------------------------------
 

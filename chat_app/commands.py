@@ -19,6 +19,7 @@ COMMANDS = {  # name: (arguments, what it does)
     "export": ("PATH", "write the conversation to PATH as Markdown (/export! PATH overwrites)"),
     "stats": ("", "speed, context and settings of the last reply"),
     "clear": ("", "clear the screen and start a new chat (like Ctrl+N)"),
+    "chats": ("", "saved chats: open, rename, delete (like Ctrl+O)"),
     "help": ("", "this help (like F1)"),
 }
 
@@ -47,6 +48,7 @@ class SlashCommands:
         except ValueError as e:
             self.say(str(e), "error")
             return
+        self._save(self.store.set_setting, name, value.strip())  # kept with the chat
         self.say(f"{name} = {getattr(self.session.params, name)} (from the next reply)")
 
     async def command_system(self: ChatApp, arg: str) -> None:
@@ -82,6 +84,9 @@ class SlashCommands:
 
     async def command_clear(self: ChatApp, arg: str) -> None:
         self.action_new_chat()
+
+    async def command_chats(self: ChatApp, arg: str) -> None:
+        self.action_chats()
 
     async def command_help(self: ChatApp, arg: str) -> None:
         self.action_help()

@@ -45,6 +45,13 @@ class Conversation(VerticalScroll, can_focus=False):
         self.anchor()
         return widget
 
+    async def add_note(self, text: str) -> Static:
+        """A line between messages (a system prompt set mid-chat)."""
+        await self._drop_hint()
+        widget = Static(text, classes="chat-note", markup=False)
+        await self.mount(widget)
+        return widget
+
     async def drop_last_reply(self) -> None:
         replies = self.query(Reply)
         if replies:
