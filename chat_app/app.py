@@ -39,6 +39,7 @@ from textual.worker import get_current_worker
 from chat_app.chats import ChatSwitching, system_note
 from chat_app.commands import COMMANDS, SlashCommands
 from chat_app.events import Done, Failed, Finished, Loaded, Prefilled, Started, Token
+from chat_app.reading import READING_KEYS, Reading
 from chat_app.store import Saved, Store, StoreError
 from chat_app.terminal import driver_class
 from chat_app.widgets.conversation import Conversation
@@ -62,7 +63,7 @@ def key_name(key: str) -> str:
     return "+".join(part.upper() if len(part) == 1 else part.capitalize() for part in key.split("+"))
 
 
-class ChatApp(ChatSwitching, SlashCommands, App[None]):
+class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
     CSS_PATH = "chat.tcss"
     TITLE = "tinyllm-chat"
     ENABLE_COMMAND_PALETTE = False  # slash commands and F1 instead
@@ -71,9 +72,12 @@ class ChatApp(ChatSwitching, SlashCommands, App[None]):
         Binding("ctrl+r", "regenerate", "Regenerate", tooltip="replace the last reply with a new one"),
         Binding("ctrl+n", "new_chat", "New chat", tooltip="start a new chat (the old one stays saved)"),
         Binding("ctrl+o", "chats", "Chats", tooltip="saved chats: open, rename (r), delete (d)"),
+        Binding("ctrl+t", "copy_reply", "Copy reply", tooltip="copy the last reply (Markdown source)"),
         Binding("ctrl+g", "toggle_graphs", "Graphs", tooltip="CUDA graphs on/off, from the next step"),
         Binding("f1", "help", "Help", tooltip="this help"),
         Binding("ctrl+q", "quit", "Quit", tooltip="quit", priority=True),
+        Binding("ctrl+c", "help_quit", "Copy", show=False, tooltip="copy the selection or what is picked "
+                "(never quits)"),
     ]
 
     def __init__(self, open_session: Callable[[], ChatSession], store: Store, model_name: str = "model",
@@ -409,6 +413,6 @@ class ChatApp(ChatSwitching, SlashCommands, App[None]):
             self.say(f"CUDA graphs {'ON' if s.use_graph else 'OFF'} from the next step.")
 
     def action_help(self) -> None:
-        keys = INPUT_KEYS + [(key_name(b.key), b.tooltip) for b in self.BINDINGS if isinstance(b, Binding)]
+        keys = INPUT_KEYS + READING_KEYS + [(key_name(b.key), b.tooltip) for b in self.BINDINGS if isinstance(b, Binding)]
         commands = [(f"/{name} {args}".rstrip(), does) for name, (args, does) in COMMANDS.items()]
         self.push_screen(HelpScreen(keys, commands))

@@ -7,6 +7,8 @@ The input does not clear itself: the app calls `accept(event)` when it takes the
 only the submitted text leaves (what was typed after Enter, before the app took it, stays);
 a refused message stays where it was typed, and `give_back(text)` restores one that failed.
 A message of nothing but "^" (what a terminal leaves of a fast Ctrl key) is not sent.
+PgUp/PgDn (and Home/End while the input is empty) are for the conversation: the input posts
+`PromptInput.Scrolled(key)` and the app scrolls.
 Pasted text is cleaned: CR/CRLF become newlines, other control characters (ESC, Ctrl+Q, ...)
 become visible symbols, so a paste is text, never keystrokes.
 """
@@ -34,6 +36,10 @@ class PromptInput(TextArea):
         text: str  # the message (stripped)
         raw: str = field(default="", repr=False)  # the whole input when Enter was pressed
 
+    @dataclass
+    class Scrolled(Message):
+        key: str  # "pageup" | "pagedown" | "home" | "end"
+
     def __init__(self, **kwargs) -> None:
         super().__init__(soft_wrap=True, tab_behavior="focus", show_line_numbers=False, **kwargs)
         self.prompts: list[str] = []
@@ -49,6 +55,11 @@ class PromptInput(TextArea):
                 self.post_message(self.Submitted(text, self.text))
             elif text:  # only stray carets: nothing anyone meant to send
                 self.clear()
+            return
+        if event.key in ("pageup", "pagedown") or event.key in ("home", "end") and not self.text:
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.Scrolled(event.key))
             return
         if event.key in NEWLINE_KEYS:
             event.stop()
