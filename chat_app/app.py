@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from tinyllm.chat import ChatSession
     from tinyllm.chat_events import StepStats
 
+REPLIES = ("send", "regenerate", "continue")  # the jobs that stream a reply
 DRAIN_HZ = 30
 SAVE_EVERY_S = 1.0  # a streaming reply is written to the store at least this often
 INPUT_KEYS = [("Enter", "send the message (or run a /command)"),
@@ -70,6 +71,7 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
     BINDINGS = [
         Binding("escape", "stop", "Stop", tooltip="stop the reply (its text stays, marked stopped)"),
         Binding("ctrl+r", "regenerate", "Regenerate", tooltip="replace the last reply with a new one"),
+        Binding("ctrl+f", "continue", "Continue", tooltip="continue the last reply where it ended (/continue)"),
         Binding("ctrl+n", "new_chat", "New chat", tooltip="start a new chat (the old one stays saved)"),
         Binding("ctrl+o", "chats", "Chats", tooltip="saved chats: open, rename (r), delete (d)"),
         Binding("ctrl+t", "copy_reply", "Copy reply", tooltip="copy the last reply (Markdown source)"),
@@ -208,8 +210,9 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
             except queue.Empty:
                 continue
             try:
-                if kind in ("send", "regenerate"):
-                    events = session.send(arg) if kind == "send" else session.regenerate()
+                if kind in REPLIES:
+                    events = (session.send(arg) if kind == "send" else session.regenerate()
+                              if kind == "regenerate" else session.continue_reply())
                     started = False
                     for event in events:
                         if not started:  # only now may the UI replace what it shows
@@ -295,6 +298,13 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
             last = [m for m in self.store.messages() if m.role != "system"][-1:]
             if last and last[0].role == "assistant":
                 self._save(self.store.drop, last[0])
+        elif item.kind == "continue":  # the last reply goes on: same widget, same row
+            self._reply = conversation.query(Reply).last()
+            self._reply.resume()
+            self._row = [m for m in self.store.messages() if m.role == "assistant"][-1]
+            self._text, self._saved_at = [self._row.content], 0.0
+            self.status.show(state="generating")
+            return
         else:
             await conversation.add_user(item.text)
             self._save(self.store.add, Saved("user", item.text))
@@ -329,7 +339,7 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
             self.conversation.loading = False
             self.status.show(state="failed")
             return
-        if item.kind in ("send", "regenerate"):
+        if item.kind in REPLIES:
             if self._reply is not None:  # it failed mid-reply: keep what streamed, marked
                 await self._reply.finish("error")
                 if self._row is not None:
@@ -396,6 +406,13 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
         if self._ready_for_reply():
             self._busy = True
             self.queue_job("regenerate", "")
+
+    def action_continue(self) -> None:
+        if self.session is not None and not (self.session.messages and self.session.messages[-1].role == "assistant"):
+            self.say("No reply to continue yet.", "warning")
+        elif self._ready_for_reply():
+            self._busy = True
+            self.queue_job("continue", "")
 
     def action_new_chat(self) -> None:
         self.action_stop()

@@ -17,6 +17,7 @@ COMMANDS = {  # name: (arguments, what it does)
     "set": ("NAME VALUE", "sampling: temperature, top_p, top_k, repeat_penalty, max_tokens, seed"),
     "system": ("TEXT", "set the system prompt (no TEXT: none); used from the next turn"),
     "export": ("PATH", "write the conversation to PATH as Markdown (/export! PATH overwrites)"),
+    "continue": ("", "continue the last reply where it ended (like Ctrl+F)"),
     "stats": ("", "speed, context and settings of the last reply"),
     "clear": ("", "clear the screen and start a new chat (like Ctrl+N)"),
     "chats": ("", "saved chats: open, rename, delete (like Ctrl+O)"),
@@ -84,6 +85,9 @@ class SlashCommands:
 
     async def command_clear(self: ChatApp, arg: str) -> None:
         self.action_new_chat()
+
+    async def command_continue(self: ChatApp, arg: str) -> None:
+        self.action_continue()
 
     async def command_chats(self: ChatApp, arg: str) -> None:
         self.action_chats()

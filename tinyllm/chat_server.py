@@ -9,7 +9,7 @@ Contract: `serve(conn, open_kwargs)` is the child's entry point. Its stdout and 
 `open_kwargs["log"]` (or nowhere). It opens the session
 (`open_session(**open_kwargs)`; `ignore_eos=True` makes replies run to max_tokens, for
 benchmarks), then answers messages, all plain picklable data:
-  parent -> child   ("job", kind, arg)       kind: send | regenerate | new_chat | system | load
+  parent -> child   ("job", kind, arg)       kind: send | regenerate | continue | new_chat | system | load
                     ("call", id, name, args)  set_param | set_graphs | stop, answered at once,
                                               also while a reply streams
                     ("quit",)
@@ -21,6 +21,9 @@ benchmarks), then answers messages, all plain picklable data:
                     ("done", state) | ("failed", message)   a job ended
                     ("answer", id, error, state)
                     ("state", state)          the compile ended (step_kind changed)
+`continue` extends the last reply where it ended (`continue_reply`); its Finished carries the
+whole reply's text. `open_kwargs["cap_max_tokens"]` (the app's default limit) lowers
+max_tokens to the context's length once the model is open.
 `state` is `snapshot(session)`: a dict of the session's public state. Jobs run in order on
 the child's main thread; calls run on its reader thread (ChatSession allows those from any
 thread).
@@ -31,8 +34,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from multiprocessing.connection import Connection
+
+from tinyllm.chat_events import Finished, Message
 
 BATCH_S = 0.005  # events go to the parent at most every 5 ms (and at the end of a reply)
 
@@ -52,6 +58,7 @@ def serve(conn: Connection, open_kwargs: dict) -> None:
     from tinyllm.chat import open_session
 
     ignore_eos = open_kwargs.pop("ignore_eos", False)
+    cap = open_kwargs.pop("cap_max_tokens", False)
     try:
         session = open_session(**open_kwargs)
     except Exception as e:  # the parent shows it; nothing else to do here
@@ -60,6 +67,8 @@ def serve(conn: Connection, open_kwargs: dict) -> None:
         return
     if ignore_eos:
         session.stop_ids = set()
+    if cap and session.params.max_tokens > session.max_len:
+        session.set_param("max_tokens", str(session.max_len))
     send_lock = threading.Lock()
 
     def send(msg) -> None:
@@ -118,8 +127,9 @@ def _watch_compile(session, send) -> None:
 
 def _run_job(session, kind: str, arg, send) -> None:
     try:
-        if kind in ("send", "regenerate"):
-            events = session.send(arg) if kind == "send" else session.regenerate()
+        if kind in ("send", "regenerate", "continue"):
+            events = {"send": lambda: session.send(arg), "regenerate": session.regenerate,
+                      "continue": lambda: continue_reply(session)}[kind]()
             send(("started", snapshot(session)))
             batch, last = [], time.perf_counter()
             for event in events:
@@ -135,3 +145,37 @@ def _run_job(session, kind: str, arg, send) -> None:
         send(("done", snapshot(session)))
     except Exception as e:  # shown by the app, which keeps the conversation
         send(("failed", str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
+
+
+def continue_reply(session) -> Iterator:
+    """Extend the last reply from where it ended (a limit, Esc, a full context): the model
+    sees the reply without its closing suffix and goes on. Its Finished carries the whole
+    reply's text, and the session keeps ONE assistant message. All or nothing, like
+    regenerate(). (It reaches into ChatSession's context bookkeeping: a ChatSession method's
+    work, kept here until chat.py has one.)"""
+    if not session.messages or session.messages[-1].role != "assistant":
+        raise ValueError("there is no reply to continue")
+    old = session.messages[-1]
+    suffix = session.encode(session.template.assistant_suffix)
+    body = old.ids[:len(old.ids) - len(suffix)] if suffix and old.ids[-len(suffix):] == suffix else old.ids
+    if len(session.context) - len(old.ids) + len(body) + 1 >= session.max_len:
+        raise ValueError("the context is full: the reply cannot go on (start a new chat, or raise --max-len)")
+    session.messages.pop()
+    session._rebuild_context(session.first_message)
+    session.context = session.context + body
+
+    def undo() -> None:
+        session.messages.append(old)
+        session._rebuild_context(session.first_message)
+
+    return _joined(session, old, body, session._or_restore(session._reply(0), undo))
+
+
+def _joined(session, old: Message, body: list[int], events: Iterator) -> Iterator:
+    for event in events:
+        if isinstance(event, Finished):
+            new = session.messages.pop()
+            text = old.content + new.content
+            session.messages.append(Message("assistant", text, body + new.ids, stopped=new.stopped))
+            event = Finished(event.reason, text, event.stats)
+        yield event
