@@ -21,9 +21,12 @@ benchmarks), then answers messages, all plain picklable data:
                     ("done", state) | ("failed", message)   a job ended
                     ("answer", id, error, state)
                     ("state", state)          the compile ended (step_kind changed)
-`continue` extends the last reply where it ended (`continue_reply`); its Finished carries the
-whole reply's text. `open_kwargs["cap_max_tokens"]` (the app's default limit) lowers
-max_tokens to the context's length once the model is open.
+`open_kwargs["hold"] = n` (tests only) holds each of the first n replies after its first text
+until a "stop" call comes (a stop that came before still counts; quitting releases it), so
+such a reply cannot end before Esc however fast the machine. `continue` extends the last
+reply where it ended (`continue_reply`); its Finished carries the whole reply's text.
+`open_kwargs["cap_max_tokens"]` (the app's default limit) lowers max_tokens to the context's
+length once the model is open.
 `state` is `snapshot(session)`: a dict of the session's public state. Jobs run in order on
 the child's main thread; calls run on its reader thread (ChatSession allows those from any
 thread).
@@ -38,7 +41,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 
-from tinyllm.chat_events import Finished, Message
+from tinyllm.chat_events import Finished, Message, Token
 
 BATCH_S = 0.005  # events go to the parent at most every 5 ms (and at the end of a reply)
 
@@ -59,6 +62,8 @@ def serve(conn: Connection, open_kwargs: dict) -> None:
 
     ignore_eos = open_kwargs.pop("ignore_eos", False)
     cap = open_kwargs.pop("cap_max_tokens", False)
+    holds = open_kwargs.pop("hold", 0)
+    hold = threading.Event() if holds else None
     try:
         session = open_session(**open_kwargs)
     except Exception as e:  # the parent shows it; nothing else to do here
@@ -77,10 +82,12 @@ def serve(conn: Connection, open_kwargs: dict) -> None:
 
     send(("loaded", snapshot(session)))
     jobs: queue.Queue = queue.Queue()
-    threading.Thread(target=_read, args=(conn, session, jobs, send), daemon=True).start()
+    threading.Thread(target=_read, args=(conn, session, jobs, send, hold), daemon=True).start()
     threading.Thread(target=_watch_compile, args=(session, send), daemon=True).start()
     while (job := jobs.get()) is not None:
-        _run_job(session, *job, send)
+        if job[0] in ("send", "regenerate", "continue") and hold is not None:
+            holds -= 1
+        _run_job(session, *job, send, hold if holds >= 0 else None)
 
 
 def _log_to(path: str | None) -> None:
@@ -97,8 +104,13 @@ def _log_to(path: str | None) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
-def _read(conn: Connection, session, jobs: queue.Queue, send) -> None:
-    calls = {"set_param": session.set_param, "set_graphs": session.set_graphs, "stop": session.stop}
+def _read(conn: Connection, session, jobs: queue.Queue, send, hold: threading.Event | None) -> None:
+    def stop() -> None:
+        session.stop()
+        if hold is not None:
+            hold.set()
+
+    calls = {"set_param": session.set_param, "set_graphs": session.set_graphs, "stop": stop}
     while True:
         try:
             msg = conn.recv()
@@ -116,6 +128,8 @@ def _read(conn: Connection, session, jobs: queue.Queue, send) -> None:
         except ValueError as e:
             error = str(e)
         send(("answer", call_id, error, snapshot(session)))
+    if hold is not None:
+        hold.set()  # a held reply ends, so the job loop sees the end
     jobs.put(None)
 
 
@@ -125,7 +139,7 @@ def _watch_compile(session, send) -> None:
         send(("state", snapshot(session)))
 
 
-def _run_job(session, kind: str, arg, send) -> None:
+def _run_job(session, kind: str, arg, send, hold: threading.Event | None = None) -> None:
     try:
         if kind in ("send", "regenerate", "continue"):
             events = {"send": lambda: session.send(arg), "regenerate": session.regenerate,
@@ -135,10 +149,15 @@ def _run_job(session, kind: str, arg, send) -> None:
             for event in events:
                 batch.append(event)
                 now = time.perf_counter()
-                if now - last >= BATCH_S:
+                held = hold is not None and isinstance(event, Token) and event.text
+                if now - last >= BATCH_S or held:
                     send(("events", batch, None))
                     batch, last = [], now
+                if held:
+                    hold.wait()  # until stop(): the reply cannot end before it
             send(("events", batch, snapshot(session)))
+            if hold is not None:
+                hold.clear()
         else:
             {"new_chat": lambda _: session.new_chat(), "system": session.set_system,
              "load": session.load_messages}[kind](arg)
