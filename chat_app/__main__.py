@@ -34,7 +34,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(defaults: dict[str, object] | None = None) -> argparse.ArgumentParser:
+    """The options; `defaults` (the config file's) replace the built-in defaults."""
     p = _Parser(prog=PROG, description="Chat with a small local language model in the terminal.")
     p.add_argument("--model", type=Path, default=None,
                    help="tinyllm checkpoint folder, Hugging Face folder (llama/mistral) or .gguf file "
@@ -66,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--template", default=None, help="chat template: chatml, llama2, zephyr "
                                                     "(default: the checkpoint's)")
     p.add_argument("--resume", action="store_true", help="reopen the last conversation")
+    p.add_argument("--theme", default=None, help="a Textual theme, e.g. nord, gruvbox, textual-light "
+                                                 "(/theme lists them; default: textual-dark)")
+    p.epilog = ("Defaults for these options can be set in config.toml in the user config folder "
+                "(see docs/USING.md); the command line wins.")
+    if defaults:
+        p.set_defaults(**defaults)
     return p
 
 
@@ -95,6 +102,11 @@ def build_app(args: argparse.Namespace) -> ChatApp:
     resolve_device(args.device)
     if args.template:
         get_template(args.template)
+    if args.theme:
+        from textual.theme import BUILTIN_THEMES
+
+        if args.theme not in BUILTIN_THEMES:
+            raise ValueError(f"unknown theme {args.theme!r}; one of {', '.join(sorted(BUILTIN_THEMES))}")
 
     from chat_app.app import ChatApp
     from chat_app.remote_session import RemoteSession
@@ -108,7 +120,7 @@ def build_app(args: argparse.Namespace) -> ChatApp:
         compile="inductor" if args.compile == "on" else None, threads=args.threads, ignore_eos=args.ignore_eos,
         quant=args.quant, cap_max_tokens=args.max_tokens is None,
         log=str(store.folder / "session.log")))
-    return ChatApp(opener, store, model_name=name, resume=args.resume)
+    return ChatApp(opener, store, model_name=name, resume=args.resume, theme=args.theme)
 
 
 def fatal(error: BaseException, data_dir: Path | None = None) -> NoReturn:
@@ -144,7 +156,14 @@ def use_compile_cache() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    from chat_app import config
+
+    try:
+        defaults = config.load()
+    except ValueError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    args = build_parser(defaults).parse_args(argv)
     try:
         app = build_app(args)
     except (FileNotFoundError, ValueError) as e:

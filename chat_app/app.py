@@ -83,8 +83,9 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
     ]
 
     def __init__(self, open_session: Callable[[], ChatSession], store: Store, model_name: str = "model",
-                 resume: bool = False) -> None:
+                 resume: bool = False, theme: str | None = None) -> None:
         super().__init__(driver_class=driver_class())
+        self.chosen_theme = theme
         self.open_session, self.store, self.model_name, self.resume = open_session, store, model_name, resume
         self.session: ChatSession | None = None
         self.crash: BaseException | None = None  # an exception nothing else caught (main() reports it)
@@ -125,6 +126,12 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
         return self.query_one(StatusBar)
 
     async def on_mount(self) -> None:
+        if self.chosen_theme:
+            self.theme = self.chosen_theme
+        try:
+            self.prompt.prompts = self.store.prompts()  # Up recalls earlier runs' prompts too
+        except StoreError:
+            pass  # said below (store.error)
         self.conversation.loading = True
         self.status.show(state="loading", name=self.model_name)
         self.prompt.focus()
@@ -381,12 +388,16 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
     async def submitted(self, event: PromptInput.Submitted) -> None:
         text = event.text
         if text.startswith("/"):
-            self.prompt.accept(event)
+            self._accept(event)
             await self.run_command(text)
         elif self._ready_for_reply():
-            self.prompt.accept(event)
+            self._accept(event)
             self._busy = True
             self.queue_job("send", text)
+
+    def _accept(self, event: PromptInput.Submitted) -> None:
+        if self.prompt.accept(event):
+            self._save(self.store.add_prompt, event.text)
 
     def _ready_for_reply(self) -> bool:
         if self.session is None:

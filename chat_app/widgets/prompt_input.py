@@ -2,7 +2,8 @@
 
 Keys: Enter sends (posts `PromptInput.Submitted`); Shift+Enter and Ctrl+J insert a newline
 (tmux does not pass Shift+Enter on, Ctrl+J always arrives); Up on the first line recalls
-earlier prompts, Down on the last line walks forward again and finally restores the draft.
+earlier prompts (`prompts`: the app fills it with earlier runs' too), Down on the last line
+walks forward again and finally restores the draft.
 The input does not clear itself: the app calls `accept(event)` when it takes the text, and
 only the submitted text leaves (what was typed after Enter, before the app took it, stays);
 a refused message stays where it was typed, and `give_back(text)` restores one that failed.
@@ -68,11 +69,12 @@ class PromptInput(TextArea):
             return
         await super()._on_key(event)
 
-    def accept(self, submitted: PromptInput.Submitted) -> None:
+    def accept(self, submitted: PromptInput.Submitted) -> bool:
         """The app took the submitted text: remember it and take it out of the input; text
-        typed after Enter stays."""
+        typed after Enter stays. True when it is new in the history (not a repeat)."""
         text = submitted.text
-        if text and (not self.prompts or self.prompts[-1] != text):
+        new = bool(text) and (not self.prompts or self.prompts[-1] != text)
+        if new:
             self.prompts.append(text)
         self._recalled, self._draft = None, ""
         now, raw = self.text, submitted.raw or submitted.text
@@ -82,6 +84,7 @@ class PromptInput(TextArea):
             self.load_text(now[len(raw):].lstrip("\n"))
             self.move_cursor(self.document.end)
         # else: the input was changed some other way since Enter; leave it alone
+        return new
 
     def give_back(self, text: str) -> None:
         """A message that could not be sent returns to the input (before anything typed since)."""

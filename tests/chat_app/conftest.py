@@ -44,6 +44,7 @@ def ckpt(tmp_path_factory) -> Path:
 def data_dir(tmp_path, monkeypatch) -> Path:
     folder = tmp_path / "data"
     monkeypatch.setenv("TINYLLM_CHAT_DATA_DIR", str(folder))
+    monkeypatch.setenv("TINYLLM_CHAT_CONFIG_DIR", str(tmp_path / "config"))  # never the user's config
     return folder
 
 

@@ -202,7 +202,7 @@ async def test_export_and_commands(make_app, tmp_path):
         for m in app.session.messages[1::2]:
             assert m.content.strip() in text
         await send(pilot, "/stats")
-        assert any("tok/s" in n and "TTFT" in n for n in notices(app))
+        assert any("tok/s" in n and "first token after" in n for n in notices(app))
         await send(pilot, "/help")
         assert type(app.screen).__name__ == "HelpScreen"
         await pilot.press("escape")
