@@ -74,7 +74,7 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
         Binding("ctrl+f", "continue", "Continue", tooltip="continue the last reply where it ended (/continue)"),
         Binding("ctrl+n", "new_chat", "New chat", tooltip="start a new chat (the old one stays saved)"),
         Binding("ctrl+o", "chats", "Chats", tooltip="saved chats: open, rename (r), delete (d)"),
-        Binding("ctrl+t", "copy_reply", "Copy reply", tooltip="copy the last reply (Markdown source)"),
+        Binding("ctrl+t", "copy_reply", "Copy reply", show=False, tooltip="copy the last reply (Markdown source)"),
         Binding("ctrl+g", "toggle_graphs", "Graphs", tooltip="CUDA graphs on/off, from the next step"),
         Binding("f1", "help", "Help", tooltip="this help"),
         Binding("ctrl+q", "quit", "Quit", tooltip="quit", priority=True),
@@ -284,6 +284,7 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
         match item:
             case Loaded(session=s):
                 self.session = s
+                self.refresh_bindings()  # Ctrl+G only where there are graphs
                 self.conversation.loading = False
                 self.status.show(state="ready", name=s.name, device=s.device, dtype=s.dtype,
                                  graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
@@ -440,7 +441,14 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
             self.status.show(graphs=s.use_graph)
             self.say(f"CUDA graphs {'ON' if s.use_graph else 'OFF'} from the next step.")
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Ctrl+G is not offered (footer, F1) where there are no CUDA graphs."""
+        if action == "toggle_graphs" and self.session is not None and not self.session.graphs_available:
+            return False
+        return True
+
     def action_help(self) -> None:
-        keys = INPUT_KEYS + READING_KEYS + [(key_name(b.key), b.tooltip) for b in self.BINDINGS if isinstance(b, Binding)]
+        keys = INPUT_KEYS + READING_KEYS + [(key_name(b.key), b.tooltip) for b in self.BINDINGS
+                                            if isinstance(b, Binding) and self.check_action(b.action, ())]
         commands = [(f"/{name} {args}".rstrip(), does) for name, (args, does) in COMMANDS.items()]
         self.push_screen(HelpScreen(keys, commands))

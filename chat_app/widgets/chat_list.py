@@ -20,6 +20,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Static
 
 from chat_app.store import Store, StoreError
+from chat_app.widgets.status_bar import shorten
 
 HINT = "Enter opens · r renames · d deletes · Esc closes"
 
@@ -62,7 +63,8 @@ class ChatList(ModalScreen[int | None]):
             chats = []
         self.ids = [c.id for c in chats]
         for c in chats:
-            table.add_row("▶" if c.here else "", c.title, when(c.updated), c.model, str(c.n_messages), key=str(c.id))
+            table.add_row("▶" if c.here else "", c.title, when(c.updated), shorten(c.model, 20),
+                          str(c.n_messages), key=str(c.id))
         self.note("" if chats else "No saved chats yet: the first message of a chat saves it.")
 
     def note(self, text: str) -> None:
