@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 PROG = "tinyllm-chat"
 LOG_NAME = "tinyllm-chat.log"
+DEFAULT_MAX_TOKENS = 1024  # a reply's limit unless set: long answers end, /continue goes on
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "tinychat"
 
 
@@ -33,7 +34,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(defaults: dict[str, object] | None = None) -> argparse.ArgumentParser:
+    """The options; `defaults` (the config file's) replace the built-in defaults."""
     p = _Parser(prog=PROG, description="Chat with a small local language model in the terminal.")
     p.add_argument("--model", type=Path, default=None,
                    help="tinyllm checkpoint folder, Hugging Face folder (llama/mistral) or .gguf file "
@@ -57,12 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
     g.add_argument("--repeat-penalty", type=float, default=1.1,
                    help="> 1 discourages repeating the last 64 tokens; 1 = off (default: 1.1)")
-    g.add_argument("--max-tokens", type=int, default=256, help="reply length limit (default: 256)")
+    g.add_argument("--max-tokens", type=int, default=None,
+                   help=f"reply length limit (default: {DEFAULT_MAX_TOKENS}, or the context if less; "
+                        "/continue goes on)")
     g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--template", default=None, help="chat template: chatml, llama2, zephyr "
                                                     "(default: the checkpoint's)")
     p.add_argument("--resume", action="store_true", help="reopen the last conversation")
+    p.add_argument("--theme", default=None, help="a Textual theme, e.g. nord, gruvbox, textual-light "
+                                                 "(/theme lists them; default: textual-dark)")
+    p.epilog = ("Defaults for these options can be set in config.toml in the user config folder "
+                "(see docs/USING.md); the command line wins.")
+    if defaults:
+        p.set_defaults(**defaults)
     return p
 
 
@@ -85,11 +95,18 @@ def build_app(args: argparse.Namespace) -> ChatApp:
     name = inspect_any(path, args.template)  # every check open_session makes, without the weights
     if args.max_len is not None and args.max_len < 16:
         raise ValueError(f"--max-len must be at least 16, got {args.max_len}")
+    max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            repeat_penalty=args.repeat_penalty, max_tokens=args.max_tokens, seed=args.seed)
+                            repeat_penalty=args.repeat_penalty, max_tokens=max_tokens,
+                            seed=args.seed)
     resolve_device(args.device)
     if args.template:
         get_template(args.template)
+    if args.theme:
+        from textual.theme import BUILTIN_THEMES
+
+        if args.theme not in BUILTIN_THEMES:
+            raise ValueError(f"unknown theme {args.theme!r}; one of {', '.join(sorted(BUILTIN_THEMES))}")
 
     from chat_app.app import ChatApp
     from chat_app.remote_session import RemoteSession
@@ -101,9 +118,9 @@ def build_app(args: argparse.Namespace) -> ChatApp:
         path=str(path), device=args.device, max_len=args.max_len, params=params, system=args.system,
         use_graph=False if args.no_graphs else None, template=args.template,
         compile="inductor" if args.compile == "on" else None, threads=args.threads, ignore_eos=args.ignore_eos,
-        quant=args.quant,
+        quant=args.quant, cap_max_tokens=args.max_tokens is None,
         log=str(store.folder / "session.log")))
-    return ChatApp(opener, store, model_name=name, resume=args.resume)
+    return ChatApp(opener, store, model_name=name, resume=args.resume, theme=args.theme)
 
 
 def fatal(error: BaseException, data_dir: Path | None = None) -> NoReturn:
@@ -139,7 +156,14 @@ def use_compile_cache() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    from chat_app import config
+
+    try:
+        defaults = config.load()
+    except ValueError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    args = build_parser(defaults).parse_args(argv)
     try:
         app = build_app(args)
     except (FileNotFoundError, ValueError) as e:

@@ -36,8 +36,10 @@ from textual.css.query import NoMatches
 from textual.widgets import Footer
 from textual.worker import get_current_worker
 
+from chat_app.chats import ChatSwitching, system_note
 from chat_app.commands import COMMANDS, SlashCommands
 from chat_app.events import Done, Failed, Finished, Loaded, Prefilled, Started, Token
+from chat_app.reading import READING_KEYS, Reading
 from chat_app.store import Saved, Store, StoreError
 from chat_app.terminal import driver_class
 from chat_app.widgets.conversation import Conversation
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from tinyllm.chat import ChatSession
     from tinyllm.chat_events import StepStats
 
+REPLIES = ("send", "regenerate", "continue")  # the jobs that stream a reply
 DRAIN_HZ = 30
 SAVE_EVERY_S = 1.0  # a streaming reply is written to the store at least this often
 INPUT_KEYS = [("Enter", "send the message (or run a /command)"),
@@ -61,22 +64,28 @@ def key_name(key: str) -> str:
     return "+".join(part.upper() if len(part) == 1 else part.capitalize() for part in key.split("+"))
 
 
-class ChatApp(SlashCommands, App[None]):
+class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
     CSS_PATH = "chat.tcss"
     TITLE = "tinyllm-chat"
     ENABLE_COMMAND_PALETTE = False  # slash commands and F1 instead
     BINDINGS = [
         Binding("escape", "stop", "Stop", tooltip="stop the reply (its text stays, marked stopped)"),
         Binding("ctrl+r", "regenerate", "Regenerate", tooltip="replace the last reply with a new one"),
+        Binding("ctrl+f", "continue", "Continue", tooltip="continue the last reply where it ended (/continue)"),
         Binding("ctrl+n", "new_chat", "New chat", tooltip="start a new chat (the old one stays saved)"),
+        Binding("ctrl+o", "chats", "Chats", tooltip="saved chats: open, rename (r), delete (d)"),
+        Binding("ctrl+t", "copy_reply", "Copy reply", show=False, tooltip="copy the last reply (Markdown source)"),
         Binding("ctrl+g", "toggle_graphs", "Graphs", tooltip="CUDA graphs on/off, from the next step"),
         Binding("f1", "help", "Help", tooltip="this help"),
         Binding("ctrl+q", "quit", "Quit", tooltip="quit", priority=True),
+        Binding("ctrl+c", "help_quit", "Copy", show=False, tooltip="copy the selection or what is picked "
+                "(never quits)"),
     ]
 
     def __init__(self, open_session: Callable[[], ChatSession], store: Store, model_name: str = "model",
-                 resume: bool = False) -> None:
+                 resume: bool = False, theme: str | None = None) -> None:
         super().__init__(driver_class=driver_class())
+        self.chosen_theme = theme
         self.open_session, self.store, self.model_name, self.resume = open_session, store, model_name, resume
         self.session: ChatSession | None = None
         self.crash: BaseException | None = None  # an exception nothing else caught (main() reports it)
@@ -117,6 +126,12 @@ class ChatApp(SlashCommands, App[None]):
         return self.query_one(StatusBar)
 
     async def on_mount(self) -> None:
+        if self.chosen_theme:
+            self.theme = self.chosen_theme
+        try:
+            self.prompt.prompts = self.store.prompts()  # Up recalls earlier runs' prompts too
+        except StoreError:
+            pass  # said below (store.error)
         self.conversation.loading = True
         self.status.show(state="loading", name=self.model_name)
         self.prompt.focus()
@@ -125,7 +140,7 @@ class ChatApp(SlashCommands, App[None]):
         if self.store.error:
             self._store_failed(self.store.error)
         if self.resume:
-            await self._resume()
+            await self.resume_last_chat()
 
     def on_unmount(self) -> None:
         self.save_partial()  # quitting mid-reply keeps what streamed (still marked partial)
@@ -187,16 +202,24 @@ class ChatApp(SlashCommands, App[None]):
                 close()
 
     def _run_jobs(self, session: ChatSession, worker) -> None:
+        launch = {k: "none" if v is None else str(v) for k, v in vars(session.params).items()}
+
+        def set_params(settings: dict[str, str]) -> None:  # a chat's /set values over the launch's
+            for name, value in {**launch, **settings}.items():
+                session.set_param(name, value)
+
         jobs: dict[str, Callable[[Any], None]] = {"new_chat": lambda _: session.new_chat(),
-                                                  "system": session.set_system, "load": session.load_messages}
+                                                  "system": session.set_system, "load": session.load_messages,
+                                                  "params": set_params, "open": lambda _: None}
         while not worker.is_cancelled:
             try:
                 kind, arg = self._jobs.get(timeout=0.1)
             except queue.Empty:
                 continue
             try:
-                if kind in ("send", "regenerate"):
-                    events = session.send(arg) if kind == "send" else session.regenerate()
+                if kind in REPLIES:
+                    events = (session.send(arg) if kind == "send" else session.regenerate()
+                              if kind == "regenerate" else session.continue_reply())
                     started = False
                     for event in events:
                         if not started:  # only now may the UI replace what it shows
@@ -261,6 +284,7 @@ class ChatApp(SlashCommands, App[None]):
         match item:
             case Loaded(session=s):
                 self.session = s
+                self.refresh_bindings()  # Ctrl+G only where there are graphs
                 self.conversation.loading = False
                 self.status.show(state="ready", name=s.name, device=s.device, dtype=s.dtype,
                                  graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
@@ -279,14 +303,21 @@ class ChatApp(SlashCommands, App[None]):
         conversation = self.conversation
         if item.kind == "regenerate":
             await conversation.drop_last_reply()
-            last = self.store.messages()[-1:]
+            last = [m for m in self.store.messages() if m.role != "system"][-1:]
             if last and last[0].role == "assistant":
                 self._save(self.store.drop, last[0])
+        elif item.kind == "continue":  # the last reply goes on: same widget, same row
+            self._reply = conversation.query(Reply).last()
+            self._reply.resume()
+            self._row = [m for m in self.store.messages() if m.role == "assistant"][-1]
+            self._text, self._saved_at = [self._row.content], 0.0
+            self.status.show(state="generating")
+            return
         else:
             await conversation.add_user(item.text)
             self._save(self.store.add, Saved("user", item.text))
         self._reply = await conversation.add_reply(self.model_name)
-        self._row, self._text, self._saved_at = Saved("assistant", "", partial=True), [], 0.0
+        self._row, self._text, self._saved_at = Saved("assistant", "", partial=True, model=self.model_name), [], 0.0
         self._save(self.store.add, self._row)
         self.status.show(state="generating")
 
@@ -316,7 +347,7 @@ class ChatApp(SlashCommands, App[None]):
             self.conversation.loading = False
             self.status.show(state="failed")
             return
-        if item.kind in ("send", "regenerate"):
+        if item.kind in REPLIES:
             if self._reply is not None:  # it failed mid-reply: keep what streamed, marked
                 await self._reply.finish("error")
                 if self._row is not None:
@@ -333,12 +364,15 @@ class ChatApp(SlashCommands, App[None]):
             self.store.new_chat()
             self.status.show(tok_s=None, ttft_ms=None, window=None, position=len(self.session.context))
         elif item.kind == "system":
-            self._save(self.store.set_system, self.session.system)
             system = self.session.system
+            self._save(self.store.set_system, system)
+            if self.session.messages:
+                await self.conversation.add_note(system_note(system or ""))
             self.say(f"System prompt set: {system}" if system else "System prompt cleared.")
         elif item.kind == "load":
             self.status.show(position=len(self.session.context))
-            self.say(f"Resumed the last chat ({len(item.arg)} messages).")
+        elif item.kind == "open":
+            await self.open_chat(item.arg)
 
     def _show_stats(self, stats: StepStats, state: str) -> None:
         self.status.show(state=state, tok_s=stats.tok_per_s, ttft_ms=stats.ttft_ms, window=stats.window,
@@ -349,43 +383,22 @@ class ChatApp(SlashCommands, App[None]):
             self.say(f"The compiled step is not available here ({self.session.compile_error}); "
                      "replies use the plain step.", "warning")
 
-    async def _resume(self) -> None:
-        try:
-            saved, held = self.store.resume_last()
-        except StoreError as e:
-            self._store_failed(f"could not resume: {e}")
-            return
-        if held:
-            self.say("The last chat is open in another tinyllm-chat; "
-                     + ("this is the one before it." if saved else "this is a new one."), "warning")
-        if not saved:
-            if not held:
-                self.say("No saved chat to resume; this is a new one.")
-            return
-        if saved[-1].role == "user":  # its reply never began (a crash): an empty one, so turns alternate
-            saved.append(Saved("assistant", "", stopped=True))
-            self._save(self.store.add, saved[-1])
-        for m in saved:
-            if m.role == "user":
-                await self.conversation.add_user(m.content)
-            else:
-                note = "partial" if m.partial else "stopped" if m.stopped else ""
-                await self.conversation.add_reply(self.model_name, m.content, note)
-        pairs = [("system", self.store.system)] if self.store.system else []
-        self.queue_job("load", pairs + [(m.role, m.content) for m in saved])
-
     # ---- input --------------------------------------------------------------------------
 
     @on(PromptInput.Submitted)
     async def submitted(self, event: PromptInput.Submitted) -> None:
         text = event.text
         if text.startswith("/"):
-            self.prompt.accept(event)
+            self._accept(event)
             await self.run_command(text)
         elif self._ready_for_reply():
-            self.prompt.accept(event)
+            self._accept(event)
             self._busy = True
             self.queue_job("send", text)
+
+    def _accept(self, event: PromptInput.Submitted) -> None:
+        if self.prompt.accept(event):
+            self._save(self.store.add_prompt, event.text)
 
     def _ready_for_reply(self) -> bool:
         if self.session is None:
@@ -406,6 +419,13 @@ class ChatApp(SlashCommands, App[None]):
             self._busy = True
             self.queue_job("regenerate", "")
 
+    def action_continue(self) -> None:
+        if self.session is not None and not (self.session.messages and self.session.messages[-1].role == "assistant"):
+            self.say("No reply to continue yet.", "warning")
+        elif self._ready_for_reply():
+            self._busy = True
+            self.queue_job("continue", "")
+
     def action_new_chat(self) -> None:
         self.action_stop()
         self.queue_job("new_chat", None)
@@ -421,7 +441,14 @@ class ChatApp(SlashCommands, App[None]):
             self.status.show(graphs=s.use_graph)
             self.say(f"CUDA graphs {'ON' if s.use_graph else 'OFF'} from the next step.")
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Ctrl+G is not offered (footer, F1) where there are no CUDA graphs."""
+        if action == "toggle_graphs" and self.session is not None and not self.session.graphs_available:
+            return False
+        return True
+
     def action_help(self) -> None:
-        keys = INPUT_KEYS + [(key_name(b.key), b.tooltip) for b in self.BINDINGS if isinstance(b, Binding)]
+        keys = INPUT_KEYS + READING_KEYS + [(key_name(b.key), b.tooltip) for b in self.BINDINGS
+                                            if isinstance(b, Binding) and self.check_action(b.action, ())]
         commands = [(f"/{name} {args}".rstrip(), does) for name, (args, does) in COMMANDS.items()]
         self.push_screen(HelpScreen(keys, commands))

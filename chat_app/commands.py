@@ -17,8 +17,12 @@ COMMANDS = {  # name: (arguments, what it does)
     "set": ("NAME VALUE", "sampling: temperature, top_p, top_k, repeat_penalty, max_tokens, seed"),
     "system": ("TEXT", "set the system prompt (no TEXT: none); used from the next turn"),
     "export": ("PATH", "write the conversation to PATH as Markdown (/export! PATH overwrites)"),
-    "stats": ("", "speed, context and settings of the last reply"),
+    "continue": ("", "continue the last reply where it ended (like Ctrl+F)"),
+    "stats": ("", "speed and context of the last reply"),
+    "show": ("", "the model, system prompt and settings in force (saved with the chat)"),
+    "theme": ("NAME", "switch the colour theme and keep it (no NAME: list them)"),
     "clear": ("", "clear the screen and start a new chat (like Ctrl+N)"),
+    "chats": ("", "saved chats: open, rename, delete (like Ctrl+O)"),
     "help": ("", "this help (like F1)"),
 }
 
@@ -47,6 +51,7 @@ class SlashCommands:
         except ValueError as e:
             self.say(str(e), "error")
             return
+        self._save(self.store.set_setting, name, value.strip())  # kept with the chat
         self.say(f"{name} = {getattr(self.session.params, name)} (from the next reply)")
 
     async def command_system(self: ChatApp, arg: str) -> None:
@@ -74,15 +79,56 @@ class SlashCommands:
         if self.session is None or stats is None:
             self.say("No reply yet.")
             return
-        graphs = {True: "ON", False: "OFF", None: "n/a on CPU"}[stats.graphs]
-        self.say(f"Last reply: {stats.tokens} tokens at {stats.tok_per_s:.1f} tok/s, "
-                 f"TTFT {stats.ttft_ms:.0f} ms (prefill of {self.prefill_tokens} tokens).\n"
-                 f"Context: {stats.position}/{stats.max_len}, bucket W {stats.window}, graphs {graphs}.\n"
-                 f"{self.session.params}")
+        graphs = {True: "on", False: "off", None: "n/a on CPU"}[stats.graphs]
+        self.say(f"Last reply: {plural(stats.tokens, 'token')} at {stats.tok_per_s:.1f} tok/s; "
+                 f"first token after {stats.ttft_ms:.0f} ms (prefill of {plural(self.prefill_tokens, 'token')}).\n"
+                 f"Context: {stats.position:,} of {stats.max_len:,} positions used; attention bucket W {stats.window}; "
+                 f"CUDA graphs {graphs}; decode step {stats.step}.")
+
+    async def command_show(self: ChatApp, arg: str) -> None:
+        s = self.session
+        if s is None:
+            self.say("The model is still loading.")
+            return
+        p = s.params
+        seed = "random" if p.seed is None else p.seed
+        chat = self.store.settings
+        self.say(f"Model: {s.name} on {s.device} ({s.dtype}), context {s.max_len:,} positions.\n"
+                 f"System prompt: {s.system or '(none)'}\n"
+                 f"Sampling: temperature {p.temperature}, top_p {p.top_p}, top_k {p.top_k}, "
+                 f"repeat_penalty {p.repeat_penalty}, max_tokens {p.max_tokens:,}, seed {seed}.\n"
+                 f"Set in this chat: {', '.join(f'{k} {v}' for k, v in chat.items()) or 'nothing'}. "
+                 f"Theme: {self.theme}.")
+
+    async def command_theme(self: ChatApp, arg: str) -> None:
+        from chat_app import config
+
+        if arg not in self.available_themes:
+            names = ", ".join(sorted(self.available_themes))
+            self.say(f"Themes: {names}." if not arg else f"Unknown theme {arg!r}; one of {names}.",
+                     "information" if not arg else "error")
+            return
+        self.theme = arg
+        try:
+            where = config.save("theme", arg)
+        except OSError as e:
+            self.say(f"Theme {arg} for now; could not keep it in the config file: {e}", "warning")
+            return
+        self.say(f"Theme {arg} (kept in {where}).")
 
     async def command_clear(self: ChatApp, arg: str) -> None:
         self.action_new_chat()
 
+    async def command_continue(self: ChatApp, arg: str) -> None:
+        self.action_continue()
+
+    async def command_chats(self: ChatApp, arg: str) -> None:
+        self.action_chats()
+
     async def command_help(self: ChatApp, arg: str) -> None:
         self.action_help()
 
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"

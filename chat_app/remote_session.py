@@ -1,7 +1,7 @@
 """RemoteSession: ChatSession's interface, served by a child process (tinyllm.chat_server).
 
 The app's worker thread uses it as it would a ChatSession: `send(text)` / `regenerate()`
-return the reply's events (Prefilled, Token, Finished from tinyllm.chat_events, which import
+(and `continue_reply()`) return the reply's events (Prefilled, Token, Finished from tinyllm.chat_events, which import
 no torch), `new_chat()`, `set_system()` and `load_messages()` block until done, and `stop()`,
 `set_graphs()` and `set_param()` take effect at once, from any thread, also mid-reply. Errors
 come back as ValueError with the child's message. The public attributes (`name`, `device`,
@@ -142,6 +142,10 @@ class RemoteSession:
 
     def regenerate(self) -> Iterator:
         return self._reply(("job", "regenerate", None))
+
+    def continue_reply(self) -> Iterator:
+        """Extend the last reply (its Finished carries the whole reply's text)."""
+        return self._reply(("job", "continue", None))
 
     def _reply(self, job: tuple) -> Iterator:
         self._send(job)

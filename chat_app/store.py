@@ -4,10 +4,16 @@ Where: `$TINYLLM_CHAT_DATA_DIR` if set (tests point it at a tmp dir), else
 `platformdirs.user_data_dir("tinyllm-chat")`; the file is `chat.db`.
 
 Contract:
-- One row per conversation (model name, system prompt, created time) and one per message
-  (role, content, stopped, partial). A conversation row is written with its first message,
-  so an empty chat leaves nothing behind. Rows are addressed by their own id, never by
-  "the newest row".
+- One row per conversation (model name, the system prompt it started with, created and
+  updated times, a title the user gave it or none, the /set values it was given) and one per
+  message (role, content, stopped, partial, and for a reply the model that wrote it). A system
+  prompt set after the first message is a message of role "system" where it was set (text ""
+  clears it); `system` is the one in force. A conversation row is written with its first
+  message, so an empty chat leaves nothing behind. Rows are addressed by their own id, never
+  by "the newest row". Older chat.db files gain the new columns when opened.
+- `chats()` lists the saved conversations (newest first); `open_chat(id)` makes one the open
+  conversation; `rename` and `delete` change any that no other instance holds. Prompts typed
+  are kept in their own table (`add_prompt`, `prompts()`): the input's history across runs.
 - Memory first: the open conversation lives in `self.chat` (a list of `Saved`); every change
   is made there and then written (`sync`). A failed write raises `StoreError` with a
   one-line message that says where the file is and what to do; nothing is dropped: the
@@ -25,12 +31,15 @@ Contract:
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from chat_app.history import History
 
 try:
     import fcntl
@@ -44,16 +53,27 @@ CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY,
     created REAL NOT NULL,
     model TEXT NOT NULL,
-    system TEXT
+    system TEXT,
+    title TEXT,
+    settings TEXT,
+    updated REAL
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY,
     conversation INTEGER NOT NULL REFERENCES conversations(id),
     role TEXT NOT NULL,
     content TEXT NOT NULL,
-    stopped INTEGER NOT NULL DEFAULT 0
+    stopped INTEGER NOT NULL DEFAULT 0,
+    partial INTEGER NOT NULL DEFAULT 0,
+    model TEXT
+);
+CREATE TABLE IF NOT EXISTS prompts (
+    id INTEGER PRIMARY KEY,
+    text TEXT NOT NULL
 );
 """
+ADDED = {"messages": {"partial": "INTEGER NOT NULL DEFAULT 0", "model": "TEXT"},  # columns newer than
+         "conversations": {"title": "TEXT", "settings": "TEXT", "updated": "REAL"}}  # the first chat.db
 
 
 class StoreError(Exception):
@@ -62,10 +82,11 @@ class StoreError(Exception):
 
 @dataclass(eq=False)
 class Saved:
-    role: str  # "user" | "assistant"
+    role: str  # "user" | "assistant" | "system" (a system prompt set mid-chat; "" clears it)
     content: str
     stopped: bool = False  # a reply cut short with Esc
     partial: bool = False  # a reply still streaming (or cut by a crash)
+    model: str | None = None  # a reply: the model that wrote it
     id: int | None = field(default=None, repr=False)  # its row, once written
     dirty: bool = field(default=True, repr=False)  # changed since the last write
 
@@ -73,11 +94,20 @@ class Saved:
 @dataclass(eq=False)
 class _Chat:
     messages: list[Saved] = field(default_factory=list)
-    system: str | None = None
+    system: str | None = None  # the system prompt it started with
     id: int | None = None
+    settings: dict[str, str] = field(default_factory=dict)  # /set NAME VALUE, in the order given
+    model: str | None = None  # the model it was started with (a saved chat's)
     deleted: list[int] = field(default_factory=list)  # rows to delete at the next write
-    system_dirty: bool = False
+    meta_dirty: bool = False  # system (before the first message) or settings changed
     lock: IO | None = None
+
+    @property
+    def current_system(self) -> str | None:
+        for m in reversed(self.messages):
+            if m.role == "system":
+                return m.content or None
+        return self.system
 
 
 def default_data_dir() -> Path:
@@ -105,7 +135,7 @@ def advice(path: Path, e: Exception) -> str:
     return f"chat history {path}: {text}; {todo}. The chat is kept in memory (/export PATH saves it)"
 
 
-class Store:
+class Store(History):
     def __init__(self, path: str | Path, model: str = "model", system: str | None = None):
         self.path = Path(path)
         self.model = model
@@ -142,9 +172,11 @@ class Store:
             except sqlite3.OperationalError:
                 pass  # a read-only file: the first write says so
             db.executescript(SCHEMA)
-            columns = {row[1] for row in db.execute("PRAGMA table_info(messages)")}
-            if "partial" not in columns:  # a chat.db from before partial replies
-                db.execute("ALTER TABLE messages ADD COLUMN partial INTEGER NOT NULL DEFAULT 0")
+            for table, added in ADDED.items():
+                columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+                for name, kind in added.items():
+                    if name not in columns:  # a chat.db from before this column
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
         except sqlite3.Error:
             db.close()
             raise
@@ -167,7 +199,19 @@ class Store:
 
     @property
     def system(self) -> str | None:
-        return self.chat.system
+        """The system prompt in force in the open conversation."""
+        return self.chat.current_system
+
+    @property
+    def chat_model(self) -> str:
+        """The model the open conversation started with (replies saved before each reply
+        kept its own)."""
+        return self.chat.model or self.model
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """The open conversation's /set values (name: value as typed)."""
+        return dict(self.chat.settings)
 
     @property
     def conversation(self) -> int | None:
@@ -186,7 +230,7 @@ class Store:
             self._older.append(self.chat)  # written with the next successful sync
         else:
             self._release(self.chat)
-        self.chat = _Chat(system=self.chat.system)
+        self.chat = _Chat(system=self.chat.current_system, settings=dict(self.chat.settings))
 
     def add(self, message: Saved) -> None:
         """Append a message (the caller keeps it, to `update` or `drop` it later)."""
@@ -207,7 +251,19 @@ class Store:
             self.sync()
 
     def set_system(self, text: str | None) -> None:
-        self.chat.system, self.chat.system_dirty = text or None, True
+        """Before the first message: the chat starts with it; after: a system row, here."""
+        if any(m.role != "system" for m in self.chat.messages):
+            self.add(Saved("system", text or ""))
+        else:
+            self.chat.messages = []
+            self.chat.system, self.chat.meta_dirty = text or None, True
+            self.sync()
+
+    def set_setting(self, name: str, value: str) -> None:
+        settings = self.chat.settings
+        settings.pop(name, None)
+        settings[name] = value
+        self.chat.meta_dirty = True
         self.sync()
 
     def retry(self) -> None:
@@ -233,7 +289,7 @@ class Store:
 
     @staticmethod
     def _unwritten(chat: _Chat) -> bool:
-        return bool(chat.deleted or (chat.messages and (chat.id is None or chat.system_dirty))
+        return bool(chat.deleted or (chat.messages and (chat.id is None or chat.meta_dirty))
                     or any(m.dirty for m in chat.messages))
 
     def _write(self, chat: _Chat) -> None:
@@ -247,17 +303,17 @@ class Store:
                 new_id = cur.lastrowid
                 assert new_id is not None
                 chat.lock = self._claim(new_id)  # held before anyone else can see it
-            elif chat.system_dirty:
-                db.execute("UPDATE conversations SET system = ? WHERE id = ?", (chat.system, chat.id))
             cid = chat.id if new_id is None else new_id
+            db.execute("UPDATE conversations SET system = ?, settings = ?, updated = ? WHERE id = ?",
+                       (chat.system, json.dumps(chat.settings), time.time(), cid))
             for row in chat.deleted:
                 db.execute("DELETE FROM messages WHERE id = ? AND conversation = ?", (row, cid))
             ids: list[tuple[Saved, int]] = []
             for m in chat.messages:
                 if m.id is None:
-                    cur = db.execute("INSERT INTO messages (conversation, role, content, stopped, partial) "
-                                     "VALUES (?, ?, ?, ?, ?)", (cid, m.role, m.content, int(m.stopped),
-                                                                int(m.partial)))
+                    cur = db.execute("INSERT INTO messages (conversation, role, content, stopped, partial, model) "
+                                     "VALUES (?, ?, ?, ?, ?, ?)", (cid, m.role, m.content, int(m.stopped),
+                                                                   int(m.partial), m.model))
                     assert cur.lastrowid is not None
                     ids.append((m, cur.lastrowid))
                 elif m.dirty:
@@ -276,7 +332,7 @@ class Store:
             m.id = row
         for m in chat.messages:
             m.dirty = False
-        chat.deleted, chat.system_dirty = [], False
+        chat.deleted, chat.meta_dirty = [], False
 
     # ---- one instance per conversation ---------------------------------------------------
 
@@ -300,52 +356,70 @@ class Store:
             chat.lock.close()
             chat.lock = None
 
-    # ---- reading -----------------------------------------------------------------------
+    # ---- reading, and the other conversations ---------------------------------------------
 
-    def resume_last(self) -> tuple[list[Saved], bool]:
-        """Continue the most recent conversation with messages that no other instance holds:
-        (its messages, whether a newer one was skipped because another instance holds it).
-        StoreError when the file cannot be read."""
+    def _read(self, work):
+        """Run work(db) on the connection; a failure is a StoreError (and a reconnect later)."""
         try:
             if self.db is None:
                 self._connect()
             assert self.db is not None
-            rows = self.db.execute("SELECT c.id, c.system FROM conversations c JOIN messages m "
-                                   "ON m.conversation = c.id GROUP BY c.id ORDER BY MAX(m.id) DESC").fetchall()
-            held = False
-            for cid, system in rows:
-                lock = self._claim(cid)
-                if lock is None:
-                    held = True
-                    continue
-                found = self.db.execute("SELECT id, role, content, stopped, partial FROM messages "
-                                        "WHERE conversation = ? ORDER BY id", (cid,)).fetchall()
-                self._release(self.chat)
-                self.chat = _Chat([Saved(role, content, bool(stopped), bool(partial), row, dirty=False)
-                                   for row, role, content, stopped, partial in found],
-                                  system, cid, lock=lock)
-                return list(self.chat.messages), held
-            return [], held
+            return work(self.db)
         except sqlite3.Error as e:
             self.error = advice(self.path, e)
             self._disconnect()
             raise StoreError(self.error) from e
 
+    def resume_last(self) -> tuple[list[Saved], bool]:
+        """Continue the most recent conversation with messages that no other instance holds:
+        (its messages, whether a newer one was skipped because another instance holds it).
+        StoreError when the file cannot be read."""
+        def work(db):
+            held = False
+            for (cid,) in db.execute("SELECT c.id FROM conversations c JOIN messages m ON m.conversation = c.id "
+                                     "GROUP BY c.id ORDER BY MAX(m.id) DESC").fetchall():
+                lock = self._claim(cid)
+                if lock is None:
+                    held = True
+                    continue
+                return self._load(db, cid, lock), held
+            return [], held
+        return self._read(work)
+
+    def open_chat(self, cid: int) -> list[Saved]:
+        """Make conversation `cid` the open one (the current one stays saved): its messages.
+        ValueError when another instance holds it or it is gone; StoreError when unreadable."""
+        if cid == self.chat.id:
+            return self.messages()
+
+        def work(db):
+            if db.execute("SELECT 1 FROM conversations WHERE id = ?", (cid,)).fetchone() is None:
+                raise ValueError(f"chat {cid} is not in the history any more")
+            lock = self._claim(cid)
+            if lock is None:
+                raise ValueError("that chat is open in another tinyllm-chat")
+            self.new_chat()  # the current one: written (or released) as new_chat does
+            return self._load(db, cid, lock)
+        return self._read(work)
+
+    def _load(self, db: sqlite3.Connection, cid: int, lock: IO | None) -> list[Saved]:
+        system, settings, model = db.execute("SELECT system, settings, model FROM conversations WHERE id = ?",
+                                             (cid,)).fetchone()
+        found = db.execute("SELECT id, role, content, stopped, partial, model FROM messages "
+                           "WHERE conversation = ? ORDER BY id", (cid,)).fetchall()
+        self._release(self.chat)
+        self.chat = _Chat([Saved(role, content, bool(stopped), bool(partial), model, row, dirty=False)
+                           for row, role, content, stopped, partial, model in found],
+                          system, cid, _settings(settings), model, lock=lock)
+        return self.messages()
+
     def messages(self) -> list[Saved]:
         return list(self.chat.messages)
 
-    def export_markdown(self, path: str | Path, overwrite: bool = False) -> int:
-        """Write the conversation (from memory, so it works while chat.db is broken) as
-        Markdown; returns how many messages were written. An existing file is refused
-        (FileExistsError) unless `overwrite`."""
-        saved = self.chat.messages
-        parts = [f"# Chat with {self.model}\n"]
-        if self.chat.system:
-            parts.append(f"**System:** {self.chat.system}\n")
-        for m in saved:
-            who = "You" if m.role == "user" else self.model
-            note = "\n\n*(stopped)*" if m.stopped else "\n\n*(unfinished)*" if m.partial else ""
-            parts.append(f"## {who}\n\n{m.content.strip()}{note}\n")
-        with open(Path(path).expanduser(), "w" if overwrite else "x", encoding="utf-8") as f:
-            f.write("\n".join(parts))
-        return len(saved)
+
+def _settings(text: str | None) -> dict[str, str]:
+    try:
+        settings = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in settings.items()} if isinstance(settings, dict) else {}

@@ -349,6 +349,39 @@ class ChatSession:
 
         return self._or_restore(self._reply(0), undo)
 
+    def continue_reply(self) -> Iterator[Prefilled | Token | Finished]:
+        """Extend the last reply from where it ended (a limit, Esc, a full context): the model
+        sees the reply without its closing suffix and goes on. Its Finished carries the whole
+        reply's text, and the conversation keeps ONE assistant message. All or nothing, like
+        regenerate()."""
+        if not self.messages or self.messages[-1].role != "assistant":
+            raise ValueError("there is no reply to continue")
+        old = self.messages[-1]
+        suffix = self.encode(self.template.assistant_suffix)
+        body = old.ids[:len(old.ids) - len(suffix)] if suffix and old.ids[-len(suffix):] == suffix else old.ids
+        if len(self.context) - len(old.ids) + len(body) + 1 >= self.max_len:
+            raise ValueError("the context is full: the reply cannot go on (start a new chat, or raise --max-len)")
+        self.messages.pop()
+        self._rebuild_context(self.first_message)
+        self.context = self.context + body
+
+        def undo() -> None:
+            self.messages.append(old)
+            self._rebuild_context(self.first_message)
+
+        return self._joined(old, body, self._or_restore(self._reply(0), undo))
+
+    def _joined(self, old: Message, body: list[int],
+                events: Iterator[Prefilled | Token | Finished]) -> Iterator[Prefilled | Token | Finished]:
+        """The continued reply's events; at its end, the old and the new part become one message."""
+        for event in events:
+            if isinstance(event, Finished):
+                new = self.messages.pop()
+                text = old.content + new.content
+                self.messages.append(Message("assistant", text, body + new.ids, stopped=new.stopped))
+                event = Finished(event.reason, text, event.stats)
+            yield event
+
     def _or_restore(self, events: Iterator[Prefilled | Token | Finished],
                     undo: Callable[[], None]) -> Iterator[Prefilled | Token | Finished]:
         """The events; if they fail before the first one, undo() puts the session back."""

@@ -9,7 +9,7 @@ Contract: `serve(conn, open_kwargs)` is the child's entry point. Its stdout and 
 `open_kwargs["log"]` (or nowhere). It opens the session
 (`open_session(**open_kwargs)`; `ignore_eos=True` makes replies run to max_tokens, for
 benchmarks), then answers messages, all plain picklable data:
-  parent -> child   ("job", kind, arg)       kind: send | regenerate | new_chat | system | load
+  parent -> child   ("job", kind, arg)       kind: send | regenerate | continue | new_chat | system | load
                     ("call", id, name, args)  set_param | set_graphs | stop, answered at once,
                                               also while a reply streams
                     ("quit",)
@@ -21,6 +21,12 @@ benchmarks), then answers messages, all plain picklable data:
                     ("done", state) | ("failed", message)   a job ended
                     ("answer", id, error, state)
                     ("state", state)          a background compile ended (step_kind changed)
+`open_kwargs["hold"] = n` (tests only) holds each of the first n replies after its first text
+until a "stop" call comes (a stop that came before still counts; quitting releases it), so
+such a reply cannot end before Esc however fast the machine. `continue` extends the last
+reply where it ended (`ChatSession.continue_reply`); its Finished carries the whole reply's text.
+`open_kwargs["cap_max_tokens"]` (the app's default limit) lowers max_tokens to the context's
+length once the model is open.
 `state` is `snapshot(session)`: a dict of the session's public state. Jobs run in order on
 the child's main thread; calls run on its reader thread (ChatSession allows those from any
 thread).
@@ -33,6 +39,8 @@ import threading
 import time
 from dataclasses import asdict
 from multiprocessing.connection import Connection
+
+from tinyllm.chat_events import Token
 
 BATCH_S = 0.005  # events go to the parent at most every 5 ms (and at the end of a reply)
 
@@ -55,6 +63,9 @@ def serve(conn: Connection, open_kwargs: dict) -> None:
     imported = time.time()
 
     ignore_eos = open_kwargs.pop("ignore_eos", False)
+    cap = open_kwargs.pop("cap_max_tokens", False)
+    holds = open_kwargs.pop("hold", 0)
+    hold = threading.Event() if holds else None
     try:
         session = open_session(**open_kwargs)
     except Exception as e:  # the parent shows it; nothing else to do here
@@ -64,6 +75,8 @@ def serve(conn: Connection, open_kwargs: dict) -> None:
     if ignore_eos:
         session.stop_ids = set()
     session.marks.update(child_started=started, torch_imported=imported)
+    if cap and session.params.max_tokens > session.max_len:
+        session.set_param("max_tokens", str(session.max_len))
     send_lock = threading.Lock()
 
     def send(msg) -> None:
@@ -72,10 +85,12 @@ def serve(conn: Connection, open_kwargs: dict) -> None:
 
     send(("loaded", snapshot(session)))
     jobs: queue.Queue = queue.Queue()
-    threading.Thread(target=_read, args=(conn, session, jobs, send), daemon=True).start()
+    threading.Thread(target=_read, args=(conn, session, jobs, send, hold), daemon=True).start()
     threading.Thread(target=_watch_compile, args=(session, send), daemon=True).start()
     while (job := jobs.get()) is not None:
-        _run_job(session, *job, send)
+        if job[0] in ("send", "regenerate", "continue") and hold is not None:
+            holds -= 1
+        _run_job(session, *job, send, hold if holds >= 0 else None)
 
 
 def _log_to(path: str | None) -> None:
@@ -92,8 +107,13 @@ def _log_to(path: str | None) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
-def _read(conn: Connection, session, jobs: queue.Queue, send) -> None:
-    calls = {"set_param": session.set_param, "set_graphs": session.set_graphs, "stop": session.stop}
+def _read(conn: Connection, session, jobs: queue.Queue, send, hold: threading.Event | None) -> None:
+    def stop() -> None:
+        session.stop()
+        if hold is not None:
+            hold.set()
+
+    calls = {"set_param": session.set_param, "set_graphs": session.set_graphs, "stop": stop}
     while True:
         try:
             msg = conn.recv()
@@ -111,6 +131,8 @@ def _read(conn: Connection, session, jobs: queue.Queue, send) -> None:
         except ValueError as e:
             error = str(e)
         send(("answer", call_id, error, snapshot(session)))
+    if hold is not None:
+        hold.set()  # a held reply ends, so the job loop sees the end
     jobs.put(None)
 
 
@@ -123,19 +145,25 @@ def _watch_compile(session, send) -> None:
         send(("state", snapshot(session)))
 
 
-def _run_job(session, kind: str, arg, send) -> None:
+def _run_job(session, kind: str, arg, send, hold: threading.Event | None = None) -> None:
     try:
-        if kind in ("send", "regenerate"):
-            events = session.send(arg) if kind == "send" else session.regenerate()
+        if kind in ("send", "regenerate", "continue"):
+            events = {"send": lambda: session.send(arg), "regenerate": session.regenerate,
+                      "continue": session.continue_reply}[kind]()
             send(("started", snapshot(session)))
             batch, last = [], time.perf_counter()
             for event in events:
                 batch.append(event)
                 now = time.perf_counter()
-                if now - last >= BATCH_S:
+                held = hold is not None and isinstance(event, Token) and event.text
+                if now - last >= BATCH_S or held:
                     send(("events", batch, None))
                     batch, last = [], now
+                if held:
+                    hold.wait()  # until stop(): the reply cannot end before it
             send(("events", batch, snapshot(session)))
+            if hold is not None:
+                hold.clear()
         else:
             {"new_chat": lambda _: session.new_chat(), "system": session.set_system,
              "load": session.load_messages}[kind](arg)

@@ -4,12 +4,20 @@ Contract: everything shown stays shown (when the session drops old turns from th
 context, they stay here); `clear()` is the only way messages leave, plus `drop_last_reply()`
 for a regenerated reply. The view follows new text (anchored to the bottom) until the user
 scrolls up. An empty conversation shows a one-line hint.
+
+Reading and copying: the conversation takes focus (Tab from the input). Focused, Up/Down
+pick a message or one code block of a reply (marked, and scrolled into view), Home/End the
+first/last, PgUp/PgDn scroll; `c` or Enter copies what is picked (`copy_to_clipboard`,
+OSC 52: works over SSH and in tmux). `picked_text()` is what would be copied (None: nothing).
 """
 
 from __future__ import annotations
 
+from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.widget import Widget
 from textual.widgets import Static
+from textual.widgets._markdown import MarkdownFence
 
 from chat_app.widgets.reply import Reply, printable
 
@@ -25,7 +33,15 @@ class UserMessage(Static):
         self.border_title = "you"
 
 
-class Conversation(VerticalScroll, can_focus=False):
+class Conversation(VerticalScroll, can_focus=True):
+    BINDINGS = [Binding("up,k", "pick(-1)", "Previous", show=False), Binding("down,j", "pick(1)", "Next", show=False),
+                Binding("home", "pick_end(0)", show=False), Binding("end", "pick_end(-1)", show=False),
+                Binding("c,enter", "copy_picked", "Copy", show=False)]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.picked: Widget | None = None
+
     def compose(self):
         yield Static(HINT, id="hint", markup=False)
 
@@ -45,15 +61,78 @@ class Conversation(VerticalScroll, can_focus=False):
         self.anchor()
         return widget
 
+    async def add_note(self, text: str) -> Static:
+        """A line between messages (a system prompt set mid-chat)."""
+        await self._drop_hint()
+        widget = Static(text, classes="chat-note", markup=False)
+        await self.mount(widget)
+        return widget
+
     async def drop_last_reply(self) -> None:
         replies = self.query(Reply)
         if replies:
             await replies.last().remove()
 
+    # ---- picking and copying --------------------------------------------------------------
+
+    def items(self) -> list[Widget]:
+        """What can be picked, top to bottom: messages, and each code block after its reply."""
+        return list(self.query("UserMessage, Reply, MarkdownFence"))
+
+    def _pick(self, item: Widget | None) -> None:
+        if self.picked is not None:
+            self.picked.remove_class("-picked")
+        self.picked = item
+        if item is not None:
+            item.add_class("-picked")
+            self.scroll_to_widget(item, animate=False, top=item.outer_size.height > self.size.height)
+
+    def action_pick(self, step: int) -> None:
+        items = self.items()
+        if not items:
+            return
+        at = items.index(self.picked) + step if self.picked in items else len(items) - 1
+        self._pick(items[max(0, min(at, len(items) - 1))])
+
+    def action_pick_end(self, end: int) -> None:
+        items = self.items()
+        if items:
+            self._pick(items[end])
+        (self.scroll_home if end == 0 else self.scroll_end)(animate=False)
+
+    def on_blur(self) -> None:
+        self._pick(None)
+
+    def picked_text(self) -> tuple[str, str] | None:
+        """(what it is, its text) of the picked item, or None."""
+        item = self.picked
+        if isinstance(item, MarkdownFence):
+            return "code block", item.code
+        if isinstance(item, UserMessage):
+            return "message", item.text
+        if item is not None and item.is_attached:
+            return "reply", item.text  # a Reply: its Markdown source
+        return None
+
+    def action_copy_picked(self) -> None:
+        picked = self.picked_text()
+        if picked is None:
+            self.notify("Nothing picked: Up/Down pick a message or code block.", markup=False)
+            return
+        what, text = picked
+        self.app.copy_to_clipboard(text)
+        self.notify(f"Copied the {what} ({lines(text)}).", markup=False)
+
     async def clear(self) -> None:
+        self.picked = None
         await self.remove_children()
         await self.mount(Static(HINT, id="hint", markup=False))
 
     async def _drop_hint(self) -> None:
         for hint in self.query("#hint"):
             await hint.remove()
+
+
+def lines(text: str) -> str:
+    n = text.count("\n") + 1 if text else 0
+    return f"{n} line" if n == 1 else f"{n} lines"

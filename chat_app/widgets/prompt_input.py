@@ -2,11 +2,14 @@
 
 Keys: Enter sends (posts `PromptInput.Submitted`); Shift+Enter and Ctrl+J insert a newline
 (tmux does not pass Shift+Enter on, Ctrl+J always arrives); Up on the first line recalls
-earlier prompts, Down on the last line walks forward again and finally restores the draft.
+earlier prompts (`prompts`: the app fills it with earlier runs' too), Down on the last line
+walks forward again and finally restores the draft.
 The input does not clear itself: the app calls `accept(event)` when it takes the text, and
 only the submitted text leaves (what was typed after Enter, before the app took it, stays);
 a refused message stays where it was typed, and `give_back(text)` restores one that failed.
 A message of nothing but "^" (what a terminal leaves of a fast Ctrl key) is not sent.
+PgUp/PgDn (and Home/End while the input is empty) are for the conversation: the input posts
+`PromptInput.Scrolled(key)` and the app scrolls.
 Pasted text is cleaned: CR/CRLF become newlines, other control characters (ESC, Ctrl+Q, ...)
 become visible symbols, so a paste is text, never keystrokes.
 """
@@ -34,6 +37,10 @@ class PromptInput(TextArea):
         text: str  # the message (stripped)
         raw: str = field(default="", repr=False)  # the whole input when Enter was pressed
 
+    @dataclass
+    class Scrolled(Message):
+        key: str  # "pageup" | "pagedown" | "home" | "end"
+
     def __init__(self, **kwargs) -> None:
         super().__init__(soft_wrap=True, tab_behavior="focus", show_line_numbers=False, **kwargs)
         self.prompts: list[str] = []
@@ -50,6 +57,11 @@ class PromptInput(TextArea):
             elif text:  # only stray carets: nothing anyone meant to send
                 self.clear()
             return
+        if event.key in ("pageup", "pagedown") or event.key in ("home", "end") and not self.text:
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.Scrolled(event.key))
+            return
         if event.key in NEWLINE_KEYS:
             event.stop()
             event.prevent_default()
@@ -57,11 +69,12 @@ class PromptInput(TextArea):
             return
         await super()._on_key(event)
 
-    def accept(self, submitted: PromptInput.Submitted) -> None:
+    def accept(self, submitted: PromptInput.Submitted) -> bool:
         """The app took the submitted text: remember it and take it out of the input; text
-        typed after Enter stays."""
+        typed after Enter stays. True when it is new in the history (not a repeat)."""
         text = submitted.text
-        if text and (not self.prompts or self.prompts[-1] != text):
+        new = bool(text) and (not self.prompts or self.prompts[-1] != text)
+        if new:
             self.prompts.append(text)
         self._recalled, self._draft = None, ""
         now, raw = self.text, submitted.raw or submitted.text
@@ -71,6 +84,7 @@ class PromptInput(TextArea):
             self.load_text(now[len(raw):].lstrip("\n"))
             self.move_cursor(self.document.end)
         # else: the input was changed some other way since Enter; leave it alone
+        return new
 
     def give_back(self, text: str) -> None:
         """A message that could not be sent returns to the input (before anything typed since)."""

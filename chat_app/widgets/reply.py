@@ -2,7 +2,8 @@
 
 Contract: `write(text)` appends a fragment through Textual's MarkdownStream (which merges
 fragments when rendering falls behind; the app calls it once per drained batch, never per
-token); `finish(reason)` flushes the stream and marks a reply that did not end on its own
+token); `resume()` lets a finished reply grow again (/continue); `finish(reason)` flushes
+the stream and marks a reply that did not end on its own
 ("stopped", "context full", "error"; "partial": one a crash cut short, shown on resume).
 Nothing written is ever dropped: `text` is the full source. Control characters from a
 model (noise, or an escape sequence) are shown as visible symbols, never sent to the terminal.
@@ -49,6 +50,11 @@ class Reply(Vertical):
         if self._stream is None:
             self._stream = Markdown.get_stream(self.query_one(Markdown))
         await self._stream.write(printable(text))
+
+    def resume(self) -> None:
+        """The reply goes on (/continue): its note goes until it finishes again."""
+        self.remove_class("-noted")
+        self.query_one(".note", Static).update("")
 
     async def finish(self, reason: str) -> None:
         if self._stream is not None:

@@ -1,19 +1,28 @@
 """StatusBar: one line under the input with what the decoder is doing.
 
-Shows: model name, device and dtype, CUDA graphs (ON / OFF / "n/a on CPU") and which decode
-step runs ("compiling…" while the compiled step is built in the background, then "compiled"),
-decode tokens/s, time to first token, the attention bucket W, position / max_len ("cap" when
-the context is less than the model's: --max-len lifts it), and last the
-state (loading / ready / generating: last, so a narrow terminal clips it first). The app
-calls `show(**fields)` at most once per drained batch; fields not known yet render as "-".
-`line` holds the plain text (tests read it).
+Shows, in this order: decode tokens/s, the attention bucket W, position / max_len ("cap" when
+the context is less than the model's: --max-len lifts it), the state (loading / ready /
+generating), the model name, time to first token, which decode step runs ("compiling…" while
+the compiled step is built in the background, then "compiled"), CUDA graphs (ON / OFF; left
+out on a CPU, where there are none) and device and dtype. The live numbers come first: they
+are what a narrow terminal keeps, and notices (shown above the bar) never cover them. When the
+line does not fit, the model name is shortened ("Smollm2 135M 8k…") and the fields at the end
+are left out, last first. The app calls `show(**fields)` at most once per drained batch;
+fields not known yet render as "-". `line` holds the whole plain text, `shown` what fits.
 """
 
 from __future__ import annotations
 
 from textual.widgets import Static
 
-STEPS = {"plain": "", "compiling": " · compiling…", "compiled": " · compiled", "compile failed": " · plain step"}
+STEPS = {"plain": "", "compiling": "compiling…", "compiled": "compiled", "compile failed": "plain step"}
+NAME_MIN = 12  # a long model name is cut to no less than this
+NAME_NARROW = 20  # ... and to this below NARROW columns, so growing numbers do not push it around
+NARROW = 100
+
+
+def shorten(name: str, width: int) -> str:
+    return name if len(name) <= width else name[:max(width - 1, 1)].rstrip() + "…"
 
 
 class StatusBar(Static):
@@ -21,28 +30,55 @@ class StatusBar(Static):
         super().__init__("", markup=False, **kwargs)
         self.fields: dict[str, object] = {"state": "starting"}
         self.line = ""
+        self.shown = ""
 
     def show(self, **fields: object) -> None:
         self.fields.update(fields)
-        self.line = self._format()
-        self.update(self.line)
+        self._refit()
 
-    def _format(self) -> str:
+    def on_resize(self) -> None:
+        self._refit()
+
+    def _refit(self) -> None:
+        parts, name = self._parts()
+        self.line = " · ".join(p for p in parts[:4] + [name] + parts[4:] if p)
+        self.shown = self._fit(parts, name, self.content_size.width or 10_000)
+        self.update(self.shown)
+
+    def _parts(self) -> tuple[list[str], str]:
+        """(the fields, model name apart, as [live..., state, optional...]), and the name."""
         f = self.fields
+        name = str(f.get("name", ""))
         if f["state"] in ("starting", "loading", "failed"):
-            return f"{f['state']} {f.get('name', '')}".rstrip()
-        graphs = {True: "ON", False: "OFF", None: "n/a on CPU"}[f.get("graphs")]
-        step = STEPS.get(str(f.get("step", "plain")), "")
-        tok_s = f.get("tok_s")
-        ttft = f.get("ttft_ms")
+            return [str(f["state"])], name
+        tok_s, ttft = f.get("tok_s"), f.get("ttft_ms")
+        graphs = f.get("graphs")
         parts = [
-            str(f.get("name", "")),
-            f"{f.get('device', '-')} {f.get('dtype', '-')}",
-            f"graphs {graphs}{step}",
             f"{tok_s:.0f} tok/s" if tok_s is not None else "- tok/s",
-            f"TTFT {ttft:.0f} ms" if ttft is not None else "TTFT -",
             f"W {f.get('window') or '-'}",
             f"pos {f.get('position', '-')}/{f.get('max_len', '-')}{' cap' if f.get('capped') else ''}",
             str(f["state"]),
+            f"TTFT {ttft:.0f} ms" if ttft is not None else "TTFT -",
+            STEPS.get(str(f.get("step", "plain")), ""),
+            "" if graphs is None else f"graphs {'ON' if graphs else 'OFF'}",
+            f"{f.get('device', '-')} {f.get('dtype', '-')}",
         ]
-        return " · ".join(parts)
+        return [p for p in parts if p], name
+
+    @staticmethod
+    def _fit(parts: list[str], name: str, width: int) -> str:
+        """The live fields, the state, the name (shortened) and as many others as fit."""
+        if len(parts) == 1:  # starting / loading / failed: the state, then the name
+            return shorten(f"{parts[0]} {name}", width)
+        live, extra = parts[:4], parts[4:]
+        line = " · ".join(live)
+        room = width - len(line) - 3
+        if room < NAME_MIN:
+            return shorten(line, width)
+        short = shorten(name, max(NAME_MIN, min(len(name), room, NAME_NARROW if width < NARROW else room)))
+        line += " · " + short
+        for part in extra:
+            if len(line) + 3 + len(part) > width:
+                break
+            line += " · " + part
+        return line

@@ -6,9 +6,10 @@ nothing here reaches into it; two real interfaces keep a reply running while a t
 - what the APP sees: `Held` wraps the RemoteSession the app calls; the reply's events after
   its first token wait at a gate until the test releases them (or Esc, which also stops the
   child's reply). The child decodes on meanwhile; its events queue in the RemoteSession.
-- what the SESSION does: `--ignore-eos` (a real CLI option) makes a reply long by
-  construction: with a large --max-tokens it ends only at Esc / Ctrl+N or at the context's
-  end (2,048 positions), which a test that stops it asserts it never reached."""
+- what the SESSION does: `held_in_child(app)` sets the child protocol's test-only `hold`
+  (tinyllm.chat_server): the first reply waits after its first token until a stop() (Esc,
+  Ctrl+N) arrives, so a test that stops a reply mid-way cannot see it end first, on any CPU.
+  `--ignore-eos` (a real CLI option) makes sure that first token is not the end."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ def ckpt(tmp_path_factory) -> Path:
 def data_dir(tmp_path, monkeypatch) -> Path:
     folder = tmp_path / "data"
     monkeypatch.setenv("TINYLLM_CHAT_DATA_DIR", str(folder))
+    monkeypatch.setenv("TINYLLM_CHAT_CONFIG_DIR", str(tmp_path / "config"))  # never the user's config
     return folder
 
 
@@ -56,6 +58,13 @@ def make_app(ckpt) -> Callable[..., ChatApp]:
         app.NOTIFICATION_TIMEOUT = 3600
         return app
     return make
+
+
+def held_in_child(app: ChatApp, replies: int = 1) -> ChatApp:
+    """The first `replies` replies in the app's child process wait after their first text
+    until stopped."""
+    app.open_session.args[0]["hold"] = replies
+    return app
 
 
 class Held:

@@ -11,7 +11,7 @@ from chat_app.app import DRAIN_HZ, ChatApp
 from chat_app.store import Store
 from chat_app.widgets.conversation import UserMessage
 from chat_app.widgets.reply import Reply, printable
-from tests.chat_app.conftest import Held, loaded, notices, saved_chat, send, wait_until
+from tests.chat_app.conftest import Held, held_in_child, loaded, notices, saved_chat, send, wait_until
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)
@@ -57,7 +57,7 @@ async def test_message_streams_a_reply_in_batches(make_held_app, data_dir, monke
         assert len(writes) <= DRAIN_HZ * elapsed + 3
         assert re.search(r"\d+ tok/s", app.status.line), app.status.line
         assert re.search(r"W \d+ ", app.status.line) and "TTFT" in app.status.line, app.status.line
-        assert "graphs n/a on CPU" in app.status.line and "cpu float32" in app.status.line
+        assert "graphs" not in app.status.line and "cpu float32" in app.status.line  # no graphs on a CPU
     saved = saved_chat(data_dir)
     assert [(m.role, m.content) for m in saved] == [("user", "Hello there"), ("assistant", reply.content)]
 
@@ -80,24 +80,27 @@ async def test_prompt_keys_newline_and_history(make_app):
         assert app.prompt.text == "x"
 
 
-async def test_ctrl_g_on_cpu_is_a_notice(make_held_app):
+async def test_ctrl_g_is_not_offered_on_cpu(make_held_app):
     app, held = make_held_app("--max-tokens", "300")
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
+        await pilot.pause()
+        footer = [k.description for k in app.query("FooterKey")]
+        assert "Graphs" not in footer and "Help" in footer, footer
         await pilot.press("ctrl+g")
         await send(pilot, "Hello", wait=False)
         gate = await held_streaming(pilot, app, held)
         await pilot.press("ctrl+g")  # mid-reply too
         gate.release()
         await wait_until(pilot, lambda: not app.busy)
-        assert sum("n/a on CPU" in n for n in notices(app)) == 2
+        assert not any("graphs" in n.lower() for n in notices(app))  # the key does nothing here
         assert not [n for n in app._notifications if n.severity == "error"]
         assert app.query_one(Reply).text == printable(app.session.messages[-1].content)
-        assert "graphs n/a on CPU" in app.status.line
+        assert "graphs" not in app.status.line
 
 
 async def test_escape_stops_mid_reply_and_next_message_works(make_app, data_dir):
-    app = make_app("--max-tokens", "100000", "--ignore-eos")  # long by construction: ends at Esc or 2,048
+    app = held_in_child(make_app("--max-tokens", "100000", "--ignore-eos"))  # ends only at Esc
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Tell me a long story", wait=False)
@@ -108,7 +111,7 @@ async def test_escape_stops_mid_reply_and_next_message_works(make_app, data_dir)
         await wait_until(pilot, lambda: not app.busy, timeout=10, what="the reply to stop")
         stopped = app.session.messages[-1]
         assert stopped.stopped and stopped.role == "assistant"
-        assert app.session.last_stats.tokens < 1500  # Esc ended it, not the context's end
+        assert app.session.last_stats.tokens <= 2  # held at its first token until Esc
         reply = app.query_one(Reply)
         assert reply.text == printable(stopped.content) and reply.has_class("-noted")
         await app.run_command("/set max_tokens 20")
@@ -202,7 +205,7 @@ async def test_export_and_commands(make_app, tmp_path):
         for m in app.session.messages[1::2]:
             assert m.content.strip() in text
         await send(pilot, "/stats")
-        assert any("tok/s" in n and "TTFT" in n for n in notices(app))
+        assert any("tok/s" in n and "first token after" in n for n in notices(app))
         await send(pilot, "/help")
         assert type(app.screen).__name__ == "HelpScreen"
         await pilot.press("escape")
@@ -230,7 +233,7 @@ async def test_resume_restores_the_last_chat(make_app):
 
 
 async def test_new_chat_mid_reply(make_app, data_dir):
-    app = make_app("--max-tokens", "100000", "--ignore-eos")  # long by construction: ends at Ctrl+N
+    app = held_in_child(make_app("--max-tokens", "100000", "--ignore-eos"))  # ends only at Ctrl+N
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Go on and on", wait=False)
@@ -243,13 +246,13 @@ async def test_new_chat_mid_reply(make_app, data_dir):
 
 
 async def test_escape_before_the_reply_begins_still_stops_it(make_app):
-    app = make_app("--max-tokens", "100000", "--ignore-eos")
+    app = held_in_child(make_app("--max-tokens", "100000", "--ignore-eos"))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Hello", wait=False)
         app.action_stop()  # the worker may not have started the reply yet
         await wait_until(pilot, lambda: not app.busy, timeout=10)
-        assert app.session.messages[-1].stopped and app.session.last_stats.tokens < 1500
+        assert app.session.messages[-1].stopped and app.session.last_stats.tokens <= 2
 
 
 async def test_a_model_that_fails_to_load_is_an_error_not_a_crash(tmp_path):

@@ -3,6 +3,8 @@ help screen. Update with `pytest tests/chat_app --snapshot-update` after a delib
 
 from __future__ import annotations
 
+import pytest
+
 from tests.chat_app.conftest import loaded
 
 SIZE = (100, 30)
@@ -25,3 +27,88 @@ def test_snapshot_help(snap_compare, make_app):
         await pilot.pause()
 
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=help_open)
+
+
+# ---- issue 13: the chat list, the status bar while streaming, the help screen, at 80x24 and 120x40
+# The app around a stand-in session (no child process: quick, and the same picture every time).
+
+LONG_NAME = "Smollm2 135M 8k Lc100K Mix1 Ep2"
+SIZES = [(80, 24), (120, 40)]
+
+
+def _seed_chats(data_dir) -> None:
+    import sqlite3
+
+    from chat_app.store import Saved, Store
+
+    store = Store.open(data_dir, model=LONG_NAME)
+    for i, title in enumerate(["Write a haiku about tmux", "How do CUDA graphs work?", "Plan a trip to Lisbon"]):
+        store.add(Saved("user", title))
+        store.add(Saved("assistant", f"Answer {i}.", model=LONG_NAME))
+        store.new_chat()
+    store.close()
+    with sqlite3.connect(data_dir / "chat.db") as db:  # fixed times: the snapshot never changes
+        db.execute("UPDATE conversations SET updated = 1767225600 + 3600 * id, created = 1767225600")
+
+
+def stub_app(data_dir):
+    from types import SimpleNamespace
+
+    from chat_app.app import ChatApp
+    from chat_app.store import Store
+
+    session = SimpleNamespace(
+        name=LONG_NAME, device="cpu", dtype="float32", graphs_available=False, use_graph=False, max_len=2048,
+        model_max_len=2048, context=range(0), step_kind="compiled", messages=[], system=None,
+        params=SimpleNamespace(temperature=0.0, top_k=0, top_p=1.0, repeat_penalty=1.1, max_tokens=1024, seed=None),
+        set_param=lambda name, value: None, stop=lambda: None, set_system=print, new_chat=print,
+        load_messages=print)
+    app = ChatApp(lambda: session, Store.open(data_dir, model=LONG_NAME), model_name=LONG_NAME)
+    app.NOTIFICATION_TIMEOUT = 3600
+    return app
+
+
+@pytest.fixture
+def utc(monkeypatch):
+    import time
+
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.parametrize("size", SIZES, ids=["80x24", "120x40"])
+def test_snapshot_chat_list(snap_compare, data_dir, utc, size):
+    _seed_chats(data_dir)
+
+    async def chats_open(pilot) -> None:
+        await _ready(pilot)
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+
+    assert snap_compare(stub_app(data_dir), terminal_size=size, run_before=chats_open)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=["80x24", "120x40"])
+def test_snapshot_status_bar_while_streaming(snap_compare, data_dir, size):
+    async def streaming(pilot) -> None:
+        app = await loaded(pilot)
+        app.prompt.cursor_blink = False
+        # What a streaming reply shows, with fixed numbers (live ones would change the picture).
+        app.status.show(state="generating", name=LONG_NAME, tok_s=1234.0, ttft_ms=56.0, window=512,
+                        position=300, max_len=2048, capped=True, step="compiled")
+        await pilot.pause()
+
+    assert snap_compare(stub_app(data_dir), terminal_size=size, run_before=streaming)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=["80x24", "120x40"])
+def test_snapshot_help_sizes(snap_compare, data_dir, size):
+    async def help_open(pilot) -> None:
+        await _ready(pilot)
+        await pilot.press("f1")
+        await pilot.pause()
+
+    assert snap_compare(stub_app(data_dir), terminal_size=size, run_before=help_open)

@@ -1,0 +1,87 @@
+"""Going back to saved chats: `--resume`, the chat list (Ctrl+O, /chats), and showing a saved
+chat; a mixin of ChatApp.
+
+Contract: opening a chat stops the reply that runs (its text is saved first, into the chat it
+belongs to) and then, in order on the worker: the store opens the chosen conversation (a
+barrier job "open", so every write of the old chat lands before), the screen shows it (each
+reply under the model that wrote it, system prompts where they were set), the session loads
+its messages and system prompt, and its /set values apply over the launch's settings (the
+launch's settings come back for a chat that has none). A chat another instance holds, or a
+store that cannot be read, is a notice and changes nothing. Deleting the open chat from the
+list starts a new one. This module never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from chat_app.store import Saved, StoreError
+from chat_app.widgets.chat_list import ChatList
+
+if TYPE_CHECKING:
+    from chat_app.app import ChatApp
+
+
+class ChatSwitching:
+    def action_chats(self: ChatApp) -> None:
+        self.push_screen(ChatList(self.store), self._chat_chosen)
+
+    def _chat_chosen(self: ChatApp, cid: int | None) -> None:
+        if self.store.conversation is None and self.session is not None and self.session.messages:
+            self.action_new_chat()  # the open chat was deleted from the list
+        if cid is None or cid == self.store.conversation:
+            return
+        if self.session is None:
+            self.say("The model is still loading (or failed to load).", "warning")
+            return
+        self.action_stop()
+        self.queue_job("open", cid)
+
+    async def open_chat(self: ChatApp, cid: int) -> None:
+        """The worker reached the "open" barrier: switch the store, the screen, the session."""
+        try:
+            saved = self.store.open_chat(cid)
+        except (StoreError, ValueError) as e:
+            self.say(f"could not open that chat: {e}", "error")
+            return
+        await self.conversation.clear()
+        await self.show_saved(saved)
+        self.say(f"Opened a saved chat ({sum(m.role != 'system' for m in saved)} messages).")
+
+    async def resume_last_chat(self: ChatApp) -> None:
+        try:
+            saved, held = self.store.resume_last()
+        except StoreError as e:
+            self._store_failed(f"could not resume: {e}")
+            return
+        if held:
+            self.say("The last chat is open in another tinyllm-chat; "
+                     + ("this is the one before it." if saved else "this is a new one."), "warning")
+        if not saved:
+            if not held:
+                self.say("No saved chat to resume; this is a new one.")
+            return
+        await self.show_saved(saved)
+        self.say(f"Resumed the last chat ({sum(m.role != 'system' for m in saved)} messages).")
+
+    async def show_saved(self: ChatApp, saved: list[Saved]) -> None:
+        """Show a chat the store just opened and load it into the session (by jobs, in order)."""
+        said = [m for m in saved if m.role != "system"]
+        if said and said[-1].role == "user":  # its reply never began (a crash): an empty one, so turns alternate
+            saved.append(Saved("assistant", "", stopped=True, model=self.model_name))
+            self._save(self.store.add, saved[-1])
+        for m in saved:
+            if m.role == "user":
+                await self.conversation.add_user(m.content)
+            elif m.role == "system":
+                await self.conversation.add_note(system_note(m.content))
+            else:
+                note = "partial" if m.partial else "stopped" if m.stopped else ""
+                await self.conversation.add_reply(m.model or self.store.chat_model, m.content, note)
+        pairs = [("system", self.store.system or "")]
+        self.queue_job("load", pairs + [(m.role, m.content) for m in saved if m.role != "system"])
+        self.queue_job("params", self.store.settings)
+
+
+def system_note(text: str) -> str:
+    return f"system prompt: {text}" if text else "system prompt cleared"

@@ -1,0 +1,133 @@
+"""ChatList: the saved conversations, to open, rename or delete (Ctrl+O, or /chats).
+
+Contract: a modal screen over the app's Store (UI thread, as every store call). One row per
+conversation: its title (the user's, else its first message), when it was last written, its
+model and how many messages it has; the open one is marked. Enter opens the chat under the
+cursor: the screen is dismissed with its id, and the app switches to it (None: nothing to
+open). `r` renames it in place (Enter keeps the title, Esc drops the edit, an empty title
+goes back to the first message); `d` asks, and `y` deletes it. A chat another instance holds
+is refused with a notice; every store failure is a notice, never an exception.
+"""
+
+from __future__ import annotations
+
+import time
+
+from textual import on
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Input, Static
+
+from chat_app.store import Store, StoreError
+from chat_app.widgets.status_bar import shorten
+
+HINT = "Enter opens · r renames · d deletes · Esc closes"
+
+
+def when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+class ChatList(ModalScreen[int | None]):
+    BINDINGS = [Binding("escape", "close", "Close"), Binding("r", "rename", "Rename"),
+                Binding("d,delete", "delete", "Delete"), Binding("y", "confirm", "Yes", show=False)]
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self.store = store
+        self.ids: list[int] = []  # row order
+        self._deleting: int | None = None  # asked to delete this one; y confirms
+
+    def compose(self):
+        with Vertical(id="chats") as box:
+            box.border_title = "Chats"
+            box.border_subtitle = HINT
+            yield DataTable(cursor_type="row", zebra_stripes=True)
+            yield Input(id="rename", placeholder="a title (empty: its first message)")
+            yield Static("", id="chats-note", markup=False)
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("", "title", "when", "model", "msgs")
+        self.refill()
+        table.focus()
+
+    def refill(self) -> None:
+        table = self.query_one(DataTable)
+        table.clear()
+        try:
+            chats = self.store.chats()
+        except StoreError as e:
+            self.notify(str(e), severity="error", markup=False)
+            chats = []
+        self.ids = [c.id for c in chats]
+        for c in chats:
+            table.add_row("▶" if c.here else "", c.title, when(c.updated), shorten(c.model, 20),
+                          str(c.n_messages), key=str(c.id))
+        self.note("" if chats else "No saved chats yet: the first message of a chat saves it.")
+
+    def note(self, text: str) -> None:
+        self.query_one("#chats-note", Static).update(text)
+
+    @property
+    def current(self) -> int | None:
+        table = self.query_one(DataTable)
+        return self.ids[table.cursor_row] if self.ids and 0 <= table.cursor_row < len(self.ids) else None
+
+    @on(DataTable.RowSelected)
+    def open(self) -> None:
+        if self.current is not None:
+            self.dismiss(self.current)
+
+    def action_close(self) -> None:
+        rename = self.query_one("#rename", Input)
+        if rename.display:  # Esc leaves the rename, not the list
+            rename.display = False
+            self.query_one(DataTable).focus()
+            return
+        self.dismiss(None)
+
+    def action_rename(self) -> None:
+        if self.current is None:
+            return
+        table = self.query_one(DataTable)
+        rename = self.query_one("#rename", Input)
+        rename.value = str(table.get_row_at(table.cursor_row)[1])
+        rename.display = True
+        rename.focus()
+
+    @on(Input.Submitted, "#rename")
+    def renamed(self, event: Input.Submitted) -> None:
+        event.stop()
+        cid, row = self.current, self.query_one(DataTable).cursor_row
+        event.input.display = False
+        if cid is not None and self._change(self.store.rename, cid, event.value):
+            self.refill()
+            self.query_one(DataTable).move_cursor(row=row)
+        self.query_one(DataTable).focus()
+
+    def action_delete(self) -> None:
+        if self.current is not None:
+            self._deleting = self.current
+            title = self.query_one(DataTable).get_row_at(self.query_one(DataTable).cursor_row)[1]
+            self.note(f"Delete “{title}”? y deletes it, any other key keeps it.")
+
+    def action_confirm(self) -> None:
+        cid, self._deleting = self._deleting, None
+        if cid is not None and self._change(self.store.delete, cid):
+            self.refill()
+            self.note("Deleted.")
+
+    def on_key(self, event) -> None:
+        if self._deleting is not None and event.key != "y":
+            self._deleting = None
+            self.note("")
+
+    def _change(self, change, *args) -> bool:
+        try:
+            change(*args)
+        except (StoreError, ValueError) as e:
+            self.notify(str(e), severity="error", markup=False)
+            return False
+        return True

@@ -1,0 +1,83 @@
+"""Item 1 of issue 13: chats to go back to (the chat list), and replies that keep their model."""
+
+from __future__ import annotations
+
+import pytest
+
+from chat_app.store import Saved, Store
+from chat_app.widgets.chat_list import ChatList
+from chat_app.widgets.conversation import UserMessage
+from chat_app.widgets.reply import Reply
+from tests.chat_app.conftest import loaded, notices, send, wait_until
+
+pytestmark = pytest.mark.anyio
+SIZE = (100, 30)
+
+
+def seed_chats(data_dir, model: str = "SmolLM2") -> None:
+    """Two saved chats written by another model, one with a system prompt set mid-chat."""
+    store = Store.open(data_dir, model=model)
+    store.add(Saved("user", "Old question"))
+    store.add(Saved("assistant", "Old answer", model=model))
+    store.new_chat()
+    store.add(Saved("user", "Newer question"))
+    store.add(Saved("assistant", "Newer answer", model=model))
+    store.set_system("Be brief.")
+    store.add(Saved("user", "After the system prompt"))
+    store.add(Saved("assistant", "Short.", model=model))
+    store.close()
+
+
+async def test_chat_list_opens_renames_and_deletes(make_app, data_dir):
+    seed_chats(data_dir)
+    app = make_app("--max-tokens", "5")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "A chat of this run")
+        await pilot.press("ctrl+o")
+        assert isinstance(app.screen, ChatList)
+        table = app.screen.query_one("DataTable")
+        rows = [table.get_row_at(i) for i in range(table.row_count)]
+        assert [r[1] for r in rows] == ["A chat of this run", "Newer question", "Old question"]
+        assert rows[0][0] == "▶" and rows[1][3] == "SmolLM2" and rows[1][4] == "4"
+        await pilot.press("down", "r")  # rename "Newer question"
+        app.screen.query_one("#rename").value = ""
+        await pilot.press(*"Trip", "enter")
+        assert table.get_row_at(1)[1] == "Trip"
+        await pilot.press("enter")  # open it
+        await wait_until(pilot, lambda: not isinstance(app.screen, ChatList)
+                         and [m.content for m in app.session.messages][:1] == ["Newer question"],
+                         what="the chosen chat in the session")
+        await wait_until(pilot, lambda: len(app.query(Reply)) == 2)
+        assert [w.text for w in app.query(UserMessage)] == ["Newer question", "After the system prompt"]
+        assert [r.border_title for r in app.query(Reply)] == ["SmolLM2", "SmolLM2"]  # not relabelled
+        assert app.session.system == "Be brief." and "system prompt: Be brief." in str(
+            app.query_one(".chat-note").render())
+        await send(pilot, "One more")
+        assert app.query(Reply).last().border_title == "tiny-test"
+        await pilot.press("ctrl+o", "down", "down", "d", "n")  # d asks; any key but y keeps it
+        assert app.screen.query_one("DataTable").row_count == 3
+        await pilot.press("d", "y")
+        assert app.screen.query_one("DataTable").row_count == 2
+        await pilot.press("home", "d", "y")  # the open chat: deleted, and a new chat begins
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not app.session.messages and not app.query(Reply), what="a new chat")
+        assert not [n for n in notices(app) if "rror" in n]
+    store = Store.open(data_dir)
+    assert [c.title for c in store.chats()] == ["A chat of this run"]
+    store.close()
+
+
+async def test_each_reply_keeps_its_model_on_resume_and_in_export(make_app, data_dir, tmp_path):
+    seed_chats(data_dir)
+    app = make_app("--max-tokens", "5", "--resume")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await wait_until(pilot, lambda: len(app.session.messages) == 4, what="the resumed chat")
+        await send(pilot, "Hello from tinychat")
+        out = tmp_path / "chat.md"
+        await send(pilot, f"/export {out}")
+    text = out.read_text()
+    assert text.count("## SmolLM2") == 2 and text.count("## tiny-test") == 1
+    # the system prompt where it was set: after the first answer, before the next question
+    assert text.index("Newer answer") < text.index("**System:** Be brief.") < text.index("After the system")

@@ -1,0 +1,42 @@
+"""Item 5 of issue 13: a status bar that fits at 80 columns, notices that do not hide it,
+and messages of a readable width at 200 columns."""
+
+from __future__ import annotations
+
+import pytest
+
+from chat_app.widgets.reply import Reply
+from chat_app.widgets.status_bar import StatusBar, shorten
+from tests.chat_app.conftest import loaded, send, wait_until
+
+pytestmark = pytest.mark.anyio
+LONG = "Smollm2 135M 8k Lc100K Mix1 Ep2"
+
+
+async def test_status_bar_fits_80_columns_and_notices_stay_above_it(make_app):
+    app = make_app("--max-tokens", "3")
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hello")
+        bar = app.query_one(StatusBar)
+        bar.show(name=LONG, step="compiled", capped=True)
+        shown = bar.shown
+        assert len(shown) <= bar.content_size.width, shown
+        for field in ("tok/s", "W ", "pos ", "/2048 cap", "ready", "Smollm2 135M 8k Lc1…"):
+            assert field in shown, (field, shown)
+        assert LONG not in shown and "…" in shown  # the long name is shortened
+        assert LONG in bar.line  # the whole line is still there for a wider terminal
+        app.say("A notice that would have covered the bar")
+        await wait_until(pilot, lambda: app.screen.query("Toast"), what="the notice")
+        await pilot.pause()
+        toast = app.screen.query("Toast").last()
+        assert toast.region.bottom <= bar.region.y  # above the bar: tok/s stays visible
+        await pilot.resize_terminal(200, 40)
+        await pilot.pause()
+        assert LONG in bar.shown  # room for everything now
+        await wait_until(pilot, lambda: app.query(Reply))
+        assert app.query_one(Reply).region.width <= 120  # a readable width, not 200 columns
+
+
+def test_shorten():
+    assert shorten(LONG, 16) == "Smollm2 135M 8k…" and shorten("tiny", 16) == "tiny"
