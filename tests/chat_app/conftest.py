@@ -98,7 +98,7 @@ class Held:
             yield event
             if isinstance(event, Token) and not self.gate.is_set():
                 self.held.set()
-                self.gate.wait(timeout=120)
+                self.gate.wait(timeout=300)
                 self.held.clear()
 
 
@@ -135,7 +135,8 @@ def rows(data_dir: Path) -> list[tuple]:
                           "ORDER BY id").fetchall()
 
 
-async def wait_until(pilot, condition: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
+async def wait_until(pilot, condition: Callable[[], bool], timeout: float = 300.0, what: str = "") -> None:
+    """Wait on state. The timeout only stops a hung test; it is far past any loaded machine."""
     end = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > end:

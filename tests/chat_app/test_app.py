@@ -108,7 +108,7 @@ async def test_escape_stops_mid_reply_and_next_message_works(make_app, data_dir)
         await send(pilot, "Too soon", wait=False)  # refused while the reply runs; the text stays
         assert app.prompt.text == "Too soon" and any("still running" in n for n in notices(app))
         await pilot.press("escape")
-        await wait_until(pilot, lambda: not app.busy, timeout=10, what="the reply to stop")
+        await wait_until(pilot, lambda: not app.busy, what="the reply to stop")
         stopped = app.session.messages[-1]
         assert stopped.stopped and stopped.role == "assistant"
         assert app.session.last_stats.tokens <= 2  # held at its first token until Esc
@@ -239,7 +239,7 @@ async def test_new_chat_mid_reply(make_app, data_dir):
         await send(pilot, "Go on and on", wait=False)
         await reply_streaming(pilot, app)
         await pilot.press("ctrl+n")
-        await wait_until(pilot, lambda: not app.busy and not app.query(Reply), timeout=10)
+        await wait_until(pilot, lambda: not app.busy and not app.query(Reply))
         assert app.session.messages == [] and app.store.conversation is None
     saved = saved_chat(data_dir)  # the stopped chat was kept in full
     assert [(m.role, m.stopped) for m in saved] == [("user", False), ("assistant", True)]
@@ -251,7 +251,7 @@ async def test_escape_before_the_reply_begins_still_stops_it(make_app):
         await loaded(pilot)
         await send(pilot, "Hello", wait=False)
         app.action_stop()  # the worker may not have started the reply yet
-        await wait_until(pilot, lambda: not app.busy, timeout=10)
+        await wait_until(pilot, lambda: not app.busy)
         assert app.session.messages[-1].stopped and app.session.last_stats.tokens <= 2
 
 
