@@ -87,3 +87,18 @@ def test_smollm2_matches_transformers_gguf_loader(smollm2, monkeypatch):
     mine = [int(t) for t in generate(model, idx, 16)]
     ref = hf.generate(idx, do_sample=False, max_new_tokens=16)[0, len(ours):].tolist()  # stops after EOS
     assert mine[:len(ref)] == ref and ref[-1] == tok.eos_id
+
+
+@pytest.mark.parametrize("quant, kind", [("keep", "int4"), ("int8", "int8")])
+def test_smollm2_quantized_still_knows_the_capital_of_france(quant, kind):
+    """Issue 11: the file's 4-bit matrices kept as int4 (on an AVX2 CPU through our kernel),
+    or every matrix int8: the greedy reply still says Paris and closes its turn."""
+    from tinyllm.quant import QuantLinear
+
+    model, tok, tmpl, name = open_any(GGUF, "cpu", torch.float32, quant=quant)
+    assert any(isinstance(m, QuantLinear) and m.kind == kind for m in model.modules())
+    session = ChatSession(model, tok, tmpl, max_len=512, system=tmpl.default_system, name=name, compile=None)
+    session.set_param("max_tokens", "48")
+    done = list(session.send("What is the capital of France?"))[-1]
+    print(f"\n{quant}: {done.text}")
+    assert "Paris" in done.text and done.reason == "eos"
