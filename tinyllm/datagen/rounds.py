@@ -125,13 +125,8 @@ def run_round(teacher, tasks: dict, filters: Filters, seed: int, r: int, n: int,
     replies = teacher.chat([_context(tasks, c) for c in convs], answer, stage_seed(seed, r, "answer"))
     done: list[tuple[Item, list[dict]]] = []
     for it, conv, rep in zip(kept, convs, replies, strict=True):
-        why = judge_answer(rep.text, rep.finished, it.user, it.expect, it.system and it.system["check"])
-        if why is None and normalize(rep.text) in filters.answers:
-            why = "dup_answer"
-        if why:
-            stats[f"drop.{why}"] += 1
+        if not _keep_answer(rep, it.user, it.expect, it.system and it.system["check"], filters, stats, "drop"):
             continue
-        filters.answers.add(normalize(rep.text))
         done.append((it, conv + [{"role": "assistant", "content": rep.text}]))
     # 3. follow-up turns: a share gets a second turn, a share of those a third
     share = tasks["followup_share"]
@@ -178,13 +173,8 @@ def _follow_up(teacher, tasks: dict, filters: Filters, pick: list, rng, stats: C
         check = None
         if conv[0]["role"] == "system":
             check = next((s["check"] for s in tasks["system_prompts"] if s["text"] == conv[0]["content"]), None)
-        why = judge_answer(rep.text, rep.finished, q, None, check)
-        if why is None and normalize(rep.text) in filters.answers:
-            why = "dup_answer"
-        if why:
-            stats[f"drop.followup.{why}"] += 1
+        if not _keep_answer(rep, q, None, check, filters, stats, "drop.followup"):
             continue
-        filters.answers.add(normalize(rep.text))
         conv += [{"role": "user", "content": q}, {"role": "assistant", "content": rep.text}]
 
 
@@ -194,3 +184,16 @@ def expand_line(line: str) -> str:
 
     q = clean_line(line)
     return q if q.endswith("?") and 2 <= len(q.split()) <= 30 else ""
+
+
+def _keep_answer(rep, user: str, expect, check, filters: Filters, stats: Counter, drop: str) -> bool:
+    """Whether a teacher's answer passes the judge and is not a duplicate; counts a drop under
+    `drop`.<why>, and remembers a kept answer."""
+    why = judge_answer(rep.text, rep.finished, user, expect, check)
+    if why is None and normalize(rep.text) in filters.answers:
+        why = "dup_answer"
+    if why:
+        stats[f"{drop}.{why}"] += 1
+        return False
+    filters.answers.add(normalize(rep.text))
+    return True
