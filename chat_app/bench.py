@@ -82,6 +82,8 @@ async def app_side(args, ours, report: Report) -> object:
         ready = await asyncio.to_thread(session.wait_compiled, ours.wait_compile)
         if session.step_kind == "compiled" and ready:
             report("launch_to_compiled_s", time.perf_counter() - t0, "s", where="app")
+        elif session.compile_error:
+            print(f"app: compile failed: {session.compile_error}", file=sys.stderr)
         for step, at in sorted(session.timeline.items(), key=lambda kv: kv[1]):  # where start-up goes
             report(f"launch_to_{step}_s", at - wall0, "s", where="child")
 
@@ -89,7 +91,8 @@ async def app_side(args, ours, report: Report) -> object:
         for i in range(ours.replies):
             stats = await one_reply(f"And then what happened, part {i + 1}?")
             speeds.append(stats.tok_per_s)
-            report("decode_tok_s", stats.tok_per_s, "tok/s", where="app", step=stats.step, reply=i + 1)
+            report("decode_tok_s", stats.tok_per_s, "tok/s", where="app", step=stats.step, reply=i + 1,
+                   ttft_ms=round(stats.ttft_ms, 1), position=stats.position)
         report("decode_tok_s_median", statistics.median(speeds), "tok/s", where="app", step=stats.step)
     return speeds
 
@@ -115,7 +118,8 @@ def session_side(args, ours, report: Report) -> list[float]:
     for i in range(ours.replies):
         *_, fin = session.send(f"Another question, number {i + 1}?")
         speeds.append(fin.stats.tok_per_s)
-        report("decode_tok_s", fin.stats.tok_per_s, "tok/s", where="session", step=fin.stats.step, reply=i + 1)
+        report("decode_tok_s", fin.stats.tok_per_s, "tok/s", where="session", step=fin.stats.step, reply=i + 1,
+               ttft_ms=round(fin.stats.ttft_ms, 1), position=fin.stats.position)
     report("decode_tok_s_median", statistics.median(speeds), "tok/s", where="session", step=fin.stats.step)
     report.context["device"] = session.device
     return speeds

@@ -33,10 +33,10 @@ from pathlib import Path
 
 import torch
 
+from tinyllm import cpu_qgemv
 from tinyllm.chat_template import ChatTemplate, get_template
 from tinyllm.jinja_template import derive_template, guess_builtin
 from tinyllm.model import ModelConfig, Transformer
-from tinyllm import cpu_qgemv
 from tinyllm.quant import GROUPS, QTensor, QuantEmbedding, QuantLinear, cat, fbgemm_available, fits, quantize
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"

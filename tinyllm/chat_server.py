@@ -21,6 +21,8 @@ benchmarks), then answers messages, all plain picklable data:
                     ("done", state) | ("failed", message)   a job ended
                     ("answer", id, error, state)
                     ("state", state)          a background compile ended (step_kind changed)
+When a compile ends, the job loop also runs `session.prepare()` (the compiled step takes over
+and its graphs are captured then, between replies, not during the next one).
 `open_kwargs["hold"] = n` (tests only) holds each of the first n replies after its first text
 until a "stop" call comes (a stop that came before still counts; quitting releases it), so
 such a reply cannot end before Esc however fast the machine. `continue` extends the last
@@ -86,7 +88,7 @@ def serve(conn: Connection, open_kwargs: dict) -> None:
     send(("loaded", snapshot(session)))
     jobs: queue.Queue = queue.Queue()
     threading.Thread(target=_read, args=(conn, session, jobs, send, hold), daemon=True).start()
-    threading.Thread(target=_watch_compile, args=(session, send), daemon=True).start()
+    threading.Thread(target=_watch_compile, args=(session, send, jobs), daemon=True).start()
     while (job := jobs.get()) is not None:
         if job[0] in ("send", "regenerate", "continue") and hold is not None:
             holds -= 1
@@ -136,16 +138,23 @@ def _read(conn: Connection, session, jobs: queue.Queue, send, hold: threading.Ev
     jobs.put(None)
 
 
-def _watch_compile(session, send) -> None:
-    """Tell the parent each time a background compile ends (the first at start-up, another
-    when a reply asks for the other sampler variant)."""
+def _watch_compile(session, send, jobs: queue.Queue) -> None:
+    """Each time a background compile ends (the first at start-up, another when a reply asks
+    for the other sampler variant): queue a prepare job and tell the parent."""
     while session.compile_started.wait():
         session.compile_started.clear()
         session.wait_compiled()
+        jobs.put(("prepare", None))
         send(("state", snapshot(session)))
 
 
 def _run_job(session, kind: str, arg, send, hold: threading.Event | None = None) -> None:
+    if kind == "prepare":  # the server's own job: the parent waits for no answer
+        try:
+            session.prepare()
+        except Exception as e:  # the next reply takes the step over itself, or says why
+            print(f"prepare failed: {type(e).__name__}: {e}", flush=True)
+        return
     try:
         if kind in ("send", "regenerate", "continue"):
             events = {"send": lambda: session.send(arg), "regenerate": session.regenerate,

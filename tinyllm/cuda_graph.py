@@ -281,15 +281,16 @@ class _Decoder:
         return time.perf_counter() - t0
 
     @torch.no_grad()
-    def run(self, steps: int = 1) -> Tensor:
+    def run(self, steps: int = 1, capture: bool = True) -> Tensor:
         """`steps` decode steps, each feeding `tok` and leaving its draw there and in
         `out[:, i]`; one replay with graphs. Returns the last step's logits (B, 1, V), with
-        graphs a static buffer that the next run overwrites."""
+        graphs a static buffer that the next run overwrites. A run whose graph is not captured
+        yet is captured now, or with capture=False runs eagerly (the same steps, bit for bit)."""
         if not 1 <= steps <= MAX_RUN:
             raise ValueError(f"steps must be in [1, {MAX_RUN}], got {steps}")
         window = self.bucket(self.cache.keys_needed(steps))
-        if self.use_graph:
-            key = (window, steps, self.sampler.greedy)
+        key = (window, steps, self.sampler.greedy)
+        if self.use_graph and (capture or key in self.graphs):
             if key not in self.graphs:
                 self.graphs[key] = self._record(window, steps)
             graph, logits = self.graphs[key]
@@ -376,10 +377,10 @@ class GraphDecoder(_Decoder):
             raise ValueError(f"expected token ids of shape ({self.cache.batch}, T), got {tuple(idx.shape)}")
 
     @torch.no_grad()
-    def launch(self, steps: int) -> Chunk:
-        """run(steps) without waiting for it: the ids are copied to the host behind it, and
-        the caller reads them from the Chunk (after launching the next one, say)."""
-        self.run(steps)
+    def launch(self, steps: int, capture: bool = True) -> Chunk:
+        """run(steps, capture) without waiting for it: the ids are copied to the host behind
+        it, and the caller reads them from the Chunk (after launching the next one, say)."""
+        self.run(steps, capture)
         host = self._host[self._next_host]
         self._next_host = (self._next_host + 1) % len(self._host)
         if not self.out.is_cuda:

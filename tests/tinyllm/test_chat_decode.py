@@ -4,7 +4,7 @@ every offset inside a chunk), seeded sampling, and the background compile taking
 import pytest
 import torch
 
-from tinyllm.chat import Finished, Token, open_session
+from tinyllm.chat import CHUNK, Finished, Token, open_session
 from tinyllm.testing import make_tiny_checkpoint
 
 K = 8
@@ -97,18 +97,18 @@ def test_seeded_sampling_is_the_same_in_chunks_and_again_on_regenerate(ckpt):
     assert list(s.regenerate())[-1].text != texts[0]
 
 
-def test_runs_are_whole_chunks_or_powers_of_two_so_few_graphs_are_ever_captured(ckpt):
+def test_runs_are_whole_chunks_or_single_steps_so_every_graph_is_captured_ahead(ckpt):
     """Each run length is a graph per bucket: replies that end at every kind of offset, and
-    bucket ends, use only K and the powers of two below it."""
+    bucket ends, use only K and 1, the two lengths captured ahead."""
     s = session(ckpt, K)
     s.stop_ids = set()
     lengths = []
     launch = s.decoder.launch
-    s.decoder.launch = lambda steps: (lengths.append(steps), launch(steps))[1]
+    s.decoder.launch = lambda steps, capture=True: (lengths.append(steps), launch(steps, capture))[1]
     for n in (5, 13, 22, 37, 50, 91):
         s.set_param("max_tokens", str(n))
         talk(s, "Hello!")
-    assert set(lengths) <= {8, 4, 2, 1} and {4, 2, 1} & set(lengths), lengths
+    assert set(lengths) == {8, 1}, lengths
     assert s.decoder.n > 256  # the replies crossed bucket ends too
 
 
@@ -177,3 +177,44 @@ def test_graphs_toggled_mid_reply_with_sampling_and_compile_change_no_token(ckpt
                 s.set_graphs(not s.use_graph)
         texts.append((s.messages[-1].ids, s.decoder.n))
     assert texts[0] == texts[1] == texts[2]
+
+
+def test_prepare_takes_the_compiled_step_between_replies(ckpt):
+    """prepare() (the app's server calls it when a compile ends) switches to the compiled step
+    before any reply asks, and the reply after it runs compiled with the tokens a session that
+    switched at the reply's start gives."""
+    s = session(ckpt, K, compile="eager")
+    assert s.wait_compiled(timeout=600) and s.step_kind == "compiled", s.compile_error
+    assert not s.decoder.compile
+    s.prepare()
+    assert s.decoder.compile == "eager"
+    s.set_param("max_tokens", "12")
+    fin = talk(s, "Hello!")
+    ref = session(ckpt, K, compile="eager")
+    assert ref.wait_compiled(timeout=600)
+    ref.set_param("max_tokens", "12")
+    assert fin.stats.step == "compiled" and talk(ref, "Hello!").text == fin.text
+
+
+@pytest.mark.cuda
+def test_no_graph_is_captured_mid_reply_or_while_a_compile_runs(ckpt):
+    """CUDA: the plain graphs (both run lengths, every bucket) are captured before the compile
+    starts; a reply of the other sampler variant while a compile runs adds no graph (it runs
+    eagerly); prepare() captures the compiled step's graphs, and a long reply after it adds none."""
+    s = session(ckpt, CHUNK, device="cuda", compile="inductor")  # the chunk captured ahead
+    buckets = s.decoder.buckets
+    assert set(s.decoder.graphs) == {(w, n, True) for w in buckets for n in (1, CHUNK)}
+    s.stop_ids = set()
+    for k, v in [("temperature", "0.8"), ("seed", "3"), ("max_tokens", "40")]:
+        s.set_param(k, v)
+    talk(s, "Hello!")  # a compile runs: the first, or the sampling variant's that this reply started
+    assert not any(key[2] is False for key in s.decoder.graphs), sorted(s.decoder.graphs)
+    while s.step_kind != "compiled":  # the sampling variant compiles (after the greedy one)
+        assert s.wait_compiled(timeout=900) and s.compile_error == "", s.compile_error
+        s.prepare()
+    assert s.decoder.compile == "inductor"
+    captured = set(s.decoder.graphs)
+    assert captured == {(w, n, False) for w in buckets for n in (1, CHUNK)}
+    s.set_param("max_tokens", "300")  # crosses the 128 and 256 buckets' ends
+    fin = talk(s, "More?")
+    assert fin.stats.step == "compiled" and set(s.decoder.graphs) == captured
