@@ -15,6 +15,9 @@ Contract:
   one matrix product each instead of three and two, which matters when decode is
   launch-bound. `state_dict()` and `load_state_dict()` still speak the separate names
   (`attn.wq/wk/wv`, `ffn.w1/w3`), so checkpoints and importers keep the usual layout.
+- A windowed decode step (T=1 with a bool mask) attends through `decode_attention` (a split-K
+  Triton kernel) on CUDA where it takes the inputs, else through `window_attention`, its
+  reference.
 - Refuses: sequences longer than `max_seq_len` (ValueError), configs whose heads don't divide.
 """
 
@@ -27,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from tinyllm import decode_attention
 
 # Cached attention never uses cuDNN's SDPA: it builds a plan per new shape (measured on an
 # H200: 50 ms to 1 s for each new prefill length), and a chat prefills a new length each turn.
@@ -263,7 +268,9 @@ class Attention(nn.Module):
             # is per key, so it broadcasts over them.
             q = q.view(B, self.n_kv_heads, rep, self.head_dim)  # (B, Hkv, rep, D)
             mask = attn_kwargs.get("attn_mask")
-            if mask is not None:  # a windowed (static or slot) decode step
+            if mask is not None and decode_attention.supported(q, k, v, mask):  # windowed, on CUDA
+                y = decode_attention.decode_attention(q, k, v, mask, self.head_dim ** -0.5)  # (B, Hkv, rep, D)
+            elif mask is not None:  # a windowed (static or slot) decode step: the reference
                 y = window_attention(q, k, v, mask, self.head_dim ** -0.5)  # (B, Hkv, rep, D)
             else:
                 y = F.scaled_dot_product_attention(q, k, v, **attn_kwargs)  # (B, Hkv, rep, D)

@@ -1,0 +1,288 @@
+"""decode_attention (split-K Triton kernel) against window_attention and a float64 reference.
+
+The CUDA tests run on the H200 (skipped without CUDA: a skip is not a pass). The CPU test runs
+the same kernels under Triton's interpreter (TRITON_INTERPRET=1, in a subprocess so that the
+variable is set before Triton is imported); it is skipped where Triton is not installed (CI).
+The interpreter computes tl.dot on bf16 wrongly (measured with Triton 3.9: values off by 1e9),
+so it runs fp16; bf16 is tested on CUDA."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from tinyllm import decode_attention as da
+from tinyllm.model import window_attention
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_case(B, Hkv, R, D, W, *, rows=None, dtype=torch.bfloat16, device="cuda", seed=0):
+    """q (B, Hkv, R, D); k, v (B, Hkv, W, D) slices of a (B, Hkv, rows, D) cache."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    rows = rows or W + 37
+    q = torch.randn(B, Hkv, R, D, generator=g).to(device, dtype)
+    kc = torch.randn(B, Hkv, rows, D, generator=g).to(device, dtype)
+    vc = torch.randn(B, Hkv, rows, D, generator=g).to(device, dtype)
+    return q, kc[:, :, :W], vc[:, :, :W]
+
+
+def window_mask(W, first_valid, pos, device="cuda"):
+    """(B, 1, 1, W) bool: keys first_valid[b] .. pos[b], as _StaticDecode.begin_step builds it."""
+    k_pos = torch.arange(W, device=device)
+    fv = torch.tensor(first_valid, device=device)[:, None]
+    p = torch.tensor(pos, device=device)[:, None]
+    return ((k_pos <= p) & (k_pos >= fv))[:, None, None, :]
+
+
+def masks_for(B, W):
+    """Windows to test: full, a single key at 0, the last key only, whole blocks masked at
+    both ends, and (B=2) two rows with different windows."""
+    out = [([0] * B, [W - 1] * B), ([0] * B, [0] * B), ([W - 1] * B, [W - 1] * B),
+           ([min(W - 1, 70)] * B, [max(70, W - 80)] * B)]
+    if B == 2:
+        out.append(([0, W // 2 + 3], [W // 3, W - 1]))
+    return out
+
+
+def rel_err(x, ref):
+    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+# -- CUDA -----------------------------------------------------------------------------------
+
+cuda = pytest.mark.cuda
+
+
+@cuda
+@pytest.mark.parametrize("W", [128, 256, 1000, 2048])
+@pytest.mark.parametrize("D", [32, 64, 128])
+def test_against_window_attention_and_float64(W, D):
+    for B in (1, 2):
+        for Hkv in (1, 3, 4):
+            for R in (1, 3, 8):
+                q, k, v = make_case(B, Hkv, R, D, W, seed=W + D + B + Hkv + R)  # k, v: slices of a cache
+                assert da.supported(q, k, v, window_mask(W, [0] * B, [0] * B))
+                for fv, pos in masks_for(B, W):
+                    mask = window_mask(W, fv, pos)
+                    scale = D ** -0.5
+                    y = da.decode_attention(q, k, v, mask, scale)  # (B, Hkv, R, D)
+                    assert y.shape == (B, Hkv, R, D) and y.dtype == v.dtype
+                    ref = window_attention(q.double(), k.double(), v.double(), mask, scale)
+                    slow = window_attention(q, k, v, mask, scale)
+                    case = (B, Hkv, R, D, W, fv, pos)
+                    assert rel_err(y, ref) < 1e-2, case
+                    assert rel_err(y, slow.double()) < 1.5e-2, case
+                    assert rel_err(slow, ref) < 1.5e-2, case  # the reference itself, for scale
+
+
+@cuda
+def test_masked_keys_are_never_read_and_an_empty_row_is_zero():
+    B, Hkv, R, D, W = 2, 3, 3, 64, 300
+    q, k, v = make_case(B, Hkv, R, D, W)
+    mask = window_mask(W, [10, 0], [200, 0])
+    ref = window_attention(q.double(), k.double(), v.double(), mask, D ** -0.5)
+    k[:, :, 201:], v[:, :, 201:] = float("nan"), float("nan")  # the cache past pos: garbage
+    k[0, :, :10], v[0, :, :10] = float("nan"), float("nan")  # and before first_valid
+    y = da.decode_attention(q, k, v, mask, D ** -0.5)
+    assert rel_err(y, ref) < 1e-2
+    mask[1] = False  # no key at all: the caller never does this, and gets 0
+    y = da.decode_attention(q, k, v, mask, D ** -0.5)
+    assert torch.isfinite(y).all() and (y[1] == 0).all()
+
+
+@cuda
+def test_compiled_dynamic_matches_eager_and_replays_in_a_graph():
+    B, Hkv, R, D, rows = 2, 3, 3, 64, 2100
+    scale = D ** -0.5
+
+    def step(q, kc, vc, mask):  # as the decode step: slice the cache to the window in-graph
+        W = mask.shape[-1]
+        y = da.decode_attention(q * 1.0, kc[:, :, :W], vc[:, :, :W], mask, scale)
+        return y.float() * 2.0  # some work for Inductor to fuse around the op
+
+    fn = torch.compile(step, fullgraph=True, dynamic=True)
+    q, kc, vc = make_case(B, Hkv, R, D, rows, rows=rows)
+    for i, W in enumerate((128, 256, 1000, 2048)):
+        mask = window_mask(W, [0, 5], [W - 1, W // 2])
+        want = step(q, kc, vc, mask)
+        if i == 0:
+            got = fn(q, kc, vc, mask)
+        else:
+            with torch._dynamo.config.patch(error_on_recompile=True):  # one compile, every W
+                got = fn(q, kc, vc, mask)
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-3)
+
+    # Capture the eager op and the compiled step; change the inputs in place; replay.
+    W = 1000
+    mask = window_mask(W, [0, 0], [500, 900])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # warm-up off the capture
+            step(q, kc, vc, mask), fn(q, kc, vc, mask)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_eager = step(q, kc, vc, mask)
+        out_compiled = fn(q, kc, vc, mask)
+    q2, kc2, vc2 = make_case(B, Hkv, R, D, rows, rows=rows, seed=1)
+    q.copy_(q2), kc.copy_(kc2), vc.copy_(vc2)
+    mask.copy_(window_mask(W, [3, 100], [W - 1, 600]))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out_eager, step(q, kc, vc, mask))
+    assert torch.equal(out_compiled, fn(q, kc, vc, mask))
+    ref = window_attention(q.double(), kc[:, :, :W].double(), vc[:, :, :W].double(), mask, scale)
+    assert rel_err(out_eager / 2, ref) < 1e-2
+
+
+@cuda
+@torch.no_grad()
+def test_compiled_graph_reads_the_cache_in_place():
+    """Inductor must see that the kernels write only their scratch and output: were k, v or
+    the mask taken as mutated, the graph would clone the cache slice and write it back
+    (slice_scatter) in every layer."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    def step(q, kc, vc, mask):
+        W = mask.shape[-1]
+        return da.decode_attention(q, kc[:, :, :W], vc[:, :, :W], mask, 0.125)
+
+    q, kc, vc = make_case(2, 3, 3, 64, 1100, rows=1100)
+    mask = window_mask(1000, [0, 0], [999, 500])
+    fn = torch.compile(step, backend=aot_autograd(fw_compiler=keep), fullgraph=True, dynamic=True)
+    torch.testing.assert_close(fn(q, kc, vc, mask), step(q, kc, vc, mask), rtol=0, atol=0)
+    nodes = [n for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+    assert not [n for n in nodes if "scatter" in str(n.target) or "copy" in str(n.target)], graphs[0].code
+    launches = [n for n in nodes if n.target is torch.ops.higher_order.triton_kernel_wrapper_functional]
+    assert [sorted(n.kwargs["tensors_to_clone"]) for n in launches] == [["l_ptr", "m_ptr", "o_ptr"], ["out_ptr"]]
+
+
+@cuda
+@torch.no_grad()
+def test_model_decode_with_the_kernel_matches_window_attention(monkeypatch):
+    """The model's static decode step on CUDA (bf16) goes through the kernel, and its logits
+    agree with the same step through window_attention to bf16 rounding."""
+    from tinyllm.cuda_graph import GraphDecoder
+    from tinyllm.model import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_name("tiny", vocab_size=1024, dim=192, n_layers=3, n_heads=6,
+                                n_kv_heads=2, ffn_dim=512, max_seq_len=1024)  # D = 32, R = 3
+    model = Transformer(cfg).init_weights(0).to("cuda", torch.bfloat16).eval()
+    prompt = torch.randint(0, 1024, (2, 150), device="cuda")
+    calls = []
+    real = da.decode_attention
+    monkeypatch.setattr(da, "decode_attention", lambda *a: calls.append(1) or real(*a))
+
+    def run(kernel: bool):
+        monkeypatch.setattr(da, "_HAS_TRITON", kernel)
+        dec = GraphDecoder(model, 2, max_len=1024, use_graph=False)
+        logits, outs = dec.prefill(prompt), []
+        for _ in range(40):
+            logits = dec.step(logits[:, -1].argmax(-1, keepdim=True))
+            outs.append(logits.float())
+        return torch.cat(outs, 1)
+
+    fast = run(True)
+    n = len(calls)
+    assert n >= 40 * cfg.n_layers  # every layer of every step
+    slow = run(False)
+    assert len(calls) == n  # and none here
+    assert ((fast - slow).norm() / slow.norm()).item() < 2e-2
+
+
+# -- CPU, Triton's interpreter ----------------------------------------------------------------
+
+INTERPRETED = textwrap.dedent("""
+    import os
+    import torch
+    from torch.library import wrap_triton
+    from tinyllm import decode_attention_triton as T
+    from tinyllm.model import window_attention
+    from tests.tinyllm.test_decode_attention import make_case, window_mask, rel_err
+
+    def raw(q, k, v, mask, scale):  # the op's body, launched directly (for a torch whose
+        B, Hkv, R, D = q.shape      # wrap_triton refuses interpreted kernels)
+        W = k.shape[2]
+        mask = mask.expand(B, 1, 1, W)
+        n = T.triton.cdiv(W, T.BLOCK_N)
+        m, l = torch.empty(B * Hkv, n, R), torch.empty(B * Hkv, n, R)
+        o, out = torch.empty(B * Hkv, n, R, D), torch.empty(B, Hkv, R, D, dtype=v.dtype)
+        T._split_kernel[(B * Hkv, n)](q, k, v, mask, m, l, o, W, n, Hkv, R, scale, *q.stride(),
+                                      *k.stride(), *v.stride(), mask.stride(0), mask.stride(3),
+                                      D=D, BLOCK_R=max(16, T.triton.next_power_of_2(R)), BLOCK_N=T.BLOCK_N)
+        T._combine_kernel[(B * Hkv, R)](m, l, o, out, n, R, D=D, BLOCK_S=T.BLOCK_S)
+        return out
+
+    try:
+        wrap_triton(T._split_kernel)
+        run, how = T.decode_attention, "the op"
+    except RuntimeError:
+        run, how = raw, "raw launches"
+    cases = [  # B, Hkv, R, D, W, first_valid, pos
+        (2, 3, 3, 64, 200, [0, 70], [199, 150]),  # W not a multiple of 64; a fully masked block
+        (1, 1, 1, 32, 64, [0], [0]),  # one key
+        (2, 2, 8, 128, 130, [129, 0], [129, 64]),  # the last key only
+        (1, 1, 3, 64, 2200, [0], [2150]),  # 35 splits: the combine loops twice
+    ]
+    for B, Hkv, R, D, W, fv, pos in cases:
+        q, k, v = make_case(B, Hkv, R, D, W, dtype=torch.float16, device="cpu", seed=W)
+        mask = window_mask(W, fv, pos, device="cpu")
+        ref = window_attention(q.double(), k.double(), v.double(), mask, D ** -0.5)
+        for b in range(B):  # keys outside the window are never read: NaN there changes nothing
+            for x in (k, v):
+                x[b, :, pos[b] + 1:], x[b, :, :fv[b]] = float("nan"), float("nan")
+        y = run(q, k, v, mask, D ** -0.5)
+        assert y.shape == (B, Hkv, R, D) and y.dtype == torch.float16
+        assert rel_err(y, ref) < 2e-3, (B, Hkv, R, D, W, rel_err(y, ref))
+    mask = window_mask(64, [0], [10], device="cpu")
+    mask[:] = False  # no key at all: 0, not NaN
+    q, k, v = make_case(1, 1, 3, 64, 64, dtype=torch.float16, device="cpu")
+    assert (run(q, k, v, mask, 0.125) == 0).all()
+    print("ok:", how)
+""")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (its interpreter)")
+def test_kernels_under_the_triton_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", INTERPRETED], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0 and "ok:" in r.stdout, r.stdout + r.stderr
+    print(r.stdout)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
+                    reason="needs triton; on a CUDA machine the CUDA tests compile them for real")
+@pytest.mark.parametrize("D", [32, 64, 128])
+def test_kernels_compile_for_the_h200_without_a_gpu(D):
+    """Triton's interpreter runs the kernels' arithmetic but not its compiler: compile both for
+    sm_90 (PTX and cubin, with the bundled ptxas) to catch what only the compiler refuses."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from tinyllm import decode_attention_triton as T
+
+    target = GPUTarget("cuda", 90, 32)
+    types = ["*bf16"] * 3 + ["*i1"] + ["*fp32"] * 3 + ["i32"] * 4 + ["fp32"] + ["i32"] * 14 + ["constexpr"] * 3
+    sig = dict(zip(T._split_kernel.arg_names, types, strict=True))
+    split = triton.compile(ASTSource(T._split_kernel, sig, constexprs={"D": D, "BLOCK_R": 16, "BLOCK_N": 64}),
+                           target=target)
+    sig2 = {"m_ptr": "*fp32", "l_ptr": "*fp32", "o_ptr": "*fp32", "out_ptr": "*bf16", "n_split": "i32", "R": "i32",
+            "D": "constexpr", "BLOCK_S": "constexpr"}
+    combine = triton.compile(ASTSource(T._combine_kernel, sig2, constexprs={"D": D, "BLOCK_S": 32}), target=target)
+    assert "mma" in split.asm["ptx"] and split.asm["cubin"] and combine.asm["cubin"]

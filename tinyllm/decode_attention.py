@@ -1,0 +1,52 @@
+"""Decode attention over a window of W keys as a split-K Triton kernel (CUDA only).
+
+Contract:
+- `decode_attention(q, k, v, mask, scale) -> Tensor` is `model.window_attention` (the slow
+  twin it is tested against): q (B, Hkv, R, D), the R query heads that share a KV head; k and
+  v (B, Hkv, W, D), possibly non-contiguous slices of a larger cache along dim 2 (read in
+  place through their strides); mask (B, 1, 1, W) bool, True = attend; scale a Python float.
+  Returns (B, Hkv, R, D) in v's dtype. Scores and softmax are fp32; unlike window_attention
+  the scores are not rounded to bf16 first, so the two agree to bf16 rounding, not bit for
+  bit. A row with no key to attend gets 0, not NaN.
+- `supported(q, k, v, mask)`: whether the kernel takes these inputs (CUDA tensors, Triton
+  installed, one dtype bf16 or fp16, D in 32/64/128, a bool mask). The model calls
+  `decode_attention` only then, and `window_attention` otherwise.
+- `available()`: whether Triton is installed. Importing this module never imports Triton
+  (CPU-only installs and CI have none): the kernels (`decode_attention_triton`) are imported
+  at the first call, which registers the custom op `tinyllm::decode_attention`.
+
+Why: a decode step has R <= 8 query rows per KV head, so the softmax of window_attention is
+a reduction over W keys with only B*Hkv*R rows, i.e. a handful of programs walking all W keys
+(SmolLM2-135M on an H200: 9 programs, 8.6 µs a layer at W=1024), between two cuBLAS products.
+Here the W keys are split into blocks of 64, one program each (scores, partial softmax, and
+the partial product with v), and a second small kernel merges the blocks: two launches per
+layer instead of three, and W spread over B*Hkv*W/64 programs. The plain (uncompiled) step
+and the compiled one both use it on CUDA, so a graph replay and its eager twin run the same
+kernel and stay bit-identical.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from torch import Tensor
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+HEAD_DIMS = (32, 64, 128)  # = decode_attention_triton.HEAD_DIMS (that module imports Triton)
+
+
+def available() -> bool:
+    """Triton is installed (checked without importing it)."""
+    return _HAS_TRITON
+
+
+def supported(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> bool:
+    return (_HAS_TRITON and q.is_cuda and q.shape[-1] in HEAD_DIMS and mask.dtype == torch.bool
+            and q.dtype == k.dtype == v.dtype and v.dtype in (torch.bfloat16, torch.float16))
+
+
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    from tinyllm import decode_attention_triton  # Triton, and the op registered, on first use
+
+    return decode_attention_triton.decode_attention(q, k, v, mask, scale)  # (B, Hkv, R, D)
