@@ -164,7 +164,7 @@ def compiled(forward, backend: str | None):
     cfg.fail_on_recompile_limit_hit = True
     # The step's Python floats (norm eps, sampler constants) never change: traced as symbolic
     # inputs they are specialized after the fact, and Dynamo traces the whole step twice
-    # (a warm start's largest cost; measured on the CPU: 10.5 -> see docs/INFERENCE.md 4.15).
+    # (a warm start's largest cost: docs/INFERENCE.md 4.14).
     cfg.specialize_float = True
     return torch.compile(forward, backend=backend, fullgraph=True, dynamic=True)
 

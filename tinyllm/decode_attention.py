@@ -11,7 +11,7 @@ Contract:
 - `supported(q, k, v, mask)`: whether the kernel takes these inputs (CUDA tensors, Triton
   installed, one dtype bf16 or fp16, D in 32/64/128, a bool mask). The model calls
   `decode_attention` only then, and `window_attention` otherwise.
-- `available()`: whether Triton is installed. Importing this module never imports Triton
+- `available()`: whether Triton is installed (and not switched off: TINYLLM_DECODE_ATTN=0). Importing this module never imports Triton
   (CPU-only installs and CI have none): the kernels (`decode_attention_triton`) are imported
   at the first call, which registers the custom op `tinyllm::decode_attention`.
 
@@ -28,11 +28,12 @@ kernel and stay bit-identical.
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import torch
 from torch import Tensor
 
-_HAS_TRITON = importlib.util.find_spec("triton") is not None
+_HAS_TRITON = importlib.util.find_spec("triton") is not None and os.environ.get("TINYLLM_DECODE_ATTN") != "0"
 HEAD_DIMS = (32, 64, 128)  # = decode_attention_triton.HEAD_DIMS (that module imports Triton)
 
 
