@@ -11,18 +11,20 @@ Contract:
 - `supported(q, k, v, mask)`: whether the kernel takes these inputs (CUDA tensors, Triton
   installed, one dtype bf16 or fp16, D in 32/64/128, a bool mask). The model calls
   `decode_attention` only then, and `window_attention` otherwise.
-- `available()`: whether Triton is installed (and not switched off: TINYLLM_DECODE_ATTN=0). Importing this module never imports Triton
-  (CPU-only installs and CI have none): the kernels (`decode_attention_triton`) are imported
-  at the first call, which registers the custom op `tinyllm::decode_attention`.
+- `available()`: whether Triton is installed (and not switched off: TINYLLM_DECODE_ATTN=0).
+  Importing this module never imports Triton (CPU-only installs and CI have none): the
+  kernels (`decode_attention_triton`) are imported at the first call, which registers the
+  custom op `tinyllm::decode_attention`.
 
 Why: a decode step has R <= 8 query rows per KV head, so the softmax of window_attention is
 a reduction over W keys with only B*Hkv*R rows, i.e. a handful of programs walking all W keys
 (SmolLM2-135M on an H200: 9 programs, 8.6 µs a layer at W=1024), between two cuBLAS products.
 Here the W keys are split into blocks of 64, one program each (scores, partial softmax, and
 the partial product with v), and a second small kernel merges the blocks: two launches per
-layer instead of three, and W spread over B*Hkv*W/64 programs. The plain (uncompiled) step
-and the compiled one both use it on CUDA, so a graph replay and its eager twin run the same
-kernel and stay bit-identical.
+layer instead of three, and W spread over B*Hkv*W/64 programs. The model calls it in the compiled
+step only (`model.Attention`): graph replay and eager twin of the compiled step run the same
+kernel and stay bit-identical; the plain step keeps `window_attention` (its first use here
+would import Triton and torch's kernel wrapping on the start-up path).
 """
 
 from __future__ import annotations

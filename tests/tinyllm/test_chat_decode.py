@@ -200,19 +200,34 @@ def test_prepare_takes_the_compiled_step_between_replies(ckpt):
 def test_no_graph_is_captured_mid_reply_or_while_a_compile_runs(ckpt):
     """CUDA: the plain graphs (both run lengths, every bucket) are captured before the compile
     starts; a reply of the other sampler variant while a compile runs adds no graph (it runs
-    eagerly); prepare() captures the compiled step's graphs, and a long reply after it adds none."""
-    s = session(ckpt, CHUNK, device="cuda", compile="inductor")  # the chunk captured ahead
+    eagerly); prepare() captures the compiled step's graphs, and a long reply after it adds none.
+    The compile is Dynamo with a backend that waits for the test's go: it runs as long as the
+    test needs, whatever the machine's speed."""
+    import threading
+
+    import torch._dynamo
+
+    go = threading.Event()
+
+    @torch._dynamo.register_backend(name="held_until_go")
+    def held_until_go(gm, example_inputs):
+        go.wait()
+        return gm.forward
+
+    s = session(ckpt, CHUNK, device="cuda", compile="held_until_go")  # the chunk captured ahead
     buckets = s.decoder.buckets
     assert set(s.decoder.graphs) == {(w, n, True) for w in buckets for n in (1, CHUNK)}
     s.stop_ids = set()
     for k, v in [("temperature", "0.8"), ("seed", "3"), ("max_tokens", "40")]:
         s.set_param(k, v)
-    talk(s, "Hello!")  # a compile runs: the first, or the sampling variant's that this reply started
+    fin = talk(s, "Hello!")  # the greedy variant is still compiling: this reply runs eagerly
+    assert s.step_kind == "compiling" and fin.stats.step == "compiling"
     assert not any(key[2] is False for key in s.decoder.graphs), sorted(s.decoder.graphs)
-    while s.step_kind != "compiled":  # the sampling variant compiles (after the greedy one)
+    go.set()
+    while s.step_kind != "compiled":  # the greedy variant ends; the sampling one compiles
         assert s.wait_compiled(timeout=900) and s.compile_error == "", s.compile_error
         s.prepare()
-    assert s.decoder.compile == "inductor"
+    assert s.decoder.compile == "held_until_go"
     captured = set(s.decoder.graphs)
     assert captured == {(w, n, False) for w in buckets for n in (1, CHUNK)}
     s.set_param("max_tokens", "300")  # crosses the 128 and 256 buckets' ends
