@@ -4,10 +4,11 @@ Contract: `--help` and argument errors import neither torch nor textual. Every b
 missing or broken checkpoint, an unknown device or template, an out-of-range sampling value,
 an unusable data folder) prints ONE line, `tinyllm-chat: error: ...`, on stderr and exits
 with code 2; never a traceback. The model itself loads inside the app, on its worker
-thread, behind a loading state. Without --model the default model, <repo>/models/tinychat, is
-opened. Anything that goes wrong after that is fatal: one line on stderr naming the log,
-exit code 1, and the traceback appended to `tinyllm-chat.log` in the data folder. The session's
-child process writes its own stdout/stderr to `session.log` beside it.
+thread, behind a loading state. Without --model the default model, models/tinychat, is
+opened (a wheel installs it as the package tinyllm_models). Anything that goes wrong after
+that is fatal: one line on stderr naming the log, exit code 1, and the traceback appended to
+`tinyllm-chat.log` in the data folder. The session's child process writes its own
+stdout/stderr to `session.log` beside it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,21 @@ if TYPE_CHECKING:
 PROG = "tinyllm-chat"
 LOG_NAME = "tinyllm-chat.log"
 DEFAULT_MAX_TOKENS = 1024  # a reply's limit unless set: long answers end, /continue goes on
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "tinychat"
+
+
+def find_default_model() -> Path:
+    """models/tinychat: from the package tinyllm_models where it is installed (a wheel, pipx, or an
+    editable install, which maps it to the clone's models/), else beside the source tree (a clone
+    run without installing)."""
+    from importlib.resources import files
+
+    try:
+        return Path(str(files("tinyllm_models") / "tinychat"))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "models" / "tinychat"
+
+
+DEFAULT_MODEL = find_default_model()
 
 
 class _Parser(argparse.ArgumentParser):

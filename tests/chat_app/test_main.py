@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +44,15 @@ def test_corrupt_tokenizer(capsys, ckpt, tmp_path):
     for f in ckpt.iterdir():
         (broken / f.name).write_bytes(b"junk" if f.name == "tokenizer.model" else f.read_bytes())
     assert "sentencepiece" in run_main(capsys, "--model", str(broken))
+
+
+def test_default_model_found(monkeypatch):
+    """From the package tinyllm_models (the editable install maps it to models/; a wheel carries
+    it) and, where that is not installed, beside the source tree: models/tinychat either way."""
+    shipped = Path(__file__).resolve().parents[2] / "models" / "tinychat"
+    assert cli.find_default_model() == shipped == cli.DEFAULT_MODEL
+    monkeypatch.setitem(sys.modules, "tinyllm_models", None)  # importing it fails, as in a clone run uninstalled
+    assert cli.find_default_model() == shipped
 
 
 def test_default_model_missing(capsys, tmp_path, monkeypatch):
