@@ -139,7 +139,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
         self.show_loading(self.model_name)
         self.prompt.focus()
         self.set_interval(1 / DRAIN_HZ, self._drain)
-        self._serve()
+        self.call_after_refresh(self._serve)  # the first frame first: the child competes for the CPU
         if self.store.error:
             self._store_failed(self.store.error)
         if self.resume:
