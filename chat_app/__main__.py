@@ -9,11 +9,11 @@ or template, an out-of-range sampling value, an unusable data folder) prints ONE
 found before the TUI opens (the options; the model's path, config, weight files and their
 headers: tinyllm.model_files.precheck); what needs torch (shapes against the config, the
 tokenizer, the chat template, --device cuda without a GPU) is found by the child while the
-TUI shows the load's progress, and ends the app the same way (ChatApp.bad_input). The model
-loads in the child behind a progress bar. Without --model the default model,
-<repo>/models/tinychat, is opened. Anything that goes wrong after that is fatal: one line on stderr naming the log,
-exit code 1, and the traceback appended to `tinyllm-chat.log` in the data folder. The session's
-child process writes its own stdout/stderr to `session.log` beside it.
+TUI shows the load's progress, and ends the app the same way (ChatApp.bad_input). Without
+--model the default model, <repo>/models/tinychat, is opened. Anything else that goes wrong
+after that is fatal: one line on stderr naming the log, exit code 1, and the traceback
+appended to `tinyllm-chat.log` in the data folder. The session's child process writes its
+own stdout/stderr to `session.log` beside it.
 """
 
 from __future__ import annotations

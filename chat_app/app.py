@@ -3,11 +3,12 @@
 Threads: the UI thread owns every widget and the Store. ONE long-lived worker thread
 (`_serve`) opens the session (a progress bar meanwhile) and then owns it: the UI hands it
 jobs (send, regenerate, new chat, system prompt, resume, another model: chat_app.model_switch)
-through a queue, and it runs them in order. Everything the worker learns (the session's Prefilled / Token / Finished
-events, plus Loaded / Progress / Started / Done / Failed from chat_app.events) goes into an outbox that a timer drains
-at most 30 times a second: one Markdown update per drained batch, never one per token, and
-nothing is dropped. From the UI thread only the session's thread-safe calls are made
-directly: stop(), set_graphs(), set_param().
+through a queue, and it runs them in order. Everything the worker learns (the session's
+Prefilled / Token / Finished events, plus Loaded / Progress / Started / Done / Failed from
+chat_app.events) goes into an outbox that a timer drains at most 30 times a second: one
+Markdown update per drained batch, never one per token, and nothing is dropped. From the UI
+thread only the session's thread-safe calls are made directly: stop(), set_graphs(),
+set_param().
 
 Policy: a message (or Ctrl+R) while a reply runs is refused with a notice and the typed text
 stays in the input; Ctrl+N and /clear stop the running reply first, /system waits for it.
