@@ -69,9 +69,10 @@ def check_installed(clone: Path) -> Path:
     """The installed packages and the default model come from this venv, not the clone."""
     import importlib.metadata
 
+    import tinyllm_models
+
     import chat_app
     import tinyllm
-    import tinyllm_models
     from chat_app.__main__ import DEFAULT_MODEL
 
     site = Path(sysconfig.get_paths()["purelib"]).resolve()

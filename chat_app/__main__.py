@@ -1,14 +1,19 @@
-"""tinyllm-chat: parse the command line, check it all BEFORE the TUI opens, then run ChatApp.
+"""tinyllm-chat: parse the command line, check what can be checked quickly, then run ChatApp.
 
-Contract: `--help` and argument errors import neither torch nor textual. Every bad input (a
-missing or broken checkpoint, an unknown device or template, an out-of-range sampling value,
-an unusable data folder) prints ONE line, `tinyllm-chat: error: ...`, on stderr and exits
-with code 2; never a traceback. The model itself loads inside the app, on its worker
-thread, behind a loading state. Without --model the default model, models/tinychat, is
-opened (a wheel installs it as the package tinyllm_models). Anything that goes wrong after
-that is fatal: one line on stderr naming the log, exit code 1, and the traceback appended to
-`tinyllm-chat.log` in the data folder. The session's child process writes its own
-stdout/stderr to `session.log` beside it.
+Contract: `--help` and argument errors import neither torch nor textual, and this process
+never imports torch: the TUI draws its first frame while the session's child process imports
+it (a fraction of a second after the start, against seconds with torch; measured by
+scripts/startup_time.py). Every bad input (a missing or broken checkpoint, an unknown device
+or template, an out-of-range sampling value, an unusable data folder) prints ONE line,
+`tinyllm-chat: error: ...`, on stderr and exits with code 2; never a traceback. Most are
+found before the TUI opens (the options; the model's path, config, weight files and their
+headers: tinyllm.model_files.precheck); what needs torch (shapes against the config, the
+tokenizer, the chat template, --device cuda without a GPU) is found by the child while the
+TUI shows the load's progress, and ends the app the same way (ChatApp.bad_input). Without
+--model the default model, models/tinychat, is opened (a wheel installs it as the package
+tinyllm_models). Anything else that goes wrong after that is fatal: one line on stderr
+naming the log, exit code 1, and the traceback appended to `tinyllm-chat.log` in the data
+folder. The session's child process writes its own stdout/stderr to `session.log` beside it.
 """
 
 from __future__ import annotations
@@ -101,20 +106,18 @@ def build_app(args: argparse.Namespace) -> ChatApp:
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
     use_compile_cache()
-    from tinyllm.chat import resolve_device  # torch from here on
-    from tinyllm.chat_template import get_template
-    from tinyllm.open_model import inspect_any
-    from tinyllm.sampling import SamplingParams
+    from tinyllm.chat_template import get_template  # none of these imports torch
+    from tinyllm.model_files import precheck
+    from tinyllm.sampling_params import SamplingParams
 
     path = args.model or DEFAULT_MODEL
-    name = inspect_any(path, args.template)  # every check open_session makes, without the weights
+    name = precheck(path)  # the rest of open_session's checks run in the child
     if args.max_len is not None and args.max_len < 16:
         raise ValueError(f"--max-len must be at least 16, got {args.max_len}")
     max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             repeat_penalty=args.repeat_penalty, max_tokens=max_tokens,
                             seed=args.seed)
-    resolve_device(args.device)
     if args.template:
         get_template(args.template)
     if args.theme:
@@ -190,6 +193,9 @@ def main(argv: list[str] | None = None) -> None:
         app.run()
     except Exception as e:
         fatal(e, app.store.folder)
+    if app.bad_input is not None:  # found by the session's child: one line, as above
+        print(f"{PROG}: error: {app.bad_input}", file=sys.stderr)
+        sys.exit(2)
     if app.crash is not None:
         fatal(app.crash, app.store.folder)
     if app.return_code:

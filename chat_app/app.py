@@ -1,13 +1,14 @@
 """ChatApp: the Textual app around one ChatSession (bindings, one worker, the store).
 
 Threads: the UI thread owns every widget and the Store. ONE long-lived worker thread
-(`_serve`) opens the session (a visible loading state meanwhile) and then owns it: the UI
-hands it jobs (send, regenerate, new chat, system prompt, resume) through a queue, and it
-runs them in order. Everything the worker learns (the session's Prefilled / Token / Finished
-events, plus Loaded / Started / Done / Failed from chat_app.events) goes into an outbox that a timer drains
-at most 30 times a second: one Markdown update per drained batch, never one per token, and
-nothing is dropped. From the UI thread only the session's thread-safe calls are made
-directly: stop(), set_graphs(), set_param().
+(`_serve`) opens the session (a progress bar meanwhile) and then owns it: the UI hands it
+jobs (send, regenerate, new chat, system prompt, resume, another model: chat_app.model_switch)
+through a queue, and it runs them in order. Everything the worker learns (the session's
+Prefilled / Token / Finished events, plus Loaded / Progress / Started / Done / Failed from
+chat_app.events) goes into an outbox that a timer drains at most 30 times a second: one
+Markdown update per drained batch, never one per token, and nothing is dropped. From the UI
+thread only the session's thread-safe calls are made directly: stop(), set_graphs(),
+set_param().
 
 Policy: a message (or Ctrl+R) while a reply runs is refused with a notice and the typed text
 stays in the input; Ctrl+N and /clear stop the running reply first, /system waits for it.
@@ -19,7 +20,8 @@ the next write retries (see chat_app.store). A streaming reply is saved as parti
 first text and then at most once a second. An exception that escapes anyway is kept in
 `crash` for main() to report (one line, traceback in the data folder's log). This module
 never imports torch (of tinyllm only the torch-free chat_events): __main__ passes a function
-that opens the session (a RemoteSession: the ChatSession runs in a child process).
+that opens the session (a RemoteSession: the ChatSession runs in a child process), called as
+`open_session(progress=callback, **changes)` (changes: another path, for /model).
 """
 
 from __future__ import annotations
@@ -38,12 +40,14 @@ from textual.worker import get_current_worker
 
 from chat_app.chats import ChatSwitching, system_note
 from chat_app.commands import COMMANDS, SlashCommands
-from chat_app.events import Done, Failed, Finished, Loaded, Prefilled, Started, Token
+from chat_app.events import Done, Failed, Finished, Loaded, Prefilled, Progress, Started, Token
+from chat_app.model_switch import ModelSwitching, close_session
 from chat_app.reading import READING_KEYS, Reading
 from chat_app.store import Saved, Store, StoreError
 from chat_app.terminal import driver_class
 from chat_app.widgets.conversation import Conversation
 from chat_app.widgets.help_screen import HelpScreen
+from chat_app.widgets.load_progress import LoadProgress
 from chat_app.widgets.prompt_input import PromptInput
 from chat_app.widgets.reply import Reply
 from chat_app.widgets.status_bar import StatusBar
@@ -64,7 +68,7 @@ def key_name(key: str) -> str:
     return "+".join(part.upper() if len(part) == 1 else part.capitalize() for part in key.split("+"))
 
 
-class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
+class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
     CSS_PATH = "chat.tcss"
     TITLE = "tinyllm-chat"
     ENABLE_COMMAND_PALETTE = False  # slash commands and F1 instead
@@ -82,7 +86,7 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
                 "(never quits)"),
     ]
 
-    def __init__(self, open_session: Callable[[], ChatSession], store: Store, model_name: str = "model",
+    def __init__(self, open_session: Callable[..., ChatSession], store: Store, model_name: str = "model",
                  resume: bool = False, theme: str | None = None) -> None:
         super().__init__(driver_class=driver_class())
         self.chosen_theme = theme
@@ -105,6 +109,7 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
     def compose(self):
         yield Conversation()
         yield PromptInput(id="prompt")
+        yield LoadProgress()
         yield StatusBar()
         yield Footer()
 
@@ -132,11 +137,10 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
             self.prompt.prompts = self.store.prompts()  # Up recalls earlier runs' prompts too
         except StoreError:
             pass  # said below (store.error)
-        self.conversation.loading = True
-        self.status.show(state="loading", name=self.model_name)
+        self.show_loading(self.model_name)
         self.prompt.focus()
         self.set_interval(1 / DRAIN_HZ, self._drain)
-        self._serve()
+        self.call_after_refresh(self._serve)  # the first frame first: the child competes for the CPU
         if self.store.error:
             self._store_failed(self.store.error)
         if self.resume:
@@ -189,19 +193,19 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
     def _serve(self) -> None:
         worker = get_current_worker()
         try:
-            session = self.open_session()
-        except Exception as e:  # shown once, here; the app stays up
-            self._outbox.put(Failed("load", None, f"could not load the model: {e}"))
+            session = self.open_session(progress=self.report_progress)
+        except Exception as e:  # shown once (bad input: by main()); the app stays up
+            self._outbox.put(Failed("load", e, f"could not load the model: {e}"))
             return
         self._outbox.put(Loaded(session))
         try:
-            self._run_jobs(session, worker)
+            while (model := self._run_jobs(session, worker)) is not None:
+                session = self.switch_model(session, model)
         finally:
-            close = getattr(session, "close", None)  # a RemoteSession: end its process
-            if close is not None:
-                close()
+            close_session(session)
 
-    def _run_jobs(self, session: ChatSession, worker) -> None:
+    def _run_jobs(self, session: ChatSession, worker) -> Any:
+        """Run jobs until cancelled (None) or until a "model" job (its argument)."""
         launch = {k: "none" if v is None else str(v) for k, v in vars(session.params).items()}
 
         def set_params(settings: dict[str, str]) -> None:  # a chat's /set values over the launch's
@@ -216,6 +220,8 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
                 kind, arg = self._jobs.get(timeout=0.1)
             except queue.Empty:
                 continue
+            if kind == "model":
+                return arg
             try:
                 if kind in REPLIES:
                     events = (session.send(arg) if kind == "send" else session.regenerate()
@@ -280,18 +286,12 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
             if self._saved_at == 0.0:  # the reply's first text is saved at once
                 self.save_partial()
 
-    async def _handle(self, item: Loaded | Started | Done | Failed) -> None:
+    async def _handle(self, item: Loaded | Progress | Started | Done | Failed) -> None:
         match item:
-            case Loaded(session=s):
-                self.session = s
-                self.refresh_bindings()  # Ctrl+G only where there are graphs
-                self.conversation.loading = False
-                self.status.show(state="ready", name=s.name, device=s.device, dtype=s.dtype,
-                                 graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
-                                 position=len(s.context), step=s.step_kind, capped=s.max_len < s.model_max_len)
-                if s.max_len < s.model_max_len:
-                    self.say(f"The context is capped at {s.max_len} of the model's {s.model_max_len} positions "
-                             f"to keep memory low; --max-len {s.model_max_len} lifts the cap.")
+            case Loaded(session=s, switched=switched):
+                await self.model_loaded(s, switched)
+            case Progress(done=done, total=total):
+                self.load_progress.advance(done, total)
             case Started():
                 await self._started(item)
             case Failed():
@@ -342,11 +342,10 @@ class ChatApp(ChatSwitching, Reading, SlashCommands, App[None]):
                      "the next turn drops the oldest messages.", "warning")
 
     async def _failed(self, item: Failed) -> None:
-        self.say(item.message, "error")
-        if item.kind == "load":
-            self.conversation.loading = False
-            self.status.show(state="failed")
+        if item.kind in ("load", "model"):
+            self.model_failed(item)
             return
+        self.say(item.message, "error")
         if item.kind in REPLIES:
             if self._reply is not None:  # it failed mid-reply: keep what streamed, marked
                 await self._reply.finish("error")

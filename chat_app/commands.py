@@ -23,6 +23,7 @@ COMMANDS = {  # name: (arguments, what it does)
     "theme": ("NAME", "switch the colour theme and keep it (no NAME: list them)"),
     "clear": ("", "clear the screen and start a new chat (like Ctrl+N)"),
     "chats": ("", "saved chats: open, rename, delete (like Ctrl+O)"),
+    "model": ("PATH", "open another model in a new chat (the old chat stays saved); no PATH: show it"),
     "help": ("", "this help (like F1)"),
 }
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ENV_DIR = "TINYLLM_CHAT_CONFIG_DIR"
 KEYS: dict[str, type | tuple[type, ...]] = {  # key: the TOML types it takes

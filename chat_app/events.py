@@ -1,6 +1,6 @@
 """What the app's worker tells the UI thread, besides the session's own events.
 
-Loaded, Started, Done and Failed are the app's; Prefilled, Token and Finished are the
+Loaded, Progress, Started, Done and Failed are the app's; Prefilled, Token and Finished are the
 session's, re-exported from tinyllm.chat_events (plain dataclasses that import no torch, the
 same the session's child process sends), so importing the app stays torch-free.
 """
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tinyllm.chat_events import Finished, Prefilled, Token
 
-__all__ = ["Done", "Failed", "Finished", "Loaded", "Prefilled", "Started", "Token"]
+__all__ = ["Done", "Failed", "Finished", "Loaded", "Prefilled", "Progress", "Started", "Token"]
 
 if TYPE_CHECKING:
     from tinyllm.chat import ChatSession
@@ -21,6 +21,13 @@ if TYPE_CHECKING:
 @dataclass
 class Loaded:
     session: ChatSession
+    switched: bool = False  # it replaces the model that was open (/model PATH)
+
+
+@dataclass
+class Progress:  # the model being opened has read `done` of its `total` tensors
+    done: int
+    total: int
 
 
 @dataclass

@@ -12,6 +12,13 @@ imports torch for it. The child's stdout and stderr go to `open_kwargs["log"]` (
 data folder), never to the terminal under the TUI. A reader thread owns the receiving end:
 replies go to the job that waits for them, call answers to their caller, state updates apply
 at once. `close()` ends the child.
+
+`RemoteSession(open_kwargs, progress=None, **changes)` opens the session with open_kwargs
+updated by `changes` (another path, say) and returns once it is loaded, calling
+`progress(done, total)` (tensors read) meanwhile from the opening thread. A model that cannot
+be opened raises ValueError when the path, files or options are wrong (the child's one-line
+message) and RuntimeError when the machine is (out of memory, the process died). `path` is
+the model's path, `pid` the child's process id.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import multiprocessing as mp
 import queue
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -36,9 +43,12 @@ class Params(SimpleNamespace):
 
 
 class RemoteSession:
-    def __init__(self, open_kwargs: dict[str, Any]):
+    def __init__(self, open_kwargs: dict[str, Any], progress: Callable[[int, int], None] | None = None,
+                 **changes: Any):
         from tinyllm.chat_server import serve  # the child's entry point; importing it loads no torch
 
+        open_kwargs = {**open_kwargs, **changes}
+        self.path = str(open_kwargs["path"])
         ctx = mp.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
         self._proc = ctx.Process(target=serve, args=(child_conn, open_kwargs), daemon=True,
@@ -51,6 +61,7 @@ class RemoteSession:
         finally:
             sys.stderr = stderr
         child_conn.close()
+        self.pid = self._proc.pid
         self.last_stats: StepStats | None = None
         self._ended = ""  # why the child is gone, once it is
         self._compiled = threading.Event()
@@ -58,10 +69,12 @@ class RemoteSession:
         self._answers: dict[int, queue.SimpleQueue] = {}
         self._ids = itertools.count()
         self._send_lock = threading.Lock()
-        first = self._recv()
+        while (first := self._recv())[0] == "progress":
+            if progress is not None:
+                progress(first[1], first[2])
         if first[0] in ("load_failed", "ended"):
             self.close()
-            raise ValueError(first[1])
+            raise (ValueError if first[0] == "load_failed" and first[2] else RuntimeError)(first[1])
         self._apply(first[1])
         threading.Thread(target=self._read, daemon=True, name="tinyllm-session-reader").start()
 

@@ -19,17 +19,19 @@ another format. This module owns what they share:
   (wq/wk/wv, w1/w3) whose parts differ in form is held as int8.
 - `quantize_model(model, quant, group)`: the same, from a dense model in memory.
 - `pick_template(...)`: the chat template, from a name, the model's Jinja source or a guess.
+- `with_progress(items, progress)`: how each loader reports its reading: `progress(done,
+  total)` in tensors, (0, total) before the first tensor is read and (total, total) after the
+  last, from the loading thread (a UI shows it as a determinate bar).
 Refuses with one line (ValueError): an unknown quant or device, shapes that do not match.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import struct
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -39,8 +41,9 @@ from tinyllm.jinja_template import derive_template, guess_builtin
 from tinyllm.model import ModelConfig, Transformer
 from tinyllm.quant import GROUPS, QTensor, QuantEmbedding, QuantLinear, cat, fbgemm_available, fits, quantize
 
-WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 QUANTS = ("auto", "keep", "none", "int8", "int4")
+Progress = Callable[[int, int], None]  # progress(tensors read, tensors in all)
+T = TypeVar("T")
 FUSED = {"attn.wqkv": ("attn.wq", "attn.wk", "attn.wv"), "ffn.w13": ("ffn.w1", "ffn.w3")}
 LINEARS = ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "ffn.w1", "ffn.w3", "ffn.w2")
 
@@ -70,6 +73,16 @@ def default_dtype(device: torch.device, quantized: bool = False) -> torch.dtype:
     if device.type == "cuda" or (quantized and cpu_has_bf16()):
         return torch.bfloat16
     return torch.float32
+
+
+def with_progress(items: Sequence[T], progress: Progress | None) -> Iterator[T]:
+    """The items in order, telling `progress(done, total)` before the first and after each."""
+    if progress is not None:
+        progress(0, len(items))
+    for done, item in enumerate(items, 1):
+        yield item
+        if progress is not None:
+            progress(done, len(items))
 
 
 def check_quant(quant: str, group: int = 32) -> None:
@@ -151,79 +164,6 @@ def check_vocab(where: object, tokenizer_size: int, model_size: int) -> None:
     if tokenizer_size > model_size:
         raise ValueError(f"{where}: the tokenizer has {tokenizer_size} tokens but the model only "
                          f"{model_size} embeddings; use the tokenizer the model was trained with")
-
-
-# ---- safetensors folders (tinyllm checkpoints and Hugging Face folders) ----------------------
-
-def read_safetensors_header(path: Path) -> dict[str, dict]:
-    """Parse a safetensors header and check the file holds all the data it promises."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise ValueError(f"{path} is truncated or not a safetensors file ({size} bytes)")
-        (n,) = struct.unpack("<Q", head)
-        if n > min(size - 8, 100_000_000):
-            raise ValueError(f"{path} is not a safetensors file, or is truncated (header of {n} bytes)")
-        try:
-            header = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ValueError(f"{path} has a corrupt safetensors header") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{path} has a corrupt safetensors header (a JSON {type(header).__name__}, "
-                         "not an object); copy or download it again")
-    header.pop("__metadata__", None)
-    end = 0
-    for name, t in header.items():
-        end = max(end, _check_entry(path, name, t))
-    if size < 8 + n + end:
-        raise ValueError(f"{path} is truncated: {size} bytes, the header promises {8 + n + end}; "
-                         "copy or download it again")
-    return header
-
-
-_ST_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-             "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
-
-
-def _check_entry(path: Path, name: str, t: object) -> int:
-    """One header entry: dtype a string, shape non-negative ints, data_offsets [start, end]
-    ints with 0 <= start <= end, and end - start the tensor's size. Returns end."""
-    def bad(what: str) -> ValueError:
-        return ValueError(f"{path} has a corrupt safetensors header: tensor {str(name)[:60]!r} {what}; "
-                          "copy or download it again")
-
-    if not isinstance(t, dict):
-        raise bad("is not an object")
-    dtype, shape, offs = t.get("dtype"), t.get("shape"), t.get("data_offsets")
-    if not isinstance(dtype, str):
-        raise bad(f"has dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise bad(f"has shape {str(shape)[:40]}")
-    if (not isinstance(offs, list) or len(offs) != 2 or not all(type(o) is int for o in offs)
-            or not 0 <= offs[0] <= offs[1]):
-        raise bad(f"has data_offsets {str(offs)[:40]} (want [start, end] with 0 <= start <= end)")
-    if dtype in _ST_SIZES and (offs[1] - offs[0]) != math.prod(shape) * _ST_SIZES[dtype]:
-        raise bad(f"holds {offs[1] - offs[0]} bytes, its {dtype} shape {shape} needs "
-                  f"{math.prod(shape) * _ST_SIZES[dtype]}")
-    return offs[1]
-
-
-def weight_files(path: Path, hint: str) -> list[Path]:
-    """The safetensors files of a folder: the index's shards, or model.safetensors."""
-    if (path / INDEX).exists():
-        try:
-            index = json.loads((path / INDEX).read_text())
-            files = sorted(set(index["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            raise ValueError(f"{path / INDEX} is not a valid safetensors index") from None
-        missing = [f for f in files if not (path / f).is_file()]
-        if missing:
-            raise FileNotFoundError(f"{path} is missing weight shards {missing}")
-        return [path / f for f in files]
-    if (path / WEIGHTS).is_file():
-        return [path / WEIGHTS]
-    raise FileNotFoundError(f"{path} has no {WEIGHTS} (nor {INDEX}): {hint}")
 
 
 # ---- building -------------------------------------------------------------------------------

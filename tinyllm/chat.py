@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 from tinyllm.background_compile import BackgroundCompile
+from tinyllm.build import Progress
 from tinyllm.chat_events import Finished, Message, Prefilled, StepStats, Token
 from tinyllm.chat_template import ChatTemplate
 from tinyllm.checkpoint import resolve_device
@@ -534,19 +535,19 @@ def open_session(path: str | Path, device: str = "auto", max_len: int | None = N
                  params: SamplingParams = SamplingParams(), system: str | None = None,
                  use_graph: bool | None = None, template: str | None = None,
                  compile: str | None = "inductor", threads: int | None = None,
-                 quant: str = "none") -> ChatSession:
+                 quant: str = "none", progress: Progress | None = None) -> ChatSession:
     """Open a model (tinyllm checkpoint folder, Hugging Face folder or .gguf file; see
     tinyllm.open_model) in a ChatSession, its matrices held as `quant` says (tinyllm.build).
     On a CPU, torch uses `threads` threads (default: default_cpu_threads()). Without a system
     prompt, the model's own default one (what its Jinja chat template writes when there is
-    none) is used."""
+    none) is used. `progress(done, total)` hears each tensor read (tinyllm.build.with_progress)."""
     from tinyllm.open_model import open_any
 
     started = time.time()
     dev = resolve_device(device)
     if dev.type == "cpu":
         torch.set_num_threads(threads or default_cpu_threads())  # for loading; replies set it again
-    model, tokenizer, chat_template, name = open_any(path, dev, template=template, quant=quant)
+    model, tokenizer, chat_template, name = open_any(path, dev, template=template, quant=quant, progress=progress)
     loaded = time.time()
     if system is None:
         system = getattr(chat_template, "default_system", None)

@@ -13,7 +13,12 @@ benchmarks), then answers messages, all plain picklable data:
                     ("call", id, name, args)  set_param | set_graphs | stop, answered at once,
                                               also while a reply streams
                     ("quit",)
-  child -> parent   ("loaded", state) | ("load_failed", message)
+  child -> parent   ("progress", done, total)  while the model loads: tensors read (at most
+                                              every PROGRESS_S, and always the last)
+                    ("loaded", state) | ("load_failed", message, bad_input)   bad_input: the
+                                              path, files or options are wrong (a ValueError or
+                                              FileNotFoundError: one line for the user), not
+                                              the machine (out of memory, a crash)
                     ("started", state)        a send/regenerate was accepted; events follow
                     ("events", [event...], state)  Prefilled/Token/Finished (tinyllm.chat_events),
                                               batched (every BATCH_S, and at the end); state
@@ -45,6 +50,7 @@ from multiprocessing.connection import Connection
 from tinyllm.chat_events import Token
 
 BATCH_S = 0.005  # events go to the parent at most every 5 ms (and at the end of a reply)
+PROGRESS_S = 0.05  # load progress goes to the parent at most every 50 ms (and its last step)
 
 
 def snapshot(session) -> dict:
@@ -68,11 +74,20 @@ def serve(conn: Connection, open_kwargs: dict) -> None:
     cap = open_kwargs.pop("cap_max_tokens", False)
     holds = open_kwargs.pop("hold", 0)
     hold = threading.Event() if holds else None
+    sent = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        if done in (0, total) or time.perf_counter() - sent[0] >= PROGRESS_S:
+            sent[0] = time.perf_counter()
+            conn.send(("progress", done, total))
+
     try:
-        session = open_session(**open_kwargs)
-    except Exception as e:  # the parent shows it; nothing else to do here
-        conn.send(("load_failed", str(e) if isinstance(e, (ValueError, FileNotFoundError)) else
-                   f"{type(e).__name__}: {e}"))
+        session = open_session(**open_kwargs, progress=progress)
+    except (ValueError, FileNotFoundError) as e:  # the parent shows it; nothing else to do here
+        conn.send(("load_failed", str(e), True))
+        return
+    except Exception as e:
+        conn.send(("load_failed", f"{type(e).__name__}: {e}", False))
         return
     if ignore_eos:
         session.stop_ids = set()

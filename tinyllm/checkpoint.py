@@ -11,8 +11,10 @@ Contract: `inspect_checkpoint(path)` validates everything it can without allocat
 (files present, config parses, each safetensors header parses and its file is as long as the
 header says, every expected tensor present with the shape the config implies, tokenizer
 fits the vocabulary) and raises FileNotFoundError/ValueError with a message that says what is
-wrong and what to do. `load_checkpoint(path, device, dtype, quant="auto")` inspects first, then
-hands the tensors to `tinyllm.build` (bf16 by default on CUDA, fp32 on the CPU). With tied
+wrong and what to do. `load_checkpoint(path, device, dtype, quant="auto", progress=None)`
+inspects first, then reads the tensors one by one (telling `progress(done, total)`, see
+tinyllm.build.with_progress) and hands them to `tinyllm.build` (bf16 by default on CUDA, fp32
+on the CPU). With tied
 embeddings only `tok_emb.*` is stored. A quantized matrix is stored in its canonical form
 (tinyllm.quant): `<name>.qweight` (I8 for int8, U8 for packed int4), `<name>.scales` (F32)
 and for int4 `<name>.zeros` (F32), and loads back bit for bit.
@@ -22,26 +24,27 @@ Other formats (Hugging Face folders, GGUF) have importers beside this module.
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from tinyllm.build import (
-    INDEX,
-    WEIGHTS,
+    Progress,
     build_transformer,
     check_quant,
     check_vocab,
     default_dtype,
     expected_shapes,
     match_tensors,
-    read_safetensors_header,
     resolve_device,
-    weight_files,
+    with_progress,
 )
 from tinyllm.model import ModelConfig, Transformer
+from tinyllm.model_files import INDEX, WEIGHTS, read_safetensors_header, weight_files
 from tinyllm.quant import QTensor
 from tinyllm.tokenizer import Tokenizer
 
@@ -121,15 +124,18 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                    quant: str = "keep", group: int = 32) -> Checkpoint:
+                    quant: str = "keep", group: int = 32, progress: Progress | None = None) -> Checkpoint:
     """Inspect, then load; `quant` as tinyllm.build reads it ("keep": as stored)."""
     check_quant(quant, group)
     info = inspect_checkpoint(path)
     device = torch.device(device)
     tokenizer = load_tokenizer(info.path)
     state: dict[str, torch.Tensor] = {}
-    for f in info.weight_files:
-        state.update(load_file(f))
+    with ExitStack() as files:
+        opened = [files.enter_context(safe_open(str(f), framework="pt")) for f in info.weight_files]
+        reads = [(st, name) for st in opened for name in st.keys()]  # noqa: SIM118 (not a dict)
+        for st, name in with_progress(reads, progress):
+            state[name] = st.get_tensor(name)
     tensors: dict[str, torch.Tensor | QTensor] = {}
     for k, v in state.items():
         if k.endswith(".qweight"):

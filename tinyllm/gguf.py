@@ -14,7 +14,9 @@ Contract:
   dequantized by `gguf_quants.dequantize` (the types it lists; another is a ValueError).
 - `GGUFFile.quantized(name)`: a matrix kept quantized (Q4_0/Q4_1/Q4_K -> int4 exactly, other
   block types -> int8 per row; tinyllm.quant), for `load_gguf(quant="auto")`.
-- `load_gguf(path, device, dtype, template=None, quant="auto") -> (model, tokenizer, chat_template, name)`:
+- `load_gguf(path, device, dtype, template=None, quant="auto", progress=None) -> (model,
+  tokenizer, chat_template, name)` (telling `progress(done, total)` per tensor read,
+  tinyllm.build.with_progress):
   llama architecture only. llama.cpp's converter permutes the Q/K rows of each head from
   the Hugging Face "rotate half" layout into the interleaved one; this undoes it, so our
   rotate-half RoPE sees what the model was trained with. The tokenizer comes from the
@@ -38,6 +40,7 @@ import numpy as np
 import torch
 
 from tinyllm.build import (
+    Progress,
     build_transformer,
     check_quant,
     check_tensors,
@@ -45,6 +48,7 @@ from tinyllm.build import (
     default_dtype,
     expected_shapes,
     pick_template,
+    with_progress,
 )
 from tinyllm.gguf_quants import GGML_TYPES, dequantize, supported_types, to_qtensor
 from tinyllm.model import ModelConfig
@@ -343,7 +347,8 @@ def inspect_gguf(g: GGUFFile, template: str | None = None):
 
 
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-              template: str | None = None, quant: str = "none", group: int = 32):
+              template: str | None = None, quant: str = "none", group: int = 32,
+              progress: Progress | None = None):
     """(model, tokenizer, chat_template, name) from a llama-architecture GGUF file. quant
     "auto" / "keep" keep each quantized matrix quantized (gguf_quants.to_qtensor), the embedding and
     output matrices included; "none" dequantizes to `dtype`; "int8" / "int4" converts to that."""
@@ -355,7 +360,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
         dtype = dtype or default_dtype(device, quant != "none")
         heads = {"attn.wq.weight": cfg.n_heads, "attn.wk.weight": cfg.n_kv_heads}
         state: dict[str, torch.Tensor | QTensor] = {}
-        for n, t in names.items():
+        for n, t in with_progress(list(names.items()), progress):
             w = g.tensor(n) if quant == "none" else g.quantized(n)
             h = next((v for k, v in heads.items() if t.endswith(k)), None)
             if h is not None and isinstance(w, QTensor):

@@ -14,8 +14,9 @@ Contract:
   (within the window attention is exact).
 - `inspect_hf(path, template=None)` validates config, every tensor's name, shape and dtype
   (safetensors headers), the tokenizer and the chat template without reading a weight;
-  `load_hf(path, device, dtype, template=None) -> (model, tokenizer, chat_template, name)`
-  inspects first, then loads. The tokenizer is tokenizer.model when present (tokens that
+  `load_hf(path, device, dtype, template=None, progress=None) -> (model, tokenizer,
+  chat_template, name)` inspects first, then loads (telling `progress(done, total)` per tensor
+  read, tinyllm.build.with_progress). The tokenizer is tokenizer.model when present (tokens that
   tokenizer.json or tokenizer_config.json add past its vocab are appended to it), else
   tokenizer.json; BOS/EOS are the tokenizer's (tokenizer_config.json names them for
   tokenizer.json, config.json's ids are the fallback). The chat template (`pick_template`):
@@ -32,14 +33,14 @@ quantized (GPTQ/AWQ/bitsandbytes) weights, .bin-only weights, a missing tokenize
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
 from tinyllm.build import (
-    INDEX,
-    WEIGHTS,
+    Progress,
     build_transformer,
     check_quant,
     check_tensors,
@@ -47,11 +48,11 @@ from tinyllm.build import (
     default_dtype,
     expected_shapes,
     pick_template,
-    read_safetensors_header,
-    weight_files,
+    with_progress,
 )
 from tinyllm.chat_template import ChatTemplate
 from tinyllm.model import ModelConfig, Transformer
+from tinyllm.model_files import read_safetensors_header, weight_files
 from tinyllm.sp_proto import sentencepiece_piece
 from tinyllm.tokenizer import Tokenizer
 
@@ -125,13 +126,6 @@ def _hf_names(cfg: ModelConfig) -> dict[str, str]:
     return names
 
 
-def _weight_files(path: Path) -> list[Path]:
-    if not (path / INDEX).is_file() and not (path / WEIGHTS).is_file() and any(path.glob("*.bin")):
-        raise ValueError(f"{path} has only PyTorch .bin weights; tinyllm reads safetensors "
-                         "(re-save the model with save_pretrained(safe_serialization=True))")
-    return weight_files(path, _HINT)
-
-
 def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
@@ -151,7 +145,7 @@ def inspect_hf(path: str | Path, template: str | None = None):
     if not raw:
         raise FileNotFoundError(f"{path} has no config.json: {_HINT}")
     cfg = hf_config(raw, str(path / "config.json"))
-    files = _weight_files(path)
+    files = weight_files(path, _HINT)
     where: dict[str, Path] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     for f in files:
@@ -181,18 +175,19 @@ def inspect_hf(path: str | Path, template: str | None = None):
 
 
 def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-            template: str | None = None, quant: str = "none",
-            group: int = 32) -> tuple[Transformer, object, ChatTemplate, str]:
+            template: str | None = None, quant: str = "none", group: int = 32,
+            progress: Progress | None = None) -> tuple[Transformer, object, ChatTemplate, str]:
     check_quant(quant, group)
     cfg, tokenizer, chat, name, plan = inspect_hf(path, template)
     device = torch.device(device)
     dtype = dtype or default_dtype(device, quant in ("int8", "int4"))
     state = {}
-    for f, names in plan.items():
-        with safe_open(str(f), framework="pt") as st:
-            for hf, tl in names.items():
-                t = st.get_tensor(hf)
-                state[tl] = t.float() if quant in ("int8", "int4") else t.to(dtype)
+    with ExitStack() as files:
+        opened = {f: files.enter_context(safe_open(str(f), framework="pt")) for f in plan}
+        reads = [(opened[f], hf, tl) for f, names in plan.items() for hf, tl in names.items()]
+        for st, hf, tl in with_progress(reads, progress):
+            t = st.get_tensor(hf)
+            state[tl] = t.float() if quant in ("int8", "int4") else t.to(dtype)
     return build_transformer(cfg, state, device, dtype, quant, group), tokenizer, chat, name
 
 

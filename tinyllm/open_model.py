@@ -4,8 +4,9 @@
   a Hugging Face folder         config.json with a "model_type"        hf.py (llama, mistral)
   a GGUF file                   *.gguf (or a folder holding one)       gguf.py (llama)
 
-Contract: `open_any(path, device="cpu", dtype=None, template=None, quant="none") -> (model,
-tokenizer, chat_template, name)`; the model is in eval mode on `device` in `dtype` (bf16 on
+Contract: `open_any(path, device="cpu", dtype=None, template=None, quant="none",
+progress=None) -> (model, tokenizer, chat_template, name)`; `progress(done, total)` hears
+each tensor read (tinyllm.build.with_progress); the model is in eval mode on `device` in `dtype` (bf16 on
 CUDA, fp32 on the CPU by default); `quant` ("auto", "keep", "none", "int8", "int4") is how
 its matrices are held (tinyllm.build; "none", the default, dequantizes; "keep" keeps a GGUF's
 or checkpoint's quantized matrices; "auto" too, in the form fastest on the device); the
@@ -14,8 +15,9 @@ vocab), both with the interface ChatSession uses. `template` names a built-in ch
 that overrides the model's own. A tinyllm folder's template is config.json's chat.template,
 or the full spec in chat.spec (what `tinyllm.convert` writes for a template taken from Jinja).
 `inspect_any(path, template=None) -> name` runs every check open_any runs without reading a
-weight (config, tensor names, shapes and types, tokenizer, chat template): for a CLI to
-validate --model before its UI opens. `classify(path)` says which of the three a path is.
+weight (config, tensor names, shapes and types, tokenizer, chat template). `classify(path)`
+says which of the three a path is (tinyllm.model_files, which also has the checks a process
+without torch can make before its UI opens: `precheck`).
 Refuses with one line: a missing path (FileNotFoundError); anything else that is not one of
 the three (ValueError), and whatever the importer refuses (unsupported architecture,
 missing tokenizer, unknown quantization type).
@@ -23,48 +25,17 @@ missing tokenizer, unknown quantization type).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
+from tinyllm.build import Progress
 from tinyllm.chat_template import ChatTemplate, get_template
 from tinyllm.jinja_template import template_from_dict
 from tinyllm.model import Transformer
+from tinyllm.model_files import classify
 
 __all__ = ["classify", "inspect_any", "open_any"]
-
-_KINDS = "a tinyllm checkpoint folder, a Hugging Face folder (llama/mistral) or a .gguf file"
-
-
-def classify(path: str | Path) -> tuple[str, Path]:
-    """("tinyllm" | "hf" | "gguf", the folder or file to open), or the one-line error."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"model path {path} does not exist")
-    if path.is_file():
-        with open(path, "rb") as f:
-            magic = f.read(4)
-        if magic == b"GGUF" or path.suffix == ".gguf":
-            return "gguf", path
-        raise ValueError(f"{path} is not a model: expected {_KINDS}")
-    config = path / "config.json"
-    if not config.is_file():
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return "gguf", ggufs[0]
-        what = f"{len(ggufs)} .gguf files (name one)" if ggufs else "no config.json"
-        raise FileNotFoundError(f"{path} has {what}: expected {_KINDS}")
-    try:
-        raw = json.loads(config.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{config} is not valid JSON ({e})") from None
-    if isinstance(raw, dict) and raw.get("format") == "tinyllm":
-        return "tinyllm", path
-    if isinstance(raw, dict) and "model_type" in raw:
-        return "hf", path
-    raise ValueError(f"{config} is neither a tinyllm nor a Hugging Face config: expected {_KINDS}")
-
 
 def inspect_any(path: str | Path, template: str | None = None) -> str:
     """Validate a model without reading its weights (for a CLI, before a UI opens); its name."""
@@ -89,27 +60,28 @@ def inspect_any(path: str | Path, template: str | None = None) -> str:
 
 
 def open_any(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-             template: str | None = None, quant: str = "none",
-             group: int = 32) -> tuple[Transformer, object, ChatTemplate, str]:
+             template: str | None = None, quant: str = "none", group: int = 32,
+             progress: Progress | None = None) -> tuple[Transformer, object, ChatTemplate, str]:
     from tinyllm.build import check_quant
 
     check_quant(quant, group)
     kind, path = classify(path)
     if kind == "tinyllm":
-        return _open_tinyllm(path, device, dtype, template, quant, group)
+        return _open_tinyllm(path, device, dtype, template, quant, group, progress)
     if kind == "hf":
         from tinyllm.hf import load_hf
 
-        return load_hf(path, device, dtype, template, quant, group)
+        return load_hf(path, device, dtype, template, quant, group, progress)
     from tinyllm.gguf import load_gguf
 
-    return load_gguf(path, device, dtype, template, quant, group)
+    return load_gguf(path, device, dtype, template, quant, group, progress)
 
 
-def _open_tinyllm(path: Path, device, dtype, template: str | None, quant: str, group: int):
+def _open_tinyllm(path: Path, device, dtype, template: str | None, quant: str, group: int,
+                  progress: Progress | None):
     from tinyllm.checkpoint import load_checkpoint
 
-    ckpt = load_checkpoint(path, device, dtype, quant, group)
+    ckpt = load_checkpoint(path, device, dtype, quant, group, progress)
     return ckpt.model, ckpt.tokenizer, _tinyllm_template(ckpt.info.chat, template), ckpt.info.name
 
 

@@ -17,7 +17,6 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Static
-from textual.widgets._markdown import MarkdownFence
 
 from chat_app.widgets.reply import Reply, printable
 
@@ -105,6 +104,8 @@ class Conversation(VerticalScroll, can_focus=True):
 
     def picked_text(self) -> tuple[str, str] | None:
         """(what it is, its text) of the picked item, or None."""
+        from textual.widgets._markdown import MarkdownFence  # imported by the first reply already
+
         item = self.picked
         if isinstance(item, MarkdownFence):
             return "code block", item.code

@@ -7,13 +7,19 @@ the stream and marks a reply that did not end on its own
 ("stopped", "context full", "error"; "partial": one a crash cut short, shown on resume).
 Nothing written is ever dropped: `text` is the full source. Control characters from a
 model (noise, or an escape sequence) are shown as visible symbols, never sent to the terminal.
+Textual's Markdown is imported with the first reply, not with the app (a tenth of a second
+less before the first frame).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual.containers import Vertical
-from textual.widgets import Markdown, Static
-from textual.widgets.markdown import MarkdownStream
+from textual.widgets import Static
+
+if TYPE_CHECKING:
+    from textual.widgets.markdown import MarkdownStream
 
 NOTES = {"stopped": "■ stopped", "context_full": "■ context full", "max_tokens": "■ max_tokens reached",
          "error": "■ error", "partial": "■ interrupted (saved as far as it got)"}
@@ -34,6 +40,8 @@ class Reply(Vertical):
         self._stream: MarkdownStream | None = None
 
     def compose(self):
+        from textual.widgets import Markdown
+
         yield Markdown(self._initial)
         yield Static(NOTES.get(self._note, ""), classes="note", markup=False)
 
@@ -43,11 +51,13 @@ class Reply(Vertical):
     @property
     def text(self) -> str:
         """Everything written so far (as shown)."""
-        shown = self.query(Markdown)
+        shown = self.query("Markdown")
         return shown.first().source if shown else self._initial
 
     async def write(self, text: str) -> None:
         if self._stream is None:
+            from textual.widgets import Markdown
+
             self._stream = Markdown.get_stream(self.query_one(Markdown))
         await self._stream.write(printable(text))
 

@@ -110,8 +110,8 @@ def make_held_app(make_app) -> Callable[..., tuple[ChatApp, list[Held]]]:
         opened: list[Held] = []
         real_open = app.open_session
 
-        def open_held():
-            opened.append(Held(real_open()))
+        def open_held(**kwargs):
+            opened.append(Held(real_open(**kwargs)))
             return opened[-1]
 
         app.open_session = open_held

@@ -256,7 +256,7 @@ async def test_escape_before_the_reply_begins_still_stops_it(make_app):
 
 
 async def test_a_model_that_fails_to_load_is_an_error_not_a_crash(tmp_path):
-    def broken():
+    def broken(**_):
         raise RuntimeError("CUDA out of memory")
 
     app = ChatApp(broken, Store.open(tmp_path), model_name="broken")

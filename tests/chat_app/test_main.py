@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+from functools import partialmethod
 from pathlib import Path
 
 import pytest
@@ -38,12 +41,25 @@ def test_truncated_safetensors(capsys, ckpt, tmp_path):
     assert "truncated" in run_main(capsys, "--model", str(broken))
 
 
-def test_corrupt_tokenizer(capsys, ckpt, tmp_path):
+@pytest.mark.parametrize("fault, message", [("tokenizer", "sentencepiece"), ("config", "does not match")])
+def test_faults_only_the_loader_finds_end_the_app_in_one_line(capsys, ckpt, tmp_path, monkeypatch, fault, message):
+    """The TUI is open by then (the session's child found it: it needs torch); the app ends and
+    main() says it the same way, exit code 2."""
+    from chat_app.app import ChatApp
+
+    monkeypatch.setattr(ChatApp, "run", partialmethod(ChatApp.run, headless=True))
     broken = tmp_path / "broken"
     broken.mkdir()
     for f in ckpt.iterdir():
-        (broken / f.name).write_bytes(b"junk" if f.name == "tokenizer.model" else f.read_bytes())
-    assert "sentencepiece" in run_main(capsys, "--model", str(broken))
+        data = f.read_bytes()
+        if f.name == "tokenizer.model" and fault == "tokenizer":
+            data = b"junk"
+        if f.name == "config.json" and fault == "config":
+            config = json.loads(data)
+            config["model"]["n_layers"] += 1
+            data = json.dumps(config).encode()
+        (broken / f.name).write_bytes(data)
+    assert message in run_main(capsys, "--model", str(broken), "--compile", "off")
 
 
 def test_default_model_found(monkeypatch):
@@ -78,3 +94,16 @@ def test_help_and_the_ui_import_no_torch():
             "    pass\nassert 'textual' not in sys.modules and 'torch' not in sys.modules\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
+
+
+def test_nothing_before_the_first_frame_imports_torch(ckpt, tmp_path):
+    """build_app makes every check it makes before the TUI opens without torch (the session's
+    child imports it): the first frame does not wait seconds for it."""
+    code = ("import sys\nfrom chat_app.__main__ import build_app, build_parser\n"
+            f"app = build_app(build_parser().parse_args(['--model', {str(ckpt)!r}, '--temperature', '0.5']))\n"
+            "assert 'torch' not in sys.modules, 'build_app imported torch'\nprint(app.model_name)\n")
+    env = {**os.environ, "TINYLLM_CHAT_DATA_DIR": str(tmp_path / "data"),
+           "TINYLLM_CHAT_CONFIG_DIR": str(tmp_path / "config")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "tiny-test"

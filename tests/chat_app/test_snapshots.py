@@ -63,7 +63,7 @@ def stub_app(data_dir):
         params=SimpleNamespace(temperature=0.0, top_k=0, top_p=1.0, repeat_penalty=1.1, max_tokens=1024, seed=None),
         set_param=lambda name, value: None, stop=lambda: None, set_system=print, new_chat=print,
         load_messages=print)
-    app = ChatApp(lambda: session, Store.open(data_dir, model=LONG_NAME), model_name=LONG_NAME)
+    app = ChatApp(lambda **_: session, Store.open(data_dir, model=LONG_NAME), model_name=LONG_NAME)
     app.NOTIFICATION_TIMEOUT = 3600
     return app
 

@@ -45,6 +45,19 @@ def test_round_trip_shards_and_tied_embeddings(tmp_path):
     assert same_weights(model, c.model)
 
 
+def test_load_reports_each_tensor_read(tmp_path):
+    """progress(done, total) over every tensor of every shard: (0, N) first, then one call per
+    tensor, ending at (N, N); the weights are the same as without it."""
+    tok = make_tiny_tokenizer(tmp_path)
+    model = tiny_model(vocab_size=tok.vocab_size)
+    path = save_checkpoint(model, tok, tmp_path / "sharded", shard_mb=0.15)
+    n = len(json.loads((path / "model.safetensors.index.json").read_text())["weight_map"])
+    calls: list[tuple[int, int]] = []
+    c = load_checkpoint(path, progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(i, n) for i in range(n + 1)] and n > 10
+    assert same_weights(model, c.model)
+
+
 def test_load_to_bf16(ckpt):
     c = load_checkpoint(ckpt, dtype=torch.bfloat16)
     assert c.model.dtype == torch.bfloat16 and c.model.rope.cos.dtype == torch.float32

@@ -255,6 +255,16 @@ def test_weights_round_trip_within_quantization_error(llama_file):
         assert (loaded(idx)[0] - ref_model(idx)[0]).abs().max() < 1e-4
 
 
+def test_load_reports_each_tensor_read(llama_file):
+    path, _, _ = llama_file
+    calls: list[tuple[int, int]] = []
+    open_any(path, "cpu", torch.float32, progress=lambda done, total: calls.append((done, total)))
+    g = read_gguf(path)
+    n = len(g.tensors)
+    g.close()
+    assert calls == [(i, n) for i in range(n + 1)] and n > 10
+
+
 def test_qk_permutation_is_undone_exactly(tmp_path, sp_tok):
     model = tiny(sp_tok.vocab_size, tie=True, seed=1)
     write_gguf(tmp_path / "f32.gguf", model, {}, sp_kv(sp_tok))

@@ -15,7 +15,9 @@ from tinyllm.bpe_tokenizer import BPETokenizer
 from tinyllm.chat import ChatSession
 from tinyllm.convert import main as convert_main
 from tinyllm.generate import generate
+from tinyllm.hf import load_hf
 from tinyllm.jinja_template import JinjaChatTemplate
+from tinyllm.model_files import read_safetensors_header
 from tinyllm.open_model import inspect_any, open_any
 from tinyllm.testing import make_tiny_tokenizer
 from tinyllm.tokenizer import StreamDecoder, Tokenizer
@@ -51,6 +53,14 @@ def sp_folder(request, tmp_path_factory, sp_tok):
     hf = make_hf_model(path, sp_tok.vocab_size, tie, seed=int(tie), shard=None if tie else "60KB")
     (path / "tokenizer.model").write_bytes(sp_tok.serialized())
     return path, hf
+
+
+def test_load_reports_each_tensor_read(sp_folder):
+    path, hf = sp_folder
+    calls: list[tuple[int, int]] = []
+    load_hf(path, "cpu", torch.float32, progress=lambda done, total: calls.append((done, total)))
+    n = sum(len(read_safetensors_header(f)) for f in path.glob("*.safetensors"))
+    assert calls == [(i, n) for i in range(n + 1)] and n > 10
 
 
 def test_logits_match_transformers(sp_folder):

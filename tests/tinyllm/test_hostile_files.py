@@ -12,10 +12,10 @@ import torch
 
 from tests.conftest import tiny_model
 from tests.tinyllm.formats_common import need
-from tinyllm.build import read_safetensors_header
 from tinyllm.checkpoint import save_checkpoint
 from tinyllm.gguf import gguf_config, read_gguf
 from tinyllm.hf import hf_config
+from tinyllm.model_files import read_safetensors_header
 from tinyllm.testing import make_tiny_tokenizer
 
 U32, F32, STR, ARR, U64 = 4, 6, 8, 9, 10

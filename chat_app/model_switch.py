@@ -1,0 +1,131 @@
+"""Opening models: the first one behind a progress bar, and `/model PATH`, which switches to
+another; a mixin of ChatApp.
+
+Contract:
+- While a model opens, LoadProgress (above the status bar) shows the tensors read, as the
+  session's child process reports them (RemoteSession's `progress`). The first model is
+  opened by the app's worker; if the child refuses it as bad input (a ValueError: a path, file
+  or option that is wrong, found by the checks that need torch), the app ends with return code
+  2 and `bad_input` set, which main() prints as its usual one line. Any other failure (out of
+  memory, a crash) is a notice and the app stays up, without a model.
+- `/model PATH` is refused with a notice, changing nothing, while a reply runs or a model
+  opens, or when `tinyllm.model_files.precheck` (no torch, milliseconds) refuses PATH.
+  Otherwise the worker opens PATH in a NEW child process while the old one stays open, and
+  ends the old child (its process, and so all its memory, CUDA graphs included) only once
+  the new model has loaded. A model that fails later (a corrupt checkpoint, out of memory)
+  is a notice, and the old model goes on answering in its chat. Ending the old one first
+  would free its memory before the new one loads, but a failed load would then leave no
+  model at all; these models are small, and two fit where one does. Replies cannot be sent
+  while the new model opens (the app has no session meanwhile).
+- The new model starts a new chat; the old one stays saved (Ctrl+O), each reply labelled
+  with the model that wrote it. The new chat keeps the old one's /set values and system
+  prompt (without one, the new model's own default); --template is not carried over. The
+  status bar, the reply labels and the app's sub_title name the new model.
+- `/model` alone shows the model's name and path.
+This module never imports torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from chat_app.events import Failed, Loaded, Progress
+from chat_app.widgets.load_progress import LoadProgress
+
+if TYPE_CHECKING:
+    from chat_app.app import ChatApp
+
+
+class ModelSwitching:
+    bad_input: str | None = None  # why the first model was refused (main() prints it, exit code 2)
+    _switching_from: Any = None  # the session that answers again if /model fails
+
+    @property
+    def load_progress(self: ChatApp) -> LoadProgress:
+        return self.query_one(LoadProgress)
+
+    def show_loading(self: ChatApp, name: str) -> None:
+        self.load_progress.start(name)
+        self.status.show(state="loading", name=name)
+
+    def report_progress(self: ChatApp, done: int, total: int) -> None:
+        """The loader's progress callback (the worker thread)."""
+        self._outbox.put(Progress(done, total))
+
+    # ---- the worker ------------------------------------------------------------------------
+
+    def switch_model(self: ChatApp, old: Any, job: tuple[str, str | None]) -> Any:
+        """Open the job's model beside the old one; the session that serves from now on."""
+        path, system = job
+        try:
+            new = self.open_session(progress=self.report_progress, path=path, template=None, system=system)
+        except Exception as e:
+            self._outbox.put(Failed("model", path, f"could not open {path}: {e} (still chatting with {old.name})"))
+            return old
+        self._outbox.put(Loaded(new, switched=True))
+        close_session(old)
+        return new
+
+    # ---- the UI thread ---------------------------------------------------------------------
+
+    async def command_model(self: ChatApp, arg: str) -> None:
+        if self.session is None:
+            self.say("The model is still loading (or failed to load).", "warning")
+            return
+        if not arg:
+            path = getattr(self.session, "path", None)
+            self.say(f"Model: {self.session.name}" + (f" ({path})" if path else "") + "; /model PATH opens another.")
+            return
+        if self.busy:
+            self.say("A reply is still running: wait for it, or press Esc, then /model again.", "warning")
+            return
+        from tinyllm.model_files import precheck  # no torch
+
+        try:
+            name = precheck(arg)
+        except (FileNotFoundError, ValueError) as e:
+            self.say(str(e), "error")
+            return
+        self._switching_from, self.session = self.session, None
+        self.show_loading(name)
+        self.queue_job("model", (str(Path(arg).expanduser().resolve()), self.store.system))
+
+    async def model_loaded(self: ChatApp, s: Any, switched: bool) -> None:
+        if switched:
+            await self.conversation.clear()
+            self.store.new_chat()  # keeps its /set values and system prompt, as the new session does
+            if self.store.settings:
+                self.queue_job("params", self.store.settings)
+            self.last_stats, self._compile_failure_said = None, False
+            self.status.show(tok_s=None, ttft_ms=None, window=None)
+            self.say(f"Now chatting with {s.name}, in a new chat (the last one is saved: Ctrl+O).")
+        self.session, self._switching_from = s, None
+        self.model_name = self.store.model = self.sub_title = s.name
+        self.load_progress.finish()
+        self.refresh_bindings()  # Ctrl+G only where there are graphs
+        self.status.show(state="ready", name=s.name, device=s.device, dtype=s.dtype,
+                         graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
+                         position=len(s.context), step=s.step_kind, capped=s.max_len < s.model_max_len)
+        if s.max_len < s.model_max_len:
+            self.say(f"The context is capped at {s.max_len} of the model's {s.model_max_len} positions "
+                     f"to keep memory low; --max-len {s.model_max_len} lifts the cap.")
+
+    def model_failed(self: ChatApp, item: Failed) -> None:
+        self.load_progress.finish()
+        if item.kind == "model":  # the old model answers again
+            self.session, self._switching_from = self._switching_from, None
+            self.status.show(state="ready", name=self.session.name)
+        elif isinstance(item.arg, ValueError):  # the first model: bad input, as before the TUI
+            self.bad_input = str(item.arg)
+            self.exit(return_code=2)
+            return
+        else:
+            self.status.show(state="failed")
+        self.say(item.message, "error")
+
+
+def close_session(session: Any) -> None:
+    close = getattr(session, "close", None)  # a RemoteSession: end its process
+    if close is not None:
+        close()

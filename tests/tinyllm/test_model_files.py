@@ -1,0 +1,67 @@
+"""tinyllm.model_files: the checks a process without torch makes before its UI opens."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tinyllm.model_files import precheck
+from tinyllm.testing import make_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny")
+
+
+def copy_with(ckpt, dst, name: str, data: bytes | None):
+    dst.mkdir()
+    for f in ckpt.iterdir():
+        if f.name != name:
+            (dst / f.name).write_bytes(f.read_bytes())
+        elif data is not None:
+            (dst / f.name).write_bytes(data)
+    return dst
+
+
+def test_precheck_names_a_good_model_without_importing_torch(ckpt, tmp_path):
+    code = ("import sys\nfrom tinyllm.model_files import precheck\n"
+            f"print(precheck({str(ckpt)!r}))\nassert 'torch' not in sys.modules, 'precheck imported torch'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "tiny-test"
+    hf = copy_with(ckpt, tmp_path / "hf", "config.json", json.dumps({"model_type": "llama"}).encode())
+    assert precheck(hf) == "hf"  # no _name_or_path: the folder's name
+
+
+@pytest.mark.parametrize("name, data, message", [
+    ("model.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00{}", "truncated"),
+    ("model.safetensors", None, "no model.safetensors"),
+    ("tokenizer.model", None, "no tokenizer"),
+    ("config.json", b"{not json", "not valid JSON"),
+])
+def test_precheck_refuses_with_one_line(ckpt, tmp_path, name, data, message):
+    broken = copy_with(ckpt, tmp_path / "broken", name, data)
+    with pytest.raises((ValueError, FileNotFoundError)) as e:
+        precheck(broken)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_precheck_refuses_a_truncated_weight_file(ckpt, tmp_path):
+    data = (ckpt / "model.safetensors").read_bytes()
+    broken = copy_with(ckpt, tmp_path / "broken", "model.safetensors", data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated"):
+        precheck(broken)
+
+
+def test_precheck_of_a_gguf_file_and_of_nothing(tmp_path):
+    (tmp_path / "m.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
+    assert precheck(tmp_path / "m.gguf") == "m"  # the header is the loader's to check
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        precheck(tmp_path / "nope")
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(ValueError, match="not a model"):
+        precheck(tmp_path / "notes.txt")
