@@ -301,6 +301,9 @@ class FeedForward(nn.Module):
         fuse_linears(self, "w13", {"w1": cfg.ffn_dim, "w3": cfg.ffn_dim})
 
     def forward(self, x: Tensor) -> Tensor:
+        swiglu = getattr(self.w13, "swiglu", None)  # quantized layers may run all of it as one op
+        if swiglu is not None and (y := swiglu(self.w2, x)) is not None:
+            return y  # (B, T, C)
         gate, up = linear(self.w13, x).chunk(2, dim=-1)  # (B, T, ffn) each
         return linear(self.w2, F.silu(gate) * up)
 
