@@ -287,7 +287,16 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
     Hugging Face's eager attention. `scale` is D ** -0.5, a constant from the config: computed
     from q's size it would be a symbolic float in a dynamic-shape compile, which restarts the
     trace (a warm start then traces twice).
+
+    Compiled on a CPU, the two products are written as products and sums instead, which
+    Inductor makes loops of its own (fused with the softmax, one thread: cuda_graph.compiled):
+    a library batched product is an OpenMP region of its own per call, and at R <= 8 rows the
+    wake-up costs more than the product.
     """
+    if q.device.type == "cpu" and torch.compiler.is_dynamo_compiling():
+        scores = (q[..., :, None, :] * k[..., None, :, :]).sum(-1).float() * scale  # (B, Hkv, R, W)
+        p = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(v.dtype)
+        return (p[..., None] * v[..., None, :, :]).sum(-2)  # (B, Hkv, R, D)
     scores = (q @ k.transpose(-1, -2)).float() * scale  # (B, Hkv, R, W)
     scores = scores.masked_fill(~mask, float("-inf"))
     return scores.softmax(dim=-1).to(v.dtype) @ v  # (B, Hkv, R, D)
