@@ -28,9 +28,14 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 #include <immintrin.h>
-#include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -291,33 +296,127 @@ void product_rows(const QW& w, const XQ& x, int64_t M, int64_t n0, int64_t n1, f
   }
 }
 
-// Thread t's share [lo, hi) of n items, split on multiples of `align` (the last share ends at n).
-inline void share(int64_t n, int t, int nt, int64_t align, int64_t* lo, int64_t* hi) {
-  const int64_t units = (n + align - 1) / align;
-  *lo = std::min(n, units * t / nt * align);
-  *hi = std::min(n, units * (t + 1) / nt * align);
-}
+// ---- threads ------------------------------------------------------------------------------
+//
+// A product is cut into chunks of rows that threads claim one at a time; the calling thread
+// works too and returns when every chunk is done. Helper threads that are late (on a busy
+// machine a woken thread may wait a whole scheduler slice for a core) find the chunks taken
+// and go back to waiting: nobody waits for a thread that has not started, where an OpenMP
+// region (or llama.cpp's barrier after every op) waits for all of its threads.
 
-// Threads for `blocks` blocks of work: 1 inside another parallel region.
-int threads_for(int64_t blocks) {
-  if (omp_in_parallel()) return 1;
-  const int64_t most = std::max<int64_t>(1, blocks / MIN_BLOCKS_PER_THREAD);
-  return static_cast<int>(std::min<int64_t>(at::get_num_threads(), most));
-}
+class Pool {
+ public:
+  // Runs fn(ctx, i) for i in [0, n) on the calling thread and up to `helpers` pool threads.
+  void run(int helpers, int64_t n, void (*fn)(const void*, int64_t), const void* ctx) {
+    grow(helpers);
+    fn_.store(fn, std::memory_order_relaxed);
+    ctx_.store(ctx, std::memory_order_relaxed);
+    n_.store(n, std::memory_order_relaxed);
+    helpers_.store(helpers, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    const uint64_t gen = (next_.load(std::memory_order_relaxed) >> 32) + 1;
+    next_.store(gen << 32, std::memory_order_seq_cst);  // publish (the fields above first)
+    if (sleeping_.load(std::memory_order_seq_cst) > 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      cv_.notify_all();
+    }
+    work(gen);
+    while (done_.load(std::memory_order_acquire) < n) _mm_pause();  // chunks still running elsewhere
+    next_.store(gen << 32 | CLOSED, std::memory_order_seq_cst);  // no claim on this job from now on
+  }
 
-// Runs body(t, nt) on nt threads (the calling thread alone when nt == 1).
+ private:
+  static constexpr double SPIN_S = 300e-6;  // a helper spins this long for the next job, then sleeps
+
+  void grow(int helpers) {
+    while (static_cast<int>(threads_) < helpers) {
+      const int id = threads_++;
+      std::thread([this, id] { loop(id); }).detach();
+    }
+  }
+
+  // Claims and runs chunks of job `gen` until none is left. A helper that comes late may read
+  // the next job's fields, but its claim (a compare-and-swap on the generation and chunk) then
+  // fails: the job was closed before those fields were written.
+  void work(uint64_t gen) {
+    uint64_t v = next_.load(std::memory_order_acquire);
+    if ((v >> 32) != gen) return;
+    void (*fn)(const void*, int64_t) = fn_.load(std::memory_order_relaxed);
+    const void* ctx = ctx_.load(std::memory_order_relaxed);
+    const int64_t n = n_.load(std::memory_order_relaxed);
+    while ((v >> 32) == gen && static_cast<int64_t>(v & CLOSED) < n) {
+      if (!next_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel)) continue;  // v reloaded
+      fn(ctx, static_cast<int64_t>(v & CLOSED));
+      done_.fetch_add(1, std::memory_order_release);
+      v = next_.load(std::memory_order_acquire);
+    }
+  }
+
+  void loop(int id) {
+    uint64_t seen = next_.load(std::memory_order_acquire) >> 32;
+    for (;;) {
+      uint64_t gen = next_.load(std::memory_order_acquire) >> 32;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; gen == seen; ++i) {
+        _mm_pause();
+        gen = next_.load(std::memory_order_acquire) >> 32;
+        if ((i & 255) == 255 && std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > SPIN_S) {
+          std::unique_lock<std::mutex> lock(mu_);
+          sleeping_.fetch_add(1, std::memory_order_seq_cst);
+          cv_.wait(lock, [&] { return (next_.load(std::memory_order_seq_cst) >> 32) != seen; });
+          sleeping_.fetch_sub(1, std::memory_order_seq_cst);
+          gen = next_.load(std::memory_order_acquire) >> 32;
+        }
+      }
+      seen = gen;
+      if (id < helpers_.load(std::memory_order_relaxed)) work(gen);  // a stale gen claims nothing
+    }
+  }
+
+  // The job: read by helpers after they see its generation in next_ (release/acquire), and
+  // used only through a successful claim.
+  static constexpr uint64_t CLOSED = 0xFFFFFFFFu;  // the chunk field of a finished job
+  std::atomic<void (*)(const void*, int64_t)> fn_{nullptr};
+  std::atomic<const void*> ctx_{nullptr};
+  std::atomic<int64_t> n_{0};
+  std::atomic<int> helpers_{0};
+  std::atomic<uint64_t> next_{0};  // generation << 32 | next chunk
+  std::atomic<int64_t> done_{0};
+  std::atomic<int> sleeping_{0};
+  std::atomic<int> threads_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+// Runs body(i) for i in [0, n): on the calling thread alone for small work (`blocks` blocks of
+// 32 weights in all), else with the pool (torch.get_num_threads() threads in all). One caller at
+// a time uses the pool (a second, concurrent caller runs alone); the pool is made again after
+// a fork (its threads do not survive one).
+std::mutex g_pool_busy;
+Pool* g_pool = nullptr;
+pid_t g_pool_owner = 0;
+
 template <class F>
-void run_threads(int nt, const F& body) {
-  if (nt <= 1) {
-    body(0, 1);
+void run_chunks(int64_t n, int64_t blocks, const F& body) {
+  const int threads = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(1, blocks / MIN_BLOCKS_PER_THREAD));
+  std::unique_lock<std::mutex> lock(g_pool_busy, std::try_to_lock);
+  if (threads <= 1 || n <= 1 || !lock.owns_lock()) {
+    for (int64_t i = 0; i < n; ++i) body(i);
     return;
   }
-#pragma omp parallel num_threads(nt)
-  body(omp_get_thread_num(), omp_get_num_threads());
+  if (g_pool == nullptr || g_pool_owner != getpid()) g_pool = new Pool(), g_pool_owner = getpid();  // never freed
+  g_pool->run(threads - 1, n, [](const void* c, int64_t i) { (*static_cast<const F*>(c))(i); }, &body);
 }
 
-thread_local XBuf tl_x;  // each thread's quantized x
-thread_local std::vector<float> tl_gu;  // each thread's gate and up rows (qmm_ffn)
+// Rows a chunk: whole tiles, about CHUNK_BLOCKS blocks of 32 weights (1-3 us of work).
+constexpr int64_t CHUNK_BLOCKS = 1536;
+inline int64_t chunk_rows(int64_t nb, int64_t M) {
+  const int64_t step = M == 1 ? R1 : RM;
+  return std::max<int64_t>(step, CHUNK_BLOCKS / std::max<int64_t>(1, nb * M) / step * step);
+}
+
+XBuf g_x, g_h;  // the quantized x and hidden rows of the running product (one caller at a time)
+std::mutex g_mu;
 
 void check_x(const at::Tensor& x, int64_t K) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be (M, K) with K = ", K);
@@ -331,12 +430,14 @@ at::Tensor qmm(const at::Tensor& x_, const QW& w) {
   at::Tensor y = at::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  run_threads(threads_for(M * N * std::max<int64_t>(w.nb, 1)), [&](int t, int nt) {
-    const XQ xq = tl_x.take(xp, w.K, M, w.nb);
-    quantize_rows(xq, M, 0, w.nb, w.int4);
-    int64_t lo, hi;
-    share(N, t, nt, M == 1 ? R1 : RM, &lo, &hi);
-    product_rows(w, xq, M, lo, hi, yp, N, 0);
+  XBuf local;
+  std::unique_lock<std::mutex> lock(g_mu, std::try_to_lock);  // another caller: buffers of its own
+  XBuf& buf = lock.owns_lock() ? g_x : local;
+  const XQ xq = buf.take(xp, w.K, M, w.nb);
+  quantize_rows(xq, M, 0, w.nb, w.int4);
+  const int64_t rows = chunk_rows(w.nb, M);
+  run_chunks((N + rows - 1) / rows, M * N * std::max<int64_t>(w.nb, 1), [&](int64_t i) {
+    product_rows(w, xq, M, i * rows, std::min(N, (i + 1) * rows), yp, N, 0);
   });
   return y;
 }
@@ -394,31 +495,28 @@ at::Tensor qmm_ffn(const at::Tensor& x_, const at::Tensor& q13, const at::Tensor
   const int64_t M = x.size(0);
   at::Tensor y = at::empty({M, D}, x.options());
   at::Tensor hbuf = at::empty({M, F}, x.options());  // the hidden rows, fp32
+  at::Tensor gubuf = at::empty({2, M, F}, x.options());  // gate and up
   const float* xp = x.data_ptr<float>();
-  float *yp = y.data_ptr<float>(), *hp = hbuf.data_ptr<float>();
-  std::vector<int8_t> hq(M * w2.nb * QK);  // the hidden rows quantized (shared)
-  std::vector<float> hd(M * w2.nb), hs(M * w2.nb);
-  const XQ hx{hp, F, hq.data(), hd.data(), hs.data(), w2.nb};
-  const int64_t work = M * (w13.N * w13.nb + w2.N * std::max<int64_t>(w2.nb, 1));
-  run_threads(threads_for(work), [&](int t, int nt) {
-    const XQ xq = tl_x.take(xp, w13.K, M, w13.nb);
-    quantize_rows(xq, M, 0, w13.nb, w13.int4);
-    int64_t lo, hi;
-    share(F, t, nt, QK, &lo, &hi);  // this thread's hidden units: whole blocks of 32
-    const int64_t n = hi - lo;
-    if (n > 0) {
-      std::vector<float>& gu = tl_gu;  // gate (M, n), then up (M, n)
-      if (static_cast<int64_t>(gu.size()) < 2 * M * n) gu.resize(2 * M * n);
-      product_rows(w13, xq, M, lo, hi, gu.data(), n, lo);
-      product_rows(w13, xq, M, F + lo, F + hi, gu.data() + M * n, n, F + lo);
-      for (int64_t m = 0; m < M; ++m) silu_mul(gu.data() + m * n, gu.data() + (M + m) * n, hp + m * F + lo, n);
-      quantize_rows(hx, M, lo / QK, std::min(hi / QK, w2.nb), w2.int4);
-    }
-    if (nt > 1) {
-#pragma omp barrier
-    }
-    share(D, t, nt, M == 1 ? R1 : RM, &lo, &hi);
-    product_rows(w2, hx, M, lo, hi, yp, D, 0);
+  float *yp = y.data_ptr<float>(), *hp = hbuf.data_ptr<float>(), *gp = gubuf.data_ptr<float>();
+  XBuf local_x, local_h;
+  std::unique_lock<std::mutex> lock(g_mu, std::try_to_lock);
+  const XQ xq = (lock.owns_lock() ? g_x : local_x).take(xp, w13.K, M, w13.nb);
+  const XQ hx = (lock.owns_lock() ? g_h : local_h).take(hp, F, M, w2.nb);
+  quantize_rows(xq, M, 0, w13.nb, w13.int4);
+  // Phase 1, a chunk a block of 32 hidden units: their gate and up rows, silu(gate) * up, and
+  // that block of the quantized hidden rows.
+  const int64_t hb = (F + QK - 1) / QK;
+  run_chunks(hb, M * w13.N * w13.nb, [&](int64_t i) {
+    const int64_t lo = i * QK, hi = std::min(F, lo + QK);
+    product_rows(w13, xq, M, lo, hi, gp, F, 0);
+    product_rows(w13, xq, M, F + lo, F + hi, gp + M * F, F, F);
+    for (int64_t m = 0; m < M; ++m) silu_mul(gp + m * F + lo, gp + (M + m) * F + lo, hp + m * F + lo, hi - lo);
+    if (hi - lo == QK) quantize_rows(hx, M, i, i + 1, w2.int4);  // a partial last block stays fp32 (int8 tail)
+  });
+  // Phase 2: rows of w2.
+  const int64_t rows = chunk_rows(w2.nb, M);
+  run_chunks((D + rows - 1) / rows, M * D * std::max<int64_t>(w2.nb, 1), [&](int64_t i) {
+    product_rows(w2, hx, M, i * rows, std::min(D, (i + 1) * rows), yp, D, 0);
   });
   return y;
 }
