@@ -28,6 +28,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 #include <immintrin.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -326,7 +327,10 @@ class Pool {
   }
 
  private:
-  static constexpr double SPIN_S = 300e-6;  // a helper spins this long for the next job, then sleeps
+  // A helper waits for the next job spinning PAUSE_S, then yielding its core to any other thread
+  // that wants it (between two products an eager step runs torch's own threaded ops) until
+  // SPIN_S, then sleeping.
+  static constexpr double PAUSE_S = 30e-6, SPIN_S = 300e-6;
 
   void grow(int helpers) {
     while (static_cast<int>(threads_) < helpers) {
@@ -360,7 +364,10 @@ class Pool {
       for (int i = 0; gen == seen; ++i) {
         _mm_pause();
         gen = next_.load(std::memory_order_acquire) >> 32;
-        if ((i & 255) == 255 && std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > SPIN_S) {
+        if ((i & 255) != 255) continue;
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (waited > PAUSE_S) sched_yield();  // let another thread that wants this core (torch's own) run
+        if (waited > SPIN_S) {
           std::unique_lock<std::mutex> lock(mu_);
           sleeping_.fetch_add(1, std::memory_order_seq_cst);
           cv_.wait(lock, [&] { return (next_.load(std::memory_order_seq_cst) >> 32) != seen; });
