@@ -11,8 +11,8 @@
 //   qmm_ffn(x, w13 (qweight, scales, zeros or None), w2 (qweight, scales, zeros or None))
 //       -> (M, D) fp32: the SwiGLU feed-forward w2(silu(gate) * up), gate and up the first and
 //       second halves of x @ w13.T (each matrix int8 or int4 as above, by its qweight's dtype),
-//       in ONE parallel region: each thread computes its share of gate/up rows, their SiLU
-//       product and its blocks of the quantized hidden row, one barrier, then its share of w2.
+//       as one op: chunks of 32 hidden units compute their gate and up rows, silu(gate) * up
+//       and their block of the quantized hidden row; then chunks of w2's rows.
 // As llama.cpp does, x (and the FFN's hidden row) is quantized to int8 in blocks of 32 (one fp32
 // scale a block, round to nearest even), and each block's dot product is integer
 // (_mm256_maddubs_epi16 + _mm256_madd_epi16), scaled in fp32, so the result is the quantized x
@@ -20,9 +20,9 @@
 // Q8_1 keeps; x's exact sums would multiply the rounding by w - zero, larger than w). int8 rows
 // whose K is not a multiple of 32 take the tail in fp32.
 //   dequantize(qweight, scales, zeros or None) -> (N, K) fp32, w as above (for many rows of x).
-// Threads: a product runs on min(torch.get_num_threads(), work / MIN_BLOCKS_PER_THREAD)
-// threads in one OpenMP region (the pool torch uses); each thread quantizes x itself (a few
-// hundred ns, so no serial part and no barrier) and takes a contiguous share of the rows.
+// Threads (see Pool below): a product is cut into chunks of rows that the calling thread and
+// up to torch.get_num_threads() - 1 pool threads claim; a late pool thread finds the chunks
+// taken, so no call waits for a thread that has not started. x is quantized once, before.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>

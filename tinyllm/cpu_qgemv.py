@@ -17,9 +17,11 @@ Contract:
   PREFILL_M rows, else `torch.ops.tinyllm_cpu.dequantize` (fp32 (N, K)) and the fp32 GEMM.
 - `ffn(x, w13, w2)`: the SwiGLU feed-forward w2(silu(gate) * up) of two quantized layers (the
   buffers `(qweight, scales, zeros)` of each; gate and up are w13's two halves of rows) for
-  fewer than PREFILL_M rows, as ONE op (`torch.ops.tinyllm_cpu.qmm_ffn`) and one parallel
-  region: equal to linear(silu(gate) * up) after linear(x) up to the rounding of the hidden row
-  to int8 (the fused op's SiLU is its own AVX2 exp, within about 1 ulp of torch's).
+  fewer than PREFILL_M rows, as ONE op (`torch.ops.tinyllm_cpu.qmm_ffn`): equal to
+  linear(silu(gate) * up) after linear(x) up to the rounding of the hidden row to int8 (the
+  fused op's SiLU is its own AVX2 exp, within about 1 ulp of torch's).
+- Threads: the ops run on torch.get_num_threads() threads, their own pool (not OpenMP's), in
+  chunks that a late thread finds taken: no call waits for a thread that has not started.
 - `cache_dir()`: $TINYLLM_CACHE_DIR, else $XDG_CACHE_HOME/tinyllm, else ~/.cache/tinyllm.
 """
 
@@ -41,8 +43,8 @@ SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")
 # about one decode product per row, measured on the 2-core AVX2 CPU for (3072, 576), 1 thread:
 # M=16 kernel 2.8 ms vs fp32 GEMM 2.5 ms; M=128 27 ms vs 7.8 ms.
 PREFILL_M = 16
-# -fopenmp: at::parallel_for is inline code that threads only under OpenMP; the library links the
-# libgomp.so.1 torch has already loaded (one thread pool, sized by torch.set_num_threads).
+# -fopenmp: at::parallel_for (dequantize) is inline code that threads only under OpenMP; the
+# library links the libgomp.so.1 torch has already loaded. The products use their own pool.
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fopenmp"]
 
 
