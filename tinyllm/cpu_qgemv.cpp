@@ -8,20 +8,35 @@
 //       and zeros both fp32 or both fp16 (a GGUF's Q4_0/Q4_1 are fp16 already: 20% fewer bytes)
 //       w[n, k] = q[n, k] * scales[n, k/g] + zeros[n, k/g]; q[n, 2j] is the low nibble of
 //       qweight[n, j], q[n, 2j+1] the high one; g = K / scales.size(1), a multiple of 32.
-// As llama.cpp does, x is quantized once per product to int8 in blocks of 32 (one fp32 scale
-// a block, round to nearest), and each block's dot product is integer
-// (_mm256_maddubs_epi16 + _mm256_madd_epi16), scaled in fp32, so the result is the quantized
-// x times the dequantized W (the int4 zero term too: the sums of the quantized x, as llama.cpp's
+//   qmm_ffn(x, w13 (qweight, scales, zeros or None), w2 (qweight, scales, zeros or None))
+//       -> (M, D) fp32: the SwiGLU feed-forward w2(silu(gate) * up), gate and up the first and
+//       second halves of x @ w13.T (each matrix int8 or int4 as above, by its qweight's dtype),
+//       as one op: chunks of 32 hidden units compute their gate and up rows, silu(gate) * up
+//       and their block of the quantized hidden row; then chunks of w2's rows.
+// As llama.cpp does, x (and the FFN's hidden row) is quantized to int8 in blocks of 32 (one fp32
+// scale a block, round to nearest even), and each block's dot product is integer
+// (_mm256_maddubs_epi16 + _mm256_madd_epi16), scaled in fp32, so the result is the quantized x
+// times the dequantized W (the int4 zero term too: the sums of the quantized x, as llama.cpp's
 // Q8_1 keeps; x's exact sums would multiply the rounding by w - zero, larger than w). int8 rows
 // whose K is not a multiple of 32 take the tail in fp32.
 //   dequantize(qweight, scales, zeros or None) -> (N, K) fp32, w as above (for many rows of x).
-// Rows of W are split over threads with at::parallel_for (torch.set_num_threads).
+// Threads (see Pool below): a product is cut into chunks of rows that the calling thread and
+// up to torch.get_num_threads() - 1 pool threads claim; a late pool thread finds the chunks
+// taken, so no call waits for a thread that has not started. x is quantized once, before.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 #include <immintrin.h>
+#include <sched.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -29,12 +44,10 @@
 namespace {
 
 constexpr int QK = 32;  // activation block
-
-struct QX {  // x quantized: M rows of nb blocks
-  std::vector<int8_t> q;    // (M, nb * 32), 32-byte aligned blocks are not required (loadu)
-  std::vector<float> d;     // (M, nb) block scales
-  std::vector<float> sum;   // (M, nb) block sums of the quantized x, d * sum(q) (int4 zero term)
-};
+// A product runs on more than one thread only with at least this many blocks of 32 weights a
+// thread (about 8 us of work at 1-2.5 ns a block): below it, waking a second thread costs more
+// than it saves.
+constexpr int64_t MIN_BLOCKS_PER_THREAD = 4096;
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -43,37 +56,128 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Quantize nb full blocks of each row. interleave: store a block as its even elements then its
-// odd ones, the order in which one 16-byte int4 block unpacks (low nibbles, then high).
-QX quantize_x(const float* x, int64_t M, int64_t K, int64_t nb, bool interleave) {
-  QX r;
-  r.q.resize(M * nb * QK);
-  r.d.resize(M * nb);
-  r.sum.resize(M * nb);
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const float* xb = x + m * K + b * QK;
-      float amax = 0.f;
-      int s = 0;
-      for (int i = 0; i < QK; ++i) amax = std::max(amax, std::fabs(xb[i]));
-      const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-      int8_t* qb = r.q.data() + (m * nb + b) * QK;
-      for (int i = 0; i < QK; ++i) {
-        const int j = interleave ? (i % 2) * 16 + i / 2 : i;
-        qb[j] = static_cast<int8_t>(std::nearbyint(xb[i] * id));
-        s += qb[j];
-      }
-      r.d[m * nb + b] = d;
-      r.sum[m * nb + b] = d * float(s);
-    }
+inline float f32(float v) { return v; }
+inline float f32(uint16_t h) { return _cvtsh_ss(h); }  // fp16 bits (F16C)
+
+// ---- activations -----------------------------------------------------------------------
+
+// One block of 32 floats -> 32 int8 q = round(x / d), d = max|x| / 127; s = d * sum(q).
+// interleave: store the block's even elements, then its odd ones: the order in which one 16-byte
+// int4 block unpacks (low nibbles, then high).
+inline void quantize_block(const float* x, bool interleave, int8_t* q, float* d, float* s) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8), v2 = _mm256_loadu_ps(x + 16),
+               v3 = _mm256_loadu_ps(x + 24);
+  const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+  __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float dd = _mm_cvtss_f32(m4) / 127.f, id = dd > 0.f ? 1.f / dd : 0.f;
+  const __m256 mul = _mm256_set1_ps(id);
+  constexpr int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), rnd));
+  __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), rnd));
+  __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), rnd));
+  __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), rnd));
+  const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+  i0 = _mm256_packs_epi32(i0, i1);  // lanes: x0-3 x8-11 | x4-7 x12-15 (int16)
+  i2 = _mm256_packs_epi32(i2, i3);
+  i0 = _mm256_packs_epi16(i0, i2);  // 32-bit groups: x0-3 x8-11 x16-19 x24-27 | x4-7 x12-15 ...
+  i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // x0..x31
+  if (interleave) {
+    const __m256i eo = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    i0 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(i0, eo), 0xD8);  // evens, then odds
   }
-  return r;
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), i0);
+  *d = dd;
+  *s = dd * float(_mm_cvtsi128_si32(s4));
 }
 
-// R weight rows against MT activation rows, int8 per-row weights.
+// M rows of x (K floats a row, row stride ldx) quantized in nb blocks a row: q (M, nb * 32),
+// d and s (M, nb). x keeps the raw rows for an int8 tail (K not a multiple of 32).
+struct XQ {
+  const float* x; int64_t ldx;
+  int8_t* q; float* d; float* s;
+  int64_t nb;
+};
+
+// A per-thread buffer for quantized activations (each thread of the pool keeps its own).
+struct XBuf {
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+  XQ take(const float* x, int64_t ldx, int64_t M, int64_t nb) {
+    if (static_cast<int64_t>(q.size()) < M * nb * QK) q.resize(M * nb * QK);
+    if (static_cast<int64_t>(d.size()) < M * nb) d.resize(M * nb), s.resize(M * nb);
+    return XQ{x, ldx, q.data(), d.data(), s.data(), nb};
+  }
+};
+
+// Quantize blocks [b0, b1) of every row of x into xq.
+void quantize_rows(const XQ& xq, int64_t M, int64_t b0, int64_t b1, bool interleave) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = b0; b < b1; ++b)
+      quantize_block(xq.x + m * xq.ldx + b * QK, interleave, xq.q + (m * xq.nb + b) * QK, xq.d + m * xq.nb + b,
+                     xq.s + m * xq.nb + b);
+}
+
+// ---- weights ------------------------------------------------------------------------------
+
+struct QW {  // one quantized matrix, canonical layout
+  bool int4, half;
+  const void *q, *sc, *zr;
+  int64_t N, K, nb, ng, bpg;
+};
+
+QW make_qw(const at::Tensor& qweight, const at::Tensor& scales, const c10::optional<at::Tensor>& zeros) {
+  QW w{};
+  TORCH_CHECK(qweight.dim() == 2 && qweight.is_contiguous() && qweight.device().is_cpu(),
+              "qweight must be a contiguous (N, K) CPU tensor");
+  w.int4 = qweight.scalar_type() == at::kByte;
+  w.N = qweight.size(0);
+  if (!w.int4) {
+    TORCH_CHECK(qweight.scalar_type() == at::kChar, "qweight must be int8 (N, K) or uint8 (N, K/2)");
+    TORCH_CHECK(!zeros.has_value(), "int8 weights take no zeros");
+    w.K = qweight.size(1);
+    TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == w.N && scales.is_contiguous(),
+                "scales must be contiguous fp32 (N,)");
+    w.nb = w.K / QK;
+    w.ng = 1;
+    w.bpg = w.nb;
+  } else {
+    TORCH_CHECK(zeros.has_value(), "int4 weights need zeros");
+    const at::Tensor& z = *zeros;
+    w.K = 2 * qweight.size(1);
+    w.half = scales.scalar_type() == at::kHalf;
+    TORCH_CHECK(scales.dim() == 2 && scales.size(0) == w.N && (w.half || scales.scalar_type() == at::kFloat) &&
+                scales.is_contiguous() && z.sizes() == scales.sizes() && z.scalar_type() == scales.scalar_type() &&
+                z.is_contiguous(), "scales and zeros must be contiguous fp32 or fp16 (N, K/g), of one dtype");
+    w.ng = scales.size(1);
+    const int64_t g = w.K / w.ng;
+    TORCH_CHECK(w.K % w.ng == 0 && g % QK == 0, "int4 groups must be whole multiples of 32, got K ", w.K, ", ",
+                w.ng, " groups");
+    w.nb = w.K / QK;
+    w.bpg = g / QK;
+    w.zr = z.data_ptr();
+  }
+  w.q = qweight.data_ptr();
+  w.sc = scales.data_ptr();
+  return w;
+}
+
+// Rows n0..n0+R-1 of an int8 W against activation rows m0..m0+MT-1; y[m * ldy + n - yc0].
 template <int R, int MT>
-void rows_int8(const int8_t* w, const float* sc, int64_t K, int64_t nb, const QX& qx, int64_t m0,
-               const float* x, int64_t N, float* y, int64_t n0) {
+void tile_int8(const QW& w, const XQ& x, int64_t m0, int64_t n0, float* y, int64_t ldy, int64_t yc0) {
+  const int64_t K = w.K, nb = w.nb;
+  const int8_t* wr[R];
+  for (int r = 0; r < R; ++r) wr[r] = static_cast<const int8_t*>(w.q) + (n0 + r) * K;
+  const int8_t* xq[MT];
+  const float* xd[MT];
+  for (int t = 0; t < MT; ++t) xq[t] = x.q + (m0 + t) * nb * QK, xd[t] = x.d + (m0 + t) * nb;
   __m256 acc[R][MT];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < MT; ++t) acc[r][t] = _mm256_setzero_ps();
@@ -82,11 +186,11 @@ void rows_int8(const int8_t* w, const float* sc, int64_t K, int64_t nb, const QX
     __m256i xv[MT];
     __m256 dv[MT];
     for (int t = 0; t < MT; ++t) {
-      xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx.q.data() + ((m0 + t) * nb + b) * QK));
-      dv[t] = _mm256_set1_ps(qx.d[(m0 + t) * nb + b]);
+      xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + b * QK));
+      dv[t] = _mm256_set1_ps(xd[t][b]);
     }
     for (int r = 0; r < R; ++r) {
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (n0 + r) * K + b * QK));
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r] + b * QK));
       const __m256i aw = _mm256_sign_epi8(wv, wv);  // |w| (w is never -128)
       for (int t = 0; t < MT; ++t) {
         const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[t], wv)), ones);
@@ -94,22 +198,23 @@ void rows_int8(const int8_t* w, const float* sc, int64_t K, int64_t nb, const QX
       }
     }
   }
+  const float* sc = static_cast<const float*>(w.sc);
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < MT; ++t) {
       float s = hsum(acc[r][t]);
-      for (int64_t k = nb * QK; k < K; ++k) s += float(w[(n0 + r) * K + k]) * x[(m0 + t) * K + k];  // tail
-      y[(m0 + t) * N + n0 + r] = s * sc[n0 + r];
+      const float* xr = x.x + (m0 + t) * x.ldx;
+      for (int64_t k = nb * QK; k < K; ++k) s += float(wr[r][k]) * xr[k];  // tail
+      y[(m0 + t) * ldy + n0 + r - yc0] = s * sc[n0 + r];
     }
   }
 }
 
-// R weight rows against MT activation rows, int4 in groups of bpg blocks.
-inline float f32(float v) { return v; }
-inline float f32(uint16_t h) { return _cvtsh_ss(h); }  // fp16 bits (F16C)
-
+// The same for int4 in groups of bpg blocks, scales and zeros of type S. Written with plain
+// pointer and size arguments indexed from the tile's corner: the same loop reading them from
+// the QW / XQ structs measured 1.5x slower per block (2.2 against 3.3 ns, one thread).
 template <int R, int MT, class S>
-void rows_int4(const uint8_t* w, const S* sc, const S* zr, int64_t K, int64_t nb, int64_t bpg,
-               const QX& qx, int64_t m0, int64_t N, float* y, int64_t n0) {
+void tile_int4(const uint8_t* w, const S* sc, const S* zr, int64_t K, int64_t nb, int64_t bpg,
+               const int8_t* xq, const float* xd, const float* xsum, int64_t m0, float* y, int64_t ldy, int64_t n0) {
   const int64_t ng = nb / bpg;
   __m256 acc[R][MT];
   for (int r = 0; r < R; ++r)
@@ -122,8 +227,8 @@ void rows_int4(const uint8_t* w, const S* sc, const S* zr, int64_t K, int64_t nb
       __m256i xv[MT];
       float dx[MT];
       for (int t = 0; t < MT; ++t) {
-        xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx.q.data() + ((m0 + t) * nb + b) * QK));
-        dx[t] = qx.d[(m0 + t) * nb + b];
+        xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + ((m0 + t) * nb + b) * QK));
+        dx[t] = xd[(m0 + t) * nb + b];
       }
       for (int r = 0; r < R; ++r) {
         const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (n0 + r) * (K / 2) + b * 16));
@@ -139,113 +244,288 @@ void rows_int4(const uint8_t* w, const S* sc, const S* zr, int64_t K, int64_t nb
     const S* z = zr + (n0 + r) * ng;
     for (int t = 0; t < MT; ++t) {
       float zs = 0.f;  // sum_g zeros[g] * sum of x over group g
-      const float* xs = qx.sum.data() + (m0 + t) * nb;
+      const float* xs = xsum + (m0 + t) * nb;
       for (int64_t g = 0; g < ng; ++g) {
         float gs = 0.f;
         for (int64_t j = 0; j < bpg; ++j) gs += xs[g * bpg + j];
         zs += f32(z[g]) * gs;
       }
-      y[(m0 + t) * N + n0 + r] = hsum(acc[r][t]) + zs;
+      y[(m0 + t) * ldy + n0 + r] = hsum(acc[r][t]) + zs;
     }
   }
 }
 
-struct Int8Tile {
-  const int8_t* w; const float *sc, *xp; float* yp; int64_t K, nb, N; const QX& qx;
-  template <int R, int MT> void run(int64_t m0, int64_t n0) const { rows_int8<R, MT>(w, sc, K, nb, qx, m0, xp, N, yp, n0); }
-};
+template <int R, int MT>
+void tile(const QW& w, const XQ& x, int64_t m0, int64_t n0, float* y, int64_t ldy, int64_t yc0) {
+  const auto* wq = static_cast<const uint8_t*>(w.q);
+  if (!w.int4) tile_int8<R, MT>(w, x, m0, n0, y, ldy, yc0);
+  else if (w.half)
+    tile_int4<R, MT>(wq, static_cast<const uint16_t*>(w.sc), static_cast<const uint16_t*>(w.zr), w.K, w.nb, w.bpg,
+                     x.q, x.d, x.s, m0, y - yc0, ldy, n0);
+  else
+    tile_int4<R, MT>(wq, static_cast<const float*>(w.sc), static_cast<const float*>(w.zr), w.K, w.nb, w.bpg,
+                     x.q, x.d, x.s, m0, y - yc0, ldy, n0);
+}
 
-template <class S>
-struct Int4Tile {
-  const uint8_t* w; const S *sc, *zr; float* yp; int64_t K, nb, bpg, N; const QX& qx;
-  template <int R, int MT> void run(int64_t m0, int64_t n0) const { rows_int4<R, MT>(w, sc, zr, K, nb, bpg, qx, m0, N, yp, n0); }
-};
+template <int R>
+void tile_m(int64_t mt, const QW& w, const XQ& x, int64_t m0, int64_t n0, float* y, int64_t ldy, int64_t yc0) {
+  switch (mt) {
+    case 4: tile<R, 4>(w, x, m0, n0, y, ldy, yc0); break;
+    case 3: tile<R, 3>(w, x, m0, n0, y, ldy, yc0); break;
+    case 2: tile<R, 2>(w, x, m0, n0, y, ldy, yc0); break;
+    default: tile<R, 1>(w, x, m0, n0, y, ldy, yc0);
+  }
+}
 
 constexpr int R1 = 4;  // weight rows a step for one activation row (decode)
-constexpr int RM = 2;  // weight rows a step for up to 4 activation rows (small batches, prefill)
+constexpr int RM = 2;  // weight rows a step for up to 4 activation rows (small batches)
 
-// Runs kern.template run<R, MT>(m0, n0) over every (weight rows, activation rows) tile; threads
-// split the weight rows.
-template <class Kern>
-void over_tiles(int64_t M, int64_t N, const Kern& kern) {
-  const int64_t step = M == 1 ? R1 : RM;
-  const int64_t tiles = (N + step - 1) / step;
-  at::parallel_for(0, tiles, std::max<int64_t>(1, 64 / step), [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const int64_t n0 = i * step, rows = std::min<int64_t>(step, N - n0);
-      for (int64_t m0 = 0; m0 < M; m0 += 4) {
-        const int64_t mt = std::min<int64_t>(4, M - m0);
-        if (M == 1 && rows == R1) { kern.template run<R1, 1>(m0, n0); continue; }
-        if (M > 1 && rows == RM) {
-          switch (mt) {
-            case 4: kern.template run<RM, 4>(m0, n0); break;
-            case 3: kern.template run<RM, 3>(m0, n0); break;
-            case 2: kern.template run<RM, 2>(m0, n0); break;
-            default: kern.template run<RM, 1>(m0, n0);
-          }
-          continue;
-        }
-        for (int64_t n = n0; n < n0 + rows; ++n) {  // the last, partial tile
-          switch (mt) {
-            case 4: kern.template run<1, 4>(m0, n); break;
-            case 3: kern.template run<1, 3>(m0, n); break;
-            case 2: kern.template run<1, 2>(m0, n); break;
-            default: kern.template run<1, 1>(m0, n);
-          }
+// Rows [n0, n1) of W against all M rows of x: y[m * ldy + n - yc0].
+void product_rows(const QW& w, const XQ& x, int64_t M, int64_t n0, int64_t n1, float* y, int64_t ldy,
+                  int64_t yc0) {
+  if (M == 1) {  // int8 a row at a time: one sequential stream, measured 1.6x faster from DRAM
+    int64_t n = n0;
+    if (w.int4)
+      for (; n + R1 <= n1; n += R1) tile<R1, 1>(w, x, 0, n, y, ldy, yc0);
+    for (; n < n1; ++n) tile<1, 1>(w, x, 0, n, y, ldy, yc0);
+    return;
+  }
+  for (int64_t m0 = 0; m0 < M; m0 += 4) {
+    const int64_t mt = std::min<int64_t>(4, M - m0);
+    int64_t n = n0;
+    for (; n + RM <= n1; n += RM) tile_m<RM>(mt, w, x, m0, n, y, ldy, yc0);
+    for (; n < n1; ++n) tile_m<1>(mt, w, x, m0, n, y, ldy, yc0);
+  }
+}
+
+// ---- threads ------------------------------------------------------------------------------
+//
+// A product is cut into chunks of rows that threads claim one at a time; the calling thread
+// works too and returns when every chunk is done. Helper threads that are late (on a busy
+// machine a woken thread may wait a whole scheduler slice for a core) find the chunks taken
+// and go back to waiting: nobody waits for a thread that has not started, where an OpenMP
+// region (or llama.cpp's barrier after every op) waits for all of its threads.
+
+class Pool {
+ public:
+  // Runs fn(ctx, i) for i in [0, n) on the calling thread and up to `helpers` pool threads.
+  void run(int helpers, int64_t n, void (*fn)(const void*, int64_t), const void* ctx) {
+    grow(helpers);
+    fn_.store(fn, std::memory_order_relaxed);
+    ctx_.store(ctx, std::memory_order_relaxed);
+    n_.store(n, std::memory_order_relaxed);
+    helpers_.store(helpers, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    const uint64_t gen = (next_.load(std::memory_order_relaxed) >> 32) + 1;
+    next_.store(gen << 32, std::memory_order_seq_cst);  // publish (the fields above first)
+    if (sleeping_.load(std::memory_order_seq_cst) > 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      cv_.notify_all();
+    }
+    work(gen);
+    while (done_.load(std::memory_order_acquire) < n) _mm_pause();  // chunks still running elsewhere
+    next_.store(gen << 32 | CLOSED, std::memory_order_seq_cst);  // no claim on this job from now on
+  }
+
+ private:
+  // A helper waits for the next job spinning PAUSE_S, then yielding its core to any other thread
+  // that wants it (between two products an eager step runs torch's own threaded ops) until
+  // SPIN_S, then sleeping.
+  static constexpr double PAUSE_S = 30e-6, SPIN_S = 300e-6;
+
+  void grow(int helpers) {
+    while (static_cast<int>(threads_) < helpers) {
+      const int id = threads_++;
+      std::thread([this, id] { loop(id); }).detach();
+    }
+  }
+
+  // Claims and runs chunks of job `gen` until none is left. A helper that comes late may read
+  // the next job's fields, but its claim (a compare-and-swap on the generation and chunk) then
+  // fails: the job was closed before those fields were written.
+  void work(uint64_t gen) {
+    uint64_t v = next_.load(std::memory_order_acquire);
+    if ((v >> 32) != gen) return;
+    void (*fn)(const void*, int64_t) = fn_.load(std::memory_order_relaxed);
+    const void* ctx = ctx_.load(std::memory_order_relaxed);
+    const int64_t n = n_.load(std::memory_order_relaxed);
+    while ((v >> 32) == gen && static_cast<int64_t>(v & CLOSED) < n) {
+      if (!next_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel)) continue;  // v reloaded
+      fn(ctx, static_cast<int64_t>(v & CLOSED));
+      done_.fetch_add(1, std::memory_order_release);
+      v = next_.load(std::memory_order_acquire);
+    }
+  }
+
+  void loop(int id) {
+    uint64_t seen = next_.load(std::memory_order_acquire) >> 32;
+    for (;;) {
+      uint64_t gen = next_.load(std::memory_order_acquire) >> 32;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; gen == seen; ++i) {
+        _mm_pause();
+        gen = next_.load(std::memory_order_acquire) >> 32;
+        if ((i & 255) != 255) continue;
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (waited > PAUSE_S) sched_yield();  // let another thread that wants this core (torch's own) run
+        if (waited > SPIN_S) {
+          std::unique_lock<std::mutex> lock(mu_);
+          sleeping_.fetch_add(1, std::memory_order_seq_cst);
+          cv_.wait(lock, [&] { return (next_.load(std::memory_order_seq_cst) >> 32) != seen; });
+          sleeping_.fetch_sub(1, std::memory_order_seq_cst);
+          gen = next_.load(std::memory_order_acquire) >> 32;
         }
       }
+      seen = gen;
+      if (id < helpers_.load(std::memory_order_relaxed)) work(gen);  // a stale gen claims nothing
     }
-  });
+  }
+
+  // The job: read by helpers after they see its generation in next_ (release/acquire), and
+  // used only through a successful claim.
+  static constexpr uint64_t CLOSED = 0xFFFFFFFFu;  // the chunk field of a finished job
+  std::atomic<void (*)(const void*, int64_t)> fn_{nullptr};
+  std::atomic<const void*> ctx_{nullptr};
+  std::atomic<int64_t> n_{0};
+  std::atomic<int> helpers_{0};
+  std::atomic<uint64_t> next_{0};  // generation << 32 | next chunk
+  std::atomic<int64_t> done_{0};
+  std::atomic<int> sleeping_{0};
+  std::atomic<int> threads_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+// Runs body(i) for i in [0, n): on the calling thread alone for small work (`blocks` blocks of
+// 32 weights in all), else with the pool (torch.get_num_threads() threads in all). One caller at
+// a time uses the pool (a second, concurrent caller runs alone); the pool is made again after
+// a fork (its threads do not survive one).
+std::mutex g_pool_busy;
+Pool* g_pool = nullptr;
+pid_t g_pool_owner = 0;
+
+template <class F>
+void run_chunks(int64_t n, int64_t blocks, const F& body) {
+  const int threads = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(1, blocks / MIN_BLOCKS_PER_THREAD));
+  std::unique_lock<std::mutex> lock(g_pool_busy, std::try_to_lock);
+  if (threads <= 1 || n <= 1 || !lock.owns_lock()) {
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+  if (g_pool == nullptr || g_pool_owner != getpid()) g_pool = new Pool(), g_pool_owner = getpid();  // never freed
+  g_pool->run(threads - 1, n, [](const void* c, int64_t i) { (*static_cast<const F*>(c))(i); }, &body);
 }
+
+// Rows a chunk: whole tiles, about CHUNK_BLOCKS blocks of 32 weights (1-3 us of work).
+constexpr int64_t CHUNK_BLOCKS = 1536;
+inline int64_t chunk_rows(int64_t nb, int64_t M) {
+  const int64_t step = M == 1 ? R1 : RM;
+  return std::max<int64_t>(step, CHUNK_BLOCKS / std::max<int64_t>(1, nb * M) / step * step);
+}
+
+XBuf g_x, g_h;  // the quantized x and hidden rows of the running product (one caller at a time)
+std::mutex g_mu;
 
 void check_x(const at::Tensor& x, int64_t K) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be (M, K) with K = ", K);
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "x must be fp32 on the CPU");
 }
 
-at::Tensor qmm_int8(const at::Tensor& x_, const at::Tensor& qweight, const at::Tensor& scales) {
-  TORCH_CHECK(qweight.scalar_type() == at::kChar && qweight.dim() == 2 && qweight.is_contiguous(),
-              "qweight must be contiguous int8 (N, K)");
-  const int64_t N = qweight.size(0), K = qweight.size(1), nb = K / QK;
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == N && scales.is_contiguous(),
-              "scales must be contiguous fp32 (N,)");
-  check_x(x_, K);
+at::Tensor qmm(const at::Tensor& x_, const QW& w) {
+  check_x(x_, w.K);
   const at::Tensor x = x_.contiguous();
-  const int64_t M = x.size(0);
+  const int64_t M = x.size(0), N = w.N;
   at::Tensor y = at::empty({M, N}, x.options());
-  const QX qx = quantize_x(x.data_ptr<float>(), M, K, nb, false);
-  const int8_t* w = qweight.data_ptr<int8_t>();
-  const float *sc = scales.data_ptr<float>(), *xp = x.data_ptr<float>();
+  const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  over_tiles(M, N, Int8Tile{w, sc, xp, yp, K, nb, N, qx});
+  XBuf local;
+  std::unique_lock<std::mutex> lock(g_mu, std::try_to_lock);  // another caller: buffers of its own
+  XBuf& buf = lock.owns_lock() ? g_x : local;
+  const XQ xq = buf.take(xp, w.K, M, w.nb);
+  quantize_rows(xq, M, 0, w.nb, w.int4);
+  const int64_t rows = chunk_rows(w.nb, M);
+  run_chunks((N + rows - 1) / rows, M * N * std::max<int64_t>(w.nb, 1), [&](int64_t i) {
+    product_rows(w, xq, M, i * rows, std::min(N, (i + 1) * rows), yp, N, 0);
+  });
   return y;
 }
 
-at::Tensor qmm_int4(const at::Tensor& x_, const at::Tensor& qweight, const at::Tensor& scales,
+at::Tensor qmm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales) {
+  TORCH_CHECK(qweight.scalar_type() == at::kChar, "qweight must be int8 (N, K)");
+  return qmm(x, make_qw(qweight, scales, c10::nullopt));
+}
+
+at::Tensor qmm_int4(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                     const at::Tensor& zeros) {
-  TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.dim() == 2 && qweight.is_contiguous(),
-              "qweight must be contiguous uint8 (N, K/2)");
-  const int64_t N = qweight.size(0), K = 2 * qweight.size(1);
-  const bool half = scales.scalar_type() == at::kHalf;
-  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && (half || scales.scalar_type() == at::kFloat) &&
-              scales.is_contiguous() && zeros.sizes() == scales.sizes() &&
-              zeros.scalar_type() == scales.scalar_type() && zeros.is_contiguous(),
-              "scales and zeros must be contiguous fp32 or fp16 (N, K/g), of one dtype");
-  const int64_t ng = scales.size(1), g = K / ng;
-  TORCH_CHECK(K % ng == 0 && g % QK == 0, "int4 groups must be whole multiples of 32, got K ", K, ", ", ng, " groups");
-  check_x(x_, K);
-  const at::Tensor x = x_.contiguous();
-  const int64_t M = x.size(0), nb = K / QK, bpg = g / QK;
-  at::Tensor y = at::empty({M, N}, x.options());
-  const QX qx = quantize_x(x.data_ptr<float>(), M, K, nb, true);
-  const uint8_t* w = qweight.data_ptr<uint8_t>();
-  float* yp = y.data_ptr<float>();
-  if (half) {
-    const auto *sc = static_cast<const uint16_t*>(scales.data_ptr()), *zr = static_cast<const uint16_t*>(zeros.data_ptr());
-    over_tiles(M, N, Int4Tile<uint16_t>{w, sc, zr, yp, K, nb, bpg, N, qx});
-  } else {
-    over_tiles(M, N, Int4Tile<float>{w, scales.data_ptr<float>(), zeros.data_ptr<float>(), yp, K, nb, bpg, N, qx});
+  TORCH_CHECK(qweight.scalar_type() == at::kByte, "qweight must be uint8 (N, K/2)");
+  return qmm(x, make_qw(qweight, scales, zeros));
+}
+
+// exp for the SiLU: Cody-Waite range reduction and a degree-6 polynomial (Cephes' expf), about
+// 1 ulp; inputs clamped to [-88, 88].
+inline __m256 exp256(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.f)), _mm256_set1_ps(88.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// h[j] = silu(g[j]) * u[j] = g / (1 + exp(-g)) * u, for n elements.
+void silu_mul(const float* g, const float* u, float* h, int64_t n) {
+  int64_t j = 0;
+  const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + j);
+    const __m256 den = _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, gv)));
+    _mm256_storeu_ps(h + j, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + j)));
   }
+  for (; j < n; ++j) h[j] = g[j] / (1.f + std::exp(-g[j])) * u[j];
+}
+
+at::Tensor qmm_ffn(const at::Tensor& x_, const at::Tensor& q13, const at::Tensor& s13,
+                   const c10::optional<at::Tensor>& z13, const at::Tensor& q2, const at::Tensor& s2,
+                   const c10::optional<at::Tensor>& z2) {
+  const QW w13 = make_qw(q13, s13, z13), w2 = make_qw(q2, s2, z2);
+  const int64_t F = w2.K, D = w2.N;
+  TORCH_CHECK(w13.N == 2 * F, "w13 must have 2 * ffn rows (gate, then up): ", w13.N, " vs w2's K ", F);
+  check_x(x_, w13.K);
+  const at::Tensor x = x_.contiguous();
+  const int64_t M = x.size(0);
+  at::Tensor y = at::empty({M, D}, x.options());
+  at::Tensor hbuf = at::empty({M, F}, x.options());  // the hidden rows, fp32
+  at::Tensor gubuf = at::empty({2, M, F}, x.options());  // gate and up
+  const float* xp = x.data_ptr<float>();
+  float *yp = y.data_ptr<float>(), *hp = hbuf.data_ptr<float>(), *gp = gubuf.data_ptr<float>();
+  XBuf local_x, local_h;
+  std::unique_lock<std::mutex> lock(g_mu, std::try_to_lock);
+  const XQ xq = (lock.owns_lock() ? g_x : local_x).take(xp, w13.K, M, w13.nb);
+  const XQ hx = (lock.owns_lock() ? g_h : local_h).take(hp, F, M, w2.nb);
+  quantize_rows(xq, M, 0, w13.nb, w13.int4);
+  // Phase 1, a chunk a block of 32 hidden units: their gate and up rows, silu(gate) * up, and
+  // that block of the quantized hidden rows.
+  const int64_t hb = (F + QK - 1) / QK;
+  run_chunks(hb, M * w13.N * w13.nb, [&](int64_t i) {
+    const int64_t lo = i * QK, hi = std::min(F, lo + QK);
+    product_rows(w13, xq, M, lo, hi, gp, F, 0);
+    product_rows(w13, xq, M, F + lo, F + hi, gp + M * F, F, F);
+    for (int64_t m = 0; m < M; ++m) silu_mul(gp + m * F + lo, gp + (M + m) * F + lo, hp + m * F + lo, hi - lo);
+    if (hi - lo == QK) quantize_rows(hx, M, i, i + 1, w2.int4);  // a partial last block stays fp32 (int8 tail)
+  });
+  // Phase 2: rows of w2.
+  const int64_t rows = chunk_rows(w2.nb, M);
+  run_chunks((D + rows - 1) / rows, M * D * std::max<int64_t>(w2.nb, 1), [&](int64_t i) {
+    product_rows(w2, hx, M, i * rows, std::min(D, (i + 1) * rows), yp, D, 0);
+  });
   return y;
 }
 
@@ -286,11 +566,13 @@ at::Tensor dequantize(const at::Tensor& qweight, const at::Tensor& scales, const
 TORCH_LIBRARY(tinyllm_cpu, m) {
   m.def("qmm_int8(Tensor x, Tensor qweight, Tensor scales) -> Tensor");
   m.def("qmm_int4(Tensor x, Tensor qweight, Tensor scales, Tensor zeros) -> Tensor");
+  m.def("qmm_ffn(Tensor x, Tensor q13, Tensor s13, Tensor? z13, Tensor q2, Tensor s2, Tensor? z2) -> Tensor");
   m.def("dequantize(Tensor qweight, Tensor scales, Tensor? zeros) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tinyllm_cpu, CPU, m) {
   m.impl("qmm_int8", &qmm_int8);
   m.impl("qmm_int4", &qmm_int4);
+  m.impl("qmm_ffn", &qmm_ffn);
   m.impl("dequantize", &dequantize);
 }

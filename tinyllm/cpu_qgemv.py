@@ -15,6 +15,13 @@ Contract:
   max|x block| / 254 per element of x, summed over K with the weights.
 - `linear(x, qweight, scales, zeros)`: the product QuantLinear calls: the kernel for fewer than
   PREFILL_M rows, else `torch.ops.tinyllm_cpu.dequantize` (fp32 (N, K)) and the fp32 GEMM.
+- `ffn(x, w13, w2)`: the SwiGLU feed-forward w2(silu(gate) * up) of two quantized layers (the
+  buffers `(qweight, scales, zeros)` of each; gate and up are w13's two halves of rows) for
+  fewer than PREFILL_M rows, as ONE op (`torch.ops.tinyllm_cpu.qmm_ffn`): equal to
+  linear(silu(gate) * up) after linear(x) up to the rounding of the hidden row to int8 (the
+  fused op's SiLU is its own AVX2 exp, within about 1 ulp of torch's).
+- Threads: the ops run on torch.get_num_threads() threads, their own pool (not OpenMP's), in
+  chunks that a late thread finds taken: no call waits for a thread that has not started.
 - `cache_dir()`: $TINYLLM_CACHE_DIR, else $XDG_CACHE_HOME/tinyllm, else ~/.cache/tinyllm.
 """
 
@@ -36,8 +43,8 @@ SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")
 # about one decode product per row, measured on the 2-core AVX2 CPU for (3072, 576), 1 thread:
 # M=16 kernel 2.8 ms vs fp32 GEMM 2.5 ms; M=128 27 ms vs 7.8 ms.
 PREFILL_M = 16
-# -fopenmp: at::parallel_for is inline code that threads only under OpenMP; the library links the
-# libgomp.so.1 torch has already loaded (one thread pool, sized by torch.set_num_threads).
+# -fopenmp: at::parallel_for (dequantize) is inline code that threads only under OpenMP; the
+# library links the libgomp.so.1 torch has already loaded. The products use their own pool.
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fopenmp"]
 
 
@@ -103,6 +110,11 @@ def _build() -> None:
     def _(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor) -> Tensor:
         return x.new_empty(x.shape[0], qweight.shape[0])
 
+    @torch.library.register_fake("tinyllm_cpu::qmm_ffn")
+    def _(x: Tensor, q13: Tensor, s13: Tensor, z13: Tensor | None, q2: Tensor, s2: Tensor,
+          z2: Tensor | None) -> Tensor:
+        return x.new_empty(x.shape[0], q2.shape[0])
+
 
 def linear(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
     """x (M, K) fp32 @ dequantize(QTensor).T -> (M, N): the kernel for up to PREFILL_M - 1 rows,
@@ -110,6 +122,18 @@ def linear(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor | None) -> 
     if x.shape[0] >= PREFILL_M:
         return torch.nn.functional.linear(x, torch.ops.tinyllm_cpu.dequantize(qweight, scales, zeros))
     return qmm_int8(x, qweight, scales) if zeros is None else qmm_int4(x, qweight, scales, zeros)
+
+
+QParts = tuple[Tensor, Tensor, Tensor | None]  # (qweight, scales, zeros) of one layer
+
+
+def ffn(x: Tensor, w13: QParts, w2: QParts) -> Tensor:
+    """x (M, K) fp32 -> w2(silu(gate) * up) (M, D): one op for up to PREFILL_M - 1 rows, else
+    the two dequantized products and the elementwise work between them in PyTorch."""
+    if x.shape[0] >= PREFILL_M:
+        gate, up = linear(x, *w13).chunk(2, dim=-1)
+        return linear(torch.nn.functional.silu(gate) * up, *w2)
+    return torch.ops.tinyllm_cpu.qmm_ffn(x, *w13, *w2)
 
 
 def qmm_int8(x: Tensor, qweight: Tensor, scales: Tensor) -> Tensor:

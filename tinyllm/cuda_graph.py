@@ -150,8 +150,12 @@ class _StaticDecode:
         self.cache.pos.add_(1)  # captured into the graph; the host copy moves in advance_host()
 
 
-def compiled(forward, backend: str | None):
-    """forward itself, or forward through torch.compile (whole graph, dynamic sizes)."""
+def compiled(forward, backend: str | None, device: torch.device | None = None):
+    """forward itself, or forward through torch.compile (whole graph, dynamic sizes). On a CPU
+    the step's Inductor kernels run on one thread: a decode step's tensors are a few thousand
+    elements, and each OpenMP region costs a wake-up of the other threads (on a loaded 2-core
+    machine often a whole scheduler slice); the quantized products (tinyllm.cpu_qgemv) and
+    torch's own ops still use torch.get_num_threads()."""
     if backend is None:
         return forward
     import torch._dynamo
@@ -166,7 +170,8 @@ def compiled(forward, backend: str | None):
     # inputs they are specialized after the fact, and Dynamo traces the whole step twice
     # (a warm start's largest cost: docs/INFERENCE.md 4.14).
     cfg.specialize_float = True
-    return torch.compile(forward, backend=backend, fullgraph=True, dynamic=True)
+    options = {"cpp.threads": 1} if device is not None and device.type == "cpu" and backend == "inductor" else None
+    return torch.compile(forward, backend=backend, fullgraph=True, dynamic=True, options=options)
 
 
 class _Decoder:
@@ -184,7 +189,7 @@ class _Decoder:
         self.sampler = StepSampler(batch, model.cfg.vocab_size, device)
         self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)  # the next step's input
         self.out = torch.zeros(batch, MAX_RUN, dtype=torch.long, device=device)  # ids of the last run
-        self._step_fn = compiled(self._forward, compile)
+        self._step_fn = compiled(self._forward, compile, model.device)
         self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.pool = None
         self._use_graph = False
@@ -215,7 +220,7 @@ class _Decoder:
         """Run the step through `backend` (None: the plain step) from the next run on. The
         graphs of the old step are dropped; the new step's are captured as runs need them."""
         self.compile = backend
-        self._step_fn = compiled(self._forward, backend)
+        self._step_fn = compiled(self._forward, backend, self.model.device)
         self.graphs.clear()
         if self.pool is not None:  # the old graphs' pool dies with them: capture into a new one
             self.pool = torch.cuda.graph_pool_handle()

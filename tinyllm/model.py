@@ -296,7 +296,16 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
     Hugging Face's eager attention. `scale` is D ** -0.5, a constant from the config: computed
     from q's size it would be a symbolic float in a dynamic-shape compile, which restarts the
     trace (a warm start then traces twice).
+
+    Compiled on a CPU, the two products are written as products and sums instead, which
+    Inductor makes loops of its own (fused with the softmax, one thread: cuda_graph.compiled):
+    a library batched product is an OpenMP region of its own per call, and at R <= 8 rows the
+    wake-up costs more than the product.
     """
+    if q.device.type == "cpu" and torch.compiler.is_dynamo_compiling():
+        scores = (q[..., :, None, :] * k[..., None, :, :]).sum(-1).float() * scale  # (B, Hkv, R, W)
+        p = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(v.dtype)
+        return (p[..., None] * v[..., None, :, :]).sum(-2)  # (B, Hkv, R, D)
     scores = (q @ k.transpose(-1, -2)).float() * scale  # (B, Hkv, R, W)
     scores = scores.masked_fill(~mask, float("-inf"))
     return scores.softmax(dim=-1).to(v.dtype) @ v  # (B, Hkv, R, D)
@@ -310,6 +319,9 @@ class FeedForward(nn.Module):
         fuse_linears(self, "w13", {"w1": cfg.ffn_dim, "w3": cfg.ffn_dim})
 
     def forward(self, x: Tensor) -> Tensor:
+        swiglu = getattr(self.w13, "swiglu", None)  # quantized layers may run all of it as one op
+        if swiglu is not None and (y := swiglu(self.w2, x)) is not None:
+            return y  # (B, T, C)
         gate, up = linear(self.w13, x).chunk(2, dim=-1)  # (B, T, ffn) each
         return linear(self.w2, F.silu(gate) * up)
 

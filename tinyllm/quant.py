@@ -239,6 +239,17 @@ class QuantLinear(nn.Module):
             return F.linear(x, self.qweight.to(x.dtype)) * self.scales  # (..., N)
         return F.linear(x, self._dequantized(x.dtype))
 
+    def swiglu(self, down: nn.Module, x: Tensor) -> Tensor | None:
+        """down(silu(gate) * up), this layer holding gate and up (its two halves of rows), x
+        (..., K) -> (..., D): one op (tinyllm.cpu_qgemv.ffn) where both layers run the AVX2
+        kernel; None otherwise, and the caller runs the two layers."""
+        if not (self.avx2 and isinstance(down, QuantLinear) and down.avx2):
+            return None
+        lead = x.shape[:-1]
+        y = cpu_qgemv.ffn(x.reshape(-1, self.in_features), (self.qweight, self.scales, self.zeros),
+                          (down.qweight, down.scales, down.zeros))  # (M, D)
+        return y.view(*lead, -1)
+
     def _dequantized(self, dtype: torch.dtype) -> Tensor:
         n, k, g = self.out_features, self.in_features, self.group
         q = unpack_int4(self.qweight).view(n, k // g, g).to(dtype)  # (N, K/g, g)

@@ -82,6 +82,54 @@ def test_many_rows_take_the_dequantized_matrix_and_the_fp32_gemm(kind, group):
     assert torch.equal(small, product(x[:-1], qt))
 
 
+FFN_CASES = [("int8", "int8", 64, 96), ("int8", "int8", 96, 70), ("int4", "int4", 64, 128), ("int4", "int8", 128, 96),
+             ("int8", "int4", 64, 64)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kind13,kind2,k,f", FFN_CASES)
+def test_fused_ffn_equals_the_two_products_and_the_silu_between(kind13, kind2, k, f, threads):
+    """qmm_ffn (one op, one parallel region) against its unfused twin: the w13 product (the
+    kernel), silu(gate) * up in PyTorch, then the hidden row rounded to int8 blocks times the
+    dequantized w2. They differ only where the fused op's own exp moves the hidden row across a
+    rounding tie of its int8 blocks."""
+    g = torch.Generator().manual_seed(k * f)
+    w13 = quantize(torch.randn(2 * f, k, generator=g), kind13, 32)
+    w2 = quantize(torch.randn(k, f, generator=g), kind2, 32)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for m in (1, 2, 3, 5, 9):
+            x = torch.randn(m, k, generator=g)
+            gate, up = product(x, w13).chunk(2, dim=-1)  # (M, F) each
+            h = torch.nn.functional.silu(gate) * up
+            w = w2.dequantize()  # (D, F)
+            exact = quantized_x(h) @ w.T  # (M, D)
+            parts = [(qt.qweight, qt.scales, qt.zeros) for qt in (w13, w2)]
+            y = cpu_qgemv.ffn(x, *parts)
+            assert y.shape == (m, k)
+            tol = 1e-5 * (h.abs() @ w.abs().T).max() + 2 * w.abs().max() * h.abs().max() / 127
+            assert (y - exact).abs().max() <= tol, (m, (y - exact).abs().max(), tol)
+            many = torch.randn(cpu_qgemv.PREFILL_M, k, generator=g)  # prefill: the unfused PyTorch path
+            gate, up = (many @ w13.dequantize().T).chunk(2, dim=-1)
+            ref = (torch.nn.functional.silu(gate) * up) @ w.T
+            torch.testing.assert_close(cpu_qgemv.ffn(many, *parts), ref, rtol=1e-4, atol=1e-5 * ref.abs().max().item())
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+def test_the_feed_forward_runs_as_one_op_and_matches_its_layers():
+    model = quantize_model(tiny_model(ffn_dim=192), "int4")
+    ffn = model.blocks[0].ffn
+    x = torch.randn(1, 1, model.cfg.dim)
+    fused = ffn(x)
+    gate, up = ffn.w13(x).chunk(2, dim=-1)
+    unfused = ffn.w2(torch.nn.functional.silu(gate) * up)
+    torch.testing.assert_close(fused, unfused, rtol=0.05, atol=0.05 * unfused.abs().max().item())
+
+
 @needs_kernel
 def test_kernel_takes_zero_and_strided_rows():
     qt = quantize(torch.randn(8, 64), "int4", 32)
