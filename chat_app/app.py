@@ -441,8 +441,9 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
             self.say(f"CUDA graphs {'ON' if s.use_graph else 'OFF'} from the next step.")
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Ctrl+G is not offered (footer, F1) where there are no CUDA graphs."""
-        if action == "toggle_graphs" and self.session is not None and not self.session.graphs_available:
+        """Ctrl+G is not offered (footer, F1) where there are no CUDA graphs, nor before the model
+        has loaded (whether there are is known then)."""
+        if action == "toggle_graphs" and (self.session is None or not self.session.graphs_available):
             return False
         return True
 

@@ -46,6 +46,7 @@ class ChatSwitching:
             return
         await self.conversation.clear()
         await self.show_saved(saved)
+        self.status.show(tok_s=None, ttft_ms=None, window=None)  # the last reply's numbers were another chat's
         self.say(f"Opened a saved chat ({sum(m.role != 'system' for m in saved)} messages).")
 
     async def resume_last_chat(self: ChatApp) -> None:

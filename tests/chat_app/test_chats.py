@@ -49,6 +49,7 @@ async def test_chat_list_opens_renames_and_deletes(make_app, data_dir):
                          and [m.content for m in app.session.messages][:1] == ["Newer question"],
                          what="the chosen chat in the session")
         await wait_until(pilot, lambda: len(app.query(Reply)) == 2)
+        assert app.status.fields["tok_s"] is None  # the last reply's speed was another chat's
         assert [w.text for w in app.query(UserMessage)] == ["Newer question", "After the system prompt"]
         assert [r.border_title for r in app.query(Reply)] == ["SmolLM2", "SmolLM2"]  # not relabelled
         assert app.session.system == "Be brief." and "system prompt: Be brief." in str(
