@@ -137,6 +137,9 @@ def precheck(path: str | Path) -> str:
     """Validate what can be read without torch, in milliseconds; the model's name."""
     kind, path = classify(path)
     if kind == "gguf":
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":  # named .gguf, but not one: refused before the TUI opens
+                raise ValueError(f"{path} is not a GGUF file (no GGUF magic)")
         return path.stem
     raw = json.loads((path / "config.json").read_text())  # classify parsed it
     hint = f"{path} holds config.json, model.safetensors (or shards) and a tokenizer"

@@ -60,6 +60,9 @@ def test_precheck_refuses_a_truncated_weight_file(ckpt, tmp_path):
 def test_precheck_of_a_gguf_file_and_of_nothing(tmp_path):
     (tmp_path / "m.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
     assert precheck(tmp_path / "m.gguf") == "m"  # the header is the loader's to check
+    (tmp_path / "junk.gguf").write_bytes(b"junk\n")
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        precheck(tmp_path / "junk.gguf")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         precheck(tmp_path / "nope")
     (tmp_path / "notes.txt").write_text("hello")
