@@ -185,18 +185,14 @@ class ChatSession:
         return self._compile is not None and not self._compile.ready.is_set()
 
     def prepare(self) -> None:
-        """Between replies, on the worker thread: take the compiled step now if it is ready
-        (see _take_compiled_step) and capture its graphs ahead, so the next reply neither
-        waits for them nor runs slower while they are captured one by one (measured on the
-        H200: the first replies on the compiled step ran at 490-750 tok/s, the third at 660-970).
-        The app's server calls it as soon as a compile ends; a reply calls it at its start."""
-        self._take_compiled_step()
-
-    def _take_compiled_step(self) -> None:
-        """At a reply boundary: run the compiled step if this reply's sampler variant is
-        compiled and no compile is running (see background_compile's contract). A variant not
-        compiled yet starts compiling now, once, and this reply runs the plain step: a
-        compile never sits on a reply's path."""
+        """Between replies, on the worker thread (the app's server calls it as soon as a compile
+        ends; a reply calls it at its start): run the compiled step if the settings' sampler
+        variant is compiled and no compile is running (see background_compile's contract), and
+        capture its graphs ahead, so the next reply neither waits for them nor runs slower while
+        they are captured one by one (measured on the H200: the first replies on the compiled
+        step ran at 490-750 tok/s, the third at 660-970). A variant not compiled yet starts
+        compiling now, once, and the plain step runs meanwhile: a compile never sits on a
+        reply's path."""
         c = self._compile
         if c is None:
             return
@@ -429,7 +425,7 @@ class ChatSession:
     def _reply(self, dropped: int) -> Iterator[Prefilled | Token | Finished]:
         if self.threads:
             torch.set_num_threads(self.threads)
-        self._take_compiled_step()
+        self.prepare()
         dec, params = self.decoder, self.params
         t0 = time.perf_counter()
         new = torch.tensor([self.context[dec.n:]], dtype=torch.long, device=self.model.device)
