@@ -246,8 +246,11 @@ class _Decoder:
         # Warm up on a side stream (lazy cuBLAS / SDPA setup and compilation must not happen
         # during capture). Twice: the first run may create lazily allocated buffers (a slot
         # cache's K/V), which a compiled step sees as a new input and compiles for again.
-        # The warm-ups run the real steps: their K/V writes land where the next real steps
-        # write, and the state they advance (positions, input ids, sampler) is put back.
+        # The warm-ups run the real step: its K/V writes land where the next real steps
+        # write, and the state it advances (positions, input ids, sampler) is put back. One
+        # step each, whatever the run's length: every step of a run is the same call, so one
+        # warms them all (a 16-step run's warm-ups were 32 eager steps: SmolLM2's plain
+        # graphs took 11-12 s of start-up, most of it warm-up).
         state = self._state()
         saved = [t.clone() for t in state]
 
@@ -258,7 +261,7 @@ class _Decoder:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._steps(window, steps)
+                self._steps(window, 1)
                 restore()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
