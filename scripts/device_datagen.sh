@@ -21,10 +21,10 @@
 #            MINUTES, then collect after WAIT seconds (default 480)
 #   collect  sleep WAIT (default 0), pack the rounds written so far, copy to $OUT: shards
 #            SHARD_FROM.. (default 0; 3 at most: 8 files, 64 MiB come back per call),
-#            stats.json, state.json, users.jsonl.xz (for --dedup-with of a later run), log.txt
+#            stats.json, state.json, users.txt.xz (for --dedup-with of a later run), log.txt
 #   gen      the same in the foreground for MINUTES (default 8), then collect
 # Settings: TOKENS (60000000), SEED (0), ROUND (4000 first turns a round), EXTRA (more flags, e.g.
-# "--dedup-with .teacher/users.jsonl.xz" on a fresh machine after an earlier run with SEED=0).
+# "--dedup-with .teacher/users.txt.xz" on a fresh machine after an earlier run with SEED=0).
 set -u
 cd "$(dirname "$0")/.."
 GGUF=data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -54,7 +54,7 @@ datagen() {  # generate into data/teacher for $1 minutes, no packing
 collect() {
   sleep "${WAIT:-0}"
   python3 -m tinyllm.datagen --pack-only --out data/teacher --workers 12 | tail -1
-  cp data/teacher/users.jsonl.xz "$OUT/" 2>/dev/null
+  cp data/teacher/users.txt.xz "$OUT/" 2>/dev/null
   grep -v '^{"round"' data/teacher.log | tail -4
   grep '^{"round"' data/teacher.log | tail -3
   i=0

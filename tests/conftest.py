@@ -1,4 +1,7 @@
-"""Shared fixtures: a tiny random model on the CPU; `@pytest.mark.cuda` tests skip without CUDA."""
+"""Shared fixtures: a tiny random model on the CPU; `@pytest.mark.cuda` tests skip without CUDA,
+and none ends while a background compile it started still runs."""
+
+import threading
 
 import pytest
 import torch
@@ -17,6 +20,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_compile_outlives_a_cuda_test(request):
+    """A session's background compile runs on a daemon thread; left running past its test, its
+    CUDA work lands beside the next test's graph capture and invalidates it (seen on the H200:
+    one test's two sessions, still compiling, broke the captures of the 13 tests after it).
+    CUDA tests therefore end only once every compile thread has."""
+    yield
+    if request.node.get_closest_marker("cuda") is None:
+        return
+    for t in threading.enumerate():
+        if t.name == "tinyllm-compile":
+            t.join(timeout=600)
 
 
 def tiny_model(seed: int = 0, **overrides) -> Transformer:

@@ -249,6 +249,6 @@ def test_cli_on_the_tiny_model_is_deterministic_and_resumes(tiny_teacher, tmp_pa
     assert _run(tiny_teacher, tmp_path / "a") == 0  # resumes with round 1
     assert json.loads((tmp_path / "a" / "state.json").read_text())["next_round"] == 2
     assert _run(tiny_teacher, tmp_path / "a", "--seed", "1") == 2  # another seed into the same folder
-    users = tmp_path / "a" / "users.jsonl.xz"
+    users = tmp_path / "a" / "users.txt.xz"
     assert users.is_file()
     assert _run(tiny_teacher, tmp_path / "c", "--seed", "1", "--dedup-with", str(users)) == 0

@@ -15,7 +15,7 @@ Contract:
   with the same OUT continues (round r is a function of the seed and r; the dedup and
   answer sets are rebuilt from OUT/rounds/). Another --seed into the same OUT is refused.
   A run into another folder (a fresh machine) skips the first turns of earlier runs given
-  with --dedup-with (each run writes OUT/users.jsonl.xz when it packs).
+  with --dedup-with (each run writes OUT/users.txt.xz when it packs).
 - Held-out prompts kept out of the data (`dedup.LeakFilter`): every eval prompt's user turns
   (`tinyllm.eval`) and `--heldout`'s: by default heldout_users.jsonl beside this file, the
   1,631 user turns of tinychat-distill's held-out split (its 1% by line hash,
@@ -102,11 +102,11 @@ def summarize(out: Path, state: dict) -> dict:
 
 
 def write_users(out: Path) -> None:
-    """OUT/users.jsonl.xz: every kept conversation's first user turn, for --dedup-with of a
+    """OUT/users.txt.xz: every kept conversation's first user turn, for --dedup-with of a
     later run in another folder (a few MB where the shards are tens)."""
     lines = [json.dumps(next(m["content"] for m in c["messages"] if m["role"] == "user"), ensure_ascii=False)
              for _, convs in read_rounds(out) for c in convs]
-    (out / "users.jsonl.xz").write_bytes(lzma.compress("".join(x + "\n" for x in lines).encode(), preset=6))
+    (out / "users.txt.xz").write_bytes(lzma.compress("".join(x + "\n" for x in lines).encode(), preset=6))
 
 
 def generate(args) -> dict:
@@ -117,7 +117,7 @@ def generate(args) -> dict:
     t0 = time.perf_counter()
     tasks = load_tasks(args.tasks)
     filters = Filters(LeakFilter(heldout_prompts(args.heldout)))
-    for path in args.dedup_with:  # first turns of an earlier run (its users.jsonl.xz)
+    for path in args.dedup_with:  # first turns of an earlier run (its users.txt.xz)
         with lzma.open(path, "rt", encoding="utf-8") as f:
             for line in f:
                 if line.strip():
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout", default=str(HELDOUT),
                     help="held-out user turns that must not leak: a data folder or a JSON-lines file ('none')")
     ap.add_argument("--dedup-with", action="append", default=[], metavar="USERS",
-                    help="an earlier run's users.jsonl.xz: its first turns count as seen (repeatable)")
+                    help="an earlier run's users.txt.xz: its first turns count as seen (repeatable)")
     ap.add_argument("--tasks", default=None, help="task lists (default: tinyllm/datagen/tasks.json)")
     ap.add_argument("--pack-only", action="store_true", help="only pack OUT/rounds into shards")
     ap.add_argument("--no-pack", action="store_true", help="leave packing to a later --pack-only")
