@@ -23,7 +23,7 @@
 #            SHARD_FROM.. (default 0; 3 at most: 8 files, 64 MiB come back per call),
 #            stats.json, state.json, users.txt.xz (for --dedup-with of a later run), log.txt
 #   gen      the same in the foreground for MINUTES (default 8), then collect
-# Settings: TOKENS (60000000), SEED (0), ROUND (4000 first turns a round), EXTRA (more flags, e.g.
+# Settings: TOKENS (60000000), SEED (0), ROUND (4000 first turns a round), SLOTS (64 engine rows), EXTRA (more flags, e.g.
 # "--dedup-with .teacher/users.txt.xz" on a fresh machine after an earlier run with SEED=0).
 set -u
 cd "$(dirname "$0")/.."
@@ -48,7 +48,7 @@ receive() {
 
 datagen() {  # generate into data/teacher for $1 minutes, no packing
   python3 -m tinyllm.datagen --teacher "$GGUF" --device cuda --compile --tokens "${TOKENS:-60000000}" \
-    --seed "${SEED:-0}" --round-size "${ROUND:-4000}" --minutes "$1" --out data/teacher --no-pack ${EXTRA:-}
+    --seed "${SEED:-0}" --round-size "${ROUND:-4000}" --slots "${SLOTS:-64}" --minutes "$1" --out data/teacher --no-pack ${EXTRA:-}
 }
 
 collect() {
