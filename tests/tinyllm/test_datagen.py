@@ -138,6 +138,10 @@ def test_batched_greedy_equals_the_engine_and_generate():
         mine = [eng.add(p, n, ()) for p, n in zip(prompts, lens, strict=True)]
         eng.run_until_done()
         assert [eng.result(i) for i in mine] == [ref.result(i) for i in ids]
+        # the step accounting: one step per token after each request's first (that one comes
+        # from its admission's prefill), at most 3 live rows a step
+        assert eng.steps >= max(lens) - 1 and eng.rows == sum(n - 1 for n in lens)
+        assert eng.rows <= 3 * eng.steps and eng.admit_s > 0 and eng.decode_s > 0
     # with a repeat penalty, while prompt + reply fit the 64-id window, as generate() penalizes
     pen = SamplingParams(repeat_penalty=1.3, max_tokens=10)
     eng = BatchSampledEngine(model, 2, pen, seed=0, max_len=64)
@@ -237,8 +241,10 @@ def _run(teacher, out, *extra):
                          "--max-tokens", "12", "--workers", "1", *extra])
 
 
-def test_cli_on_the_tiny_model_is_deterministic_and_resumes(tiny_teacher, tmp_path):
+def test_cli_on_the_tiny_model_is_deterministic_and_resumes(tiny_teacher, tmp_path, capsys):
     assert _run(tiny_teacher, tmp_path / "a") == 0
+    line = next(json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith('{"round"'))
+    assert line["steps"] > 0 and 0 < line["occupancy"] <= 1 and line["decode_s"] + line["admit_s"] <= line["engine_s"]
     assert _run(tiny_teacher, tmp_path / "b") == 0
     ra, rb = (tmp_path / d / "rounds" / "round-00000.jsonl.xz" for d in "ab")
     assert ra.read_bytes() == rb.read_bytes()

@@ -21,7 +21,8 @@ Contract:
   1,631 user turns of tinychat-distill's held-out split (its 1% by line hash,
   `tinyllm.data.read_split`), or a data folder's held-out split.
 - One JSON line per round on stdout: round, conversations, kept tokens so far, tokens the
-  teacher generated in this call (kept or not) and its tok/s, drops by reason.
+  teacher generated in this call (kept or not) and its tok/s, where the engine's time went
+  (`TeacherStats.timing`: steps, occupancy, ms a step, admissions), drops by reason.
 Refuses (ValueError -> one line on stderr, exit 2): a missing teacher, a seed mismatch.
 """
 
@@ -150,6 +151,7 @@ def generate(args) -> dict:
                           "total_tokens": state["tokens"], "round_s": round(last, 1),
                           "teacher_tok_s": round(teacher.stats.tok_per_s),
                           "generated": teacher.stats.tokens, "elapsed": round(time.perf_counter() - t0, 1),
+                          **teacher.stats.timing(),
                           **{k: v for k, v in stats.items() if k.startswith("drop")}}), flush=True)
     return state
 

@@ -20,7 +20,10 @@ Contract:
   them all, and returns each reply's text, token count and whether it ended on a stop id.
   Jobs whose prompt leaves fewer than 16 tokens for a reply come back empty, unfinished.
   `prefills` start replies (a numbered list's "1.").
-- `Teacher.stats` counts generated tokens and seconds spent in the engine.
+- `Teacher.stats` counts generated tokens and seconds spent in the engine, and where those
+  seconds went: decode steps (`steps`, each up to its host sync), the live rows they carried
+  (`occupancy`: rows per step over n_slots; the tail of each `chat` call runs few), and
+  admissions (`admit_s`: prefills of waiting requests, each up to its sync).
 """
 
 from __future__ import annotations
@@ -47,11 +50,13 @@ class BatchSampledEngine(Engine):
         self.key = torch.tensor(seed_key(seed), dtype=torch.long, device=device)  # (2,)
         self.counter = torch.zeros(1, dtype=torch.long, device=device)
         self.n_valid = model.cfg.vocab_size
+        self.steps = self.rows = 0  # decode steps, and live rows summed over them
+        self.admit_s = self.decode_s = 0.0
 
     def add(self, prompt_ids: list[int], max_tokens: int, stop_ids) -> int:
         return self.add_request(prompt_ids, SamplingParams(max_tokens=max_tokens), stop_ids)
 
-    def _admit_waiting(self, events) -> None:
+    def _admit_held(self, events) -> None:
         """Admit only once min_admit slots are free (or all the waiting fit, or none runs):
         each admission is one eager prefill, and one per freed slot would cost more than the
         decode step it rides on."""
@@ -59,6 +64,18 @@ class BatchSampledEngine(Engine):
         if free < min(self.min_admit, len(self._waiting)) and any(self.slots.active):
             return
         super()._admit_waiting(events)
+
+    def _admit_waiting(self, events) -> None:
+        t0 = time.perf_counter()
+        self._admit_held(events)
+        self.admit_s += time.perf_counter() - t0
+
+    def _decode(self, events) -> None:
+        t0 = time.perf_counter()
+        self.steps += 1
+        self.rows += sum(r is not None for r in self._owner)
+        super()._decode(events)
+        self.decode_s += time.perf_counter() - t0
 
     def _sample(self, rows, logits: Tensor, nxt: Tensor) -> Tensor:
         """logits (N, V), nxt (N,): every row's draw in one batch (see the module docstring)."""
@@ -108,10 +125,21 @@ class TeacherStats:
     tokens: int = 0  # generated
     seconds: float = 0.0  # in the engine
     requests: int = 0
+    steps: int = 0  # decode steps
+    occupancy: float = 0.0  # live rows per step / n_slots
+    decode_s: float = 0.0
+    admit_s: float = 0.0
 
     @property
     def tok_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+    def timing(self) -> dict:
+        """For a round's log line: where the engine's time went."""
+        return {"steps": self.steps, "occupancy": round(self.occupancy, 3),
+                "ms_per_step": round(1000 * self.decode_s / max(self.steps, 1), 2),
+                "decode_s": round(self.decode_s, 1), "admit_s": round(self.admit_s, 1),
+                "engine_s": round(self.seconds, 1)}
 
 
 class Teacher:
@@ -184,5 +212,8 @@ class Teacher:
         if self.model.device.type == "cuda":
             torch.cuda.synchronize()
         self.stats.seconds += time.perf_counter() - t0
+        st = self.stats
+        st.steps, st.decode_s, st.admit_s = engine.steps, engine.decode_s, engine.admit_s
+        st.occupancy = engine.rows / max(engine.steps, 1) / self.n_slots
         engine.requests.clear()
         return out
