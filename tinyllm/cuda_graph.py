@@ -46,8 +46,6 @@ to, not bit-equal with, the plain one.
 from __future__ import annotations
 
 import time
-import types
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -152,25 +150,6 @@ class _StaticDecode:
         self.cache.pos.add_(1)  # captured into the graph; the host copy moves in advance_host()
 
 
-_STEP_CODE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its own _forward
-
-
-def model_step(model: Transformer, decoder) -> types.MethodType:
-    """`decoder._forward` bound to it, through a copy of the function whose code object belongs
-    to `model` alone. Dynamo keeps compiled code, and its guards, on the code object: every
-    decoder of one model shares the compiled step (the background compile's scratch decoder
-    compiles for the live one), and no other model ever meets it. That makes it safe to skip
-    Dynamo's guards on the model's modules (`compiled`): they check every parameter each call
-    (0.5-0.7 ms a step on the 2-core CPU, 12-15% of the default model's int8 step), and a model
-    never changes once built."""
-    f = type(decoder)._forward
-    per_model = _STEP_CODE.setdefault(model, {})
-    if f not in per_model:
-        per_model[f] = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__,
-                                          f.__closure__)
-    return types.MethodType(per_model[f], decoder)
-
-
 def compiled(forward, backend: str | None, device: torch.device | None = None):
     """forward itself, or forward through torch.compile (whole graph, dynamic sizes). On a CPU
     the step's Inductor kernels run on one thread: a decode step's tensors are a few thousand
@@ -191,10 +170,7 @@ def compiled(forward, backend: str | None, device: torch.device | None = None):
     # inputs they are specialized after the fact, and Dynamo traces the whole step twice
     # (a warm start's largest cost: docs/INFERENCE.md 4.14).
     cfg.specialize_float = True
-    # No guards on the model's modules: `forward` comes from model_step, code of its model's own.
-    options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-    if device is not None and device.type == "cpu" and backend == "inductor":
-        options["cpp.threads"] = 1
+    options = {"cpp.threads": 1} if device is not None and device.type == "cpu" and backend == "inductor" else None
     return torch.compile(forward, backend=backend, fullgraph=True, dynamic=True, options=options)
 
 
@@ -213,7 +189,7 @@ class _Decoder:
         self.sampler = StepSampler(batch, model.cfg.vocab_size, device)
         self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)  # the next step's input
         self.out = torch.zeros(batch, MAX_RUN, dtype=torch.long, device=device)  # ids of the last run
-        self._step_fn = compiled(model_step(model, self), compile, model.device)
+        self._step_fn = compiled(self._forward, compile, model.device)
         self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.pool = None
         self._use_graph = False
@@ -244,7 +220,7 @@ class _Decoder:
         """Run the step through `backend` (None: the plain step) from the next run on. The
         graphs of the old step are dropped; the new step's are captured as runs need them."""
         self.compile = backend
-        self._step_fn = compiled(model_step(self.model, self), backend, self.model.device)
+        self._step_fn = compiled(self._forward, backend, self.model.device)
         self.graphs.clear()
         if self.pool is not None:  # the old graphs' pool dies with them: capture into a new one
             self.pool = torch.cuda.graph_pool_handle()
