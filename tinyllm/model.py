@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tinyllm import decode_attention
+from tinyllm.nn_module import Module
 
 # Cached attention never uses cuDNN's SDPA: it builds a plan per new shape (measured on an
 # H200: 50 ms to 1 s for each new prefill length), and a chat prefills a new length each turn.
@@ -200,10 +201,20 @@ def linear(layer: nn.Linear, x: Tensor) -> Tensor:
     if (type(layer) is nn.Linear and torch.compiler.is_dynamo_compiling() and x.shape[:-1].numel() == 1
             and x.shape[-1] <= REDUCTION_MAX_K):
         return (x[..., None, :] * layer.weight).sum(-1)  # (..., N), fp32 accumulation
+    if type(layer) is nn.Linear:  # torch's own layer, called functionally (tinyllm.nn_module)
+        return F.linear(x, layer.weight, layer.bias)
     return layer(x)
 
 
-class RMSNorm(nn.Module):
+def embed(layer: nn.Embedding, idx: Tensor) -> Tensor:
+    """layer(idx): torch's own embedding called functionally (tinyllm.nn_module); a quantized
+    one (tinyllm.quant.QuantEmbedding) is called as itself."""
+    if type(layer) is nn.Embedding:
+        return F.embedding(idx, layer.weight)
+    return layer(idx)
+
+
+class RMSNorm(Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
@@ -237,7 +248,7 @@ def fuse_linears(module: nn.Module, fused: str, parts: dict[str, int]) -> None:
     module.register_load_state_dict_pre_hook(join)
 
 
-class Attention(nn.Module):
+class Attention(Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -281,7 +292,7 @@ class Attention(nn.Module):
             k = k.repeat_interleave(rep, dim=1)  # (B, H, S, D)
             v = v.repeat_interleave(rep, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, **attn_kwargs)  # (B, H, T, D)
-        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+        return linear(self.wo, y.transpose(1, 2).reshape(B, T, -1))
 
 
 def window_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
@@ -311,7 +322,7 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
     return scores.softmax(dim=-1).to(v.dtype) @ v  # (B, Hkv, R, D)
 
 
-class FeedForward(nn.Module):
+class FeedForward(Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.w13 = nn.Linear(cfg.dim, 2 * cfg.ffn_dim, bias=False)  # gate (w1) and up (w3)
@@ -326,7 +337,7 @@ class FeedForward(nn.Module):
         return linear(self.w2, F.silu(gate) * up)
 
 
-class Block(nn.Module):
+class Block(Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
@@ -339,7 +350,7 @@ class Block(nn.Module):
         return x + self.ffn(self.ffn_norm(x))
 
 
-class Transformer(nn.Module):
+class Transformer(Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -393,7 +404,7 @@ class Transformer(nn.Module):
             cos, sin = self.rope(T, 0)
         else:
             cos, sin = cache.begin_step(T, self.rope)
-        x = self.tok_emb(idx)  # (B, T, C)
+        x = embed(self.tok_emb, idx)  # (B, T, C)
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, cache.layer(i) if cache is not None else None)
         if cache is not None:

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tinyllm import cpu_qgemv
+from tinyllm.nn_module import Module
 
 KINDS = ("int8", "int4")
 GROUPS = (32, 64)
@@ -151,7 +152,7 @@ def _fbgemm_pack(qt: QTensor) -> object:
     return torch.ops.quantized.linear_prepack(qw, None)
 
 
-class QuantLinear(nn.Module):
+class QuantLinear(Module):
     """y = x @ W.T for a QTensor W, in the activations' dtype (see the module docstring)."""
 
     def __init__(self, qt: QTensor, dtype: torch.dtype, generic: bool = False) -> None:
@@ -263,7 +264,7 @@ class QuantLinear(nn.Module):
         return (x[..., None, :] * self._dequantized(x.dtype)).sum(-1)  # (..., N)
 
 
-class QuantEmbedding(nn.Module):
+class QuantEmbedding(Module):
     """Embedding rows held as a QTensor (canonical form), dequantized to `dtype` on lookup."""
 
     def __init__(self, qt: QTensor, dtype: torch.dtype) -> None:
