@@ -44,6 +44,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import traceback
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 
@@ -193,4 +194,6 @@ def _run_job(session, kind: str, arg, send, hold: threading.Event | None = None)
              "load": session.load_messages}[kind](arg)
         send(("done", snapshot(session)))
     except Exception as e:  # shown by the app, which keeps the conversation
+        if not isinstance(e, ValueError):  # a fault, not bad input: its traceback to session.log
+            traceback.print_exc()
         send(("failed", str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
