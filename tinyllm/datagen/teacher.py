@@ -56,18 +56,15 @@ class BatchSampledEngine(Engine):
     def add(self, prompt_ids: list[int], max_tokens: int, stop_ids) -> int:
         return self.add_request(prompt_ids, SamplingParams(max_tokens=max_tokens), stop_ids)
 
-    def _admit_held(self, events) -> None:
+    def _admit_waiting(self, events) -> None:
         """Admit only once min_admit slots are free (or all the waiting fit, or none runs):
         each admission is one eager prefill, and one per freed slot would cost more than the
         decode step it rides on."""
         free = len(self.slots.free_slots())
         if free < min(self.min_admit, len(self._waiting)) and any(self.slots.active):
             return
-        super()._admit_waiting(events)
-
-    def _admit_waiting(self, events) -> None:
         t0 = time.perf_counter()
-        self._admit_held(events)
+        super()._admit_waiting(events)
         self.admit_s += time.perf_counter() - t0
 
     def _decode(self, events) -> None:
