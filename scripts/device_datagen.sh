@@ -11,7 +11,7 @@
 #            ... the same for part-01 .. part-03, each call within the warm window of the last ...
 #   device:  run(carry=[".teacher/SHA256", ".teacher/part-04"], command="MINUTES=26 bash scripts/device_datagen.sh start")
 #   device:  run(command="WAIT=560 bash scripts/device_datagen.sh collect")   # again, back to back, until done
-#   here:    cp the returned teacher-*.jsonl.xz, stats.json, state.json into data/teacher/
+#   here:    cp the returned teacher-*.jsonl.xz, stats.json, state.json into $DIR/
 #
 # Modes:
 #   receive  keep a carried part outside the repository; assemble the teacher once all parts are
@@ -23,11 +23,14 @@
 #            SHARD_FROM.. (default 0; 3 at most: 8 files, 64 MiB come back per call),
 #            stats.json, state.json, users.txt.xz (for --dedup-with of a later run), log.txt
 #   gen      the same in the foreground for MINUTES (default 8), then collect
-# Settings: TOKENS (60000000), SEED (0), ROUND (4000 first turns a round), SLOTS (64 engine rows), EXTRA (more flags, e.g.
+# Settings: DIR (data/teacher: the run's folder; a later run on a fresh machine needs its own, e.g.
+# DIR=data/teacher1 SEED=1 EXTRA="--dedup-with data/teacher/users.txt.xz": data/teacher holds the
+# committed shards, and packing into it would replace them), TOKENS (60000000), SEED (0), ROUND (4000 first turns a round), SLOTS (64 engine rows), EXTRA (more flags, e.g.
 # "--dedup-with .teacher/users.txt.xz" on a fresh machine after an earlier run with SEED=0).
 set -u
 cd "$(dirname "$0")/.."
 GGUF=data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+DIR=${DIR:-data/teacher}
 PARTS=${PARTS:-/root/teacher-parts}  # outside the repository: kept across calls while the machine is warm
 
 receive() {
@@ -46,24 +49,24 @@ receive() {
   echo "teacher assembled: $GGUF"
 }
 
-datagen() {  # generate into data/teacher for $1 minutes, no packing
+datagen() {  # generate into $DIR for $1 minutes, no packing
   python3 -m tinyllm.datagen --teacher "$GGUF" --device cuda --compile --tokens "${TOKENS:-60000000}" \
-    --seed "${SEED:-0}" --round-size "${ROUND:-4000}" --slots "${SLOTS:-64}" --minutes "$1" --out data/teacher --no-pack ${EXTRA:-}
+    --seed "${SEED:-0}" --round-size "${ROUND:-4000}" --slots "${SLOTS:-64}" --minutes "$1" --out "$DIR" --no-pack ${EXTRA:-}
 }
 
 collect() {
   sleep "${WAIT:-0}"
-  python3 -m tinyllm.datagen --pack-only --out data/teacher --workers 12 | tail -1
-  cp data/teacher/users.txt.xz "$OUT/" 2>/dev/null
-  grep -v '^{"round"' data/teacher.log | tail -4
-  grep '^{"round"' data/teacher.log | tail -3
+  python3 -m tinyllm.datagen --pack-only --out "$DIR" --workers 12 | tail -1
+  cp "$DIR/users.txt.xz" "$OUT/" 2>/dev/null
+  grep -v '^{"round"' "$DIR.log" | tail -4
+  grep '^{"round"' "$DIR.log" | tail -3
   i=0
-  for s in data/teacher/teacher-*.jsonl.xz; do
+  for s in "$DIR"/teacher-*.jsonl.xz; do
     if [ "$i" -ge "${SHARD_FROM:-0}" ] && [ "$i" -lt $(( ${SHARD_FROM:-0} + 3 )) ]; then cp "$s" "$OUT/"; fi
     i=$((i + 1))
   done
-  cp data/teacher/stats.json data/teacher/state.json "$OUT/" 2>/dev/null
-  cp data/teacher.log "$OUT/log.txt"
+  cp "$DIR/stats.json" "$DIR/state.json" "$OUT/" 2>/dev/null
+  cp "$DIR.log" "$OUT/log.txt"
   ls -l "$OUT"
 }
 
@@ -83,9 +86,9 @@ case "${1:-gen}" in
   start)
     receive || { echo "teacher not complete: carry the remaining parts first"; exit 3; }
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-    mkdir -p data/teacher
-    setsid nohup bash -c "$(declare -f datagen); GGUF=$GGUF TOKENS=${TOKENS:-60000000} SEED=${SEED:-0} \
-      ROUND=${ROUND:-4000} EXTRA='${EXTRA:-}' datagen ${MINUTES:-26}" >> data/teacher.log 2>&1 < /dev/null &
+    mkdir -p "$DIR"
+    setsid nohup bash -c "$(declare -f datagen); GGUF=$GGUF DIR=$DIR TOKENS=${TOKENS:-60000000} SEED=${SEED:-0} \
+      ROUND=${ROUND:-4000} EXTRA='${EXTRA:-}' datagen ${MINUTES:-26}" >> "$DIR.log" 2>&1 < /dev/null &
     WAIT=${WAIT:-480} collect
     ;;
   collect)
@@ -94,9 +97,9 @@ case "${1:-gen}" in
   gen)
     receive || { echo "teacher not complete: carry the remaining parts first"; exit 3; }
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-    mkdir -p data/teacher
-    timeout "$(python3 -c "print(int(${MINUTES:-8} * 60 + 60))")" bash -c "$(declare -f datagen); GGUF=$GGUF datagen ${MINUTES:-8}" \
-      >> data/teacher.log 2>&1
+    mkdir -p "$DIR"
+    timeout "$(python3 -c "print(int(${MINUTES:-8} * 60 + 60))")" bash -c "$(declare -f datagen); GGUF=$GGUF DIR=$DIR datagen ${MINUTES:-8}" \
+      >> "$DIR.log" 2>&1
     echo "datagen exit $?"
     collect
     ;;
