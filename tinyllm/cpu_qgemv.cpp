@@ -209,6 +209,29 @@ void tile_int8(const QW& w, const XQ& x, int64_t m0, int64_t n0, float* y, int64
   }
 }
 
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// sum_g z[g] * (the sum of x over group g's bpg blocks; xs holds each block's sum). Vectorized for
+// groups of one block (every GGUF type, and tinyllm's default): as a scalar loop its chain of
+// dependent adds cost about as much as the products of the row's blocks.
+template <class S>
+inline float zero_term(const S* z, const float* xs, int64_t ng, int64_t bpg) {
+  float zs = 0.f;
+  int64_t g = 0;
+  if (bpg == 1) {
+    __m256 acc = _mm256_setzero_ps();
+    for (; g + 8 <= ng; g += 8) acc = _mm256_fmadd_ps(load8(z + g), _mm256_loadu_ps(xs + g), acc);
+    zs = hsum(acc);
+  }
+  for (; g < ng; ++g) {
+    float gs = 0.f;
+    for (int64_t j = 0; j < bpg; ++j) gs += xs[g * bpg + j];
+    zs += f32(z[g]) * gs;
+  }
+  return zs;
+}
+
 // The same for int4 in groups of bpg blocks, scales and zeros of type S. Written with plain
 // pointer and size arguments indexed from the tile's corner: the same loop reading them from
 // the QW / XQ structs measured 1.5x slower per block (2.2 against 3.3 ns, one thread).
@@ -240,19 +263,9 @@ void tile_int4(const uint8_t* w, const S* sc, const S* zr, int64_t K, int64_t nb
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    const S* z = zr + (n0 + r) * ng;
-    for (int t = 0; t < MT; ++t) {
-      float zs = 0.f;  // sum_g zeros[g] * sum of x over group g
-      const float* xs = xsum + (m0 + t) * nb;
-      for (int64_t g = 0; g < ng; ++g) {
-        float gs = 0.f;
-        for (int64_t j = 0; j < bpg; ++j) gs += xs[g * bpg + j];
-        zs += f32(z[g]) * gs;
-      }
-      y[(m0 + t) * ldy + n0 + r] = hsum(acc[r][t]) + zs;
-    }
-  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < MT; ++t)
+      y[(m0 + t) * ldy + n0 + r] = hsum(acc[r][t]) + zero_term(zr + (n0 + r) * ng, xsum + (m0 + t) * nb, ng, bpg);
 }
 
 template <int R, int MT>
