@@ -11,6 +11,11 @@ AOTAutograd's on-disk caches, so a second launch is quick. One variant a compile
 the 2-core CPU, the greedy variant compiles in 52 s cold and 9 s warm, sampling in 154 s and
 5 s; a session compiles the one its settings use, and the other only when asked for.
 
+`child`: a `tinyllm.compile_child.Spec` of the same model and step. The thread first has a
+child process compile it (filling the on-disk caches; skipped where a child already did for
+this spec), then compiles here, warm. The cold compile thus never holds this process's GIL
+(`child_result` says how the child went; its failure only means a cold compile here).
+
 `state` is "compiling", then "compiled" or "failed" (with `error`, one line); `ready` is an
 Event set then. On CUDA the thread works on its own stream, and graph captures elsewhere use
 thread-local capture mode. What runs meanwhile must be the plain step: a compiled function
@@ -28,13 +33,16 @@ from contextlib import nullcontext
 
 import torch
 
+from tinyllm.compile_child import Spec, warm_up
 from tinyllm.model import Transformer
 
 
 class BackgroundCompile:
     def __init__(self, model: Transformer, batch: int, max_len: int, backend: str, threads: int | None = None,
-                 n_valid: int | None = None, greedy: bool = True):
+                 n_valid: int | None = None, greedy: bool = True, child: Spec | None = None):
         self.backend, self.greedy = backend, greedy
+        self.child = child  # where given, a child process compiles first (tinyllm.compile_child)
+        self.child_result: str | None = None  # warm_up's answer: "" compiled, "cached", or why not
         self.state = "compiling"
         self.error = ""
         self.seconds = 0.0
@@ -47,8 +55,6 @@ class BackgroundCompile:
         self._thread.start()
 
     def _run(self, model: Transformer, batch: int, max_len: int) -> None:
-        from tinyllm.cuda_graph import GraphDecoder
-
         t0 = time.perf_counter()
         if self.threads:
             torch.set_num_threads(self.threads)
@@ -58,17 +64,9 @@ class BackgroundCompile:
         switch = sys.getswitchinterval()
         sys.setswitchinterval(min(switch, 0.0005))
         try:
-            stream = torch.cuda.Stream() if model.device.type == "cuda" else None
-            with torch.no_grad(), torch.cuda.stream(stream) if stream else nullcontext():
-                dec = GraphDecoder(model, batch, max_len=max_len, use_graph=False, compile=self.backend)
-                if self.n_valid is not None:
-                    dec.sampler.n_valid = self.n_valid
-                dec.sampler.greedy = self.greedy
-                dec.prefill(torch.zeros(batch, 1, dtype=torch.long, device=model.device))
-                dec.run(1)
-                if stream is not None:
-                    stream.synchronize()
-                del dec
+            if self.child is not None:
+                self.child_result = warm_up(self.child)
+            compile_step(model, batch, max_len, self.backend, self.n_valid, self.greedy)
             self.state = "compiled"
         except Exception as e:  # any failure leaves the plain step in place; say why once
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -82,6 +80,23 @@ class BackgroundCompile:
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.ready.wait(timeout)
+
+
+def compile_step(model: Transformer, batch: int, max_len: int, backend: str, n_valid: int | None,
+                 greedy: bool) -> None:
+    """Compile the step: a scratch decoder (its own small cache) runs it once."""
+    from tinyllm.cuda_graph import GraphDecoder
+
+    stream = torch.cuda.Stream() if model.device.type == "cuda" else None
+    with torch.no_grad(), torch.cuda.stream(stream) if stream else nullcontext():
+        dec = GraphDecoder(model, batch, max_len=max_len, use_graph=False, compile=backend)
+        if n_valid is not None:
+            dec.sampler.n_valid = n_valid
+        dec.sampler.greedy = greedy
+        dec.prefill(torch.zeros(batch, 1, dtype=torch.long, device=model.device))
+        dec.run(1)
+        if stream is not None:
+            stream.synchronize()
 
 
 def _lower_priority() -> None:

@@ -34,6 +34,7 @@ Contract:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -46,6 +47,7 @@ from tinyllm.background_compile import BackgroundCompile
 from tinyllm.build import Progress
 from tinyllm.chat_events import Finished, Message, Prefilled, StepStats, Token
 from tinyllm.chat_template import ChatTemplate
+from tinyllm.compile_child import Spec
 from tinyllm.checkpoint import resolve_device
 from tinyllm.cuda_graph import MAX_RUN, GraphDecoder
 from tinyllm.model import Transformer
@@ -65,8 +67,12 @@ class ChatSession:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, template: ChatTemplate,
                  max_len: int | None = None, params: SamplingParams = SamplingParams(),
                  system: str | None = None, use_graph: bool | None = None, name: str = "model",
-                 compile: str | None = "inductor", chunk: int = CHUNK, threads: int | None = None):
+                 compile: str | None = "inductor", chunk: int = CHUNK, threads: int | None = None,
+                 source: tuple[str, str] | None = None):
         self.model, self.tokenizer, self.template, self.name = model, tokenizer, template, name
+        # (path, quant) the model was opened with: on a CPU a child process then compiles the
+        # step first, away from this process's GIL (tinyllm.compile_child).
+        self.source = source
         self.marks: dict[str, float] = {}  # time.time() of each start-up step (see `timeline`)
         # torch's CPU thread count is per thread (OpenMP): set it in every thread that decodes.
         self.threads = (threads or default_cpu_threads()) if model.device.type == "cpu" else None
@@ -113,8 +119,12 @@ class ChatSession:
         return self._compiles[-1] if self._compiles else None
 
     def _start_compile(self, greedy: bool) -> None:
+        child = None
+        if self.source is not None and self.device == "cpu":
+            child = Spec(self.source[0], "cpu", self.source[1], self.max_len, self.threads,
+                         self.decoder.sampler.n_valid, greedy, self._backend)
         self._compiles.append(BackgroundCompile(self.model, 1, self.max_len, self._backend, self.threads,
-                                                self.decoder.sampler.n_valid, greedy=greedy))
+                                                self.decoder.sampler.n_valid, greedy=greedy, child=child))
         self.compile_started.set()
 
     def _compiled_variants(self) -> set[bool]:
@@ -521,7 +531,6 @@ def run_length(fits: int, chunk: int) -> int:
 def default_cpu_threads() -> int:
     """Torch threads for decoding on a CPU: one per core this process may use, less one for
     the UI and the rest of the machine, at most 8 (docs/INFERENCE.md, "CPU threads")."""
-    import os
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(8, cores - 1))
@@ -549,6 +558,7 @@ def open_session(path: str | Path, device: str = "auto", max_len: int | None = N
         system = getattr(chat_template, "default_system", None)
     max_len = min(max_len or DEFAULT_CONTEXT, model.cfg.max_seq_len)
     session = ChatSession(model, tokenizer, chat_template, max_len=max_len, params=params,
-                          system=system, use_graph=use_graph, name=name, compile=compile, threads=threads)
+                          system=system, use_graph=use_graph, name=name, compile=compile, threads=threads,
+                          source=(os.path.abspath(path), quant))
     session.marks.update(open_started=started, model_loaded=loaded)
     return session
