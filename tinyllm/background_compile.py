@@ -58,7 +58,7 @@ class BackgroundCompile:
         t0 = time.perf_counter()
         if self.threads:
             torch.set_num_threads(self.threads)
-        _lower_priority()
+        lower_priority()
         # The compiler is Python and holds the GIL for the default 5 ms slices: the decoding
         # thread would wait that long for every op it launches. Hand it over 10x as often.
         switch = sys.getswitchinterval()
@@ -99,7 +99,7 @@ def compile_step(model: Transformer, batch: int, max_len: int, backend: str, n_v
             stream.synchronize()
 
 
-def _lower_priority() -> None:
+def lower_priority() -> None:
     """Run this thread (and the compiler processes it starts, which inherit it) at the lowest
     CPU priority, so the replies decoding meanwhile keep the cores. Linux sets priority per
     thread; elsewhere this does nothing."""

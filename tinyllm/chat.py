@@ -531,7 +531,6 @@ def run_length(fits: int, chunk: int) -> int:
 def default_cpu_threads() -> int:
     """Torch threads for decoding on a CPU: one per core this process may use, less one for
     the UI and the rest of the machine, at most 8 (docs/INFERENCE.md, "CPU threads")."""
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(8, cores - 1))
 

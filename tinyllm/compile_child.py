@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -74,15 +73,13 @@ def warm_up(spec: Spec, timeout: float = 3600) -> str:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, 19)  # below the decoding process
-    except (AttributeError, OSError):
-        pass
     spec = Spec(**json.loads(argv[0]))
     import torch
 
-    from tinyllm.background_compile import compile_step
+    from tinyllm.background_compile import lower_priority, compile_step
     from tinyllm.open_model import open_any
+
+    lower_priority()  # below the decoding process, with the compiler processes it starts
 
     if spec.threads:
         torch.set_num_threads(spec.threads)
