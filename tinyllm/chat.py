@@ -47,8 +47,8 @@ from tinyllm.background_compile import BackgroundCompile
 from tinyllm.build import Progress
 from tinyllm.chat_events import Finished, Message, Prefilled, StepStats, Token
 from tinyllm.chat_template import ChatTemplate
-from tinyllm.compile_child import Spec
 from tinyllm.checkpoint import resolve_device
+from tinyllm.compile_child import Spec
 from tinyllm.cuda_graph import MAX_RUN, GraphDecoder
 from tinyllm.model import Transformer
 from tinyllm.sampling import SamplingParams
