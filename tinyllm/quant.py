@@ -20,9 +20,11 @@ Contract:
                aten `_weight_int8pack_mm` 1,000-1,700 us. Without fbgemm: `_weight_int8pack_mm`.
     CPU int4   aten `_weight_int4pack_mm_for_cpu` (exact; slow on AVX2, see docs/BENCHMARKS.md);
                it needs N a multiple of 16, other matrices take the CUDA formulation.
-    CUDA       dequantization fused into the product (gpt-fast's int8 approach): a compiled
-               batch-1 step sees one reduction over int8 / packed int4 loads that Inductor
-               fuses; eager code dequantizes to `dtype` and calls the library product.
+    CUDA       up to tinyllm.qgemv.MAX_ROWS rows (decode), eager and compiled alike:
+               tinyllm.qgemv's Triton kernels, which read the int8 / packed int4 bytes in
+               place. Without Triton, a compiled batch-1 step is one Inductor reduction over
+               the int8 / int4 loads (gpt-fast's int8 approach). More rows, or eager code
+               without Triton: dequantize to `dtype` and the library product.
   Every kernel is graph-safe: no host syncs, no data-dependent shapes; the fbgemm call is a
   custom op (`tinyllm::fbgemm_linear`) so torch.compile(fullgraph=True) keeps it in the graph.
 - `QuantEmbedding(qt, dtype)`: row lookups dequantized to `dtype` (tied tables and tok_emb).
@@ -39,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tinyllm import cpu_qgemv
+from tinyllm import cpu_qgemv, qgemv
 from tinyllm.nn_module import Module
 
 KINDS = ("int8", "int4")
@@ -233,6 +235,10 @@ class QuantLinear(Module):
         if x.device.type == "cpu" and self.kind == "int8" and not self.generic:
             y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).contiguous(), self.qweight,
                                                    self.scales)  # (M, N)
+            return y.view(*lead, -1)
+        if not self.generic and qgemv.supported(x):  # CUDA, a few rows: the Triton kernels
+            y = qgemv.linear(x.reshape(-1, self.in_features), self.kind, self.qweight, self.scales, self.zeros,
+                             self.group)  # (M, N)
             return y.view(*lead, -1)
         if torch.compiler.is_dynamo_compiling() and lead.numel() == 1:
             return self._reduce(x)

@@ -1,0 +1,122 @@
+"""tinyllm.qgemv's Triton kernels against the dequantized product (their slow twin).
+
+Three ways, from where they run:
+- CUDA (the H200): the ops through QuantLinear, eager and compiled, in tests/tinyllm/test_quant_cuda.py
+  and here (odd shapes, several rows);
+- CPU with Triton installed: the kernels' arithmetic under Triton's interpreter, and both
+  compiled for sm_90 (what only Triton's compiler refuses);
+- CPU without Triton (CI): skipped, and `supported()` is False so QuantLinear never asks."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from tinyllm import qgemv
+from tinyllm.quant import quantize
+
+ROOT = Path(__file__).resolve().parents[2]
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+# (N, K, rows, kind, group): odd N (a partial block), K not a multiple of a step, several rows.
+CASES = [(300, 96, 1, "int8", 0), (257, 640, 3, "int8", 0), (2560, 2048, 1, "int8", 0),
+         (300, 96, 1, "int4", 32), (257, 640, 3, "int4", 64), (2560, 2048, 1, "int4", 32)]
+
+
+def case(n, k, rows, kind, group, device="cpu", dtype=torch.float32):
+    g = torch.Generator().manual_seed(n * k + rows)
+    w = torch.randn(n, k, generator=g) * 0.05
+    qt = quantize(w, kind, group or 32).map(lambda t: t.to(device))
+    x = torch.randn(rows, k, generator=g).to(device, dtype)
+    ref = x.double() @ qt.dequantize(torch.float64).T  # (rows, N)
+    return x, qt, ref
+
+
+def rel_err(y, ref):
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+def test_not_supported_without_cuda():
+    assert not qgemv.supported(torch.zeros(1, 8))  # a CPU tensor never takes the Triton path
+
+
+# -- CPU, Triton's interpreter ----------------------------------------------------------------
+
+INTERPRETED = textwrap.dedent("""
+    import torch
+    from tinyllm import qgemv_triton as T
+    from tests.tinyllm.test_qgemv import CASES, case, rel_err
+
+    def raw(x, qt, group):  # the ops' bodies, launched directly (wrap_triton refuses interpreted kernels)
+        m, k = x.shape
+        n = qt.shape[0]
+        y = torch.empty(m, n, dtype=x.dtype)
+        if qt.kind == "int8":
+            bn, bk = T.blocks(n, k, 1, 264)
+            T._int8_kernel[(T.triton.cdiv(n, bn), m)](x, qt.qweight, qt.scales, y, n, k, BLOCK_N=bn, BLOCK_K=bk)
+        else:
+            bn, bk = T.blocks(n, k, 0.5, 264)
+            bk = max(bk, group)
+            T._int4_kernel[(T.triton.cdiv(n, bn), m)](x, qt.qweight, qt.scales, qt.zeros, y, n, k, G=group,
+                                                      BLOCK_N=bn, BLOCK_K=bk)
+        return y
+
+    for n, k, rows, kind, group in CASES:
+        x, qt, ref = case(n, k, rows, kind, group)
+        y = raw(x, qt, group)
+        assert y.shape == (rows, n), y.shape
+        assert rel_err(y, ref) < 1e-5, (n, k, rows, kind, rel_err(y, ref))
+    print("ok")
+""")
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton (its interpreter)")
+def test_kernels_under_the_triton_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", INTERPRETED], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
+                    reason="needs triton; on a CUDA machine the CUDA tests compile them for real")
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_kernels_compile_for_the_h200_without_a_gpu(kind):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from tinyllm import qgemv_triton as T
+
+    if kind == "int8":
+        sig = {"x_ptr": "*bf16", "w_ptr": "*i8", "s_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32", "K": "i32",
+               "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
+        src = ASTSource(T._int8_kernel, sig, constexprs={"BLOCK_N": 8, "BLOCK_K": 256})
+    else:
+        sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*bf16", "z_ptr": "*bf16", "y_ptr": "*bf16",
+               "N": "i32", "K": "i32", "G": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
+        src = ASTSource(T._int4_kernel, sig, constexprs={"G": 32, "BLOCK_N": 8, "BLOCK_K": 512})
+    assert triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+
+
+# -- CUDA (the H200) ----------------------------------------------------------------------------
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n,k,rows,kind,group", CASES)
+def test_cuda_ops_match_the_dequantized_product(n, k, rows, kind, group):
+    from tinyllm import qgemv_triton as T
+
+    x, qt, ref = case(n, k, rows, kind, group, "cuda", torch.bfloat16)
+    s = qt.scales.bfloat16()
+    if kind == "int8":
+        y = T.int8_gemv(x, qt.qweight, s)
+    else:
+        y = T.int4_gemv(x, qt.qweight, s, qt.zeros.bfloat16(), group)
+    assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
+    assert rel_err(y, ref) < 1e-2  # bf16 x, scales and output: ~0.4% each
+    assert qgemv.supported(x) == (rows <= qgemv.MAX_ROWS)

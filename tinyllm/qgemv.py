@@ -1,0 +1,49 @@
+"""Quantized matrix-vector products on CUDA: Triton kernels for decode's few rows.
+
+Contract:
+- `linear(x, qt_parts...)`: y = x @ W.T for a QTensor W held in canonical form on the GPU
+  (tinyllm.quant): x (M, K) on CUDA, y (M, N) in x's dtype, fp32 accumulation. It reads the
+  int8 / packed int4 weights in place, once per row of x, with the dequantization fused into
+  the product. It is the slow twin `x @ W.dequantize().T`, to fp32 rounding order.
+- `supported(x)`: whether to call it: Triton is installed (and not switched off with
+  TINYLLM_QGEMV=0), x is on CUDA, and x has at most MAX_ROWS rows. Wider inputs (a prompt's
+  prefill, a large engine batch) are better served by dequantizing once and one library
+  matrix product, since the kernels read W again for each row.
+- Importing this module never imports Triton (CPU-only installs and CI have none): the kernels
+  (`qgemv_triton`) are imported at the first call, which registers the custom ops
+  `tinyllm::int8_gemv` and `tinyllm::int4_gemv`.
+
+Why: a batch-1 step reads every weight once, so its speed is the weights' bytes over the
+bandwidth. Int8 halves bf16's bytes, int4 quarters them, but only where the product reads
+the quantized bytes themselves: dequantizing to bf16 first writes and reads a bf16 copy, and
+Inductor's generated reduction over int8 ran below cuBLAS's bf16 product (docs/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from torch import Tensor
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None and os.environ.get("TINYLLM_QGEMV") != "0"
+MAX_ROWS = 4
+
+
+def available() -> bool:
+    """Triton is installed (checked without importing it) and not switched off."""
+    return _HAS_TRITON
+
+
+def supported(x: Tensor) -> bool:
+    return _HAS_TRITON and x.is_cuda and x.shape[:-1].numel() <= MAX_ROWS
+
+
+def linear(x: Tensor, kind: str, qweight: Tensor, scales: Tensor, zeros: Tensor | None, group: int) -> Tensor:
+    """x (M, K) -> (M, N); kind "int8" (zeros None) or "int4"."""
+    from tinyllm import qgemv_triton  # Triton, and the ops registered, on first use
+
+    x = x.contiguous()
+    if kind == "int8":
+        return qgemv_triton.int8_gemv(x, qweight, scales)
+    return qgemv_triton.int4_gemv(x, qweight, scales, zeros, group)

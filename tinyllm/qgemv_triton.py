@@ -1,0 +1,126 @@
+"""The Triton kernels behind `tinyllm.qgemv`: quantized matrix-vector products for decode.
+
+Contract: importing this module imports Triton (it fails where Triton is missing: import
+`tinyllm.qgemv` instead, which guards) and registers two custom ops, each y = x @ W.T for a
+QTensor W in canonical form (tinyllm.quant), x (M, K) contiguous in bf16 / fp16 / fp32,
+y (M, N) in x's dtype, fp32 accumulation:
+- `torch.ops.tinyllm.int8_gemv(x, qweight, scales)`: qweight int8 (N, K), scales (N,);
+- `torch.ops.tinyllm.int4_gemv(x, qweight, scales, zeros, group)`: qweight uint8 (N, K/2)
+  (element 2j in the low nibble), scales and zeros (N, K/g), w = q * s + z, g = group.
+Both read the weights in place, once per row of x: they are for M of a few rows (batch-1 or
+small-batch decode), where the step is bound by the bytes of W.
+
+One kernel per format, grid (cdiv(N, BLOCK_N), M): a program owns BLOCK_N output features of
+one row of x and walks K in BLOCK_K steps, keeping a (BLOCK_N, BLOCK_K) fp32 accumulator that
+it sums once at the end. BLOCK_N is the largest that still gives PROGRAMS_PER_SM programs per
+SM (a narrow matrix gets small blocks, so it is spread over the whole GPU rather than over 40
+SMs as cuBLAS's batch-1 product was measured to be). Int4 walks whole groups: its blocks are
+(BLOCK_N, groups a step, g/2 bytes), so each scale and zero is loaded once per row and group.
+
+The ops are `torch.library.triton_op`s: a compiled step (Inductor) sees the kernel launches,
+so it has no graph break, and CUDA graphs capture them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.library import triton_op, wrap_triton
+
+# Block sizes (see blocks()): programs per SM, weight bytes of a row a program reads per
+# step, warps a program. TINYLLM_QGEMV_BLOCKS="P,B,W" overrides them (tuning on another GPU:
+# scripts/qgemv_sweep.py measures every choice).
+PROGRAMS_PER_SM, BLOCK_K_BYTES, NUM_WARPS = (int(v) for v in os.environ.get("TINYLLM_QGEMV_BLOCKS", "2,1024,4").split(","))
+
+
+@triton.jit
+def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n, m = tl.program_id(0), tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    rk = tl.arange(0, BLOCK_K)  # (BLOCK_K,)
+    n_ok = rn < N
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + rk
+        x = tl.load(x_ptr + m * K + k, mask=k < K, other=0.0).to(tl.float32)  # (BLOCK_K,)
+        w = tl.load(w_ptr + rn[:, None] * K + k[None, :], mask=n_ok[:, None] & (k[None, :] < K), other=0)
+        acc += w.to(tl.float32) * x[None, :]  # (BLOCK_N, BLOCK_K)
+    s = tl.load(s_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
+    y = tl.sum(acc, axis=1) * s  # (BLOCK_N,)
+    tl.store(y_ptr + m * N + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K, G: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    NG: tl.constexpr = BLOCK_K // G  # groups a step
+    pid_n, m = tl.program_id(0), tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    rg = tl.arange(0, NG)  # (NG,)
+    rj = tl.arange(0, G // 2)  # byte j of a group holds its elements 2j and 2j + 1
+    n_ok = rn < N
+    groups = K // G
+    acc = tl.zeros((BLOCK_N, NG, G // 2), dtype=tl.float32)
+    for g0 in range(0, groups, NG):
+        g = g0 + rg  # (NG,)
+        g_ok = g < groups
+        ke = g[:, None] * G + 2 * rj[None, :]  # (NG, G/2) the even element of each byte
+        xe = tl.load(x_ptr + m * K + ke, mask=g_ok[:, None], other=0.0).to(tl.float32)
+        xo = tl.load(x_ptr + m * K + ke + 1, mask=g_ok[:, None], other=0.0).to(tl.float32)
+        ok = n_ok[:, None] & g_ok[None, :]  # (BLOCK_N, NG)
+        b = tl.load(w_ptr + rn[:, None, None] * (K // 2) + (ke // 2)[None, :, :], mask=ok[:, :, None],
+                    other=0).to(tl.int32)  # (BLOCK_N, NG, G/2)
+        s = tl.load(s_ptr + rn[:, None] * groups + g[None, :], mask=ok, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + rn[:, None] * groups + g[None, :], mask=ok, other=0.0).to(tl.float32)
+        q = (b & 15).to(tl.float32) * xe[None, :, :] + (b >> 4).to(tl.float32) * xo[None, :, :]
+        acc += s[:, :, None] * q + z[:, :, None] * (xe + xo)[None, :, :]
+    y = tl.sum(tl.sum(acc, axis=2), axis=1)  # (BLOCK_N,)
+    tl.store(y_ptr + m * N + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+@functools.cache
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def blocks(n: int, k: int, bytes_per_value: float, min_programs: int,
+           k_bytes: int = BLOCK_K_BYTES) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K) for an (N, K) matrix: BLOCK_K values make k_bytes bytes of a row (at
+    most K rounded up to a power of two); BLOCK_N the largest of 1..64 that leaves at least
+    min_programs programs for one row of x."""
+    block_k = min(int(k_bytes / bytes_per_value), triton.next_power_of_2(k))
+    block_n = 64
+    while block_n > 1 and triton.cdiv(n, block_n) < min_programs:
+        block_n //= 2
+    return block_n, block_k
+
+
+@triton_op("tinyllm::int8_gemv", mutates_args=())
+def int8_gemv(x: Tensor, qweight: Tensor, scales: Tensor) -> Tensor:
+    m, k = x.shape
+    n = qweight.shape[0]
+    torch._check(qweight.shape[1] == k and scales.shape[0] == n, lambda: "int8_gemv: shapes disagree")
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block_n, block_k = blocks(n, k, 1, PROGRAMS_PER_SM * _sms(x.device))
+    wrap_triton(_int8_kernel)[(triton.cdiv(n, block_n), m)](x, qweight, scales, y, n, k,
+                                                             BLOCK_N=block_n, BLOCK_K=block_k, num_warps=NUM_WARPS)
+    return y
+
+
+@triton_op("tinyllm::int4_gemv", mutates_args=())
+def int4_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int) -> Tensor:
+    m, k = x.shape
+    n = qweight.shape[0]
+    torch._check(qweight.shape[1] * 2 == k and scales.shape == zeros.shape and scales.shape[0] == n
+                 and scales.shape[1] * group == k, lambda: "int4_gemv: shapes disagree")
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block_n, block_k = blocks(n, k, 0.5, PROGRAMS_PER_SM * _sms(x.device))
+    block_k = max(block_k, group)  # whole groups a step
+    wrap_triton(_int4_kernel)[(triton.cdiv(n, block_n), m)](x, qweight, scales, zeros, y, n, k, G=group,
+                                                             BLOCK_N=block_n, BLOCK_K=block_k, num_warps=NUM_WARPS)
+    return y
