@@ -35,7 +35,7 @@ from torch.library import triton_op, wrap_triton
 # Block sizes (see blocks()): programs per SM, weight bytes of a row a program reads per
 # step, warps a program. TINYLLM_QGEMV_BLOCKS="P,B,W" overrides them (tuning on another GPU:
 # scripts/qgemv_sweep.py measures every choice).
-PROGRAMS_PER_SM, BLOCK_K_BYTES, NUM_WARPS = (int(v) for v in os.environ.get("TINYLLM_QGEMV_BLOCKS", "2,1024,4").split(","))
+PROGRAMS_PER_SM, BLOCK_K_BYTES, NUM_WARPS = (int(v) for v in os.environ.get("TINYLLM_QGEMV_BLOCKS", "8,1024,4").split(","))
 
 
 @triton.jit
