@@ -14,7 +14,10 @@ One kernel per format, grid (cdiv(N, BLOCK_N), M): a program owns BLOCK_N output
 one row of x and walks K in BLOCK_K steps, keeping a (BLOCK_N, BLOCK_K) fp32 accumulator that
 it sums once at the end. BLOCK_N is the largest that still gives PROGRAMS_PER_SM programs per
 SM (a narrow matrix gets small blocks, so it is spread over the whole GPU rather than over 40
-SMs as cuBLAS's batch-1 product was measured to be). Int4 walks whole groups: its blocks are
+SMs as cuBLAS's batch-1 product was measured to be). K is a compile-time constant, so the
+compiler sees each row's start aligned and loads 16 bytes at a time; as a plain argument,
+traced with dynamic shapes, it lost that and the compiled step's products ran 2.3x slower
+(1.43 ms a token against 0.61 ms for the same kernels in the plain step, 1.1B int8). Int4 walks whole groups: its blocks are
 (BLOCK_N, groups a step, g/2 bytes), so each scale and zero is loaded once per row and group.
 
 The ops are `torch.library.triton_op`s: a compiled step (Inductor) sees the kernel launches,
@@ -35,11 +38,11 @@ from torch.library import triton_op, wrap_triton
 # Block sizes (see blocks()): programs per SM, weight bytes of a row a program reads per
 # step, warps a program. TINYLLM_QGEMV_BLOCKS="P,B,W" overrides them (tuning on another GPU:
 # scripts/qgemv_sweep.py measures every choice).
-PROGRAMS_PER_SM, BLOCK_K_BYTES, NUM_WARPS = (int(v) for v in os.environ.get("TINYLLM_QGEMV_BLOCKS", "8,1024,4").split(","))
+PROGRAMS_PER_SM, BLOCK_K_BYTES, NUM_WARPS = (int(v) for v in os.environ.get("TINYLLM_QGEMV_BLOCKS", "8,512,4").split(","))
 
 
 @triton.jit
-def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n, m = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     rk = tl.arange(0, BLOCK_K)  # (BLOCK_K,)
@@ -56,7 +59,7 @@ def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K, G: tl.constexpr,
+def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K: tl.constexpr, G: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     NG: tl.constexpr = BLOCK_K // G  # groups a step
     pid_n, m = tl.program_id(0), tl.program_id(1)
@@ -73,7 +76,8 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K, G: tl.constexpr,
         xe = tl.load(x_ptr + m * K + ke, mask=g_ok[:, None], other=0.0).to(tl.float32)
         xo = tl.load(x_ptr + m * K + ke + 1, mask=g_ok[:, None], other=0.0).to(tl.float32)
         ok = n_ok[:, None] & g_ok[None, :]  # (BLOCK_N, NG)
-        b = tl.load(w_ptr + rn[:, None, None] * (K // 2) + (ke // 2)[None, :, :], mask=ok[:, :, None],
+        byte = g[:, None] * (G // 2) + rj[None, :]  # (NG, G/2) = ke / 2, written so it is seen contiguous
+        b = tl.load(w_ptr + rn[:, None, None] * (K // 2) + byte[None, :, :], mask=ok[:, :, None],
                     other=0).to(tl.int32)  # (BLOCK_N, NG, G/2)
         s = tl.load(s_ptr + rn[:, None] * groups + g[None, :], mask=ok, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + rn[:, None] * groups + g[None, :], mask=ok, other=0.0).to(tl.float32)
