@@ -2,9 +2,10 @@
 matrix-vector products"). For each matrix of the TinyLlama-1.1B and SmolLM2-135M shapes and
 one row of x, the int8 and int4 kernels at every (BLOCK_N, bytes a step, warps), and cuBLAS's
 bf16 product of the same matrix. Each time is one launch, measured as 50 launches in a CUDA
-graph. Then each rule of qgemv_triton.blocks (programs per SM, bytes a step, warps) is scored
-by the matrix time of one decode step (the layers' four products times the layer count, plus
-the output layer). Prints JSON lines as it goes, then the rules' table, and last the best
+graph over copies of the matrix that together fill 4x the L2 (the first sweep, on one copy,
+read the smaller matrices from L2 and overstated every kernel). Then each rule of
+qgemv_triton.blocks (programs per SM, bytes a step, warps) is scored by the matrix time of
+one decode step (the layers' four products times the layer count, plus the output layer). Prints JSON lines as it goes, then the rules' table, and last the best
 rule for the 1.1B int8 step as TINYLLM_QGEMV_BLOCKS=P,B,W.
 
     python scripts/qgemv_sweep.py > sweep.jsonl
@@ -32,13 +33,17 @@ MODELS = {m: MODELS[m] for m in os.environ.get("SWEEP_MODELS", ",".join(MODELS))
 REPS = 50
 
 
-def time_us(fn) -> float:
-    fn()
+def time_us(fns) -> float:
+    """One launch's time: REPS launches in a CUDA graph, cycling through fns (copies of one
+    matrix, together past the 50 MB L2, so each launch reads its weights from memory as a
+    decode step does)."""
+    for fn in fns:
+        fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(REPS):
-            fn()
+        for i in range(REPS):
+            fns[i % len(fns)]()
     best = float("inf")
     for _ in range(5):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -48,6 +53,10 @@ def time_us(fn) -> float:
         torch.cuda.synchronize()
         best = min(best, a.elapsed_time(b) * 1000 / REPS)
     return best
+
+
+def copies(nbytes: int) -> int:
+    return max(2, -(-200_000_000 // nbytes))  # 200 MB in all, 4x the L2
 
 
 def launcher(x, qt, y, bn, bk, warps):
@@ -73,18 +82,20 @@ def main() -> None:
         for mat, (n, k) in mats.items():
             w = torch.randn(n, k, device="cuda") * 0.05
             x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-            wb = w.bfloat16()
-            cublas[model, mat] = emit(model=model, matrix=mat, kind="bf16", us=time_us(lambda x=x, wb=wb: F.linear(x, wb)),
-                                      mb=n * k * 2 / 1e6)["us"]
+            wbs = [w.bfloat16() for _ in range(copies(n * k * 2))]
+            us = time_us([lambda x=x, wb=wb: F.linear(x, wb) for wb in wbs])
+            cublas[model, mat] = emit(model=model, matrix=mat, kind="bf16", us=us, mb=n * k * 2 / 1e6)["us"]
+            del wbs
             for kind in KINDS:
                 q = quantize(w, kind, 32)
                 qt = QTensor(kind, q.qweight, q.scales.bfloat16(), None if q.zeros is None else q.zeros.bfloat16())
+                qts = [qt.map(torch.clone) for _ in range(copies(qt.nbytes))]
                 y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
                 per = 1 if kind == "int8" else 0.5
                 for bn, kb, warps in itertools.product(BLOCK_NS, K_BYTES, WARPS):
                     bk = min(int(kb / per), T.triton.next_power_of_2(k))
                     try:
-                        us = time_us(launcher(x, qt, y, bn, bk, warps))
+                        us = time_us([launcher(x, c, y, bn, bk, warps) for c in qts])
                     except Exception as e:  # a config the compiler refuses (registers, shared memory)
                         emit(model=model, matrix=mat, kind=kind, bn=bn, k_bytes=kb, warps=warps, error=str(e)[:160])
                         continue
