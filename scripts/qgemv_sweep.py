@@ -1,12 +1,13 @@
-"""Block sizes of tinyllm.qgemv's kernels, swept on a GPU (docs/BENCHMARKS.md, "Quantized
-matrix-vector products"). For each matrix of the TinyLlama-1.1B and SmolLM2-135M shapes and
-one row of x, the int8 and int4 kernels at every (BLOCK_N, bytes a step, warps), and cuBLAS's
-bf16 product of the same matrix. Each time is one launch, measured as 50 launches in a CUDA
-graph over copies of the matrix that together fill 4x the L2 (the first sweep, on one copy,
-read the smaller matrices from L2 and overstated every kernel). Then each rule of
-qgemv_triton.blocks (programs per SM, bytes a step, warps) is scored by the matrix time of
-one decode step (the layers' four products times the layer count, plus the output layer). Prints JSON lines as it goes, then the rules' table, and last the best
-rule for the 1.1B int8 step as TINYLLM_QGEMV_BLOCKS=P,B,W.
+"""Block sizes of tinyllm.qgemv's kernels, swept on a GPU (docs/BENCHMARKS.md, "Quantized matrix-
+vector products"). For each matrix of the TinyLlama-1.1B and SmolLM2-135M shapes and one row of
+x, the int8 and int4 kernels at every (BLOCK_N, bytes a step, warps), and cuBLAS's bf16 product
+of the same matrix. Each time is one launch, measured as 50 launches in a CUDA graph over
+copies of the matrix that together fill 4x the L2 (the first sweep, on one copy, read the
+smaller matrices from L2 and overstated every kernel). Then each rule of qgemv_triton.blocks
+(programs per SM, bytes a step, warps) is scored by the matrix time of one decode step (the
+layers' four products times the layer count, plus the output layer). Prints JSON lines as it
+goes, then the rules' table, and last the best rule for the 1.1B int8 step as
+TINYLLM_QGEMV_BLOCKS=P,B,W.
 
     python scripts/qgemv_sweep.py > sweep.jsonl
 """
