@@ -17,7 +17,12 @@ SM (a narrow matrix gets small blocks, so it is spread over the whole GPU rather
 SMs as cuBLAS's batch-1 product was measured to be). K is a compile-time constant, so the
 compiler sees each row's start aligned and loads 16 bytes at a time; as a plain argument,
 traced with dynamic shapes, it lost that and the compiled step's products ran 2.3x slower
-(1.43 ms a token against 0.61 ms for the same kernels in the plain step, 1.1B int8). Int4 walks whole groups: its blocks are
+(1.43 ms a token against 0.61 ms for the same kernels in the plain step, 1.1B int8). Two
+choices come from reading the kernels compiled for sm_90 (tests/tinyllm/test_qgemv.py compiles
+them without a GPU), after the H200 measurements in docs/BENCHMARKS.md, and are not timed yet:
+integers become floats through the exponent trick above TWO23 (no conversion instructions:
+the int8 loop had one I2F a weight), and x is loaded in the weights' own layout (a broadcast
+vector was moved into it through shared memory, 34 barriers a step of the int8 loop). Int4 walks whole groups: its blocks are
 (BLOCK_N, groups a step, g/2 bytes), so each scale and zero is loaded once per row and group.
 
 The ops are `torch.library.triton_op`s: a compiled step (Inductor) sees the kernel launches,
@@ -41,6 +46,14 @@ from torch.library import triton_op, wrap_triton
 PROGRAMS_PER_SM, BLOCK_K_BYTES, NUM_WARPS = (int(v) for v in os.environ.get("TINYLLM_QGEMV_BLOCKS", "8,512,4").split(","))
 
 
+# Integers to fp32 without the converter: OR-ing an integer 0..255 into the low mantissa bits
+# of 2**23 (bits 0x4B000000) gives the float 2**23 + that integer exactly, and one exact
+# subtraction gives it back. That is a logic op and an add, both full rate, where a conversion
+# instruction (I2F) runs at a quarter of the rate on an H100/H200 and, at one per weight,
+# can bound a matrix-vector product that should be bound by memory.
+TWO23 = tl.constexpr(8388608.0)
+
+
 @triton.jit
 def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n, m = tl.program_id(0), tl.program_id(1)
@@ -50,9 +63,14 @@ def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, BLOCK_N: tl.con
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + rk
-        x = tl.load(x_ptr + m * K + k, mask=k < K, other=0.0).to(tl.float32)  # (BLOCK_K,)
-        w = tl.load(w_ptr + rn[:, None] * K + k[None, :], mask=n_ok[:, None] & (k[None, :] < K), other=0)
-        acc += w.to(tl.float32) * x[None, :]  # (BLOCK_N, BLOCK_K)
+        ok = n_ok[:, None] & (k[None, :] < K)
+        w = tl.load(w_ptr + rn[:, None] * K + k[None, :], mask=ok, other=0)  # (BLOCK_N, BLOCK_K) int8
+        u = w.to(tl.uint8, bitcast=True).to(tl.int32)  # q + 256 for q < 0: (q + 128) = u ^ 0x80
+        q = (u ^ 0x4B000080).to(tl.float32, bitcast=True) - (TWO23 + 128.0)  # q, exactly
+        # x loaded once per row of the block, in w's own layout: a broadcast (BLOCK_K,) vector
+        # would be moved into that layout through shared memory, with barriers, every step
+        x = tl.load(x_ptr + m * K + k[None, :] + 0 * rn[:, None], mask=ok, other=0.0).to(tl.float32)
+        acc += q * x
     s = tl.load(s_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
     y = tl.sum(acc, axis=1) * s  # (BLOCK_N,)
     tl.store(y_ptr + m * N + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
@@ -68,22 +86,26 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K: tl.constexpr, G: tl.co
     rj = tl.arange(0, G // 2)  # byte j of a group holds its elements 2j and 2j + 1
     n_ok = rn < N
     groups = K // G
-    acc = tl.zeros((BLOCK_N, NG, G // 2), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
     for g0 in range(0, groups, NG):
         g = g0 + rg  # (NG,)
-        g_ok = g < groups
-        ke = g[:, None] * G + 2 * rj[None, :]  # (NG, G/2) the even element of each byte
-        xe = tl.load(x_ptr + m * K + ke, mask=g_ok[:, None], other=0.0).to(tl.float32)
-        xo = tl.load(x_ptr + m * K + ke + 1, mask=g_ok[:, None], other=0.0).to(tl.float32)
-        ok = n_ok[:, None] & g_ok[None, :]  # (BLOCK_N, NG)
-        byte = g[:, None] * (G // 2) + rj[None, :]  # (NG, G/2) = ke / 2, written so it is seen contiguous
-        b = tl.load(w_ptr + rn[:, None, None] * (K // 2) + byte[None, :, :], mask=ok[:, :, None],
+        ok = n_ok[:, None] & (g < groups)[None, :]  # (BLOCK_N, NG)
+        ok3 = ok[:, :, None] & (rj >= 0)[None, None, :]  # (BLOCK_N, NG, G/2)
+        byte = g[:, None] * (G // 2) + rj[None, :]  # (NG, G/2), written so it is seen contiguous
+        b = tl.load(w_ptr + rn[:, None, None] * (K // 2) + byte[None, :, :], mask=ok3,
                     other=0).to(tl.int32)  # (BLOCK_N, NG, G/2)
+        lo = ((b & 15) | 0x4B000000).to(tl.float32, bitcast=True) - TWO23  # element 2j, exactly
+        hi = ((b >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - TWO23  # element 2j + 1
+        # x in the weights' layout (see _int8_kernel), even and odd elements
+        xe_ptr = x_ptr + m * K + 2 * byte[None, :, :] + 0 * rn[:, None, None]
+        xe = tl.load(xe_ptr, mask=ok3, other=0.0).to(tl.float32)  # (BLOCK_N, NG, G/2)
+        xo = tl.load(xe_ptr + 1, mask=ok3, other=0.0).to(tl.float32)
+        qx = tl.sum(lo * xe + hi * xo, axis=2)  # (BLOCK_N, NG): sum over the group of q x
+        xs = tl.sum(xe + xo, axis=2)  # (BLOCK_N, NG): of x
         s = tl.load(s_ptr + rn[:, None] * groups + g[None, :], mask=ok, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + rn[:, None] * groups + g[None, :], mask=ok, other=0.0).to(tl.float32)
-        q = (b & 15).to(tl.float32) * xe[None, :, :] + (b >> 4).to(tl.float32) * xo[None, :, :]
-        acc += s[:, :, None] * q + z[:, :, None] * (xe + xo)[None, :, :]
-    y = tl.sum(tl.sum(acc, axis=2), axis=1)  # (BLOCK_N,)
+        acc += s * qx + z * xs
+    y = tl.sum(acc, axis=1)  # (BLOCK_N,)
     tl.store(y_ptr + m * N + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
