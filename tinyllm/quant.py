@@ -9,6 +9,8 @@ Contract:
 - `quantize(w, kind, group)`: fp32 (N, K) -> QTensor; round to nearest, so |w - dequantize| is
   at most half a step (int8: max|row| / 254; int4: (max - min of the group) / 30).
 - `QuantLinear(qt, dtype)` computes x @ dequantize(qt).T in `dtype` (the model's activations).
+  Its scales and offsets are held as given, never rounded to `dtype`: fp16 where every value
+  is exact in fp16 (a GGUF's), else fp32; the kernels convert them as they read them.
   Kernels, picked once per device when built:
     CPU, fp32  tinyllm.cpu_qgemv's AVX2 ops (int8 and int4; x rounded to int8 blocks of 32, as
                llama.cpp does), reading the canonical form in place; int4 scales and zeros
@@ -83,6 +85,16 @@ class QTensor:
 
 def _exact_in_fp16(t: Tensor) -> bool:
     return bool((t.half().float() == t).all())
+
+
+def _held(t: Tensor | None) -> Tensor | None:
+    """Scales or offsets as a layer holds them, never rounded: fp16 where every value is exact in
+    fp16 (a GGUF's), else fp32. Rounded to bf16 (the activations' dtype on CUDA), a checkpoint
+    saved from the layer would no longer be the one loaded."""
+    if t is None:
+        return None
+    t = t.float()
+    return t.half() if _exact_in_fp16(t) else t
 
 
 def cat(parts: list[QTensor]) -> QTensor:
@@ -163,6 +175,7 @@ class QuantLinear(Module):
         self.kind, self.group = qt.kind, qt.group
         self.out_features, self.in_features = qt.shape
         self.key: int | None = None
+        self._dtype = dtype
         device = torch.device("meta") if generic else qt.qweight.device
         self.avx2 = device.type == "cpu" and dtype == torch.float32 and cpu_qgemv.available()
         if self.avx2:  # the kernel reads the canonical form in place (shared with a tied embedding)
@@ -181,10 +194,12 @@ class QuantLinear(Module):
             self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
             sz = torch.stack((qt.scales, qt.zeros + 8 * qt.scales), -1)  # (N, K/g, 2): w = (q - 8) s + z'
             self.register_buffer("scales_zeros", sz.transpose(0, 1).contiguous().to(dtype))  # (K/g, N, 2)
+            self.register_buffer("scales", _held(qt.scales))  # the exact values, for state_dict
+            self.register_buffer("zeros", _held(qt.zeros))
         else:
             self.register_buffer("qweight", qt.qweight)
-            self.register_buffer("scales", qt.scales.to(dtype))
-            self.register_buffer("zeros", None if qt.zeros is None else qt.zeros.to(dtype))
+            self.register_buffer("scales", _held(qt.scales))  # converted to `dtype` where used
+            self.register_buffer("zeros", _held(qt.zeros))
         self.generic = generic
 
     def __del__(self) -> None:
@@ -193,9 +208,8 @@ class QuantLinear(Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        if self.avx2:
-            return torch.float32
-        return self.scales_zeros.dtype if hasattr(self, "scales_zeros") else self.scales.dtype
+        """The activations' dtype (inputs and outputs)."""
+        return self._dtype
 
     def qtensor(self) -> QTensor:
         """The canonical form, recovered from whatever layout the kernel holds."""
@@ -207,9 +221,7 @@ class QuantLinear(Module):
             ones = torch.ones(k // g, self.out_features, 1)
             q = torch.ops.aten._weight_int4pack_mm_for_cpu(torch.eye(k), self.packed, g,
                                                            torch.cat((ones, 8 * ones), -1))  # (K, N)
-            sz = self.scales_zeros.float()
-            s, z = sz[..., 0].T.contiguous(), sz[..., 1].T.contiguous()  # (N, K/g)
-            return QTensor("int4", pack_int4(q.T.round()), s, z - 8 * s)
+            return QTensor("int4", pack_int4(q.T.round()), self.scales.float(), self.zeros.float())
         return QTensor(self.kind, self.qweight, self.scales.float(),
                        None if self.zeros is None else self.zeros.float())
 
@@ -234,7 +246,7 @@ class QuantLinear(Module):
             return y.view(*lead, -1)
         if x.device.type == "cpu" and self.kind == "int8" and not self.generic:
             y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).contiguous(), self.qweight,
-                                                   self.scales)  # (M, N)
+                                                   self.scales.to(x.dtype))  # (M, N)
             return y.view(*lead, -1)
         if not self.generic and qgemv.supported(x):  # CUDA, a few rows: the Triton kernels
             y = qgemv.linear(x.reshape(-1, self.in_features), self.kind, self.qweight, self.scales, self.zeros,
@@ -243,7 +255,7 @@ class QuantLinear(Module):
         if torch.compiler.is_dynamo_compiling() and lead.numel() == 1:
             return self._reduce(x)
         if self.kind == "int8":  # gpt-fast: the scale is per output, so it applies after the product
-            return F.linear(x, self.qweight.to(x.dtype)) * self.scales  # (..., N)
+            return F.linear(x, self.qweight.to(x.dtype)) * self.scales.to(x.dtype)  # (..., N)
         return F.linear(x, self._dequantized(x.dtype))
 
     def swiglu(self, down: nn.Module, x: Tensor) -> Tensor | None:
@@ -260,13 +272,13 @@ class QuantLinear(Module):
     def _dequantized(self, dtype: torch.dtype) -> Tensor:
         n, k, g = self.out_features, self.in_features, self.group
         q = unpack_int4(self.qweight).view(n, k // g, g).to(dtype)  # (N, K/g, g)
-        return (q * self.scales[..., None] + self.zeros[..., None]).view(n, k)  # (N, K)
+        return (q * self.scales.to(dtype)[..., None] + self.zeros.to(dtype)[..., None]).view(n, k)  # (N, K)
 
     def _reduce(self, x: Tensor) -> Tensor:
         """One row, written as a product and a sum over K, so Inductor emits one reduction
         kernel with the int8 / int4 loads and the dequantization fused into it."""
         if self.kind == "int8":
-            return (x[..., None, :] * self.qweight.to(x.dtype)).sum(-1) * self.scales  # (..., N)
+            return (x[..., None, :] * self.qweight.to(x.dtype)).sum(-1) * self.scales.to(x.dtype)  # (..., N)
         return (x[..., None, :] * self._dequantized(x.dtype)).sum(-1)  # (..., N)
 
 
@@ -278,25 +290,27 @@ class QuantEmbedding(Module):
         self.kind = qt.kind
         self.num_embeddings, self.embedding_dim = qt.shape
         self.register_buffer("qweight", qt.qweight)
-        self.register_buffer("scales", qt.scales.to(dtype))
-        self.register_buffer("zeros", None if qt.zeros is None else qt.zeros.to(dtype))
+        self.register_buffer("scales", _held(qt.scales))
+        self.register_buffer("zeros", _held(qt.zeros))
+        self.register_buffer("like", torch.empty(0, dtype=dtype, device=qt.qweight.device), persistent=False)
 
     @property
     def weight(self) -> Tensor:
         """Stands for the table where callers ask a weight's device and dtype (the model's)."""
-        return self.scales
+        return self.like
 
     def qtensor(self) -> QTensor:
         return QTensor(self.kind, self.qweight, self.scales.float(), None if self.zeros is None else self.zeros.float())
 
     def forward(self, idx: Tensor) -> Tensor:
         """idx (B, T) -> (B, T, C) in the model's dtype."""
+        dt = self.like.dtype
         q = self.qweight[idx]  # (B, T, C) int8 | (B, T, C/2) uint8
         if self.kind == "int8":
-            return q.to(self.scales.dtype) * self.scales[idx][..., None]
+            return q.to(dt) * self.scales[idx].to(dt)[..., None]
         g = self.embedding_dim // self.scales.shape[1]
-        q = unpack_int4(q).view(*idx.shape, -1, g).to(self.scales.dtype)  # (B, T, C/g, g)
-        return (q * self.scales[idx][..., None] + self.zeros[idx][..., None]).flatten(-2)
+        q = unpack_int4(q).view(*idx.shape, -1, g).to(dt)  # (B, T, C/g, g)
+        return (q * self.scales[idx].to(dt)[..., None] + self.zeros[idx].to(dt)[..., None]).flatten(-2)
 
 
 def quantized_bytes(model: nn.Module) -> int:
