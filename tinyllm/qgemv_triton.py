@@ -11,19 +11,22 @@ Both read the weights in place, once per row of x: they are for M of a few rows 
 small-batch decode), where the step is bound by the bytes of W.
 
 One kernel per format, grid (cdiv(N, BLOCK_N), M): a program owns BLOCK_N output features of
-one row of x and walks K in BLOCK_K steps, keeping a (BLOCK_N, BLOCK_K) fp32 accumulator that
-it sums once at the end. BLOCK_N is the largest that still gives PROGRAMS_PER_SM programs per
-SM (a narrow matrix gets small blocks, so it is spread over the whole GPU rather than over 40
-SMs as cuBLAS's batch-1 product was measured to be). K is a compile-time constant, so the
-compiler sees each row's start aligned and loads 16 bytes at a time; as a plain argument,
-traced with dynamic shapes, it lost that and the compiled step's products ran 2.3x slower
-(1.43 ms a token against 0.61 ms for the same kernels in the plain step, 1.1B int8). Two
-choices come from reading the kernels compiled for sm_90 (tests/tinyllm/test_qgemv.py compiles
-them without a GPU), after the H200 measurements in docs/BENCHMARKS.md, and are not timed yet:
-integers become floats through the exponent trick above TWO23 (no conversion instructions:
-the int8 loop had one I2F a weight), and x is loaded in the weights' own layout (a broadcast
-vector was moved into it through shared memory, 34 barriers a step of the int8 loop). Int4 walks whole groups: its blocks are
-(BLOCK_N, groups a step, g/2 bytes), so each scale and zero is loaded once per row and group.
+one row of x and walks K in BLOCK_K steps. Int8 keeps a (BLOCK_N, BLOCK_K) fp32 accumulator
+that it sums once at the end. Int4 walks whole groups, blocks of (BLOCK_N, groups a step, g/2
+bytes): it sums q x and x over each group, then applies the group's scale and offset once.
+Scales and offsets may be any float dtype (tinyllm.quant holds them exactly, fp16 or fp32).
+- BLOCK_N is the largest that still gives PROGRAMS_PER_SM programs per SM, so a narrow matrix
+  is spread over the whole GPU (cuBLAS's batch-1 product was measured on 40 of 132 SMs).
+- K is a compile-time constant, so the compiler sees each row's start aligned and loads 16
+  bytes at a time. As a plain argument, traced with dynamic shapes, it lost that, and the
+  compiled step's products ran 2.3x slower (1.43 ms a token against 0.61 ms for the same
+  kernels in the plain step, 1.1B int8).
+- Integers become floats through the exponent trick at TWO23, with no conversion instruction
+  (the int8 loop had one I2F a weight), and x is loaded in the weights' own register layout
+  (a broadcast vector was moved into it through shared memory: 34 barriers a step of the
+  int8 loop). These two were read off the kernels compiled for sm_90
+  (tests/tinyllm/test_qgemv.py checks them without a GPU) after the H200 measurements in
+  docs/BENCHMARKS.md, and are not timed yet.
 
 The ops are `torch.library.triton_op`s: a compiled step (Inductor) sees the kernel launches,
 so it has no graph break, and CUDA graphs capture them.
