@@ -177,3 +177,20 @@ def test_bench_reports_quantized_weight_bytes(capsys):
     w = next(r for r in recs if r["metric"] == "weights_mib")
     assert 0 < w["value"] < w["params"] * 4 / 2**20 / 3  # int8: under a third of fp32's bytes
     assert any(r["metric"] == "decode_tok_s" and r["quant"] == "int8" for r in recs)
+
+
+def test_a_dense_model_loads_without_building_the_cpu_kernel(monkeypatch):
+    """`quant="auto"` asks whether the AVX2 kernel builds (about 20 s of CPU the first time) only
+    where an int4 matrix would need the answer: the default model's first load took 16.6 s
+    instead of 1 s, building a kernel that a dense model never uses."""
+    from tinyllm.build import build_transformer
+
+    asked = []
+    monkeypatch.setattr(cpu_qgemv, "available", lambda: asked.append(1) or True)
+    dense = tiny_model()
+    state = {k: v.float() for k, v in dense.state_dict().items()}
+    build_transformer(dense.cfg, dict(state), torch.device("cpu"), torch.float32, "auto")
+    assert asked == []
+    state["blocks.0.attn.wo.weight"] = quantize(state["blocks.0.attn.wo.weight"], "int4", 32)
+    build_transformer(dense.cfg, state, torch.device("cpu"), torch.float32, "auto")
+    assert asked
