@@ -199,7 +199,7 @@ def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor]
         quant = "none"
     # Without the AVX2 kernel int4 is slow on a CPU: int8. Asked only where an int4 matrix is
     # there: the question builds the kernel (about 20 s of CPU the first time), which a dense
-    # model never uses (the default model's first load took 16.6 s instead of 1).
+    # model never uses (the default model's first load took 16.6 s instead of 0.2 s).
     has_int4 = any(isinstance(v, QTensor) and v.kind == "int4" for v in state.values())
     cpu_int8 = (has_int4 and device.type == "cpu" and quant == "auto" and fbgemm_available()
                 and dtype == torch.float32 and not cpu_qgemv.available())
