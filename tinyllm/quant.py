@@ -200,6 +200,10 @@ class QuantLinear(Module):
             self.register_buffer("qweight", qt.qweight)
             self.register_buffer("scales", _held(qt.scales))  # converted to `dtype` where used
             self.register_buffer("zeros", _held(qt.zeros))
+            if qt.kind == "int8":  # the many-row formulation's scales, already in `dtype`: converted
+                # in the graph, Inductor's int8 weight-only pass fails on them (AssertionError:
+                # Pointwise; torch 2.11 and 2.13, bf16)
+                self.register_buffer("act_scales", qt.scales.to(dtype), persistent=False)
         self.generic = generic
 
     def __del__(self) -> None:
@@ -255,7 +259,7 @@ class QuantLinear(Module):
         if torch.compiler.is_dynamo_compiling() and lead.numel() == 1:
             return self._reduce(x)
         if self.kind == "int8":  # gpt-fast: the scale is per output, so it applies after the product
-            return F.linear(x, self.qweight.to(x.dtype)) * self.scales.to(x.dtype)  # (..., N)
+            return F.linear(x, self.qweight.to(x.dtype)) * self.act_scales  # (..., N)
         return F.linear(x, self._dequantized(x.dtype))
 
     def swiglu(self, down: nn.Module, x: Tensor) -> Tensor | None:

@@ -87,6 +87,18 @@ def test_the_cuda_formulation_under_inductor_matches_eager(kind):
     torch.testing.assert_close(fn(x), x @ layer.qtensor().dequantize().T, rtol=1e-4, atol=1e-5)
 
 
+def test_the_cuda_formulation_of_many_bf16_rows_compiles():
+    """Seven rows in bf16 (a compiled engine step on CUDA): Inductor's int8 weight-only pass
+    rewrites this product, and failed with "AssertionError: Pointwise" (first seen on the H200)
+    when the scales were converted to bf16 inside the graph."""
+    qt = quantize(weights(), "int8", 32)
+    layer = QuantLinear(qt, torch.bfloat16, generic=True)
+    x = torch.randn(1, 7, 128, dtype=torch.bfloat16)
+    fn = torch.compile(lambda x: layer(x), fullgraph=True, dynamic=True)
+    ref = x.float() @ qt.dequantize().T
+    torch.testing.assert_close(fn(x).float(), ref, rtol=0, atol=0.02 * ref.abs().max().item())
+
+
 def test_quant_embedding_rows():
     for kind in ("int8", "int4"):
         qt = quantize(weights(50, 64), kind, 32)
