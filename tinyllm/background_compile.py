@@ -16,6 +16,11 @@ child process compile it (filling the on-disk caches; skipped where a child alre
 this spec), then compiles here, warm. The cold compile thus never holds this process's GIL
 (`child_result` says how the child went; its failure only means a cold compile here).
 
+`paused()`: a context in which the compile thread stops at its next Python call or return
+(a C call under way runs to its end) and waits without the GIL; ChatSession holds it from a
+reply's prefill to its first token, so that time to the first token does not queue behind the
+compiler for the GIL (a profile hook on the compile thread only: see `_gate`).
+
 `state` is "compiling", then "compiled" or "failed" (with `error`, one line); `ready` is an
 Event set then. On CUDA the thread works on its own stream, and graph captures elsewhere use
 thread-local capture mode. What runs meanwhile must be the plain step: a compiled function
@@ -29,12 +34,16 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 
 import torch
 
 from tinyllm.compile_child import Spec, warm_up
 from tinyllm.model import Transformer
+
+
+PAUSE_MAX_S = 2.0  # the longest a compile stays paused (see BackgroundCompile._gate)
 
 
 class BackgroundCompile:
@@ -50,6 +59,9 @@ class BackgroundCompile:
         self.threads = threads  # CPU: the decoding threads' count (the compiled step is guarded on it)
         self.n_valid = n_valid  # the live sampler's (padded embeddings): the step is guarded on it too
         self.ready = threading.Event()
+        self._go = threading.Event()  # cleared while paused()
+        self._go.set()
+        self._pauses = self._waited = 0  # paused() entered; the last one the gate waited for
         self._thread = threading.Thread(target=self._run, args=(model, batch, max_len), daemon=True,
                                         name="tinyllm-compile")
         self._thread.start()
@@ -63,6 +75,7 @@ class BackgroundCompile:
         # thread would wait that long for every op it launches. Hand it over 10x as often.
         switch = sys.getswitchinterval()
         sys.setswitchinterval(min(switch, 0.0005))
+        sys.setprofile(self._gate)  # this thread only
         try:
             if self.child is not None:
                 self.child_result = warm_up(self.child)
@@ -73,6 +86,7 @@ class BackgroundCompile:
             self.error = f"{type(e).__name__}: {first}"[:300]
             self.state = "failed"
         finally:
+            sys.setprofile(None)
             sys.setswitchinterval(switch)
             self.seconds = time.perf_counter() - t0
             self.done_at = time.time()
@@ -80,6 +94,26 @@ class BackgroundCompile:
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.ready.wait(timeout)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """The compile thread waits (GIL released) from its next Python call until the end of this
+        context. One holder at a time (the session's worker)."""
+        self._pauses += 1
+        self._go.clear()
+        try:
+            yield
+        finally:
+            self._go.set()
+
+    def _gate(self, frame, event, arg) -> None:
+        """The compile thread's profile hook: called at every call and return there, it waits
+        while paused() is held, once a pause and for at most PAUSE_MAX_S: were the thread paused
+        holding a lock that the paused-for code needs (an import's, a logging handler's), that
+        code then waits at most that long, once. Costs one Python call per event meanwhile."""
+        if not self._go.is_set() and self._waited != self._pauses:
+            self._waited = self._pauses
+            self._go.wait(PAUSE_MAX_S)
 
 
 def compile_step(model: Transformer, batch: int, max_len: int, backend: str, n_valid: int | None,

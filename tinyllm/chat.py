@@ -39,6 +39,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -438,13 +439,14 @@ class ChatSession:
         self.prepare()
         dec, params = self.decoder, self.params
         t0 = time.perf_counter()
-        new = torch.tensor([self.context[dec.n:]], dtype=torch.long, device=self.model.device)
-        logits = dec.append(new)[:, -1]  # (1, V)
-        recent = torch.tensor([self.context[-REPEAT_WINDOW:]], dtype=torch.long, device=self.model.device)
-        dec.sampler.load(params, recent)
-        first = dec.sampler.draw(logits)  # (1,): the draw the steps would make, eagerly
-        dec.tok.copy_(first[:, None])
-        tok_id = int(first.item())
+        with self._compile.paused() if self._compiling() else nullcontext():  # see BackgroundCompile
+            new = torch.tensor([self.context[dec.n:]], dtype=torch.long, device=self.model.device)
+            logits = dec.append(new)[:, -1]  # (1, V)
+            recent = torch.tensor([self.context[-REPEAT_WINDOW:]], dtype=torch.long, device=self.model.device)
+            dec.sampler.load(params, recent)
+            first = dec.sampler.draw(logits)  # (1,): the draw the steps would make, eagerly
+            dec.tok.copy_(first[:, None])
+            tok_id = int(first.item())
         ttft = (time.perf_counter() - t0) * 1000
         yield Prefilled(n_tokens=new.shape[1], ms=ttft, dropped=dropped)
         stream = StreamDecoder(self.tokenizer)

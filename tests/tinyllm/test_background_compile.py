@@ -1,0 +1,95 @@
+"""BackgroundCompile.paused(): the compile thread stops at its next Python call while a reply
+prefills (so time to the first token does not queue behind the compiler for the GIL), waits
+at most PAUSE_MAX_S a pause, and finishes after. No test here waits on a clock: each waits on
+the compile thread's state, with a deadline that only bounds a failure."""
+
+import sys
+import threading
+import time
+
+import torch
+
+from tinyllm import background_compile as bc
+from tinyllm.background_compile import BackgroundCompile
+
+DEADLINE_S = 600
+
+
+def stalled_compile(monkeypatch):
+    """A BackgroundCompile whose thread is held just before compiling: (compile, let_it_go)."""
+    real, arrived, go = bc.compile_step, threading.Event(), threading.Event()
+
+    def held(*args, **kwargs):
+        arrived.set()
+        go.wait()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bc, "compile_step", held)
+    return arrived, go
+
+
+def in_gate(c: BackgroundCompile) -> bool:
+    frame = sys._current_frames().get(c._thread.ident)
+    while frame is not None:
+        if frame.f_code is BackgroundCompile._gate.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def wait_until(condition, what: str) -> None:
+    end = time.monotonic() + DEADLINE_S
+    while not condition():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+@torch.no_grad()
+def test_a_paused_compile_waits_in_its_gate_then_finishes(model, monkeypatch):
+    arrived, go = stalled_compile(monkeypatch)
+    c = BackgroundCompile(model, 1, 64, "eager")
+    assert arrived.wait(DEADLINE_S)
+    with c.paused():
+        go.set()  # its next Python event is a return: the gate holds it there
+        wait_until(lambda: in_gate(c), "the compile thread to stop in its gate")
+        assert c.state == "compiling" and not c.ready.is_set()
+    assert c.wait(DEADLINE_S) and c.state == "compiled", c.error
+
+
+@torch.no_grad()
+def test_a_pause_waits_at_most_its_limit_so_a_held_lock_cannot_deadlock(model, monkeypatch):
+    """Paused for longer than PAUSE_MAX_S (as if the paused-for code waited on a lock the
+    compile thread holds), the compile goes on and finishes inside the same pause."""
+    monkeypatch.setattr(bc, "PAUSE_MAX_S", 0.01)
+    arrived, go = stalled_compile(monkeypatch)
+    c = BackgroundCompile(model, 1, 64, "eager")
+    assert arrived.wait(DEADLINE_S)
+    with c.paused():
+        go.set()
+        assert c.wait(DEADLINE_S) and c.state == "compiled", c.error
+
+
+def test_a_reply_sent_while_compiling_pauses_the_compile_until_its_first_token(tmp_path, monkeypatch):
+    from tinyllm.chat import Prefilled, open_session
+    from tinyllm.testing import make_tiny_checkpoint
+
+    arrived, go = stalled_compile(monkeypatch)
+    held_during = []
+    real_paused = BackgroundCompile.paused
+
+    def spy(self):
+        held_during.append(self.state)
+        return real_paused(self)
+
+    monkeypatch.setattr(BackgroundCompile, "paused", spy)
+    s = open_session(make_tiny_checkpoint(tmp_path / "tiny", max_seq_len=256), "cpu", max_len=256,
+                     compile="eager")
+    assert arrived.wait(DEADLINE_S) and s.step_kind == "compiling"
+    events = iter(s.send("Hello!"))
+    assert isinstance(next(events), Prefilled) and held_during == ["compiling"]
+    assert s._compile._go.is_set()  # released once the first token is drawn
+    go.set()
+    list(events)
+    assert s.wait_compiled(DEADLINE_S) and s.step_kind == "compiled", s.compile_error
+    list(s.send("Again."))  # compiled now: nothing to pause
+    assert held_during == ["compiling"]
