@@ -42,7 +42,6 @@ import torch
 from tinyllm.compile_child import Spec, warm_up
 from tinyllm.model import Transformer
 
-
 PAUSE_MAX_S = 2.0  # the longest a compile stays paused (see BackgroundCompile._gate)
 
 
