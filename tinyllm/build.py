@@ -16,7 +16,8 @@ another format. This module owns what they share:
   (fbgemm's int8 kernel is then the fast one), and on CUDA everything is dense in `dtype`
   (measured on the H200, SmolLM2 Q4_1 in the app: int4 kept 459 tok/s compiled and 8.5 tok/s
   on the plain step, which dequantizes whole matrices each token; docs/BENCHMARKS.md). A fused projection
-  (wq/wk/wv, w1/w3) whose parts differ in form is held as int8.
+  (wq/wk/wv, w1/w3) whose parts differ in form is held as int8. A dense matrix keeps the
+  file's bf16 / fp16 on a CPU computing in fp32 under "auto" and "keep" (`matrix_dtype`).
 - `quantize_model(model, quant, group)`: the same, from a dense model in memory.
 - `pick_template(...)`: the chat template, from a name, the model's Jinja source or a guess.
 - `with_progress(items, progress)`: how each loader reports its reading: `progress(done,
@@ -169,7 +170,7 @@ def check_vocab(where: object, tokenizer_size: int, model_size: int) -> None:
 # ---- building -------------------------------------------------------------------------------
 
 def _target(t: torch.Tensor | QTensor, quant: str, group: int) -> torch.Tensor | QTensor:
-    """One matrix in the form `quant` asks for (dense tensors stay fp32 until the end)."""
+    """One matrix in the form `quant` asks for (dense tensors stay as the file holds them until the end)."""
     if quant == "none":
         return t.dequantize() if isinstance(t, QTensor) else t
     if quant in ("auto", "keep"):
@@ -188,6 +189,18 @@ def _fuse(parts: list[torch.Tensor | QTensor]) -> torch.Tensor | QTensor:
     if all(isinstance(p, QTensor) for p in parts) and len({(p.kind, p.group) for p in parts}) == 1:
         return cat(parts)
     return cat([_target(p, "int8", 32) for p in parts])
+
+
+def matrix_dtype(stored: torch.dtype, device: torch.device, dtype: torch.dtype, quant: str) -> torch.dtype:
+    """The dtype a dense matrix is held in: as stored where a CPU computes in fp32 from a file's
+    bf16 or fp16 matrix and `quant` keeps what the file holds ("auto", "keep"), else the
+    activations' `dtype`. Held at 16 bits, a decode step reads half the bytes, widened exactly
+    where it is read (tinyllm.model.linear): measured on the 2-core CPU, the default model's
+    compiled step 2x faster (docs/BENCHMARKS.md). "none" is the fp32 reference."""
+    if (device.type == "cpu" and dtype == torch.float32 and quant in ("auto", "keep")
+            and stored in (torch.bfloat16, torch.float16)):
+        return stored
+    return dtype
 
 
 def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor], device: torch.device,
@@ -223,7 +236,7 @@ def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor]
         if isinstance(v, QTensor):
             quantized[k.removesuffix(".weight")] = v.map(lambda t: t.to(device))
         else:
-            dense[k] = v.to(device=device, dtype=dtype)
+            dense[k] = v.to(device=device, dtype=matrix_dtype(v.dtype, device, dtype, quant))
     with torch.device("meta"):
         model = Transformer(cfg)
     for name, qt in quantized.items():

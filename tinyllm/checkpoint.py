@@ -144,7 +144,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype:
             tensors[f"{base}.weight"] = QTensor(kind, v, state[f"{base}.scales"].float(),
                                                 state[f"{base}.zeros"].float() if kind == "int4" else None)
         elif not k.endswith((".scales", ".zeros")):
-            tensors[k] = v.float() if v.dtype != torch.float32 else v
+            tensors[k] = v  # as stored: tinyllm.build decides each tensor's dtype in memory
     quantized = quant in ("int8", "int4") or any(isinstance(t, QTensor) for t in tensors.values())
     dtype = dtype or default_dtype(device, quantized and quant != "none")
     model = build_transformer(info.config, tensors, device, dtype, quant, group)

@@ -183,7 +183,10 @@ def to_qtensor(raw: torch.Tensor, typ: int, shape: tuple[int, ...]) -> QTensor |
     Q4_0, Q4_1, Q4_K -> int4 in groups of 32, exactly (the same 4-bit values; scales and
     offsets in fp32, where d * sc and dmin * mn are exact); every other block type -> int8 per
     row, from its fp32 values (Q8_0 too: its per-block scales become one per row), at most
-    max|row| / 254 from the file's values. Plain types (F32, F16, BF16, F64) -> fp32 tensor."""
+    max|row| / 254 from the file's values. Plain types: an F16 / BF16 matrix as it is stored
+    (tinyllm.build decides its dtype in memory), F32, F64 and vectors -> fp32 tensor."""
+    if typ in (1, 30) and len(shape) == 2:
+        return raw.view(_PLAIN[typ]).reshape(shape)
     if typ in _PLAIN or len(shape) != 2:
         return dequantize(raw, typ, shape)
     if typ not in _INT4:

@@ -186,8 +186,7 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
         opened = {f: files.enter_context(safe_open(str(f), framework="pt")) for f in plan}
         reads = [(opened[f], hf, tl) for f, names in plan.items() for hf, tl in names.items()]
         for st, hf, tl in with_progress(reads, progress):
-            t = st.get_tensor(hf)
-            state[tl] = t.float() if quant in ("int8", "int4") else t.to(dtype)
+            state[tl] = st.get_tensor(hf)  # as stored: tinyllm.build decides its dtype in memory
     return build_transformer(cfg, state, device, dtype, quant, group), tokenizer, chat, name
 
 

@@ -9,8 +9,10 @@ Contract:
   so there is one forward.
 - RoPE uses the "rotate half" layout (the first and second halves of a head form the
   pairs), as Hugging Face Llama checkpoints do; importers of the interleaved layout permute.
-- The model computes in the dtype of its weights: fp32 on the CPU, bf16 for inference on
-  CUDA. RMSNorm and RoPE run in fp32 internally and cast back.
+- The model computes in `dtype`, its norms' dtype: fp32 on the CPU, bf16 for inference on
+  CUDA. RMSNorm and RoPE run in fp32 internally and cast back. A matrix may be held narrower
+  than that (a CPU keeps a file's bf16 or fp16 matrices: half the bytes a decode step reads);
+  it is converted exactly where it is read, so results are those of the widened matrix.
 - Q, K and V are one projection (`attn.wqkv`), and so are SwiGLU's gate and up (`ffn.w13`):
   one matrix product each instead of three and two, which matters when decode is
   launch-bound. `state_dict()` and `load_state_dict()` still speak the separate names
@@ -192,25 +194,28 @@ REDUCTION_MAX_K = 1536
 
 
 def linear(layer: nn.Linear, x: Tensor) -> Tensor:
-    """layer(x), x (..., K) -> (..., N). Inside a compiled step of a single row (batch-1
-    decode), with K <= REDUCTION_MAX_K, it is written as a product and a sum over K instead:
-    Inductor makes that one reduction kernel (a matrix-vector product) and fuses elementwise
-    work around it into it, where a cuBLAS call is a kernel of its own with a ~3 µs floor.
-    Eager code, wider K and every batch above one row keep the library matrix product.
+    """layer(x), x (..., K) -> (..., N) in x's dtype. Inside a compiled step of a single row
+    (batch-1 decode), with K <= REDUCTION_MAX_K, it is written as a product and a sum over K
+    instead: Inductor makes that one reduction kernel (a matrix-vector product) and fuses
+    elementwise work around it into it, where a cuBLAS call is a kernel of its own with a ~3 µs
+    floor. A matrix held narrower than x (see the module docstring) always takes that form
+    there: its widening is then fused into the loads, never written out. Eager code, wider K
+    and every batch above one row keep the library matrix product (of the widened matrix).
     A quantized layer (tinyllm.quant.QuantLinear) picks its own kernel in its forward."""
-    if (type(layer) is nn.Linear and torch.compiler.is_dynamo_compiling() and x.shape[:-1].numel() == 1
-            and x.shape[-1] <= REDUCTION_MAX_K):
-        return (x[..., None, :] * layer.weight).sum(-1)  # (..., N), fp32 accumulation
-    if type(layer) is nn.Linear:  # torch's own layer, called functionally (tinyllm.nn_module)
-        return F.linear(x, layer.weight, layer.bias)
-    return layer(x)
+    if type(layer) is not nn.Linear:
+        return layer(x)
+    w = layer.weight  # (N, K)
+    if (torch.compiler.is_dynamo_compiling() and x.shape[:-1].numel() == 1
+            and (x.shape[-1] <= REDUCTION_MAX_K or w.dtype != x.dtype)):
+        return (x[..., None, :] * w.to(x.dtype)).sum(-1)  # (..., N), fp32 accumulation
+    return F.linear(x, w.to(x.dtype), layer.bias)  # torch's own layer, called functionally (tinyllm.nn_module)
 
 
-def embed(layer: nn.Embedding, idx: Tensor) -> Tensor:
-    """layer(idx): torch's own embedding called functionally (tinyllm.nn_module); a quantized
-    one (tinyllm.quant.QuantEmbedding) is called as itself."""
+def embed(layer: nn.Embedding, idx: Tensor, dtype: torch.dtype) -> Tensor:
+    """layer(idx) in `dtype`: torch's own embedding called functionally (tinyllm.nn_module); a
+    quantized one (tinyllm.quant.QuantEmbedding) is called as itself."""
     if type(layer) is nn.Embedding:
-        return F.embedding(idx, layer.weight)
+        return F.embedding(idx, layer.weight).to(dtype)
     return layer(idx)
 
 
@@ -390,7 +395,8 @@ class Transformer(Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.tok_emb.weight.dtype
+        """The activations' dtype (matrices may be held narrower: see the module docstring)."""
+        return self.norm.weight.dtype
 
     def forward(self, idx: Tensor, cache=None, targets: Tensor | None = None,
                 last_only: bool = False, at: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
@@ -404,7 +410,7 @@ class Transformer(Module):
             cos, sin = self.rope(T, 0)
         else:
             cos, sin = cache.begin_step(T, self.rope)
-        x = embed(self.tok_emb, idx)  # (B, T, C)
+        x = embed(self.tok_emb, idx, self.dtype)  # (B, T, C)
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, cache.layer(i) if cache is not None else None)
         if cache is not None:

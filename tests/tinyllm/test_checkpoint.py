@@ -132,3 +132,33 @@ def test_tokenizer_larger_than_vocab(ckpt, tmp_path):
     with pytest.raises(ValueError, match="tokenizer has 512 tokens but the model only 412"):
         load_checkpoint(tmp_path / "small")
     assert cfg["format"] == "tinyllm"
+
+
+@torch.no_grad()
+def test_a_bf16_checkpoint_on_the_cpu_keeps_bf16_matrices_and_computes_as_fp32(tmp_path):
+    """quant "auto" holds a file's bf16 matrices as they are (half the bytes a decode step reads)
+    and widens them where they are read: eager logits equal the fp32 model's ("none") bit for
+    bit, the compiled step (the widening fused into its loads) matches them, and norms and
+    activations stay fp32."""
+    from tinyllm.cuda_graph import GraphDecoder
+
+    tok = make_tiny_tokenizer(tmp_path / "tok")
+    save_checkpoint(tiny_model(), tok, tmp_path / "ck", dtype=torch.bfloat16)
+    held = load_checkpoint(tmp_path / "ck", "cpu", quant="auto").model
+    wide = load_checkpoint(tmp_path / "ck", "cpu", quant="none").model
+    dtypes = {n: p.dtype for n, p in held.named_parameters()}
+    assert held.dtype == torch.float32 and all(
+        dt == (torch.float32 if n.endswith("norm.weight") else torch.bfloat16) for n, dt in dtypes.items()), dtypes
+    assert all(p.dtype == torch.float32 for p in wide.parameters())
+    size = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731
+    assert size(held) < 0.55 * size(wide)
+    ids = torch.randint(0, tok.vocab_size, (1, 24))
+    assert torch.equal(held(ids)[0], wide(ids)[0])
+    fast = GraphDecoder(held, 1, max_len=64, use_graph=False, compile="inductor")
+    ref = GraphDecoder(wide, 1, max_len=64, use_graph=False)
+    a, b = fast.prefill(ids), ref.prefill(ids)
+    for _ in range(16):
+        tok_id = b[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+        assert torch.equal(a[:, -1].argmax(-1, keepdim=True), tok_id)
+        a, b = fast.step(tok_id), ref.step(tok_id)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
