@@ -16,10 +16,18 @@ child process compile it (filling the on-disk caches; skipped where a child alre
 this spec), then compiles here, warm. The cold compile thus never holds this process's GIL
 (`child_result` says how the child went; its failure only means a cold compile here).
 
-`paused()`: a context in which the compile thread stops at its next Python call or return
-(a C call under way runs to its end) and waits without the GIL; ChatSession holds it from a
-reply's prefill to its first token, so that time to the first token does not queue behind the
-compiler for the GIL (a profile hook on the compile thread only: see `_gate`).
+`paused()`: ChatSession holds it from a reply's prefill to its first token. Every op of that
+prefill releases the GIL and waits to get it back, so beside a running compile it queued behind
+the compiler: measured, a warm in-process compile took the default model's first TTFT from about
+60 ms to 500 ms on the 2-core CPU, and to 1.1-1.3 s on the H200. Meanwhile:
+- Python 3.12+: the compile thread stops at its next Python call or return (a C call under
+  way runs to its end) and waits without the GIL: a profile hook on every thread for the
+  pause's length only (`threading.setprofile_all_threads`; the hook is one check on the other
+  threads). It waits once a pause, at most PAUSE_MAX_S: were it stopped holding a lock that
+  the prefill needs (an import's, a logging handler's), the prefill waits that long, once.
+  A hook left on the compile thread for the whole compile doubled the compile's time.
+- Python 3.11: the compile thread gives the GIL back within PAUSED_SWITCH_S of being asked
+  (the switch interval, lowered for every thread meanwhile). Measured on the CPU: 280 ms.
 
 `state` is "compiling", then "compiled" or "failed" (with `error`, one line); `ready` is an
 Event set then. On CUDA the thread works on its own stream, and graph captures elsewhere use
@@ -42,7 +50,9 @@ import torch
 from tinyllm.compile_child import Spec, warm_up
 from tinyllm.model import Transformer
 
-PAUSE_MAX_S = 2.0  # the longest a compile stays paused (see BackgroundCompile._gate)
+COMPILE_SWITCH_S = 0.0005  # the switch interval while a compile runs (the default is 5 ms)
+PAUSED_SWITCH_S = 0.00001  # and while a reply prefills beside it (paused())
+PAUSE_MAX_S = 2.0  # the longest the compile thread stops for one pause (Python 3.12+)
 
 
 class BackgroundCompile:
@@ -58,9 +68,12 @@ class BackgroundCompile:
         self.threads = threads  # CPU: the decoding threads' count (the compiled step is guarded on it)
         self.n_valid = n_valid  # the live sampler's (padded embeddings): the step is guarded on it too
         self.ready = threading.Event()
-        self._go = threading.Event()  # cleared while paused()
+        self._switch = sys.getswitchinterval()  # to restore when the compile and any pause are over
+        self._switch_lock = threading.Lock()
+        self._pausing = False
+        self._go = threading.Event()  # cleared while paused() stops the compile thread
         self._go.set()
-        self._pauses = self._waited = 0  # paused() entered; the last one the gate waited for
+        self._pauses = self._waited = 0  # paused() entered; the last one the thread stopped for
         self._thread = threading.Thread(target=self._run, args=(model, batch, max_len), daemon=True,
                                         name="tinyllm-compile")
         self._thread.start()
@@ -72,9 +85,7 @@ class BackgroundCompile:
         lower_priority()
         # The compiler is Python and holds the GIL for the default 5 ms slices: the decoding
         # thread would wait that long for every op it launches. Hand it over 10x as often.
-        switch = sys.getswitchinterval()
-        sys.setswitchinterval(min(switch, 0.0005))
-        sys.setprofile(self._gate)  # this thread only
+        self._set_switch()
         try:
             if self.child is not None:
                 self.child_result = warm_up(self.child)
@@ -85,34 +96,51 @@ class BackgroundCompile:
             self.error = f"{type(e).__name__}: {first}"[:300]
             self.state = "failed"
         finally:
-            sys.setprofile(None)
-            sys.setswitchinterval(switch)
             self.seconds = time.perf_counter() - t0
             self.done_at = time.time()
             self.ready.set()
+            self._set_switch()  # as it was before (or a pause's, while one lasts)
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.ready.wait(timeout)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        """The compile thread waits (GIL released) from its next Python call until the end of this
-        context. One holder at a time (the session's worker)."""
-        self._pauses += 1
-        self._go.clear()
+        """Keep the compile thread off the GIL (see the module docstring). One holder at a time
+        (the session's worker)."""
+        stop = hasattr(threading, "setprofile_all_threads")  # Python 3.12+
+        self._pausing = True
+        self._set_switch()
+        if stop:
+            self._pauses += 1
+            self._go.clear()
+            threading.setprofile_all_threads(self._gate)
         try:
             yield
         finally:
-            self._go.set()
+            if stop:
+                self._go.set()
+                threading.setprofile_all_threads(None)
+            self._pausing = False
+            self._set_switch()
 
     def _gate(self, frame, event, arg) -> None:
-        """The compile thread's profile hook: called at every call and return there, it waits
-        while paused() is held, once a pause and for at most PAUSE_MAX_S: were the thread paused
-        holding a lock that the paused-for code needs (an import's, a logging handler's), that
-        code then waits at most that long, once. Costs one Python call per event meanwhile."""
-        if not self._go.is_set() and self._waited != self._pauses:
+        """The profile hook while paused (every thread): the compile thread waits here, once a
+        pause and at most PAUSE_MAX_S; any other thread goes on."""
+        if (not self._go.is_set() and self._waited != self._pauses
+                and threading.get_ident() == self._thread.ident):
             self._waited = self._pauses
             self._go.wait(PAUSE_MAX_S)
+
+    def _set_switch(self) -> None:
+        """The interpreter's switch interval for the state now: paused, compiling, or done."""
+        with self._switch_lock:
+            if self._pausing:
+                sys.setswitchinterval(min(self._switch, PAUSED_SWITCH_S))
+            elif not self.ready.is_set():
+                sys.setswitchinterval(min(self._switch, COMPILE_SWITCH_S))
+            else:
+                sys.setswitchinterval(self._switch)
 
 
 def compile_step(model: Transformer, batch: int, max_len: int, backend: str, n_valid: int | None,

@@ -1,12 +1,14 @@
-"""BackgroundCompile.paused(): the compile thread stops at its next Python call while a reply
-prefills (so time to the first token does not queue behind the compiler for the GIL), waits
-at most PAUSE_MAX_S a pause, and finishes after. No test here waits on a clock: each waits on
-the compile thread's state, with a deadline that only bounds a failure."""
+"""BackgroundCompile.paused(), held by a reply from its prefill to its first token: on Python 3.12+
+the compile thread stops in a profile hook (at most PAUSE_MAX_S a pause), everywhere the switch
+interval drops; both are undone after. No test here waits on a clock: each waits on the compile
+thread's state, with a deadline that only bounds a failure. The 3.12 tests skip on older
+Pythons (CI's is 3.11); they run in a 3.12 venv and on the H200 (3.12)."""
 
 import sys
 import threading
 import time
 
+import pytest
 import torch
 
 from tinyllm import background_compile as bc
@@ -28,6 +30,34 @@ def stalled_compile(monkeypatch):
     return arrived, go
 
 
+@torch.no_grad()
+def test_the_switch_interval_is_short_while_compiling_shorter_while_paused_and_restored(model, monkeypatch):
+    before = sys.getswitchinterval()
+    arrived, go = stalled_compile(monkeypatch)
+    c = BackgroundCompile(model, 1, 64, "eager")
+    assert arrived.wait(DEADLINE_S)
+    assert sys.getswitchinterval() == pytest.approx(bc.COMPILE_SWITCH_S)
+    with c.paused():
+        assert sys.getswitchinterval() == pytest.approx(bc.PAUSED_SWITCH_S)
+    assert sys.getswitchinterval() == pytest.approx(bc.COMPILE_SWITCH_S)
+    go.set()
+    assert c.wait(DEADLINE_S) and c.state == "compiled", c.error
+    assert sys.getswitchinterval() == pytest.approx(before)
+
+
+@torch.no_grad()
+def test_a_compile_that_ends_inside_a_pause_leaves_the_interval_as_it_was(model, monkeypatch):
+    before = sys.getswitchinterval()
+    arrived, go = stalled_compile(monkeypatch)
+    c = BackgroundCompile(model, 1, 64, "eager")
+    assert arrived.wait(DEADLINE_S)
+    with c.paused():
+        go.set()
+        assert c.wait(DEADLINE_S) and c.state == "compiled", c.error
+        assert sys.getswitchinterval() == pytest.approx(bc.PAUSED_SWITCH_S)
+    assert sys.getswitchinterval() == pytest.approx(before)
+
+
 def in_gate(c: BackgroundCompile) -> bool:
     frame = sys._current_frames().get(c._thread.ident)
     while frame is not None:
@@ -44,22 +74,29 @@ def wait_until(condition, what: str) -> None:
         time.sleep(0.01)
 
 
+needs_312 = pytest.mark.skipif(not hasattr(threading, "setprofile_all_threads"),
+                               reason="stopping the compile thread needs Python 3.12's setprofile_all_threads")
+
+
+@needs_312
 @torch.no_grad()
-def test_a_paused_compile_waits_in_its_gate_then_finishes(model, monkeypatch):
+def test_a_paused_compile_stops_in_its_gate_then_finishes(model, monkeypatch):
     arrived, go = stalled_compile(monkeypatch)
     c = BackgroundCompile(model, 1, 64, "eager")
     assert arrived.wait(DEADLINE_S)
     with c.paused():
-        go.set()  # its next Python event is a return: the gate holds it there
+        go.set()  # its next Python event is a return: the gate stops it there
         wait_until(lambda: in_gate(c), "the compile thread to stop in its gate")
         assert c.state == "compiling" and not c.ready.is_set()
+    assert sys.getprofile() is None
     assert c.wait(DEADLINE_S) and c.state == "compiled", c.error
 
 
+@needs_312
 @torch.no_grad()
-def test_a_pause_waits_at_most_its_limit_so_a_held_lock_cannot_deadlock(model, monkeypatch):
-    """Paused for longer than PAUSE_MAX_S (as if the paused-for code waited on a lock the
-    compile thread holds), the compile goes on and finishes inside the same pause."""
+def test_a_stop_lasts_at_most_its_limit_so_a_held_lock_cannot_deadlock(model, monkeypatch):
+    """Paused for longer than PAUSE_MAX_S (as if the prefill waited on a lock the compile thread
+    holds), the compile goes on and finishes inside the same pause."""
     monkeypatch.setattr(bc, "PAUSE_MAX_S", 0.01)
     arrived, go = stalled_compile(monkeypatch)
     c = BackgroundCompile(model, 1, 64, "eager")
@@ -87,7 +124,7 @@ def test_a_reply_sent_while_compiling_pauses_the_compile_until_its_first_token(t
     assert arrived.wait(DEADLINE_S) and s.step_kind == "compiling"
     events = iter(s.send("Hello!"))
     assert isinstance(next(events), Prefilled) and held_during == ["compiling"]
-    assert s._compile._go.is_set()  # released once the first token is drawn
+    assert sys.getswitchinterval() == pytest.approx(bc.COMPILE_SWITCH_S)  # released once the first token is drawn
     go.set()
     list(events)
     assert s.wait_compiled(DEADLINE_S) and s.step_kind == "compiled", s.compile_error
