@@ -20,6 +20,8 @@
 // Q8_1 keeps; x's exact sums would multiply the rounding by w - zero, larger than w). int8 rows
 // whose K is not a multiple of 32 take the tail in fp32.
 //   dequantize(qweight, scales, zeros or None) -> (N, K) fp32, w as above (for many rows of x).
+//   mm_half(x, w bf16 or fp16 (N, K)) -> (M, N) fp32: x times the widened w, fp32 products and
+//       sums (no rounding of x; only the order of the sums differs from x @ w.float().T).
 // Threads (see Pool below): a product is cut into chunks of rows that the calling thread and
 // up to torch.get_num_threads() - 1 pool threads claim; a late pool thread finds the chunks
 // taken, so no call waits for a thread that has not started. x is quantized once, before.
@@ -551,6 +553,56 @@ at::Tensor qmm_ffn(const at::Tensor& x_, const at::Tensor& q13, const at::Tensor
   return y;
 }
 
+// Eight 16-bit floats widened to fp32: bf16 is fp32's top half; fp16 through F16C.
+inline __m256 widen8(const at::BFloat16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m256 widen8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// y[m, n] = x[m] . w[n] for rows n0..n1 of w, every row of x (M small: a row of w stays in L1).
+template <class H>
+void half_rows(const H* w, const float* x, int64_t M, int64_t K, int64_t n0, int64_t n1, float* y, int64_t N) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const H* wr = w + n * K;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xr = x + m * K;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      int64_t k = 0;
+      for (; k + 32 <= K; k += 32) {
+        a0 = _mm256_fmadd_ps(widen8(wr + k), _mm256_loadu_ps(xr + k), a0);
+        a1 = _mm256_fmadd_ps(widen8(wr + k + 8), _mm256_loadu_ps(xr + k + 8), a1);
+        a2 = _mm256_fmadd_ps(widen8(wr + k + 16), _mm256_loadu_ps(xr + k + 16), a2);
+        a3 = _mm256_fmadd_ps(widen8(wr + k + 24), _mm256_loadu_ps(xr + k + 24), a3);
+      }
+      for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(widen8(wr + k), _mm256_loadu_ps(xr + k), a0);
+      float acc = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+      for (; k < K; ++k) acc += static_cast<float>(wr[k]) * xr[k];
+      y[m * N + n] = acc;
+    }
+  }
+}
+
+at::Tensor mm_half(const at::Tensor& x_, const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.device().is_cpu() &&
+              (w.scalar_type() == at::kBFloat16 || w.scalar_type() == at::kHalf),
+              "w must be a contiguous bf16 or fp16 (N, K) matrix on the CPU");
+  const int64_t N = w.size(0), K = w.size(1);
+  check_x(x_, K);
+  const at::Tensor x = x_.contiguous();
+  const int64_t M = x.size(0), nb = (K + QK - 1) / QK;
+  at::Tensor y = at::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t rows = chunk_rows(nb, M);
+  run_chunks((N + rows - 1) / rows, M * N * nb, [&](int64_t i) {
+    const int64_t lo = i * rows, hi = std::min(N, lo + rows);
+    if (w.scalar_type() == at::kBFloat16) half_rows(w.data_ptr<at::BFloat16>(), xp, M, K, lo, hi, yp, N);
+    else half_rows(w.data_ptr<at::Half>(), xp, M, K, lo, hi, yp, N);
+  });
+  return y;
+}
+
 // The fp32 matrix (N, K) of either form, for a product with many rows (prefill), where the
 // library's fp32 GEMM beats one pass of the kernel per 4 activation rows.
 at::Tensor dequantize(const at::Tensor& qweight, const at::Tensor& scales, const c10::optional<at::Tensor>& zeros) {
@@ -590,6 +642,7 @@ TORCH_LIBRARY(tinyllm_cpu, m) {
   m.def("qmm_int4(Tensor x, Tensor qweight, Tensor scales, Tensor zeros) -> Tensor");
   m.def("qmm_ffn(Tensor x, Tensor q13, Tensor s13, Tensor? z13, Tensor q2, Tensor s2, Tensor? z2) -> Tensor");
   m.def("dequantize(Tensor qweight, Tensor scales, Tensor? zeros) -> Tensor");
+  m.def("mm_half(Tensor x, Tensor w) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tinyllm_cpu, CPU, m) {
@@ -597,4 +650,5 @@ TORCH_LIBRARY_IMPL(tinyllm_cpu, CPU, m) {
   m.impl("qmm_int4", &qmm_int4);
   m.impl("qmm_ffn", &qmm_ffn);
   m.impl("dequantize", &dequantize);
+  m.impl("mm_half", &mm_half);
 }

@@ -51,8 +51,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tinyllm import cpu_qgemv
 from tinyllm.kv_cache import KVCache, SlotKVCache, ViewLayer
-from tinyllm.model import Transformer
+from tinyllm.model import HALF, Transformer
 from tinyllm.step_sampler import StepSampler
 
 MAX_RUN = 16  # the most steps one run chains (the width of `out`)
@@ -150,8 +151,10 @@ class _StaticDecode:
         self.cache.pos.add_(1)  # captured into the graph; the host copy moves in advance_host()
 
 
-def compiled(forward, backend: str | None, device: torch.device | None = None):
-    """forward itself, or forward through torch.compile (whole graph, dynamic sizes). On a CPU
+def compiled(forward, backend: str | None, model: Transformer | None = None):
+    """forward itself, or forward through torch.compile (whole graph, dynamic sizes). A CPU
+    model with 16-bit matrices loads tinyllm.cpu_qgemv first (building it the first time, about
+    20 s), so that its products trace as the AVX2 op (model.linear). On a CPU
     the step's Inductor kernels run on one thread: a decode step's tensors are a few thousand
     elements, and each OpenMP region costs a wake-up of the other threads (on a loaded 2-core
     machine often a whole scheduler slice); the quantized products (tinyllm.cpu_qgemv) and
@@ -173,7 +176,9 @@ def compiled(forward, backend: str | None, device: torch.device | None = None):
     # inputs they are specialized after the fact, and Dynamo traces the whole step twice
     # (a warm start's largest cost: docs/INFERENCE.md 4.14).
     cfg.specialize_float = True
-    cpu = device is not None and device.type == "cpu" and backend == "inductor"
+    cpu = model is not None and model.device.type == "cpu" and backend == "inductor"
+    if cpu and model.dtype == torch.float32 and any(p.dtype in HALF for p in model.parameters()):
+        cpu_qgemv.available()
     options = {"cpp.threads": 1, "cpp_wrapper": True} if cpu else None
     return torch.compile(forward, backend=backend, fullgraph=True, dynamic=True, options=options)
 
@@ -193,7 +198,7 @@ class _Decoder:
         self.sampler = StepSampler(batch, model.cfg.vocab_size, device)
         self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)  # the next step's input
         self.out = torch.zeros(batch, MAX_RUN, dtype=torch.long, device=device)  # ids of the last run
-        self._step_fn = compiled(self._forward, compile, model.device)
+        self._step_fn = compiled(self._forward, compile, model)
         self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.pool = None
         self._use_graph = False
@@ -224,7 +229,7 @@ class _Decoder:
         """Run the step through `backend` (None: the plain step) from the next run on. The
         graphs of the old step are dropped; the new step's are captured as runs need them."""
         self.compile = backend
-        self._step_fn = compiled(self._forward, backend, self.model.device)
+        self._step_fn = compiled(self._forward, backend, self.model)
         self.graphs.clear()
         if self.pool is not None:  # the old graphs' pool dies with them: capture into a new one
             self.pool = torch.cuda.graph_pool_handle()

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from tinyllm import decode_attention
+from tinyllm import cpu_qgemv, decode_attention
 from tinyllm.nn_module import Module
 
 # Cached attention never uses cuDNN's SDPA: it builds a plan per new shape (measured on an
@@ -191,6 +191,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 # (K <= 1408) went from 4,821 to 6,830 tok/s; the TinyLlama-1.1B shape (K >= 2048) from 778
 # down to 719, where cuBLAS reads large matrices faster than the generated reduction does.
 REDUCTION_MAX_K = 1536
+HALF = (torch.bfloat16, torch.float16)  # matrices a CPU may hold narrower than its fp32 activations
 
 
 def linear(layer: nn.Linear, x: Tensor) -> Tensor:
@@ -199,12 +200,18 @@ def linear(layer: nn.Linear, x: Tensor) -> Tensor:
     instead: Inductor makes that one reduction kernel (a matrix-vector product) and fuses
     elementwise work around it into it, where a cuBLAS call is a kernel of its own with a ~3 µs
     floor. A matrix held narrower than x (see the module docstring) always takes that form
-    there: its widening is then fused into the loads, never written out. Eager code, wider K
+    there: its widening is then fused into the loads, never written out; on a CPU where
+    tinyllm.cpu_qgemv is loaded (the compile loads it for such a model: cuda_graph.compiled),
+    a few rows take its AVX2 op instead (1.4x Inductor's loop for the default model's matrices). Eager code, wider K
     and every batch above one row keep the library matrix product (of the widened matrix).
     A quantized layer (tinyllm.quant.QuantLinear) picks its own kernel in its forward."""
     if type(layer) is not nn.Linear:
         return layer(x)
     w = layer.weight  # (N, K)
+    if (torch.compiler.is_dynamo_compiling() and w.dtype in HALF and x.dtype == torch.float32
+            and x.device.type == "cpu" and x.shape[:-1].numel() < cpu_qgemv.PREFILL_M and cpu_qgemv.loaded()):
+        lead = x.shape[:-1]
+        return torch.ops.tinyllm_cpu.mm_half(x.reshape(-1, x.shape[-1]), w).view(*lead, -1)  # (..., N)
     if (torch.compiler.is_dynamo_compiling() and x.shape[:-1].numel() == 1
             and (x.shape[-1] <= REDUCTION_MAX_K or w.dtype != x.dtype)):
         return (x[..., None, :] * w.to(x.dtype)).sum(-1)  # (..., N), fp32 accumulation

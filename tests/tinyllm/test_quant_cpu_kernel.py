@@ -238,3 +238,48 @@ def dequantized(model):
         kind = "int8" if state[k].dtype == torch.int8 else "int4"
         tensors[f"{base}.weight"] = QTensor(kind, state[k], state[f"{base}.scales"], state.get(f"{base}.zeros"))
     return build_transformer(model.cfg, tensors, model.device, torch.float32, "none")
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+def test_the_16_bit_product_equals_the_widened_matrix_in_fp32(half, threads):
+    """mm_half: x stays fp32 and w is widened exactly, so only the order of the sums differs."""
+    g = torch.Generator().manual_seed(7)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for n, k in ((1, 8), (13, 70), (96, 128), (2816, 512)):  # a tail of K past the 32- and 8-wide loops too
+            w = torch.randn(n, k, generator=g).to(half)
+            for m in (1, 3, 15):
+                x = torch.randn(m, k, generator=g)
+                y = torch.ops.tinyllm_cpu.mm_half(x, w)
+                ref = x.double() @ w.double().T
+                assert y.shape == (m, n) and y.dtype == torch.float32
+                assert ((y - ref).abs() <= 1e-6 * (x.abs().double() @ w.abs().double().T) + 1e-7).all()
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+def test_a_compiled_step_of_bf16_matrices_calls_the_16_bit_op():
+    """The compiled CPU step of a model holding bf16 matrices runs them as mm_half (counted by the
+    profiler), and its logits follow the plain step's (the widened matrices in torch's product)."""
+    from tinyllm.build import build_transformer as build
+
+    dense = tiny_model()
+    model = build(dense.cfg, {k: v.bfloat16() for k, v in dense.state_dict().items()}, torch.device("cpu"),
+                  torch.float32, "keep")
+    assert model.blocks[0].ffn.w13.weight.dtype == torch.bfloat16
+    ids = torch.tensor([[5, 17, 99, 3, 250, 41, 7, 300]])
+    plain = GraphDecoder(model, 1, max_len=32, use_graph=False)
+    fast = GraphDecoder(model, 1, max_len=32, use_graph=False, compile="inductor")
+    with torch.no_grad():
+        a, b = plain.prefill(ids), fast.prefill(ids)
+        for t in (3, 77, 400, 9):
+            tok = torch.tensor([[t]])
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                a, b = plain.step(tok), fast.step(tok)
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+        calls = sum(1 for e in prof.events() if e.name == "tinyllm_cpu::mm_half")  # the last step's (compiled by now)
+    assert calls == 4 * dense.cfg.n_layers + 1  # wqkv, wo, w13 and w2 a layer, and the output
