@@ -349,3 +349,19 @@ def test_truncated_file_and_cli_exit_code(tmp_path, llama_file, capsys):
     assert convert_main([str(cut), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tinyllm.convert: error:") and "truncated" in err and err.count("\n") == 1
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("qtype,dtype", [(Q.F16, torch.float16), (Q.BF16, torch.bfloat16)])
+def test_16_bit_matrices_stay_16_bit_on_the_cpu_and_compute_as_fp32(tmp_path, sp_tok, qtype, dtype):
+    """An F16 / BF16 GGUF under quant "auto" holds its matrices as the file does (half the bytes
+    of fp32), and its eager logits equal those of the same file widened at load ("none")."""
+    model = tiny(sp_tok.vocab_size, tie=True)
+    path = tmp_path / "half.gguf"
+    write_gguf(path, model, {k: qtype for k, v in model.state_dict().items() if v.dim() == 2}, sp_kv(sp_tok))
+    held = open_any(path, "cpu", quant="auto")[0]
+    wide = open_any(path, "cpu", quant="none")[0]
+    assert held.dtype == torch.float32 and held.tok_emb.weight.dtype == dtype
+    assert held.blocks[1].attn.wqkv.weight.dtype == dtype and held.norm.weight.dtype == torch.float32
+    ids = torch.randint(0, sp_tok.vocab_size, (1, 12))
+    assert torch.equal(held(ids)[0], wide(ids)[0])
