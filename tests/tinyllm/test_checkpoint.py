@@ -135,12 +135,16 @@ def test_tokenizer_larger_than_vocab(ckpt, tmp_path):
 
 
 @torch.no_grad()
-def test_a_bf16_checkpoint_on_the_cpu_keeps_bf16_matrices_and_computes_as_fp32(tmp_path):
+def test_a_bf16_checkpoint_on_the_cpu_keeps_bf16_matrices_and_computes_as_fp32(tmp_path, monkeypatch):
     """quant "auto" holds a file's bf16 matrices as they are (half the bytes a decode step reads)
     and widens them where they are read: eager logits equal the fp32 model's ("none") bit for
-    bit, the compiled step (the widening fused into its loads) matches them, and norms and
-    activations stay fp32."""
+    bit, the compiled step matches them, and norms and activations stay fp32. The compiled step
+    here is the one without the AVX2 kernel (Inductor's loop with the widening fused into its
+    loads); test_quant_cpu_kernel.py runs it with the kernel's op."""
+    from tinyllm import cpu_qgemv
     from tinyllm.cuda_graph import GraphDecoder
+
+    monkeypatch.setattr(cpu_qgemv, "loaded", lambda: False)
 
     tok = make_tiny_tokenizer(tmp_path / "tok")
     save_checkpoint(tiny_model(), tok, tmp_path / "ck", dtype=torch.bfloat16)
@@ -160,5 +164,7 @@ def test_a_bf16_checkpoint_on_the_cpu_keeps_bf16_matrices_and_computes_as_fp32(t
     for _ in range(16):
         tok_id = b[:, -1].argmax(-1, keepdim=True)  # (1, 1)
         assert torch.equal(a[:, -1].argmax(-1, keepdim=True), tok_id)
-        a, b = fast.step(tok_id), ref.step(tok_id)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            a, b = fast.step(tok_id), ref.step(tok_id)
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert not [e for e in prof.events() if e.name.startswith("tinyllm_cpu::")]  # Inductor's own loop
