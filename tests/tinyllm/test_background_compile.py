@@ -17,6 +17,16 @@ from tinyllm.background_compile import BackgroundCompile
 DEADLINE_S = 600
 
 
+@pytest.fixture(autouse=True)
+def _no_other_compile_running():
+    """The switch interval is global: a compile left running by an earlier test would restore
+    its own when it ends, in the middle of these tests. Wait for any to end first."""
+    for t in threading.enumerate():
+        if t.name == "tinyllm-compile":
+            t.join(DEADLINE_S)
+            assert not t.is_alive(), "an earlier test's compile is still running"
+
+
 def stalled_compile(monkeypatch):
     """A BackgroundCompile whose thread is held just before compiling: (compile, let_it_go)."""
     real, arrived, go = bc.compile_step, threading.Event(), threading.Event()
