@@ -28,7 +28,7 @@ def _no_other_compile_running():
 
 
 def stalled_compile(monkeypatch):
-    """A BackgroundCompile whose thread is held just before compiling: (compile, let_it_go)."""
+    """Hold every compile thread just before it compiles: (arrived, go) events."""
     real, arrived, go = bc.compile_step, threading.Event(), threading.Event()
 
     def held(*args, **kwargs):
@@ -40,12 +40,19 @@ def stalled_compile(monkeypatch):
     return arrived, go
 
 
-@torch.no_grad()
-def test_the_switch_interval_is_short_while_compiling_shorter_while_paused_and_restored(model, monkeypatch):
-    before = sys.getswitchinterval()
+def held_compile(model, monkeypatch) -> tuple[BackgroundCompile, threading.Event]:
+    """A BackgroundCompile of `model` whose thread has reached its compile and waits there for
+    the returned event."""
     arrived, go = stalled_compile(monkeypatch)
     c = BackgroundCompile(model, 1, 64, "eager")
     assert arrived.wait(DEADLINE_S)
+    return c, go
+
+
+@torch.no_grad()
+def test_the_switch_interval_is_short_while_compiling_shorter_while_paused_and_restored(model, monkeypatch):
+    before = sys.getswitchinterval()
+    c, go = held_compile(model, monkeypatch)
     assert sys.getswitchinterval() == pytest.approx(bc.COMPILE_SWITCH_S)
     with c.paused():
         assert sys.getswitchinterval() == pytest.approx(bc.PAUSED_SWITCH_S)
@@ -58,9 +65,7 @@ def test_the_switch_interval_is_short_while_compiling_shorter_while_paused_and_r
 @torch.no_grad()
 def test_a_compile_that_ends_inside_a_pause_leaves_the_interval_as_it_was(model, monkeypatch):
     before = sys.getswitchinterval()
-    arrived, go = stalled_compile(monkeypatch)
-    c = BackgroundCompile(model, 1, 64, "eager")
-    assert arrived.wait(DEADLINE_S)
+    c, go = held_compile(model, monkeypatch)
     with c.paused():
         go.set()
         assert c.wait(DEADLINE_S) and c.state == "compiled", c.error
@@ -91,9 +96,7 @@ needs_312 = pytest.mark.skipif(not hasattr(threading, "setprofile_all_threads"),
 @needs_312
 @torch.no_grad()
 def test_a_paused_compile_stops_in_its_gate_then_finishes(model, monkeypatch):
-    arrived, go = stalled_compile(monkeypatch)
-    c = BackgroundCompile(model, 1, 64, "eager")
-    assert arrived.wait(DEADLINE_S)
+    c, go = held_compile(model, monkeypatch)
     with c.paused():
         go.set()  # its next Python event is a return: the gate stops it there
         wait_until(lambda: in_gate(c), "the compile thread to stop in its gate")
@@ -108,9 +111,7 @@ def test_a_stop_lasts_at_most_its_limit_so_a_held_lock_cannot_deadlock(model, mo
     """Paused for longer than PAUSE_MAX_S (as if the prefill waited on a lock the compile thread
     holds), the compile goes on and finishes inside the same pause."""
     monkeypatch.setattr(bc, "PAUSE_MAX_S", 0.01)
-    arrived, go = stalled_compile(monkeypatch)
-    c = BackgroundCompile(model, 1, 64, "eager")
-    assert arrived.wait(DEADLINE_S)
+    c, go = held_compile(model, monkeypatch)
     with c.paused():
         go.set()
         assert c.wait(DEADLINE_S) and c.state == "compiled", c.error
