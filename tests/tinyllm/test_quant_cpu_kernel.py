@@ -217,16 +217,23 @@ def test_greedy_decode_with_the_kernel_follows_the_dequantized_model(tinychat, q
 
 @needs_kernel
 def test_the_compiled_step_runs_the_kernel_like_the_plain_step():
-    model = quantize_model(tiny_model(tie_embeddings=True, ffn_dim=192), "int4")
+    compiled_follows_plain(quantize_model(tiny_model(tie_embeddings=True, ffn_dim=192), "int4"))
+
+
+@torch.no_grad()
+def compiled_follows_plain(model) -> torch.profiler.profile:
+    """The compiled step's logits against the plain step's over a few steps; returns the
+    profiler of the last step (compiled by then)."""
     ids = torch.tensor([[5, 17, 99, 3, 250, 41, 7, 300]])
     plain = GraphDecoder(model, 1, max_len=32, use_graph=False)
     fast = GraphDecoder(model, 1, max_len=32, use_graph=False, compile="inductor")
-    with torch.no_grad():
-        a, b = plain.prefill(ids), fast.prefill(ids)
-        for t in (3, 77, 400, 9):
-            tok = torch.tensor([[t]])
+    a, b = plain.prefill(ids), fast.prefill(ids)
+    for t in (3, 77, 400, 9):
+        tok = torch.tensor([[t]])
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             a, b = plain.step(tok), fast.step(tok)
-            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    return prof
 
 
 def dequantized(model):
@@ -271,15 +278,6 @@ def test_a_compiled_step_of_bf16_matrices_calls_the_16_bit_op():
     model = build(dense.cfg, {k: v.bfloat16() for k, v in dense.state_dict().items()}, torch.device("cpu"),
                   torch.float32, "keep")
     assert model.blocks[0].ffn.w13.weight.dtype == torch.bfloat16
-    ids = torch.tensor([[5, 17, 99, 3, 250, 41, 7, 300]])
-    plain = GraphDecoder(model, 1, max_len=32, use_graph=False)
-    fast = GraphDecoder(model, 1, max_len=32, use_graph=False, compile="inductor")
-    with torch.no_grad():
-        a, b = plain.prefill(ids), fast.prefill(ids)
-        for t in (3, 77, 400, 9):
-            tok = torch.tensor([[t]])
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                a, b = plain.step(tok), fast.step(tok)
-            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
-        calls = sum(1 for e in prof.events() if e.name == "tinyllm_cpu::mm_half")  # the last step's (compiled by now)
+    prof = compiled_follows_plain(model)
+    calls = sum(1 for e in prof.events() if e.name == "tinyllm_cpu::mm_half")  # the last step's
     assert calls == 4 * dense.cfg.n_layers + 1  # wqkv, wo, w13 and w2 a layer, and the output
