@@ -149,6 +149,8 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
     def on_unmount(self) -> None:
         self.save_partial()  # quitting mid-reply keeps what streamed (still marked partial)
         self.store.close()  # the conversation is free for the next instance
+        if self.session is not None:  # the worker, even one waiting on a reply, ends now (it closes it too)
+            close_session(self.session)
 
     def say(self, message: str, severity: str = "information") -> None:
         self.notify(message, severity=severity, markup=False)  # type: ignore[arg-type]

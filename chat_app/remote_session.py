@@ -11,7 +11,8 @@ The child is started with "spawn" (no fork of a process with threads) and the pa
 imports torch for it. The child's stdout and stderr go to `open_kwargs["log"]` (a file in the
 data folder), never to the terminal under the TUI. A reader thread owns the receiving end:
 replies go to the job that waits for them, call answers to their caller, state updates apply
-at once. `close()` ends the child.
+at once. `close()` ends the child (it stops a reply under way first) and wakes any thread
+waiting on the session with ValueError: quitting never waits on a reply, even a hung one.
 
 `RemoteSession(open_kwargs, progress=None, **changes)` opens the session with open_kwargs
 updated by `changes` (another path, say) and returns once it is loaded, calling
@@ -207,6 +208,8 @@ class RemoteSession:
         return range(self.context_len)
 
     def close(self) -> None:
+        self._ended = self._ended or "the session is closed"
+        self._job.put(("failed", self._ended))  # a job waiting for the child's reply hears it now
         try:
             self._send(("quit",))
         except ValueError:

@@ -1,6 +1,10 @@
 """Shared fixtures: a tiny random model on the CPU; `@pytest.mark.cuda` tests skip without CUDA,
-and none ends while a background compile it started still runs."""
+and none ends while a background compile it started still runs. A test that hangs (setup, call
+or teardown past HANG_S) ends the run with every thread's stack on stderr, instead of holding
+CI until its limit with nothing to read."""
 
+import faulthandler
+import os
 import threading
 
 import pytest
@@ -9,8 +13,27 @@ import torch
 from tinyllm.model import ModelConfig, Transformer
 
 
+HANG_S = 900  # the slowest test takes about 60 s on the 2-core CPU
+_stderr = -1  # the terminal's stderr, which pytest's capturing of a test's output leaves alone
+
+
 def pytest_configure(config):
+    global _stderr
     config.addinivalue_line("markers", "cuda: needs a CUDA device (run on the H200)")
+    _stderr = os.dup(2)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item):
+    faulthandler.dump_traceback_later(HANG_S, exit=True, file=_stderr)
+    try:
+        return (yield)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def pytest_sessionfinish(session):
+    faulthandler.dump_traceback_later(HANG_S, exit=True, file=_stderr)  # the end too (event loops shut down)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -12,7 +12,7 @@ benchmarks), then answers messages, all plain picklable data:
   parent -> child   ("job", kind, arg)       kind: send | regenerate | continue | new_chat | system | load
                     ("call", id, name, args)  set_param | set_graphs | stop, answered at once,
                                               also while a reply streams
-                    ("quit",)
+                    ("quit",)                 the reply under way stops, then the child ends
   child -> parent   ("progress", done, total)  while the model loads: tensors read (at most
                                               every PROGRESS_S, and always the last)
                     ("loaded", state) | ("load_failed", message, bad_input)   bad_input: the
@@ -149,8 +149,7 @@ def _read(conn: Connection, session, jobs: queue.Queue, send, hold: threading.Ev
         except ValueError as e:
             error = str(e)
         send(("answer", call_id, error, snapshot(session)))
-    if hold is not None:
-        hold.set()  # a held reply ends, so the job loop sees the end
+    stop()  # the parent is gone or quit: a reply under way ends now, so the job loop sees the end
     jobs.put(None)
 
 

@@ -13,6 +13,7 @@ nothing here reaches into it; two real interfaces keep a reply running while a t
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 import time
@@ -153,13 +154,16 @@ async def loaded(pilot) -> ChatApp:
 async def send(pilot, text: str, wait: bool = True) -> None:
     """Put text into the prompt and press Enter, then wait for the reply to finish.
 
-    wait=False posts what Enter posts instead of pressing it: Pilot's key presses wait for
-    the process to go idle (up to 2 s), which it does not while a reply streams."""
+    wait=False posts what Enter posts instead of pressing it (Pilot's key presses wait for
+    the process to go idle, up to 2 s, which it does not while a reply streams), and returns
+    once the app has handled it: the reply is then queued (the app is busy) or refused."""
     app = pilot.app
     app.prompt.load_text(text)
     if not wait:
-        app.prompt.post_message(PromptInput.Submitted(text))
-        await pilot.pause(0.01)
+        handled = asyncio.Event()
+        app.post_message(PromptInput.Submitted(text))  # straight to the app, which handles it
+        app.call_later(handled.set)  # queued behind it
+        await asyncio.wait_for(handled.wait(), 300)
         return
     await pilot.press("enter")
     await wait_until(pilot, lambda: not app.busy and not app.prompt.text, what=f"the reply to {text!r}")

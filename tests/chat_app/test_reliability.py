@@ -3,7 +3,11 @@ mid-reply, keys at the wrong moment, /export over a file. Each test fails withou
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import sqlite3
+import time
 
 import pytest
 
@@ -205,6 +209,22 @@ async def test_partial_reply_is_saved_while_streaming_and_resumes(make_held_app,
         await send(pilot, "And then?")
         assert [m.role for m in app.session.messages] == ["user", "assistant"] * 2
     assert [(m.role, m.partial) for m in saved_chat(data_dir)] == [("user", False), ("assistant", False)] * 2
+
+
+async def test_quitting_mid_reply_never_waits_on_a_frozen_model_process(make_app):
+    """The model process freezes mid-reply (SIGSTOP: it reads nothing, sends nothing). Quitting
+    still ends the app's worker, which was waiting for the reply's next tokens, and the process."""
+    app = make_app("--max-tokens", "100000", "--ignore-eos")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Tell me a story", wait=False)
+        await wait_until(pilot, lambda: app._text, what="the reply's first tokens")
+        session, worker = app.session, next(w for w in app.workers if w.name == "session")
+        os.kill(session.pid, signal.SIGSTOP)
+    end = time.monotonic() + 120  # close() waits 5 s for the process, then kills it
+    while not (worker.is_finished and not session._proc.is_alive()) and time.monotonic() < end:
+        await asyncio.sleep(0.05)
+    assert worker.is_finished and not session._proc.is_alive()
 
 
 async def test_resume_of_a_chat_ending_with_a_user_turn(make_app, data_dir):
