@@ -29,7 +29,8 @@ the compiler: measured, a warm in-process compile took the default model's first
 - Python 3.11: the compile thread gives the GIL back within PAUSED_SWITCH_S of being asked
   (the switch interval, lowered for every thread meanwhile). Measured on the CPU: 280 ms.
 
-`state` is "compiling", then "compiled" or "failed" (with `error`, one line); `ready` is an
+`state` is "compiling", then "compiled" or "failed" (with `error`, one line; on a CPU without a
+C++ compiler for Inductor it fails before tracing anything); `ready` is an
 Event set then. On CUDA the thread works on its own stream, and graph captures elsewhere use
 thread-local capture mode. What runs meanwhile must be the plain step: a compiled function
 run while Dynamo traces on another thread fails (FX's tracing state is global), and a
@@ -87,6 +88,8 @@ class BackgroundCompile:
         # thread would wait that long for every op it launches. Hand it over 10x as often.
         self._set_switch()
         try:
+            if model.device.type == "cpu" and self.backend == "inductor":
+                check_cpp_compiler()  # before any tracing: without one, say so at once
             if self.child is not None:
                 self.child_result = warm_up(self.child)
             compile_step(model, batch, max_len, self.backend, self.n_valid, self.greedy)
@@ -158,6 +161,18 @@ def compile_step(model: Transformer, batch: int, max_len: int, backend: str, n_v
         dec.run(1)
         if stream is not None:
             stream.synchronize()
+
+
+def check_cpp_compiler() -> None:
+    """Raise RuntimeError (one line) where Inductor finds no working C++ compiler for CPU code
+    (measured: the compile otherwise traced for 35 s before it failed on the missing compiler)."""
+    from torch._inductor import cpp_builder
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except Exception as e:
+        raise RuntimeError(f"no working C++ compiler for Inductor's CPU code ({e}); install one, "
+                           "or name it in CXX") from None
 
 
 def lower_priority() -> None:
