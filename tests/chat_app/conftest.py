@@ -71,7 +71,8 @@ def held_in_child(app: ChatApp, replies: int = 1) -> ChatApp:
 class Held:
     """The app's session (a RemoteSession) whose replies, as the app sees them, pause after
     their first token until `release()` (or stop(), which Esc calls and which stops the child's
-    reply too): a reply that is certainly still running for the app, on any CPU."""
+    reply too; or close(), when the app quits): a reply that is certainly still running for
+    the app, on any CPU."""
 
     def __init__(self, session) -> None:
         self._session = session
@@ -87,6 +88,10 @@ class Held:
     def stop(self) -> None:
         self.gate.set()
         self._session.stop()
+
+    def close(self) -> None:  # the app quits: nothing waits at the gate any more
+        self.gate.set()
+        self._session.close()
 
     def send(self, text: str) -> Iterator:
         return self._hold(self._session.send(text))
