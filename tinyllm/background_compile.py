@@ -11,10 +11,14 @@ AOTAutograd's on-disk caches, so a second launch is quick. One variant a compile
 the 2-core CPU, the greedy variant compiles in 52 s cold and 9 s warm, sampling in 154 s and
 5 s; a session compiles the one its settings use, and the other only when asked for.
 
-`child`: a `tinyllm.compile_child.Spec` of the same model and step. The thread first has a
-child process compile it (filling the on-disk caches; skipped where a child already did for
-this spec), then compiles here, warm. The cold compile thus never holds this process's GIL
-(`child_result` says how the child went; its failure only means a cold compile here).
+`child`: a `tinyllm.compile_child.Spec` of the same model and step (CPU sessions opened from a
+path). There the step is compiled ahead of time and saved (tinyllm.saved_step), keyed on the
+spec: the thread loads the saved step where there is one (a relaunch: no trace at all here,
+`saved_from` "loaded"); else a child process compiles and saves it, and the thread loads that;
+only where the child failed does it compile here, and saves (`saved_from` "built"). `saved` is
+the step then, which the session hands to its decoder. The trace thus never holds this
+process's GIL (`child_result` says how the child went, None where none ran). Without a spec
+(CUDA, a model opened in memory) the thread compiles here, and torch.compile's caches keep it.
 
 `paused()`: ChatSession holds it from a reply's prefill to its first token. Every op of that
 prefill releases the GIL and waits to get it back, so beside a running compile it queued behind
@@ -45,10 +49,13 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 import torch
 
-from tinyllm.compile_child import Spec, warm_up
+from tinyllm import saved_step
+from tinyllm.compile_child import Spec, saved_path, warm_up
+from tinyllm.cuda_graph import GraphDecoder, prepare_compile
 from tinyllm.model import Transformer
 
 COMPILE_SWITCH_S = 0.0005  # the switch interval while a compile runs (the default is 5 ms)
@@ -69,6 +76,8 @@ class BackgroundCompile:
         self.threads = threads  # CPU: the decoding threads' count (the compiled step is guarded on it)
         self.n_valid = n_valid  # the live sampler's (padded embeddings): the step is guarded on it too
         self.ready = threading.Event()
+        self.saved = None  # where the step is saved (CPU, tinyllm.saved_step): it, loaded or built
+        self.saved_from = ""  # "loaded" (no trace here), "built" (traced here and saved), or ""
         self._switch = sys.getswitchinterval()  # to restore when the compile and any pause are over
         self._switch_lock = threading.Lock()
         self._pausing = False
@@ -87,12 +96,21 @@ class BackgroundCompile:
         # The compiler is Python and holds the GIL for the default 5 ms slices: the decoding
         # thread would wait that long for every op it launches. Hand it over 10x as often.
         self._set_switch()
+        path = saved_path(self.child) if self.child is not None else None
         try:
             if model.device.type == "cpu" and self.backend == "inductor":
                 check_cpp_compiler()  # before any tracing: without one, say so at once
-            if self.child is not None:
-                self.child_result = warm_up(self.child)
-            compile_step(model, batch, max_len, self.backend, self.n_valid, self.greedy)
+            if path is not None:
+                prepare_compile(self.backend, model)  # the AVX2 op registered before the load
+                self.saved = saved_step.load(path)
+            if self.saved is None and self.child is not None:
+                self.child_result = warm_up(self.child)  # it saves the step where path says
+                self.saved = saved_step.load(path) if path is not None else None
+            if self.saved is None:
+                self.saved = compile_step(model, batch, max_len, self.backend, self.n_valid, self.greedy, path)
+                self.saved_from = "built" if self.saved is not None else ""
+            else:
+                self.saved_from = "loaded"
             self.state = "compiled"
         except Exception as e:  # any failure leaves the plain step in place; say why once
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -147,20 +165,27 @@ class BackgroundCompile:
 
 
 def compile_step(model: Transformer, batch: int, max_len: int, backend: str, n_valid: int | None,
-                 greedy: bool) -> None:
-    """Compile the step: a scratch decoder (its own small cache) runs it once."""
-    from tinyllm.cuda_graph import GraphDecoder
-
+                 greedy: bool, save_to: Path | None = None):
+    """Compile the step: a scratch decoder (its own small cache) runs it once. With `save_to`,
+    compiled ahead of time and saved there (tinyllm.saved_step); returns that step, else None."""
     stream = torch.cuda.Stream() if model.device.type == "cuda" else None
     with torch.no_grad(), torch.cuda.stream(stream) if stream else nullcontext():
-        dec = GraphDecoder(model, batch, max_len=max_len, use_graph=False, compile=backend)
+        dec = GraphDecoder(model, batch, max_len=max_len, use_graph=False,
+                           compile=backend if save_to is None else None)
         if n_valid is not None:
             dec.sampler.n_valid = n_valid
         dec.sampler.greedy = greedy
         dec.prefill(torch.zeros(batch, 1, dtype=torch.long, device=model.device))
+        fn = None
+        if save_to is not None:
+            fn = saved_step.build(dec, dec.bucket(dec.cache.keys_needed(1)), backend,
+                                  prepare_compile(backend, model))
+            saved_step.save(fn, save_to)
+            dec.set_compile(backend, fn)  # run once as a loaded step runs
         dec.run(1)
         if stream is not None:
             stream.synchronize()
+        return fn
 
 
 def check_cpp_compiler() -> None:

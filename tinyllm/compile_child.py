@@ -1,5 +1,5 @@
-"""The decode step's first compile, in a child process: it fills torch.compile's on-disk caches
-so that the session's own compile afterwards is a warm one.
+"""The decode step's first compile, in a child process: it compiles the step ahead of time and
+saves it (tinyllm.saved_step) where `saved_path(spec)` says, for the session to load.
 
 Why a process: the compiler is Python and holds the GIL, and a reply decoding eagerly beside it
 takes the GIL back for every op. Measured on the 2-core CPU: SmolLM2's first reply ran at
@@ -15,7 +15,8 @@ Contract:
   Inductor's cache folder, so clearing that cache clears the marker too). A failure is never
   raised: the session's own compile runs next either way and reports its own errors.
 - The key of the marker: the spec, torch's version, the model files' sizes and times, and
-  tinyllm's source (a changed step compiles anew).
+  tinyllm's source (a changed step compiles anew). `saved_path(spec)`: the saved step's file,
+  the same key (Inductor's steps only).
 """
 
 from __future__ import annotations
@@ -55,6 +56,16 @@ def marker(spec: Spec) -> Path:
     return Path(cache_dir()) / "tinyllm-warm" / h.hexdigest()[:24]
 
 
+def saved_path(spec: Spec) -> Path | None:
+    """Where the step compiled for this spec is saved (tinyllm.saved_step), beside its marker;
+    None where it is not saved (a backend other than Inductor, or a torch without the API)."""
+    from tinyllm import saved_step
+
+    if spec.backend != "inductor" or not saved_step.supported():
+        return None
+    return marker(spec).with_suffix(".step")
+
+
 def warm_up(spec: Spec, timeout: float = 3600) -> str:
     try:
         done = marker(spec)
@@ -85,7 +96,7 @@ def main(argv: list[str]) -> int:
         torch.set_num_threads(spec.threads)
     try:
         model = open_any(spec.path, torch.device(spec.device), quant=spec.quant)[0]
-        compile_step(model, 1, spec.max_len, spec.backend, spec.n_valid, spec.greedy)
+        compile_step(model, 1, spec.max_len, spec.backend, spec.n_valid, spec.greedy, saved_path(spec))
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         print(f"{type(e).__name__}: {first}", file=sys.stderr)

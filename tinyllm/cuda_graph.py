@@ -54,6 +54,7 @@ from torch import Tensor
 from tinyllm import cpu_qgemv
 from tinyllm.kv_cache import KVCache, SlotKVCache, ViewLayer
 from tinyllm.model import HALF, Transformer
+from tinyllm.saved_step import SavedStep
 from tinyllm.step_sampler import StepSampler
 
 MAX_RUN = 16  # the most steps one run chains (the width of `out`)
@@ -164,6 +165,13 @@ def compiled(forward, backend: str | None, model: Transformer | None = None):
     and compiled 17% slower cold (39 -> 46 s; warm 7.0 -> 7.3 s); SmolLM2 ran the same."""
     if backend is None:
         return forward
+    options = prepare_compile(backend, model)
+    return torch.compile(forward, backend=backend, fullgraph=True, dynamic=True, options=options)
+
+
+def prepare_compile(backend: str, model: Transformer | None) -> dict | None:
+    """What compiling the step (or loading it compiled: tinyllm.saved_step) needs first: Dynamo's
+    settings, and the AVX2 op built where the products use it. Returns Inductor's options."""
     import torch._dynamo
 
     # Entries add up over decoders and batch sizes: raise the recompile limit, and fail
@@ -179,8 +187,7 @@ def compiled(forward, backend: str | None, model: Transformer | None = None):
     cpu = model is not None and model.device.type == "cpu" and backend == "inductor"
     if cpu and model.dtype == torch.float32 and any(p.dtype in HALF for p in model.parameters()):
         cpu_qgemv.available()
-    options = {"cpp.threads": 1, "cpp_wrapper": True} if cpu else None
-    return torch.compile(forward, backend=backend, fullgraph=True, dynamic=True, options=options)
+    return {"cpp.threads": 1, "cpp_wrapper": True} if cpu else None
 
 
 class _Decoder:
@@ -199,6 +206,7 @@ class _Decoder:
         self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)  # the next step's input
         self.out = torch.zeros(batch, MAX_RUN, dtype=torch.long, device=device)  # ids of the last run
         self._step_fn = compiled(self._forward, compile, model)
+        self.saved = None  # the loaded compiled step (tinyllm.saved_step) that runs, if one does
         self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.pool = None
         self._use_graph = False
@@ -225,11 +233,16 @@ class _Decoder:
     def bucket(self, n_keys: int) -> int:
         return pick_bucket(self.buckets, n_keys)
 
-    def set_compile(self, backend: str | None) -> None:
-        """Run the step through `backend` (None: the plain step) from the next run on. The
-        graphs of the old step are dropped; the new step's are captured as runs need them."""
-        self.compile = backend
-        self._step_fn = compiled(self._forward, backend, self.model)
+    def set_compile(self, backend: str | None, saved=None) -> None:
+        """Run the step through `backend` (None: the plain step) from the next run on: `saved`,
+        a step compiled and saved before (tinyllm.saved_step), where given, else traced on its
+        first call. The graphs of the old step are dropped; the new step's are captured as
+        runs need them."""
+        self.compile, self.saved = backend, saved
+
+        def traced():
+            return compiled(self._forward, backend, self.model)
+        self._step_fn = traced() if saved is None else SavedStep(saved, self, traced)
         self.graphs.clear()
         if self.pool is not None:  # the old graphs' pool dies with them: capture into a new one
             self.pool = torch.cuda.graph_pool_handle()

@@ -1,12 +1,14 @@
 """The step's first compile in a child process (tinyllm.compile_child): on a CPU a session's
-background compile has a child fill the on-disk caches, once per spec, then compiles warm."""
+background compile has a child compile the step and save it (tinyllm.saved_step), once per
+spec; the session, and every relaunch, loads it."""
 
 import os
 
 import pytest
 
 from tinyllm.chat import Finished, open_session
-from tinyllm.compile_child import Spec, marker, warm_up
+from tinyllm.compile_child import Spec, marker, saved_path, warm_up
+from tinyllm.saved_step import SavedStep
 from tinyllm.testing import make_tiny_checkpoint
 
 
@@ -31,12 +33,17 @@ def test_a_cpu_session_compiles_in_a_child_first_and_only_once_per_spec(ckpt):
     c = s._compile
     assert (c.state, c.error, c.child_result) == ("compiled", "", "")  # the child compiled it
     assert c.child.path == os.path.abspath(ckpt) and c.child.greedy
-    assert marker(c.child).exists()
+    assert marker(c.child).exists() and saved_path(c.child).exists()  # and saved the step
+    assert c.saved_from == "loaded"  # which this process loaded: no trace here
     assert reply(s, "hello there") == want and s.last_stats.step == "compiled"
+    assert isinstance(s.decoder._step_fn, SavedStep) and s.decoder._step_fn._step is None
 
-    again = open_session(ckpt, "cpu", max_len=256)  # a relaunch: no child this time
+    again = open_session(ckpt, "cpu", max_len=256)  # a relaunch: no child, no trace
+    again.set_param("max_tokens", "12")
     assert again.wait_compiled(600)
-    assert (again._compile.state, again._compile.child_result) == ("compiled", "cached")
+    assert (again._compile.state, again._compile.child_result, again._compile.saved_from) == (
+        "compiled", None, "loaded")
+    assert reply(again, "hello there") == want and again.last_stats.step == "compiled"
 
 
 def test_a_child_that_fails_says_why_in_one_line_and_leaves_no_marker(ckpt, tmp_path):

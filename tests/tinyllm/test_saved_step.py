@@ -1,0 +1,63 @@
+"""The compiled step saved and loaded (tinyllm.saved_step): a loaded step runs as the step it was
+saved from, against the plain step at every bucket; guards that refuse a decoder fall back to
+tracing the step, never to an error; a damaged file is compiled anew."""
+
+import pytest
+import torch
+
+from tinyllm import saved_step
+from tinyllm.background_compile import compile_step
+from tinyllm.cuda_graph import GraphDecoder
+from tinyllm.saved_step import SavedStep
+
+MAX_LEN = 128
+
+
+@pytest.fixture(scope="module")
+def saved(model, tmp_path_factory):
+    """The tiny model's greedy step, compiled ahead of time, saved, and loaded back."""
+    path = tmp_path_factory.mktemp("saved") / "step.step"
+    compile_step(model, 1, MAX_LEN, "inductor", None, True, path)
+    assert path.exists()
+    return saved_step.load(path)
+
+
+def decode(model, fn, steps: int, batch: int = 1, backend: str | None = "inductor"):
+    """(token ids, logits of each step) of `steps` steps from the same prompt: the plain step
+    where fn is None, else the given saved step."""
+    torch.manual_seed(0)
+    dec = GraphDecoder(model, batch, max_len=MAX_LEN, buckets=(16, 32, 64, 128), use_graph=False)
+    if fn is not None:
+        dec.set_compile(backend, fn)
+    dec.prefill(torch.arange(1, 6).repeat(batch, 1))
+    ids, logits = [], []
+    with torch.no_grad():
+        for _ in range(steps):
+            logits.append(dec.run(1).clone())
+            ids.append(dec.tok.clone())
+    return dec, torch.cat(ids, 1), torch.cat(logits, 1)
+
+
+def test_a_loaded_step_decodes_as_the_plain_step_across_buckets(model, saved):
+    steps = 70  # from position 5 past the 16-, 32- and 64-key buckets
+    dec, ids, logits = decode(model, saved, steps)
+    _, want_ids, want_logits = decode(model, None, steps)
+    assert isinstance(dec._step_fn, SavedStep) and dec._step_fn._step is None  # ran loaded throughout
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-4)
+    assert len({dec.bucket(n) for n in range(6, 6 + steps)}) >= 3
+
+
+def test_a_decoder_the_guards_refuse_traces_the_step_instead(model, saved):
+    dec, ids, logits = decode(model, saved, 4, batch=2, backend="eager")  # saved for one row
+    _, want_ids, want_logits = decode(model, None, 4, batch=2)
+    assert dec._step_fn._step is not None  # refused once, traced from then on
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(logits, want_logits)
+
+
+def test_a_damaged_file_is_removed_and_loads_as_nothing(tmp_path):
+    path = tmp_path / "step.step"
+    path.write_bytes(b"not a compiled step")
+    assert saved_step.load(path) is None and not path.exists()
+    assert saved_step.load(tmp_path / "missing.step") is None
