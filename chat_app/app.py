@@ -277,6 +277,9 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
         await self._write(pieces)
         if live is not None:
             self._show_stats(live, "generating")
+        s = self.session
+        if s is not None and not self._busy and self.status.fields.get("step") != s.step_kind:
+            self.status.show(step=s.step_kind)  # a compile ended between replies: say so now
         if self._row is not None and time.monotonic() - self._saved_at >= SAVE_EVERY_S:
             self.save_partial()
 

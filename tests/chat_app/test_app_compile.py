@@ -25,6 +25,8 @@ async def test_status_bar_follows_the_background_compile_and_nothing_shown_chang
         shown = [r.text for r in app.query(Reply)]
         assert await asyncio.to_thread(app.session.wait_compiled, 600), "the compile did not end"
         assert app.session.step_kind == "compiled", app.session.compile_error
+        await wait_until(pilot, lambda: "· compiled" in app.status.line,
+                         what="the status bar to say compiled before the next reply")
         await send(pilot, "And now?")
         await wait_until(pilot, lambda: "· compiled" in app.status.line, what="the status bar to say compiled")
         assert app.session.last_stats.step == "compiled"
