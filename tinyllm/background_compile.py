@@ -178,10 +178,9 @@ def compile_step(model: Transformer, batch: int, max_len: int, backend: str, n_v
         dec.prefill(torch.zeros(batch, 1, dtype=torch.long, device=model.device))
         fn = None
         if save_to is not None:
-            fn = saved_step.build(dec, dec.bucket(dec.cache.keys_needed(1)), backend,
-                                  prepare_compile(backend, model))
-            saved_step.save(fn, save_to)
-            dec.set_compile(backend, fn)  # run once as a loaded step runs
+            fn = saved_step.build_and_save(dec, dec.bucket(dec.cache.keys_needed(1)), backend,
+                                           prepare_compile(backend, model), save_to)
+            dec.set_compile(backend, fn)  # run once as a loaded step runs (traced, where fn is None)
         dec.run(1)
         if stream is not None:
             stream.synchronize()

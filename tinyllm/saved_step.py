@@ -11,6 +11,8 @@ Contract:
   which is what gets compiled and saved: the saved code reads the decoder it is given.
 - `build(dec, window, backend, options) -> fn`: torch 2.13's `torch.compile(...).aot_compile`
   of decode_step for `dec` (whole graph, dynamic sizes: one step serves every window).
+- `build_and_save(...)`: both, or None where the step cannot be built ahead of time (the caller
+  compiles it the usual way: nothing fails for want of a saved step).
 - `save(fn, path)` / `load(path) -> fn | None`: None where the file is missing or cannot be
   loaded (a torch that changed, a truncated file: the file is removed, and the caller
   compiles anew). The caller keys the path on everything the step depends on
@@ -25,6 +27,7 @@ Contract:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,6 +52,22 @@ def build(dec, window: int, backend: str, options: dict | None):
 def save(fn, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fn.save_compiled_function(str(path))  # written whole, then renamed into place
+
+
+def build_and_save(dec, window: int, backend: str, options: dict | None, path: Path):
+    """build() then save(); None, with one line on stderr, where the step cannot be compiled
+    ahead of time (the caller then traces it the usual way). A step built but not saved is
+    still returned."""
+    try:
+        fn = build(dec, window, backend, options)
+    except Exception as e:
+        print(f"tinyllm: the step is not saved ({type(e).__name__}: {str(e).strip()[:200]})", file=sys.stderr)
+        return None
+    try:
+        save(fn, path)
+    except Exception as e:
+        print(f"tinyllm: the step is not saved ({type(e).__name__}: {str(e).strip()[:200]})", file=sys.stderr)
+    return fn
 
 
 def load(path: Path):

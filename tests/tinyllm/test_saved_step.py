@@ -61,3 +61,13 @@ def test_a_damaged_file_is_removed_and_loads_as_nothing(tmp_path):
     path.write_bytes(b"not a compiled step")
     assert saved_step.load(path) is None and not path.exists()
     assert saved_step.load(tmp_path / "missing.step") is None
+
+
+def test_a_step_that_cannot_be_built_ahead_is_compiled_the_usual_way(model, tmp_path, monkeypatch):
+    def refuse(*args):
+        raise RuntimeError("not serializable")
+
+    monkeypatch.setattr(saved_step, "build", refuse)
+    path = tmp_path / "step.step"
+    assert compile_step(model, 1, MAX_LEN, "eager", None, True, path) is None  # ran, traced
+    assert not path.exists()
