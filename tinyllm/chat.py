@@ -213,8 +213,9 @@ class ChatSession:
             self._start_compile(greedy)
             idle = False
         use = idle and greedy in self._compiled_variants()
-        saved = next((c.saved for c in self._compiles if c.state == "compiled" and c.greedy == greedy), None)
-        saved = saved if use else None  # the variant's step as loaded or saved (CPU), if it was
+        # the variant's compiled step as loaded or saved (CPU sessions), where it was
+        saved = next((c.saved for c in self._compiles if c.state == "compiled" and c.greedy == greedy),
+                     None) if use else None
         if use != bool(self.decoder.compile) or saved is not self.decoder.saved:
             self.decoder.set_compile(self._backend if use else None, saved)
         if use and self.decoder.use_graph:
