@@ -58,12 +58,9 @@ def build_and_save(dec, window: int, backend: str, options: dict | None, path: P
     """build() then save(); None, with one line on stderr, where the step cannot be compiled
     ahead of time (the caller then traces it the usual way). A step built but not saved is
     still returned."""
+    fn = None
     try:
         fn = build(dec, window, backend, options)
-    except Exception as e:
-        print(f"tinyllm: the step is not saved ({type(e).__name__}: {str(e).strip()[:200]})", file=sys.stderr)
-        return None
-    try:
         save(fn, path)
     except Exception as e:
         print(f"tinyllm: the step is not saved ({type(e).__name__}: {str(e).strip()[:200]})", file=sys.stderr)
