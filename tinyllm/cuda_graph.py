@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tinyllm import cpu_qgemv
+from tinyllm import cpu_qgemv, pdl
 from tinyllm.kv_cache import KVCache, SlotKVCache, ViewLayer
 from tinyllm.model import HALF, Transformer
 from tinyllm.saved_step import SavedStep
@@ -185,6 +185,10 @@ def prepare_compile(backend: str, model: Transformer | None) -> dict | None:
     # (a warm start's largest cost: docs/INFERENCE.md 4.14).
     cfg.specialize_float = True
     cpu = model is not None and model.device.type == "cpu" and backend == "inductor"
+    if backend == "inductor" and model is not None and model.device.type == "cuda" and pdl.inductor_enabled():
+        import torch._inductor.config
+
+        torch._inductor.config.triton.enable_pdl = True  # its kernels chain with ours (tinyllm.pdl)
     if cpu and model.dtype == torch.float32 and any(p.dtype in HALF for p in model.parameters()):
         cpu_qgemv.available()
     return {"cpp.threads": 1, "cpp_wrapper": True} if cpu else None

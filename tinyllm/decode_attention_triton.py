@@ -16,10 +16,11 @@ Two kernels:
   out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s with M = max_s m_s; a row with no
   key at all gets 0 (not NaN).
 
-The op is a `torch.library.triton_op`: torch.compile (Inductor) sees the two kernel launches,
-so a compiled step has no graph break, and the scratch buffers are plain `torch.empty`
-inside the op, so CUDA graphs capture it. The grid is computed from k.shape[2], which may be
-a symbolic size (a dynamic-shape compile): one compile serves every window.
+The op is a `torch.library.custom_op` that launches both kernels itself, with PDL where
+tinyllm.pdl allows (each kernel waits on the one before it first thing: every input may be
+fresh). A compiled step calls it as an opaque op, with no graph break; the scratch buffers
+are plain `torch.empty` inside the op, so CUDA graphs capture it. The grid is computed from
+the window's real size at each call: one compile serves every window.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import triton_op, wrap_triton
+
+from tinyllm import pdl
 
 BLOCK_N = 64  # keys per split program
 BLOCK_S = 32  # splits the combine program reads at once (it loops over more)
@@ -40,7 +42,10 @@ DTYPES = (torch.bfloat16, torch.float16)
 def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr,
                   W, n_split, Hkv, R, scale,
                   sq_b, sq_h, sq_r, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sm_b, sm_n,
-                  D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+                  D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # every input may come from the kernels just before (the new key and value too)
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = bh // Hkv
@@ -75,7 +80,10 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr,
 
 @triton.jit
 def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, n_split, R,
-                    D: tl.constexpr, BLOCK_S: tl.constexpr):
+                    D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     bh = tl.program_id(0)
     r = tl.program_id(1)
     lanes = tl.arange(0, BLOCK_S)
@@ -107,7 +115,7 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, n_split, R,
     tl.store(out_ptr + (bh * R + r) * D + cols, out.to(out_ptr.dtype.element_ty))
 
 
-@triton_op("tinyllm::decode_attention", mutates_args=())
+@torch.library.custom_op("tinyllm::decode_attention", mutates_args=())
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
     B, Hkv, R, D = q.shape
     W = k.shape[2]
@@ -122,12 +130,19 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
     l_buf = torch.empty((B * Hkv, n_split, R), dtype=torch.float32, device=dev)  # and sum of exp
     o_buf = torch.empty((B * Hkv, n_split, R, D), dtype=torch.float32, device=dev)  # and exp @ v
     out = torch.empty((B, Hkv, R, D), dtype=v.dtype, device=dev)
-    wrap_triton(_split_kernel)[(B * Hkv, n_split)](
+    pdl_on = pdl.enabled(dev)
+    launch = {"PDL": pdl_on, **({"launch_pdl": True} if pdl_on else {})}
+    _split_kernel[(B * Hkv, n_split)](
         q, k, v, mask, m_buf, l_buf, o_buf, W, n_split, Hkv, R, scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3),
         k.stride(0), k.stride(1), k.stride(2), k.stride(3),
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
         mask.stride(0), mask.stride(3),
-        D=D, BLOCK_R=block_r, BLOCK_N=BLOCK_N)
-    wrap_triton(_combine_kernel)[(B * Hkv, R)](m_buf, l_buf, o_buf, out, n_split, R, D=D, BLOCK_S=BLOCK_S)
+        D=D, BLOCK_R=block_r, BLOCK_N=BLOCK_N, **launch)
+    _combine_kernel[(B * Hkv, R)](m_buf, l_buf, o_buf, out, n_split, R, D=D, BLOCK_S=BLOCK_S, **launch)
     return out
+
+
+@decode_attention.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    return q.new_empty(q.shape, dtype=v.dtype)

@@ -24,12 +24,16 @@ Scales and offsets may be any float dtype (tinyllm.quant holds them exactly, fp1
 - Integers become floats through the exponent trick at TWO23, with no conversion instruction
   (the int8 loop had one I2F a weight), and x is loaded in the weights' own register layout
   (a broadcast vector was moved into it through shared memory: 34 barriers a step of the
-  int8 loop). These two were read off the kernels compiled for sm_90
-  (tests/tinyllm/test_qgemv.py checks them without a GPU) after the H200 measurements in
-  docs/BENCHMARKS.md, and are not timed yet.
+  int8 loop). Both were read off the kernels compiled for sm_90 (tests/tinyllm/test_qgemv.py
+  checks them without a GPU); on the H200 they changed nothing measurable.
+- Each step loads the next step's weights before it uses its own, and the first step's are
+  loaded before the kernel waits on the one before it (PDL, tinyllm.pdl): weights are the
+  only bytes a product reads that no kernel of the step writes.
 
-The ops are `torch.library.triton_op`s: a compiled step (Inductor) sees the kernel launches,
-so it has no graph break, and CUDA graphs capture them.
+The ops are `torch.library.custom_op`s that launch the kernels themselves: a compiled step
+(Inductor) calls them as opaque ops, with no graph break, and CUDA graphs capture the launches.
+They used to be `triton_op`s, whose launches Inductor writes into its own code; that code
+cannot launch with PDL, and under dynamic shapes it passed K as a plain argument (above).
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import triton_op, wrap_triton
+
+from tinyllm import pdl
 
 # Block sizes (see blocks()): programs per SM, weight bytes of a row a program reads per
 # step, warps a program. TINYLLM_QGEMV_BLOCKS="P,B,W" overrides them (tuning on another GPU:
@@ -58,22 +63,31 @@ TWO23 = tl.constexpr(8388608.0)
 
 
 @triton.jit
-def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PDL: tl.constexpr = False):
     pid_n, m = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     rk = tl.arange(0, BLOCK_K)  # (BLOCK_K,)
     n_ok = rn < N
+    rows = w_ptr + rn[:, None] * K  # (BLOCK_N, 1)
+    # The first step's weights are loaded before waiting on the kernel before (PDL: tinyllm.pdl):
+    # no kernel of a step writes them. Each step then loads the next step's weights first.
+    w = tl.load(rows + rk[None, :], mask=n_ok[:, None] & (rk[None, :] < K), other=0)  # (BLOCK_N, BLOCK_K) int8
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + rk
         ok = n_ok[:, None] & (k[None, :] < K)
-        w = tl.load(w_ptr + rn[:, None] * K + k[None, :], mask=ok, other=0)  # (BLOCK_N, BLOCK_K) int8
+        w_next = tl.load(rows + (k[None, :] + BLOCK_K), mask=n_ok[:, None] & (k[None, :] + BLOCK_K < K), other=0)
         u = w.to(tl.uint8, bitcast=True).to(tl.int32)  # q + 256 for q < 0: (q + 128) = u ^ 0x80
         q = (u ^ 0x4B000080).to(tl.float32, bitcast=True) - (TWO23 + 128.0)  # q, exactly
         # x loaded once per row of the block, in w's own layout: a broadcast (BLOCK_K,) vector
         # would be moved into that layout through shared memory, with barriers, every step
         x = tl.load(x_ptr + m * K + k[None, :] + 0 * rn[:, None], mask=ok, other=0.0).to(tl.float32)
         acc += q * x
+        w = w_next
     s = tl.load(s_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
     y = tl.sum(acc, axis=1) * s  # (BLOCK_N,)
     tl.store(y_ptr + m * N + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
@@ -81,7 +95,7 @@ def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, BLOCK_N: tl.con
 
 @triton.jit
 def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K: tl.constexpr, G: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     NG: tl.constexpr = BLOCK_K // G  # groups a step
     pid_n, m = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
@@ -89,14 +103,22 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K: tl.constexpr, G: tl.co
     rj = tl.arange(0, G // 2)  # byte j of a group holds its elements 2j and 2j + 1
     n_ok = rn < N
     groups = K // G
+    rows = w_ptr + rn[:, None, None] * (K // 2)  # (BLOCK_N, 1, 1)
+    # As in _int8_kernel: the first step's bytes before the wait, then each step loads the next's.
+    byte = rg[:, None] * (G // 2) + rj[None, :]  # (NG, G/2), written so it is seen contiguous
+    b = tl.load(rows + byte[None, :, :], mask=n_ok[:, None, None] & (rg < groups)[None, :, None],
+                other=0).to(tl.int32)  # (BLOCK_N, NG, G/2)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     acc = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
     for g0 in range(0, groups, NG):
         g = g0 + rg  # (NG,)
         ok = n_ok[:, None] & (g < groups)[None, :]  # (BLOCK_N, NG)
         ok3 = ok[:, :, None] & (rj >= 0)[None, None, :]  # (BLOCK_N, NG, G/2)
-        byte = g[:, None] * (G // 2) + rj[None, :]  # (NG, G/2), written so it is seen contiguous
-        b = tl.load(w_ptr + rn[:, None, None] * (K // 2) + byte[None, :, :], mask=ok3,
-                    other=0).to(tl.int32)  # (BLOCK_N, NG, G/2)
+        byte = g[:, None] * (G // 2) + rj[None, :]  # (NG, G/2)
+        b_next = tl.load(rows + (byte[None, :, :] + NG * (G // 2)),
+                         mask=n_ok[:, None, None] & (g + NG < groups)[None, :, None], other=0).to(tl.int32)
         lo = ((b & 15) | 0x4B000000).to(tl.float32, bitcast=True) - TWO23  # element 2j, exactly
         hi = ((b >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - TWO23  # element 2j + 1
         # x in the weights' layout (see _int8_kernel), even and odd elements
@@ -108,12 +130,15 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K: tl.constexpr, G: tl.co
         s = tl.load(s_ptr + rn[:, None] * groups + g[None, :], mask=ok, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + rn[:, None] * groups + g[None, :], mask=ok, other=0.0).to(tl.float32)
         acc += s * qx + z * xs
+        b = b_next
     y = tl.sum(acc, axis=1)  # (BLOCK_N,)
     tl.store(y_ptr + m * N + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
 @functools.cache
 def _sms(device: torch.device) -> int:
+    if device.type != "cuda":  # Triton's interpreter (the CPU tests): any count will do
+        return 33
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
@@ -129,19 +154,30 @@ def blocks(n: int, k: int, bytes_per_value: float, min_programs: int,
     return block_n, block_k
 
 
-@triton_op("tinyllm::int8_gemv", mutates_args=())
+def _launch(kernel, n: int, m: int, *args, **meta) -> None:
+    """One launch over (cdiv(N, BLOCK_N), M) programs, with PDL where tinyllm.pdl allows it."""
+    pdl_on = pdl.enabled(args[0].device)
+    extra = {"launch_pdl": True} if pdl_on else {}
+    kernel[(triton.cdiv(n, meta["BLOCK_N"]), m)](*args, **meta, PDL=pdl_on, num_warps=NUM_WARPS, **extra)
+
+
+@torch.library.custom_op("tinyllm::int8_gemv", mutates_args=())
 def int8_gemv(x: Tensor, qweight: Tensor, scales: Tensor) -> Tensor:
     m, k = x.shape
     n = qweight.shape[0]
     torch._check(qweight.shape[1] == k and scales.shape[0] == n, lambda: "int8_gemv: shapes disagree")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_n, block_k = blocks(n, k, 1, PROGRAMS_PER_SM * _sms(x.device))
-    wrap_triton(_int8_kernel)[(triton.cdiv(n, block_n), m)](x, qweight, scales, y, n, k,
-                                                             BLOCK_N=block_n, BLOCK_K=block_k, num_warps=NUM_WARPS)
+    _launch(_int8_kernel, n, m, x, qweight, scales, y, n, k, BLOCK_N=block_n, BLOCK_K=block_k)
     return y
 
 
-@triton_op("tinyllm::int4_gemv", mutates_args=())
+@int8_gemv.register_fake
+def _(x: Tensor, qweight: Tensor, scales: Tensor) -> Tensor:
+    return x.new_empty((x.shape[0], qweight.shape[0]))
+
+
+@torch.library.custom_op("tinyllm::int4_gemv", mutates_args=())
 def int4_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int) -> Tensor:
     m, k = x.shape
     n = qweight.shape[0]
@@ -150,6 +186,10 @@ def int4_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: 
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_n, block_k = blocks(n, k, 0.5, PROGRAMS_PER_SM * _sms(x.device))
     block_k = max(block_k, group)  # whole groups a step
-    wrap_triton(_int4_kernel)[(triton.cdiv(n, block_n), m)](x, qweight, scales, zeros, y, n, k, G=group,
-                                                             BLOCK_N=block_n, BLOCK_K=block_k, num_warps=NUM_WARPS)
+    _launch(_int4_kernel, n, m, x, qweight, scales, zeros, y, n, k, G=group, BLOCK_N=block_n, BLOCK_K=block_k)
     return y
+
+
+@int4_gemv.register_fake
+def _(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int) -> Tensor:
+    return x.new_empty((x.shape[0], qweight.shape[0]))

@@ -52,19 +52,10 @@ INTERPRETED = textwrap.dedent("""
     from tinyllm import qgemv_triton as T
     from tests.tinyllm.test_qgemv import CASES, case, rel_err
 
-    def raw(x, qt, group):  # the ops' bodies, launched directly (wrap_triton refuses interpreted kernels)
-        m, k = x.shape
-        n = qt.shape[0]
-        y = torch.empty(m, n, dtype=x.dtype)
+    def raw(x, qt, group):  # the ops launch their kernels themselves: the interpreter runs them
         if qt.kind == "int8":
-            bn, bk = T.blocks(n, k, 1, 264)
-            T._int8_kernel[(T.triton.cdiv(n, bn), m)](x, qt.qweight, qt.scales, y, n, k, BLOCK_N=bn, BLOCK_K=bk)
-        else:
-            bn, bk = T.blocks(n, k, 0.5, 264)
-            bk = max(bk, group)
-            T._int4_kernel[(T.triton.cdiv(n, bn), m)](x, qt.qweight, qt.scales, qt.zeros, y, n, k, G=group,
-                                                      BLOCK_N=bn, BLOCK_K=bk)
-        return y
+            return T.int8_gemv(x, qt.qweight, qt.scales)
+        return T.int4_gemv(x, qt.qweight, qt.scales, qt.zeros, group)
 
     for n, k, rows, kind, group in CASES:
         x, qt, ref = case(n, k, rows, kind, group)
@@ -86,11 +77,14 @@ def test_kernels_under_the_triton_interpreter():
 
 @pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
                     reason="needs triton; on a CUDA machine the CUDA tests compile them for real")
+@pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("kind", ["int8", "int4"])
-def test_kernels_compile_for_the_h200_without_a_gpu(kind):
+def test_kernels_compile_for_the_h200_without_a_gpu(kind, pdl):
     """Compiled for sm_90 with the hints a real launch gets (16-byte aligned pointers), the
     inner loop has no int-to-float conversion instruction (quarter rate on Hopper), loads the
-    weights 16 bytes at a time, and has no barrier but the final reduction's."""
+    weights 16 bytes at a time, and has no barrier but the final reduction's. With PDL the
+    kernel waits on the kernel before it (griddepcontrol) after its first weight load and
+    before its first load of x."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -100,13 +94,14 @@ def test_kernels_compile_for_the_h200_without_a_gpu(kind):
     aligned = [["tt.divisibility", 16]]
     if kind == "int8":
         sig = {"x_ptr": "*bf16", "w_ptr": "*i8", "s_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32", "K": "constexpr",
-               "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
-        src = ASTSource(T._int8_kernel, sig, constexprs={"K": 2048, "BLOCK_N": 4, "BLOCK_K": 512},
+               "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "PDL": "constexpr"}
+        src = ASTSource(T._int8_kernel, sig, constexprs={"K": 2048, "BLOCK_N": 4, "BLOCK_K": 512, "PDL": pdl},
                         attrs={(i,): aligned for i in range(4)})
     else:
         sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*bf16", "z_ptr": "*bf16", "y_ptr": "*bf16",
-               "N": "i32", "K": "constexpr", "G": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
-        src = ASTSource(T._int4_kernel, sig, constexprs={"K": 2048, "G": 32, "BLOCK_N": 4, "BLOCK_K": 1024},
+               "N": "i32", "K": "constexpr", "G": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+               "PDL": "constexpr"}
+        src = ASTSource(T._int4_kernel, sig, constexprs={"K": 2048, "G": 32, "BLOCK_N": 4, "BLOCK_K": 1024, "PDL": pdl},
                         attrs={(i,): aligned for i in range(5)})
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
     ptx = compiled.asm["ptx"]
@@ -114,6 +109,10 @@ def test_kernels_compile_for_the_h200_without_a_gpu(kind):
     assert "cvt.rn.f32.s" not in ptx and "cvt.rn.f32.u" not in ptx
     assert "ld.global.v4.b32" in ptx
     assert ptx.count("bar.sync") <= 1
+    assert ("griddepcontrol.wait" in ptx) == pdl
+    if pdl:
+        weights = ptx.index("ld.global.v4.b32")  # the first weight load comes before the wait
+        assert weights < ptx.index("griddepcontrol.wait") < ptx.index("ld.global", weights + 1)
 
 
 # -- CUDA (the H200) ----------------------------------------------------------------------------
