@@ -5,6 +5,7 @@ Contract:
   (tinyllm.quant): x (M, K) on CUDA, y (M, N) in x's dtype, fp32 accumulation. It reads the
   int8 / packed int4 weights in place, once per row of x, with the dequantization fused into
   the product. It is the slow twin `x @ W.dequantize().T`, to fp32 rounding order.
+  With `gated`, W holds SwiGLU's gate and up rows and it returns silu(gate) * up in one kernel.
 - `supported(x)`: whether to call it: Triton is installed (and not switched off with
   TINYLLM_QGEMV=0), x is on CUDA, and x has at most MAX_ROWS rows. Wider inputs (a prompt's
   prefill, a large engine batch) are better served by dequantizing once and one library
@@ -39,11 +40,13 @@ def supported(x: Tensor) -> bool:
     return _HAS_TRITON and x.is_cuda and x.shape[:-1].numel() <= MAX_ROWS
 
 
-def linear(x: Tensor, kind: str, qweight: Tensor, scales: Tensor, zeros: Tensor | None, group: int) -> Tensor:
-    """x (M, K) -> (M, N); kind "int8" (zeros None) or "int4"."""
+def linear(x: Tensor, kind: str, qweight: Tensor, scales: Tensor, zeros: Tensor | None, group: int,
+           gated: bool = False) -> Tensor:
+    """x (M, K) -> (M, N); kind "int8" (zeros None) or "int4". gated: W holds SwiGLU's gate
+    and up (2F rows), and the result is silu(gate) * up, (M, F)."""
     from tinyllm import qgemv_triton  # Triton, and the ops registered, on first use
 
     x = x.contiguous()
     if kind == "int8":
-        return qgemv_triton.int8_gemv(x, qweight, scales)
-    return qgemv_triton.int4_gemv(x, qweight, scales, zeros, group)
+        return qgemv_triton.int8_gemv(x, qweight, scales, gated)
+    return qgemv_triton.int4_gemv(x, qweight, scales, zeros, group, gated)

@@ -7,6 +7,8 @@ y (M, N) in x's dtype, fp32 accumulation:
 - `torch.ops.tinyllm.int8_gemv(x, qweight, scales)`: qweight int8 (N, K), scales (N,);
 - `torch.ops.tinyllm.int4_gemv(x, qweight, scales, zeros, group)`: qweight uint8 (N, K/2)
   (element 2j in the low nibble), scales and zeros (N, K/g), w = q * s + z, g = group.
+With `gated=True` W holds 2F rows, SwiGLU's gate then up, and either op returns
+silu(x @ gate.T) * (x @ up.T), (M, F): one kernel instead of the product and the gating.
 Both read the weights in place, once per row of x: they are for M of a few rows (batch-1 or
 small-batch decode), where the step is bound by the bytes of W.
 
@@ -62,21 +64,77 @@ PROGRAMS_PER_SM, BLOCK_K_BYTES, NUM_WARPS = (int(v) for v in os.environ.get("TIN
 TWO23 = tl.constexpr(8388608.0)
 
 
+# Weight rows into L2 ahead of their loads: one bulk prefetch a row (Hopper's
+# cp.async.bulk.prefetch, issued by the first `rows` threads of the program), so each
+# program asks for all its bytes at once, and under PDL does so while the kernel before it
+# still runs. Row starts and sizes are multiples of 16 bytes (K is, for both formats).
+PREFETCH = os.environ.get("TINYLLM_QGEMV_PREFETCH", "1") != "0"
+
+
+@triton.jit
+def _prefetch_rows(first, rows, row_bytes):
+    """first: the program's first row (a pointer to its first byte); rows, row_bytes: int32."""
+    tl.inline_asm_elementwise(
+        """{
+        .reg .pred p;
+        .reg .u32 t;
+        .reg .u64 a;
+        mov.u32 t, %tid.x;
+        setp.lt.u32 p, t, $2;
+        mul.wide.u32 a, t, $3;
+        add.u64 a, a, $1;
+        @p cp.async.bulk.prefetch.L2.global [a], $3;
+        mov.u32 $0, 0;
+        }""",
+        "=r,l,r,r", [first.to(tl.int64, bitcast=True), rows, row_bytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _block_rows(pid_n, N, BLOCK_N: tl.constexpr, HALVES: tl.constexpr):
+    """The program's rows: (output feature, weight row), each (HALVES * BLOCK_N,). With two
+    halves the weights hold 2N rows, gate then up, and the block takes its features' rows of
+    both."""
+    r = tl.arange(0, HALVES * BLOCK_N)
+    rn = pid_n * BLOCK_N + r % BLOCK_N
+    return rn, (r // BLOCK_N) * N + rn
+
+
+@triton.jit
+def _prefetch(w_ptr, pid_n, m, N, row_bytes, BLOCK_N: tl.constexpr, HALVES: tl.constexpr):
+    """The program's weight rows into L2 (once, by the programs of x's first row)."""
+    rows = tl.where(m == 0, tl.minimum(N - pid_n * BLOCK_N, BLOCK_N), 0)
+    for h in tl.static_range(HALVES):
+        _prefetch_rows(w_ptr + (h * N + pid_n * BLOCK_N) * row_bytes, rows, row_bytes)
+
+
+@triton.jit
+def _store(y_ptr, y, m, pid_n, N, BLOCK_N: tl.constexpr, HALVES: tl.constexpr):
+    """y (HALVES * BLOCK_N,) fp32 -> y_ptr[m, the block's features]: as it is, or, with two
+    halves, silu(gate) * up."""
+    if HALVES == 2:
+        gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))  # (BLOCK_N,) each
+        y = gate * tl.sigmoid(gate) * up
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(y_ptr + m * N + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+
+
 @triton.jit
 def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PDL: tl.constexpr = False):
+                 HALVES: tl.constexpr = 1, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
     pid_n, m = tl.program_id(0), tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    rn, row = _block_rows(pid_n, N, BLOCK_N, HALVES)  # (R,) each, R = HALVES * BLOCK_N
     rk = tl.arange(0, BLOCK_K)  # (BLOCK_K,)
     n_ok = rn < N
-    rows = w_ptr + rn[:, None] * K  # (BLOCK_N, 1)
+    rows = w_ptr + row[:, None] * K  # (R, 1)
+    if PREFETCH:
+        _prefetch(w_ptr, pid_n, m, N, K, BLOCK_N, HALVES)
     # The first step's weights are loaded before waiting on the kernel before (PDL: tinyllm.pdl):
     # no kernel of a step writes them. Each step then loads the next step's weights first.
-    w = tl.load(rows + rk[None, :], mask=n_ok[:, None] & (rk[None, :] < K), other=0)  # (BLOCK_N, BLOCK_K) int8
+    w = tl.load(rows + rk[None, :], mask=n_ok[:, None] & (rk[None, :] < K), other=0)  # (R, BLOCK_K) int8
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc = tl.zeros((HALVES * BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + rk
         ok = n_ok[:, None] & (k[None, :] < K)
@@ -88,34 +146,36 @@ def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, BLOCK_N: tl.con
         x = tl.load(x_ptr + m * K + k[None, :] + 0 * rn[:, None], mask=ok, other=0.0).to(tl.float32)
         acc += q * x
         w = w_next
-    s = tl.load(s_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
-    y = tl.sum(acc, axis=1) * s  # (BLOCK_N,)
-    tl.store(y_ptr + m * N + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+    s = tl.load(s_ptr + row, mask=n_ok, other=0.0).to(tl.float32)
+    _store(y_ptr, tl.sum(acc, axis=1) * s, m, pid_n, N, BLOCK_N, HALVES)
 
 
 @triton.jit
 def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K: tl.constexpr, G: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1, PDL: tl.constexpr = False,
+                 PREFETCH: tl.constexpr = False):
     NG: tl.constexpr = BLOCK_K // G  # groups a step
     pid_n, m = tl.program_id(0), tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    rn, row = _block_rows(pid_n, N, BLOCK_N, HALVES)  # (R,) each, R = HALVES * BLOCK_N
     rg = tl.arange(0, NG)  # (NG,)
     rj = tl.arange(0, G // 2)  # byte j of a group holds its elements 2j and 2j + 1
     n_ok = rn < N
     groups = K // G
-    rows = w_ptr + rn[:, None, None] * (K // 2)  # (BLOCK_N, 1, 1)
+    rows = w_ptr + row[:, None, None] * (K // 2)  # (R, 1, 1)
+    if PREFETCH:
+        _prefetch(w_ptr, pid_n, m, N, K // 2, BLOCK_N, HALVES)
     # As in _int8_kernel: the first step's bytes before the wait, then each step loads the next's.
     byte = rg[:, None] * (G // 2) + rj[None, :]  # (NG, G/2), written so it is seen contiguous
     b = tl.load(rows + byte[None, :, :], mask=n_ok[:, None, None] & (rg < groups)[None, :, None],
-                other=0).to(tl.int32)  # (BLOCK_N, NG, G/2)
+                other=0).to(tl.int32)  # (R, NG, G/2)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    acc = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
+    acc = tl.zeros((HALVES * BLOCK_N, NG), dtype=tl.float32)
     for g0 in range(0, groups, NG):
         g = g0 + rg  # (NG,)
-        ok = n_ok[:, None] & (g < groups)[None, :]  # (BLOCK_N, NG)
-        ok3 = ok[:, :, None] & (rj >= 0)[None, None, :]  # (BLOCK_N, NG, G/2)
+        ok = n_ok[:, None] & (g < groups)[None, :]  # (R, NG)
+        ok3 = ok[:, :, None] & (rj >= 0)[None, None, :]  # (R, NG, G/2)
         byte = g[:, None] * (G // 2) + rj[None, :]  # (NG, G/2)
         b_next = tl.load(rows + (byte[None, :, :] + NG * (G // 2)),
                          mask=n_ok[:, None, None] & (g + NG < groups)[None, :, None], other=0).to(tl.int32)
@@ -123,16 +183,15 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K: tl.constexpr, G: tl.co
         hi = ((b >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - TWO23  # element 2j + 1
         # x in the weights' layout (see _int8_kernel), even and odd elements
         xe_ptr = x_ptr + m * K + 2 * byte[None, :, :] + 0 * rn[:, None, None]
-        xe = tl.load(xe_ptr, mask=ok3, other=0.0).to(tl.float32)  # (BLOCK_N, NG, G/2)
+        xe = tl.load(xe_ptr, mask=ok3, other=0.0).to(tl.float32)  # (R, NG, G/2)
         xo = tl.load(xe_ptr + 1, mask=ok3, other=0.0).to(tl.float32)
-        qx = tl.sum(lo * xe + hi * xo, axis=2)  # (BLOCK_N, NG): sum over the group of q x
-        xs = tl.sum(xe + xo, axis=2)  # (BLOCK_N, NG): of x
-        s = tl.load(s_ptr + rn[:, None] * groups + g[None, :], mask=ok, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + rn[:, None] * groups + g[None, :], mask=ok, other=0.0).to(tl.float32)
+        qx = tl.sum(lo * xe + hi * xo, axis=2)  # (R, NG): sum over the group of q x
+        xs = tl.sum(xe + xo, axis=2)  # (R, NG): of x
+        s = tl.load(s_ptr + row[:, None] * groups + g[None, :], mask=ok, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + row[:, None] * groups + g[None, :], mask=ok, other=0.0).to(tl.float32)
         acc += s * qx + z * xs
         b = b_next
-    y = tl.sum(acc, axis=1)  # (BLOCK_N,)
-    tl.store(y_ptr + m * N + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+    _store(y_ptr, tl.sum(acc, axis=1), m, pid_n, N, BLOCK_N, HALVES)
 
 
 @functools.cache
@@ -158,38 +217,47 @@ def _launch(kernel, n: int, m: int, *args, **meta) -> None:
     """One launch over (cdiv(N, BLOCK_N), M) programs, with PDL where tinyllm.pdl allows it."""
     pdl_on = pdl.enabled(args[0].device)
     extra = {"launch_pdl": True} if pdl_on else {}
-    kernel[(triton.cdiv(n, meta["BLOCK_N"]), m)](*args, **meta, PDL=pdl_on, num_warps=NUM_WARPS, **extra)
+    kernel[(triton.cdiv(n, meta["BLOCK_N"]), m)](*args, **meta, PDL=pdl_on, PREFETCH=pdl_on and PREFETCH,
+                                                  num_warps=NUM_WARPS, **extra)
+
+
+def _outputs(qweight: Tensor, gated: bool) -> int:
+    return qweight.shape[0] // 2 if gated else qweight.shape[0]
 
 
 @torch.library.custom_op("tinyllm::int8_gemv", mutates_args=())
-def int8_gemv(x: Tensor, qweight: Tensor, scales: Tensor) -> Tensor:
+def int8_gemv(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False) -> Tensor:
     m, k = x.shape
-    n = qweight.shape[0]
-    torch._check(qweight.shape[1] == k and scales.shape[0] == n, lambda: "int8_gemv: shapes disagree")
+    n, halves = _outputs(qweight, gated), 1 + gated
+    torch._check(qweight.shape == (n * halves, k) and scales.shape[0] == n * halves,
+                 lambda: "int8_gemv: shapes disagree")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_n, block_k = blocks(n, k, 1, PROGRAMS_PER_SM * _sms(x.device))
-    _launch(_int8_kernel, n, m, x, qweight, scales, y, n, k, BLOCK_N=block_n, BLOCK_K=block_k)
+    block_n, block_k = blocks(n * halves, k, 1, PROGRAMS_PER_SM * _sms(x.device))
+    block_n = max(block_n // halves, 1)
+    _launch(_int8_kernel, n, m, x, qweight, scales, y, n, k, BLOCK_N=block_n, BLOCK_K=block_k, HALVES=halves)
     return y
 
 
 @int8_gemv.register_fake
-def _(x: Tensor, qweight: Tensor, scales: Tensor) -> Tensor:
-    return x.new_empty((x.shape[0], qweight.shape[0]))
+def _(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False) -> Tensor:
+    return x.new_empty((x.shape[0], _outputs(qweight, gated)))
 
 
 @torch.library.custom_op("tinyllm::int4_gemv", mutates_args=())
-def int4_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int) -> Tensor:
+def int4_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int, gated: bool = False) -> Tensor:
     m, k = x.shape
-    n = qweight.shape[0]
-    torch._check(qweight.shape[1] * 2 == k and scales.shape == zeros.shape and scales.shape[0] == n
-                 and scales.shape[1] * group == k, lambda: "int4_gemv: shapes disagree")
+    n, halves = _outputs(qweight, gated), 1 + gated
+    torch._check(qweight.shape == (n * halves, k // 2) and scales.shape == zeros.shape
+                 and scales.shape == (n * halves, k // group), lambda: "int4_gemv: shapes disagree")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_n, block_k = blocks(n, k, 0.5, PROGRAMS_PER_SM * _sms(x.device))
+    block_n, block_k = blocks(n * halves, k, 0.5, PROGRAMS_PER_SM * _sms(x.device))
+    block_n = max(block_n // halves, 1)
     block_k = max(block_k, group)  # whole groups a step
-    _launch(_int4_kernel, n, m, x, qweight, scales, zeros, y, n, k, G=group, BLOCK_N=block_n, BLOCK_K=block_k)
+    _launch(_int4_kernel, n, m, x, qweight, scales, zeros, y, n, k, G=group, BLOCK_N=block_n, BLOCK_K=block_k,
+            HALVES=halves)
     return y
 
 
 @int4_gemv.register_fake
-def _(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int) -> Tensor:
-    return x.new_empty((x.shape[0], qweight.shape[0]))
+def _(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int, gated: bool = False) -> Tensor:
+    return x.new_empty((x.shape[0], _outputs(qweight, gated)))

@@ -265,10 +265,15 @@ class QuantLinear(Module):
     def swiglu(self, down: nn.Module, x: Tensor) -> Tensor | None:
         """down(silu(gate) * up), this layer holding gate and up (its two halves of rows), x
         (..., K) -> (..., D): one op (tinyllm.cpu_qgemv.ffn) where both layers run the AVX2
-        kernel; None otherwise, and the caller runs the two layers."""
+        kernel; on CUDA for a few rows, the gating in the product's kernel (tinyllm.qgemv),
+        then down; None otherwise, and the caller runs the two layers."""
+        lead = x.shape[:-1]
+        if not self.generic and qgemv.supported(x):
+            h = qgemv.linear(x.reshape(-1, self.in_features), self.kind, self.qweight, self.scales, self.zeros,
+                             self.group, gated=True)  # (M, F)
+            return down(h.view(*lead, -1))
         if not (self.avx2 and isinstance(down, QuantLinear) and down.avx2):
             return None
-        lead = x.shape[:-1]
         y = cpu_qgemv.ffn(x.reshape(-1, self.in_features), (self.qweight, self.scales, self.zeros),
                           (down.qweight, down.scales, down.zeros))  # (M, D)
         return y.view(*lead, -1)

@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 # (N, K, rows, kind, group): odd N (a partial block), K not a multiple of a step, several rows.
-CASES = [(300, 96, 1, "int8", 0), (257, 640, 3, "int8", 0), (2560, 2048, 1, "int8", 0),
-         (300, 96, 1, "int4", 32), (257, 640, 3, "int4", 64), (2560, 2048, 1, "int4", 32)]
+CASES = [(300, 96, 1, "int8", 0), (257, 640, 3, "int8", 0), (2560, 2048, 1, "int8", 0), (1100, 128, 2, "int8", 0),
+         (300, 96, 1, "int4", 32), (257, 640, 3, "int4", 64), (2560, 2048, 1, "int4", 32), (1100, 128, 2, "int4", 32)]
 
 
 def case(n, k, rows, kind, group, device="cpu", dtype=torch.float32):
@@ -52,16 +52,20 @@ INTERPRETED = textwrap.dedent("""
     from tinyllm import qgemv_triton as T
     from tests.tinyllm.test_qgemv import CASES, case, rel_err
 
-    def raw(x, qt, group):  # the ops launch their kernels themselves: the interpreter runs them
+    def raw(x, qt, group, gated=False):  # the ops launch their kernels themselves: the interpreter runs them
         if qt.kind == "int8":
-            return T.int8_gemv(x, qt.qweight, qt.scales)
-        return T.int4_gemv(x, qt.qweight, qt.scales, qt.zeros, group)
+            return T.int8_gemv(x, qt.qweight, qt.scales, gated)
+        return T.int4_gemv(x, qt.qweight, qt.scales, qt.zeros, group, gated)
 
     for n, k, rows, kind, group in CASES:
         x, qt, ref = case(n, k, rows, kind, group)
         y = raw(x, qt, group)
         assert y.shape == (rows, n), y.shape
         assert rel_err(y, ref) < 1e-5, (n, k, rows, kind, rel_err(y, ref))
+        if n % 2 == 0:  # the same rows as SwiGLU's gate and up halves
+            y = raw(x, qt, group, gated=True)
+            gate, up = ref.chunk(2, dim=-1)
+            assert rel_err(y, torch.nn.functional.silu(gate) * up) < 1e-5, (n, k, rows, kind, "gated")
     print("ok")
 """)
 
@@ -77,14 +81,15 @@ def test_kernels_under_the_triton_interpreter():
 
 @pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
                     reason="needs triton; on a CUDA machine the CUDA tests compile them for real")
+@pytest.mark.parametrize("halves", [1, 2])
 @pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("kind", ["int8", "int4"])
-def test_kernels_compile_for_the_h200_without_a_gpu(kind, pdl):
+def test_kernels_compile_for_the_h200_without_a_gpu(kind, pdl, halves):
     """Compiled for sm_90 with the hints a real launch gets (16-byte aligned pointers), the
     inner loop has no int-to-float conversion instruction (quarter rate on Hopper), loads the
     weights 16 bytes at a time, and has no barrier but the final reduction's. With PDL the
-    kernel waits on the kernel before it (griddepcontrol) after its first weight load and
-    before its first load of x."""
+    kernel waits on the kernel before it (griddepcontrol) after its first weight load, and
+    asks for its rows' bytes in L2 (a bulk prefetch, one per half) before both."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -94,25 +99,30 @@ def test_kernels_compile_for_the_h200_without_a_gpu(kind, pdl):
     aligned = [["tt.divisibility", 16]]
     if kind == "int8":
         sig = {"x_ptr": "*bf16", "w_ptr": "*i8", "s_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32", "K": "constexpr",
-               "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "PDL": "constexpr"}
-        src = ASTSource(T._int8_kernel, sig, constexprs={"K": 2048, "BLOCK_N": 4, "BLOCK_K": 512, "PDL": pdl},
+               "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "HALVES": "constexpr", "PDL": "constexpr",
+               "PREFETCH": "constexpr"}
+        src = ASTSource(T._int8_kernel, sig, constexprs={"K": 2048, "BLOCK_N": 4, "BLOCK_K": 512, "HALVES": halves,
+                                                         "PDL": pdl, "PREFETCH": pdl},
                         attrs={(i,): aligned for i in range(4)})
     else:
         sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*bf16", "z_ptr": "*bf16", "y_ptr": "*bf16",
                "N": "i32", "K": "constexpr", "G": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-               "PDL": "constexpr"}
-        src = ASTSource(T._int4_kernel, sig, constexprs={"K": 2048, "G": 32, "BLOCK_N": 4, "BLOCK_K": 1024, "PDL": pdl},
+               "HALVES": "constexpr", "PDL": "constexpr", "PREFETCH": "constexpr"}
+        src = ASTSource(T._int4_kernel, sig, constexprs={"K": 2048, "G": 32, "BLOCK_N": 4, "BLOCK_K": 1024,
+                                                         "HALVES": halves, "PDL": pdl, "PREFETCH": pdl},
                         attrs={(i,): aligned for i in range(5)})
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
     ptx = compiled.asm["ptx"]
     assert compiled.asm["cubin"]
     assert "cvt.rn.f32.s" not in ptx and "cvt.rn.f32.u" not in ptx
     assert "ld.global.v4.b32" in ptx
-    assert ptx.count("bar.sync") <= 1
+    if kind == "int8" or halves == 1:  # int4 with two halves moves its group sums through shared memory
+        assert ptx.count("bar.sync") <= 1
     assert ("griddepcontrol.wait" in ptx) == pdl
     if pdl:
         weights = ptx.index("ld.global.v4.b32")  # the first weight load comes before the wait
-        assert weights < ptx.index("griddepcontrol.wait") < ptx.index("ld.global", weights + 1)
+        assert ptx.index("cp.async.bulk.prefetch.L2.global") < weights < ptx.index("griddepcontrol.wait")
+        assert ptx.count("cp.async.bulk.prefetch.L2.global") == halves
 
 
 # -- CUDA (the H200) ----------------------------------------------------------------------------
@@ -131,3 +141,7 @@ def test_cuda_ops_match_the_dequantized_product(n, k, rows, kind, group):
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
     assert rel_err(y, ref) < 1e-2  # bf16 x, scales and output: ~0.4% each
     assert qgemv.supported(x) == (rows <= qgemv.MAX_ROWS)
+    if n % 2 == 0:  # SwiGLU's gate and up in one kernel
+        g = qgemv.linear(x, kind, qt.qweight, s, None if kind == "int8" else qt.zeros.bfloat16(), group, gated=True)
+        gate, up = ref.chunk(2, dim=-1)
+        assert g.shape == (rows, n // 2) and rel_err(g, torch.nn.functional.silu(gate) * up) < 1e-2
