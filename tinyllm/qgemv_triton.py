@@ -30,7 +30,9 @@ Scales and offsets may be any float dtype (tinyllm.quant holds them exactly, fp1
   checks them without a GPU); on the H200 they changed nothing measurable.
 - Each step loads the next step's weights before it uses its own, and the first step's are
   loaded before the kernel waits on the one before it (PDL, tinyllm.pdl): weights are the
-  only bytes a product reads that no kernel of the step writes.
+  only bytes a product reads that no kernel of the step writes. (Asking for all of a
+  program's rows at once, a bulk L2 prefetch before the wait, made the 1.1B step slower on
+  the H200, 861 -> 915 us: docs/BENCHMARKS.md.)
 
 The ops are `torch.library.custom_op`s that launch the kernels themselves: a compiled step
 (Inductor) calls them as opaque ops, with no graph break, and CUDA graphs capture the launches.
@@ -64,31 +66,6 @@ PROGRAMS_PER_SM, BLOCK_K_BYTES, NUM_WARPS = (int(v) for v in os.environ.get("TIN
 TWO23 = tl.constexpr(8388608.0)
 
 
-# Weight rows into L2 ahead of their loads: one bulk prefetch a row (Hopper's
-# cp.async.bulk.prefetch, issued by the first `rows` threads of the program), so each
-# program asks for all its bytes at once, and under PDL does so while the kernel before it
-# still runs. Row starts and sizes are multiples of 16 bytes (K is, for both formats).
-PREFETCH = os.environ.get("TINYLLM_QGEMV_PREFETCH", "1") != "0"
-
-
-@triton.jit
-def _prefetch_rows(first, rows, row_bytes):
-    """first: the program's first row (a pointer to its first byte); rows, row_bytes: int32."""
-    tl.inline_asm_elementwise(
-        """{
-        .reg .pred p;
-        .reg .u32 t;
-        .reg .u64 a;
-        mov.u32 t, %tid.x;
-        setp.lt.u32 p, t, $2;
-        mul.wide.u32 a, t, $3;
-        add.u64 a, a, $1;
-        @p cp.async.bulk.prefetch.L2.global [a], $3;
-        mov.u32 $0, 0;
-        }""",
-        "=r,l,r,r", [first.to(tl.int64, bitcast=True), rows, row_bytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
 @triton.jit
 def _block_rows(pid_n, N, BLOCK_N: tl.constexpr, HALVES: tl.constexpr):
     """The program's rows: (output feature, weight row), each (HALVES * BLOCK_N,). With two
@@ -97,14 +74,6 @@ def _block_rows(pid_n, N, BLOCK_N: tl.constexpr, HALVES: tl.constexpr):
     r = tl.arange(0, HALVES * BLOCK_N)
     rn = pid_n * BLOCK_N + r % BLOCK_N
     return rn, (r // BLOCK_N) * N + rn
-
-
-@triton.jit
-def _prefetch(w_ptr, pid_n, m, N, row_bytes, BLOCK_N: tl.constexpr, HALVES: tl.constexpr):
-    """The program's weight rows into L2 (once, by the programs of x's first row)."""
-    rows = tl.where(m == 0, tl.minimum(N - pid_n * BLOCK_N, BLOCK_N), 0)
-    for h in tl.static_range(HALVES):
-        _prefetch_rows(w_ptr + (h * N + pid_n * BLOCK_N) * row_bytes, rows, row_bytes)
 
 
 @triton.jit
@@ -120,14 +89,12 @@ def _store(y_ptr, y, m, pid_n, N, BLOCK_N: tl.constexpr, HALVES: tl.constexpr):
 
 @triton.jit
 def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 HALVES: tl.constexpr = 1, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
+                 HALVES: tl.constexpr = 1, PDL: tl.constexpr = False):
     pid_n, m = tl.program_id(0), tl.program_id(1)
     rn, row = _block_rows(pid_n, N, BLOCK_N, HALVES)  # (R,) each, R = HALVES * BLOCK_N
     rk = tl.arange(0, BLOCK_K)  # (BLOCK_K,)
     n_ok = rn < N
     rows = w_ptr + row[:, None] * K  # (R, 1)
-    if PREFETCH:
-        _prefetch(w_ptr, pid_n, m, N, K, BLOCK_N, HALVES)
     # The first step's weights are loaded before waiting on the kernel before (PDL: tinyllm.pdl):
     # no kernel of a step writes them. Each step then loads the next step's weights first.
     w = tl.load(rows + rk[None, :], mask=n_ok[:, None] & (rk[None, :] < K), other=0)  # (R, BLOCK_K) int8
@@ -152,8 +119,8 @@ def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, BLOCK_N: tl.con
 
 @triton.jit
 def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K: tl.constexpr, G: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1, PDL: tl.constexpr = False,
-                 PREFETCH: tl.constexpr = False):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1,
+                 PDL: tl.constexpr = False):
     NG: tl.constexpr = BLOCK_K // G  # groups a step
     pid_n, m = tl.program_id(0), tl.program_id(1)
     rn, row = _block_rows(pid_n, N, BLOCK_N, HALVES)  # (R,) each, R = HALVES * BLOCK_N
@@ -162,8 +129,6 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K: tl.constexpr, G: tl.co
     n_ok = rn < N
     groups = K // G
     rows = w_ptr + row[:, None, None] * (K // 2)  # (R, 1, 1)
-    if PREFETCH:
-        _prefetch(w_ptr, pid_n, m, N, K // 2, BLOCK_N, HALVES)
     # As in _int8_kernel: the first step's bytes before the wait, then each step loads the next's.
     byte = rg[:, None] * (G // 2) + rj[None, :]  # (NG, G/2), written so it is seen contiguous
     b = tl.load(rows + byte[None, :, :], mask=n_ok[:, None, None] & (rg < groups)[None, :, None],
@@ -217,8 +182,7 @@ def _launch(kernel, n: int, m: int, *args, **meta) -> None:
     """One launch over (cdiv(N, BLOCK_N), M) programs, with PDL where tinyllm.pdl allows it."""
     pdl_on = pdl.enabled(args[0].device)
     extra = {"launch_pdl": True} if pdl_on else {}
-    kernel[(triton.cdiv(n, meta["BLOCK_N"]), m)](*args, **meta, PDL=pdl_on, PREFETCH=pdl_on and PREFETCH,
-                                                  num_warps=NUM_WARPS, **extra)
+    kernel[(triton.cdiv(n, meta["BLOCK_N"]), m)](*args, **meta, PDL=pdl_on, num_warps=NUM_WARPS, **extra)
 
 
 def _outputs(qweight: Tensor, gated: bool) -> int:
