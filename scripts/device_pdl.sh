@@ -22,11 +22,11 @@ print("inductor enable_pdl:", hasattr(c.triton, "enable_pdl"), "gdc_wait:", hasa
 PY
 
 if [ "${TESTS_S:-100}" != 0 ]; then
-  timeout "${TESTS_S:-100}" python3 -m pytest -q -rfs --tb=short -m cuda tests/tinyllm/test_qgemv.py \
+  timeout -s INT "${TESTS_S:-100}" python3 -m pytest -v -rfs --tb=short -m cuda tests/tinyllm/test_qgemv.py \
       tests/tinyllm/test_quant_cuda.py tests/tinyllm/test_decode_attention.py tests/tinyllm/test_cuda_graph_cuda.py \
       tests/tinyllm/test_engine_cuda.py tests/tinyllm/test_chat_decode.py \
       > "$OUT/tests.txt" 2>&1
-  echo "tests rc=$?"; grep -E "passed|failed|FAILED|Error" "$OUT/tests.txt" | tail -8
+  echo "tests rc=$?"; grep -E " passed| failed|FAILED|Error" "$OUT/tests.txt" | tail -12
 fi
 
 i=0
