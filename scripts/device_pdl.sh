@@ -29,6 +29,22 @@ if [ "${TESTS_S:-100}" != 0 ]; then
   echo "tests rc=$?"; grep -E " passed| failed|FAILED|Error" "$OUT/tests.txt" | tail -12
 fi
 
+summarize() {  # after each run, so a call that runs out of time still brings back what finished
+  python3 - $L <<'PY' > "$OUT/summary.txt"
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob("*.jsonl")):
+    v = f.with_suffix(".variant")
+    for line in f.read_text().splitlines():
+        if not line.startswith("{"):
+            continue
+        r = json.loads(line)
+        if r.get("metric") in ("decode_tok_s", "replay_us", "kernels_per_step", "weights_mib", "bandwidth_gb_s"):
+            print(f.stem, v.read_text().strip() if v.exists() else "", r["metric"], r.get("impl", ""),
+                  r.get("window", ""), round(r["value"], 1))
+PY
+  tar czf "$OUT/logs.tgz" -C /tmp logs
+}
+
 i=0
 for v in ${VARIANTS:--}; do
   env_args=$(echo "$v" | tr ';' ' '); [ "$v" = "-" ] && env_args=""
@@ -37,7 +53,7 @@ for v in ${VARIANTS:--}; do
       --quant int8 --profile > $L/profile_$i.jsonl 2> $L/profile_$i.err
   echo "$i [$v] rc=$? compiled replay_us: $(grep '"compiled"' $L/profile_$i.jsonl | grep replay_us | sed 's/.*"value": \([0-9.]*\).*window": \([0-9]*\).*/W=\2 \1/' | tr '\n' ' ')"
   echo "$v" > $L/profile_$i.variant
-  i=$((i + 1))
+  i=$((i + 1)); summarize
 done
 best=$(python3 - $L <<'PY'
 import json, pathlib, sys
@@ -56,18 +72,6 @@ for q in ${QUANTS:-int8}; do
   env_args=$(echo "$best" | tr ';' ' '); [ "$best" = "-" ] && env_args=""
   env $env_args timeout "${BENCH_S:-120}" python3 -m tinyllm.bench --preset tinyllama-1.1b --device cuda --quant "$q" \
       --compile on --peers off --steps 128 --repeats 3 --prompt-lens 128 --no-buckets > $L/tinyllama_$q.jsonl 2> $L/tinyllama_$q.err
-  echo "tinyllama $q [$best] rc=$?"
+  echo "tinyllama $q [$best] rc=$?"; summarize
 done
-python3 - $L <<'PY' | tee "$OUT/summary.txt"
-import json, pathlib, sys
-for f in sorted(pathlib.Path(sys.argv[1]).glob("*.jsonl")):
-    v = f.with_suffix(".variant")
-    for line in f.read_text().splitlines():
-        if not line.startswith("{"):
-            continue
-        r = json.loads(line)
-        if r.get("metric") in ("decode_tok_s", "replay_us", "kernels_per_step", "weights_mib", "bandwidth_gb_s"):
-            print(f.stem, v.read_text().strip() if v.exists() else "", r["metric"], r.get("impl", ""),
-                  r.get("window", ""), round(r["value"], 1))
-PY
-tar czf "$OUT/logs.tgz" -C /tmp logs
+summarize; cat "$OUT/summary.txt"
