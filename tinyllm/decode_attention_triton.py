@@ -130,8 +130,7 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
     l_buf = torch.empty((B * Hkv, n_split, R), dtype=torch.float32, device=dev)  # and sum of exp
     o_buf = torch.empty((B * Hkv, n_split, R, D), dtype=torch.float32, device=dev)  # and exp @ v
     out = torch.empty((B, Hkv, R, D), dtype=v.dtype, device=dev)
-    pdl_on = pdl.enabled(dev)
-    launch = {"PDL": pdl_on, **({"launch_pdl": True} if pdl_on else {})}
+    launch = pdl.launch_options(dev)
     _split_kernel[(B * Hkv, n_split)](
         q, k, v, mask, m_buf, l_buf, o_buf, W, n_split, Hkv, R, scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3),

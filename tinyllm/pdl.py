@@ -4,6 +4,8 @@ Contract:
 - `enabled(device) -> bool`: launch our decode kernels with PDL on this device: a CUDA GPU of
   compute capability 9.0 or more, Triton with `gdc_wait` (imported here: call it only where
   Triton is already imported), and not switched off with TINYLLM_PDL=0.
+- `launch_options(device) -> dict`: the keyword arguments a launch of one of our kernels takes
+  (each has a `PDL` constexpr that turns its gdc_wait / gdc_launch_dependents on).
 - `inductor_enabled()`: the same question for the kernels Inductor generates
   (`torch._inductor.config.triton.enable_pdl`, where this torch has that setting); the compiled
   step turns that setting on when it is true (cuda_graph.prepare_compile).
@@ -38,8 +40,12 @@ def enabled(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9 and hasattr(tl.extra.cuda, "gdc_wait")
 
 
+def launch_options(device: torch.device) -> dict:
+    return {"PDL": True, "launch_pdl": True} if enabled(device) else {"PDL": False}
+
+
 def inductor_enabled() -> bool:
     import torch._inductor.config as inductor
 
-    return (_switched_on() and os.environ.get("TINYLLM_PDL") != "kernels" and hasattr(inductor.triton, "enable_pdl") and torch.cuda.is_available()
-            and torch.cuda.get_device_capability()[0] >= 9)
+    return (_switched_on() and os.environ.get("TINYLLM_PDL") != "kernels" and hasattr(inductor.triton, "enable_pdl")
+            and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9)

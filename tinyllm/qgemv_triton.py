@@ -180,9 +180,8 @@ def blocks(n: int, k: int, bytes_per_value: float, min_programs: int,
 
 def _launch(kernel, n: int, m: int, *args, **meta) -> None:
     """One launch over (cdiv(N, BLOCK_N), M) programs, with PDL where tinyllm.pdl allows it."""
-    pdl_on = pdl.enabled(args[0].device)
-    extra = {"launch_pdl": True} if pdl_on else {}
-    kernel[(triton.cdiv(n, meta["BLOCK_N"]), m)](*args, **meta, PDL=pdl_on, num_warps=NUM_WARPS, **extra)
+    kernel[(triton.cdiv(n, meta["BLOCK_N"]), m)](*args, **meta, **pdl.launch_options(args[0].device),
+                                                  num_warps=NUM_WARPS)
 
 
 def _outputs(qweight: Tensor, gated: bool) -> int:
