@@ -3,7 +3,7 @@
 # docs/BENCHMARKS.md, ninth session). Run from the repo root; $OUT gets tests.txt, summary.txt
 # and logs.tgz (every run's JSON and stderr, Chrome traces of the first). One 10-minute call:
 #  1. what this torch / Triton offer (Inductor's enable_pdl, Triton's gdc_wait);
-#  2. the CUDA tests of the kernels and of the graphed decoders (TESTS_S);
+#  2. the CUDA tests of the kernels and of the graphed decoders (TESTS_S seconds; TEST_FILES);
 #  3. `tinyllm-bench --profile` of the TinyLlama-1.1B shape at int8 for each VARIANTS entry
 #     (environment assignments, "-" for none): one step's replay time, plain and compiled;
 #     the first compiles cold, the rest reuse Inductor's cache;
@@ -22,9 +22,9 @@ print("inductor enable_pdl:", hasattr(c.triton, "enable_pdl"), "gdc_wait:", hasa
 PY
 
 if [ "${TESTS_S:-100}" != 0 ]; then
-  timeout -s INT "${TESTS_S:-100}" python3 -m pytest -v -rfs --tb=short -m cuda tests/tinyllm/test_qgemv.py \
+  timeout -s INT "${TESTS_S:-100}" python3 -m pytest -v -rfs --tb=short -m cuda ${TEST_FILES:-tests/tinyllm/test_qgemv.py \
       tests/tinyllm/test_quant_cuda.py tests/tinyllm/test_decode_attention.py tests/tinyllm/test_cuda_graph_cuda.py \
-      tests/tinyllm/test_engine_cuda.py tests/tinyllm/test_chat_decode.py \
+      tests/tinyllm/test_engine_cuda.py tests/tinyllm/test_chat_decode.py} \
       > "$OUT/tests.txt" 2>&1
   echo "tests rc=$?"; grep -E " passed| failed|FAILED|Error" "$OUT/tests.txt" | tail -12
 fi

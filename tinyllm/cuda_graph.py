@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tinyllm import cpu_qgemv, pdl
+from tinyllm import cpu_qgemv, decode_attention, pdl
 from tinyllm.kv_cache import KVCache, SlotKVCache, ViewLayer
 from tinyllm.model import HALF, Transformer
 from tinyllm.saved_step import SavedStep
@@ -147,6 +147,14 @@ class _StaticDecode:
         c.k[i].index_copy_(2, c.pos, k)  # (B, Hkv, max_len + 1, D) at pos
         c.v[i].index_copy_(2, c.pos, v)
         return c.k[i][:, :, :self.window], c.v[i][:, :, :self.window]  # (B, Hkv, W, D)
+
+    def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> Tensor | None:
+        """Layer i's RoPE, cache write at pos and attention over the window, one op on CUDA:
+        qkv (B, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D); None where the op can't take them."""
+        c, mask = self.cache, self.attn_kwargs["attn_mask"]
+        if not decode_attention.rope_supported(qkv, c.k[i], c.v[i], mask):
+            return None
+        return decode_attention.rope_decode_attention(qkv, cos, sin, c.pos, c.k[i], c.v[i], mask, scale)
 
     def end_step(self, T: int) -> None:
         self.cache.pos.add_(1)  # captured into the graph; the host copy moves in advance_host()

@@ -11,6 +11,11 @@ Contract:
 - `supported(q, k, v, mask)`: whether the kernel takes these inputs (CUDA tensors, Triton
   installed, one dtype bf16 or fp16, D in 32/64/128, a bool mask). The model calls
   `decode_attention` only then, and `window_attention` otherwise.
+- `rope_decode_attention(qkv, cos, sin, pos, k_cache, v_cache, mask, scale) -> Tensor`: RoPE,
+  the cache write and the attention of a decode step in one op (decode_attention_triton
+  states its contract); its slow twin is model.apply_rope, an index_copy_ into the caches and
+  window_attention. `rope_supported(qkv, k_cache, v_cache, mask)` says when it takes its inputs
+  (never with TINYLLM_ROPE_ATTN=0, which keeps RoPE and the cache write apart, to measure).
 - `available()`: whether Triton is installed (and not switched off: TINYLLM_DECODE_ATTN=0).
   Importing this module never imports Triton (CPU-only installs and CI have none): the
   kernels (`decode_attention_triton`) are imported at the first call, which registers the
@@ -36,6 +41,7 @@ import torch
 from torch import Tensor
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None and os.environ.get("TINYLLM_DECODE_ATTN") != "0"
+_FUSED = os.environ.get("TINYLLM_ROPE_ATTN") != "0"  # =0: RoPE and the cache write apart (to measure)
 HEAD_DIMS = (32, 64, 128)  # = decode_attention_triton.HEAD_DIMS (that module imports Triton)
 
 
@@ -47,6 +53,18 @@ def available() -> bool:
 def supported(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> bool:
     return (_HAS_TRITON and q.is_cuda and q.shape[-1] in HEAD_DIMS and mask.dtype == torch.bool
             and q.dtype == k.dtype == v.dtype and v.dtype in (torch.bfloat16, torch.float16))
+
+
+def rope_supported(qkv: Tensor, k_cache: Tensor, v_cache: Tensor, mask: Tensor) -> bool:
+    return (_HAS_TRITON and _FUSED and qkv.is_cuda and k_cache.shape[-1] in HEAD_DIMS and mask.dtype == torch.bool
+            and qkv.dtype == k_cache.dtype == v_cache.dtype and qkv.dtype in (torch.bfloat16, torch.float16))
+
+
+def rope_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor,
+                          mask: Tensor, scale: float) -> Tensor:
+    from tinyllm import decode_attention_triton
+
+    return decode_attention_triton.rope_decode_attention(qkv, cos, sin, pos, k_cache, v_cache, mask, scale)
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:

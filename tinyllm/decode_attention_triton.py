@@ -1,24 +1,39 @@
 """The Triton kernels behind `tinyllm.decode_attention` (split-K "flash-decoding").
 
 Contract: importing this module imports Triton (it fails where Triton is missing: import
-`tinyllm.decode_attention` instead, which guards) and registers the custom op
-`torch.ops.tinyllm.decode_attention(q, k, v, mask, scale) -> Tensor`, with the contract of
-`model.window_attention`: q (B, Hkv, R, D), k and v (B, Hkv, W, D) (any strides: slices of
-a larger cache are read in place), mask (B, 1, 1, W) bool, True = attend; returns
-(B, Hkv, R, D) in v's dtype. q, k, v share one dtype, bf16 or fp16; D is 32, 64 or 128.
+`tinyllm.decode_attention` instead, which guards) and registers two custom ops:
+- `torch.ops.tinyllm.decode_attention(q, k, v, mask, scale) -> Tensor`, with the contract of
+  `model.window_attention`: q (B, Hkv, R, D), k and v (B, Hkv, W, D) (any strides: slices of
+  a larger cache are read in place), mask (B, 1, 1, W) bool, True = attend; returns
+  (B, Hkv, R, D) in v's dtype. q, k, v share one dtype, bf16 or fp16; D is 32, 64 or 128.
+- `torch.ops.tinyllm.rope_decode_attention(qkv, cos, sin, pos, k_cache, v_cache, mask, scale)`:
+  a decode step's RoPE, cache write and attention in one. qkv (B, (Hkv R + 2 Hkv) D) is the
+  step's q, k, v projections before RoPE (model.Attention's wqkv); cos, sin (P, D/2) fp32 and
+  pos (P,) long, P = 1 (every row at one position) or B; k_cache, v_cache (B, Hkv, rows, D);
+  mask (B, 1, 1, W) over the first W <= rows positions. It rotates q and the new key, writes
+  the new key and value at pos into the caches (the only inputs it mutates), and returns
+  attention over the first W keys, (B, Hkv, R, D): what `model.apply_rope`, an index_copy_
+  into the caches and `decode_attention` on their first W keys give, to bf16 rounding.
 
 Two kernels:
 - `_split_kernel`, grid (B*Hkv, cdiv(W, BLOCK_N)): one program per KV head and block of
   BLOCK_N keys. It computes the R rows' scores (fp32), masks them, and writes the block's
   partial max m (R,), sum l = sum(exp(s - m)) (R,) and o = exp(s - m) @ v (R, D), fp32.
-  A block with no key to attend writes m = -inf, l = 0, o = 0.
+  A block with no key to attend writes m = -inf, l = 0, o = 0. For the fused op (NEW) each
+  program also rotates q and the new key itself (a few hundred values), takes position pos
+  from the new key and value instead of the cache, and the program whose block holds pos
+  writes them into the cache: no other program reads that position.
 - `_combine_kernel`, grid (B*Hkv, R): one program per query row merges the splits,
   out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s with M = max_s m_s; a row with no
   key at all gets 0 (not NaN).
 
-The op is a `torch.library.custom_op` that launches both kernels itself, with PDL where
+Why the fused op: RoPE and the two cache writes were four small Inductor kernels a layer
+around the projections (88 of the 1.1B step's 278 kernels, about 110 us of its 860 on the
+H200: docs/BENCHMARKS.md).
+
+The ops are `torch.library.custom_op`s that launch both kernels themselves, with PDL where
 tinyllm.pdl allows (each kernel waits on the one before it first thing: every input may be
-fresh). A compiled step calls it as an opaque op, with no graph break; the scratch buffers
+fresh). A compiled step calls them as opaque ops, with no graph break; the scratch buffers
 are plain `torch.empty` inside the op, so CUDA graphs capture it. The grid is computed from
 the window's real size at each call: one compile serves every window.
 """
@@ -39,10 +54,21 @@ DTYPES = (torch.bfloat16, torch.float16)
 
 
 @triton.jit
+def _rope(x, partner, c, s, D: tl.constexpr):
+    """RoPE ("rotate half") of x (..., D), given each element's partner d +- D/2 (..., D):
+    x c - x' s in the first half, x c + x' s in the second, fp32, then rounded to x's dtype as
+    model.apply_rope does. c, s (D,): cos and sin of d mod D/2."""
+    sign = tl.where(tl.arange(0, D) < D // 2, -1.0, 1.0)
+    return (x.to(tl.float32) * c + sign * partner.to(tl.float32) * s).to(x.dtype)
+
+
+@triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr,
                   W, n_split, Hkv, R, scale,
                   sq_b, sq_h, sq_r, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sm_b, sm_n,
-                  D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+                  kn_ptr, vn_ptr, cos_ptr, sin_ptr, pos_ptr, sn_b, sc_b, sp_b,
+                  D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, NEW: tl.constexpr = False,
+                  PDL: tl.constexpr = False):
     if PDL:  # every input may come from the kernels just before (the new key and value too)
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -55,22 +81,44 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr,
     keys = split * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < R
     key_in = keys < W
-
-    q = tl.load(q_ptr + b * sq_b + h * sq_h + rows[:, None] * sq_r + cols[None, :] * sq_d,
-                mask=row_ok[:, None], other=0.0)  # (BLOCK_R, D)
-    k = tl.load(k_ptr + b * sk_b + h * sk_h + keys[:, None] * sk_n + cols[None, :] * sk_d,
-                mask=key_in[:, None], other=0.0)  # (BLOCK_N, D)
     attend = tl.load(mask_ptr + b * sm_b + keys * sm_n, mask=key_in, other=0) != 0  # (BLOCK_N,)
-    s = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_R, BLOCK_N) fp32
-    s = tl.where(attend[None, :], s, float("-inf"))
-    m = tl.max(s, axis=1)  # (BLOCK_R,)
+
+    q_at = q_ptr + b * sq_b + h * sq_h + rows[:, None] * sq_r  # (BLOCK_R, 1)
+    if NEW:  # q, and the new key and value (RoPE'd here), at position p of row b
+        p = tl.load(pos_ptr + b * sp_b)
+        c = tl.load(cos_ptr + b * sc_b + cols % (D // 2))  # (D,) fp32
+        s = tl.load(sin_ptr + b * sc_b + cols % (D // 2))
+        half = (cols + D // 2) % D  # each element's partner
+        q = _rope(tl.load(q_at + cols[None, :] * sq_d, mask=row_ok[:, None], other=0.0),
+                  tl.load(q_at + half[None, :] * sq_d, mask=row_ok[:, None], other=0.0), c, s, D)  # (BLOCK_R, D)
+        kn_at = kn_ptr + b * sn_b + h * D
+        k_new = _rope(tl.load(kn_at + cols), tl.load(kn_at + half), c, s, D)  # (D,)
+        v_new = tl.load(vn_ptr + b * sn_b + h * D + cols)  # (D,)
+        cached = key_in & (keys != p)  # position p is read from the new key and value, not the cache
+    else:
+        q = tl.load(q_at + cols[None, :] * sq_d, mask=row_ok[:, None], other=0.0)  # (BLOCK_R, D)
+        cached = key_in
+    k = tl.load(k_ptr + b * sk_b + h * sk_h + keys[:, None] * sk_n + cols[None, :] * sk_d,
+                mask=cached[:, None], other=0.0)  # (BLOCK_N, D)
+    if NEW:
+        k = tl.where((keys == p)[:, None], k_new[None, :], k)
+    sc = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_R, BLOCK_N) fp32
+    sc = tl.where(attend[None, :], sc, float("-inf"))
+    m = tl.max(sc, axis=1)  # (BLOCK_R,)
     m_safe = tl.where(m == float("-inf"), 0.0, m)  # a block with no key: exp(-inf - 0) = 0
-    p = tl.exp(s - m_safe[:, None])  # (BLOCK_R, BLOCK_N)
-    lsum = tl.sum(p, axis=1)  # (BLOCK_R,)
+    pr = tl.exp(sc - m_safe[:, None])  # (BLOCK_R, BLOCK_N)
+    lsum = tl.sum(pr, axis=1)  # (BLOCK_R,)
     # Keys not attended are never read: whatever a cache holds there (even NaN) stays out.
     v = tl.load(v_ptr + b * sv_b + h * sv_h + keys[:, None] * sv_n + cols[None, :] * sv_d,
-                mask=attend[:, None], other=0.0)  # (BLOCK_N, D)
-    o = tl.dot(p.to(v.dtype), v)  # (BLOCK_R, D) fp32
+                mask=(attend & cached)[:, None], other=0.0)  # (BLOCK_N, D)
+    if NEW:
+        v = tl.where((keys == p)[:, None], v_new[None, :], v)
+        # The program whose block holds p (the last one, should p lie past the window) writes the
+        # new key and value into the cache: no other program of this kernel reads position p.
+        mine = cols < tl.where(split == tl.minimum(p // BLOCK_N, n_split - 1), D, 0)  # (D,): all or none
+        tl.store(k_ptr + b * sk_b + h * sk_h + p * sk_n + cols * sk_d, k_new, mask=mine)
+        tl.store(v_ptr + b * sv_b + h * sv_h + p * sv_n + cols * sv_d, v_new, mask=mine)
+    o = tl.dot(pr.to(v.dtype), v)  # (BLOCK_R, D) fp32
 
     part = (bh * n_split + split) * R + rows  # (BLOCK_R,) index into the (B*Hkv, n_split, R) scratch
     tl.store(m_ptr + part, m, mask=row_ok)
@@ -115,13 +163,10 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, n_split, R,
     tl.store(out_ptr + (bh * R + r) * D + cols, out.to(out_ptr.dtype.element_ty))
 
 
-@torch.library.custom_op("tinyllm::decode_attention", mutates_args=())
-def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, W: int, new=None) -> Tensor:
+    """Both kernels over the first W keys of k and v; new = (k_new, v_new, cos, sin, pos), the
+    fused op's extra inputs, or None."""
     B, Hkv, R, D = q.shape
-    W = k.shape[2]
-    torch._check(D in HEAD_DIMS, lambda: f"head dim {D} not in {HEAD_DIMS}")
-    torch._check(q.dtype == k.dtype == v.dtype and v.dtype in DTYPES, lambda: "q, k, v: one dtype, bf16 or fp16")
-    torch._check(mask.dtype == torch.bool, lambda: "mask must be bool")
     mask = mask.expand(B, 1, 1, W)  # a view: a batch-broadcast mask gets stride 0
     n_split = triton.cdiv(W, BLOCK_N)
     block_r = max(16, triton.next_power_of_2(R))
@@ -130,6 +175,7 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
     l_buf = torch.empty((B * Hkv, n_split, R), dtype=torch.float32, device=dev)  # and sum of exp
     o_buf = torch.empty((B * Hkv, n_split, R, D), dtype=torch.float32, device=dev)  # and exp @ v
     out = torch.empty((B, Hkv, R, D), dtype=v.dtype, device=dev)
+    k_new, v_new, cos, sin, pos = new or (q, q, q, q, q)  # unused without NEW
     launch = pdl.launch_options(dev)
     _split_kernel[(B * Hkv, n_split)](
         q, k, v, mask, m_buf, l_buf, o_buf, W, n_split, Hkv, R, scale,
@@ -137,11 +183,53 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
         k.stride(0), k.stride(1), k.stride(2), k.stride(3),
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
         mask.stride(0), mask.stride(3),
-        D=D, BLOCK_R=block_r, BLOCK_N=BLOCK_N, **launch)
+        k_new, v_new, cos, sin, pos, k_new.stride(0), cos.stride(0), pos.stride(0),
+        D=D, BLOCK_R=block_r, BLOCK_N=BLOCK_N, NEW=new is not None, **launch)
     _combine_kernel[(B * Hkv, R)](m_buf, l_buf, o_buf, out, n_split, R, D=D, BLOCK_S=BLOCK_S, **launch)
     return out
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> None:
+    D = q.shape[-1]
+    torch._check(D in HEAD_DIMS, lambda: f"head dim {D} not in {HEAD_DIMS}")
+    torch._check(q.dtype == k.dtype == v.dtype and v.dtype in DTYPES, lambda: "q, k, v: one dtype, bf16 or fp16")
+    torch._check(mask.dtype == torch.bool, lambda: "mask must be bool")
+
+
+@torch.library.custom_op("tinyllm::decode_attention", mutates_args=())
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    _check(q, k, v, mask)
+    return _attend(q, k, v, mask, scale, k.shape[2])
 
 
 @decode_attention.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
     return q.new_empty(q.shape, dtype=v.dtype)
+
+
+def _heads(qkv: Tensor, k_cache: Tensor) -> tuple[int, int, int, int]:
+    """(B, Hkv, R, D) of a fused call: qkv (B, (Hkv R + 2 Hkv) D), k_cache (B, Hkv, rows, D)."""
+    B, Hkv, _, D = k_cache.shape
+    return B, Hkv, qkv.shape[1] // (Hkv * D) - 2, D
+
+
+@torch.library.custom_op("tinyllm::rope_decode_attention", mutates_args=("k_cache", "v_cache"))
+def rope_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor,
+                          mask: Tensor, scale: float) -> Tensor:
+    B, Hkv, R, D = _heads(qkv, k_cache)
+    W = mask.shape[-1]
+    torch._check(qkv.shape == (B, (R + 2) * Hkv * D) and qkv.stride(1) == 1 and k_cache.shape == v_cache.shape
+                 and W <= k_cache.shape[2] and cos.shape[-1] == D // 2,
+                 lambda: "rope_decode_attention: shapes disagree")
+    q_dim, kv_dim = R * Hkv * D, Hkv * D
+    q = qkv[:, :q_dim].view(B, Hkv, R, D)  # a view: strides (row stride, R D, D, 1)
+    _check(q, k_cache, v_cache, mask)
+    new = (qkv[:, q_dim:], qkv[:, q_dim + kv_dim:], cos.expand(B, D // 2), sin.expand(B, D // 2), pos.expand(B))
+    return _attend(q, k_cache, v_cache, mask, scale, W, new)
+
+
+@rope_decode_attention.register_fake
+def _(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, mask: Tensor,
+      scale: float) -> Tensor:
+    B, Hkv, R, D = _heads(qkv, k_cache)
+    return qkv.new_empty((B, Hkv, R, D))

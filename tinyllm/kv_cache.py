@@ -275,6 +275,12 @@ class ViewLayer:
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         return self.view.update(self.i, k, v)
 
+    def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> Tensor | None:
+        """The view's fused RoPE, cache write and attention (model.Attention), or None where the
+        view has none or cannot take these inputs."""
+        fused = getattr(self.view, "rope_attend", None)
+        return None if fused is None else fused(self.i, qkv, cos, sin, scale)
+
 
 class _SlotLayerKV:
     """One layer of a SlotKVCache prefill."""

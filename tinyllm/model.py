@@ -19,6 +19,9 @@ Contract:
   (`attn.wq/wk/wv`, `ffn.w1/w3`), so checkpoints and importers keep the usual layout.
 - A windowed decode step (T=1 with a bool mask) attends through `decode_attention` (a split-K
   Triton kernel) when it is compiled on CUDA, else through `window_attention`, its reference.
+  Where the cache layer offers `rope_attend(qkv, cos, sin, scale)` (a static cache's decode
+  view), the compiled step hands it the raw projections instead: RoPE, the cache write and
+  the attention then run as one op (decode_attention.rope_decode_attention).
   Not in the plain step: its first use imports Triton and torch's kernel wrapping (measured on
   the H200: start-up to the first reply went from 7.4 to 11.8 s), and the plain step only runs
   until the compiled one is ready.
@@ -271,7 +274,11 @@ class Attention(Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv=None) -> Tensor:
         B, T, _ = x.shape
-        q, k, v = linear(self.wqkv, x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
+        qkv = linear(self.wqkv, x)  # (B, T, q_dim + 2 kv_dim)
+        fused = getattr(kv, "rope_attend", None) if T == 1 and torch.compiler.is_compiling() else None
+        if fused is not None and (y := fused(qkv.view(B, -1), cos, sin, self.head_dim ** -0.5)) is not None:
+            return linear(self.wo, y.reshape(B, 1, -1))  # (B, Hkv, R, D): RoPE, cache write, attention in one op
+        q, k, v = qkv.split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)

@@ -54,6 +54,71 @@ def rel_err(x, ref):
     return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
+def check_rope_case(B, Hkv, R, D, W, first_valid, pos, *, dtype=torch.bfloat16, device="cuda", tol=1e-2, seed=0):
+    """rope_decode_attention against its slow twin: apply_rope, index_copy_ into the caches,
+    window_attention (and the same in float64). The caches hold NaN past pos and before
+    first_valid (never read); afterwards they differ from the twin's only at pos, by rounding."""
+    from tinyllm.model import Rope, apply_rope
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    rows = W + 37
+    qkv = torch.randn(B, (R + 2) * Hkv * D, generator=g).to(device, dtype)
+    kc = torch.randn(B, Hkv, rows, D, generator=g).to(device, dtype)
+    vc = torch.randn(B, Hkv, rows, D, generator=g).to(device, dtype)
+    rope = Rope(D, 4096, 10000.0, device)
+    p = torch.tensor([pos], device=device)
+    cos, sin = rope.cos.index_select(0, p), rope.sin.index_select(0, p)  # (1, D/2): _StaticDecode.begin_step
+    mask = window_mask(W, first_valid, [pos] * B, device=device)
+    scale = D ** -0.5
+
+    q, k, v = qkv[:, None].split([R * Hkv * D, Hkv * D, Hkv * D], dim=-1)  # (B, 1, n) each
+    q = apply_rope(q.view(B, 1, Hkv * R, D).transpose(1, 2), cos, sin).view(B, Hkv, R, D)
+    k = apply_rope(k.view(B, 1, Hkv, D).transpose(1, 2), cos, sin)  # (B, Hkv, 1, D)
+    v = v.view(B, 1, Hkv, D).transpose(1, 2)
+    kc_ref, vc_ref = kc.clone().index_copy_(2, p, k), vc.clone().index_copy_(2, p, v)
+    ref = window_attention(q.double(), kc_ref[:, :, :W].double(), vc_ref[:, :, :W].double(), mask, scale)
+
+    for b in range(B):  # what the reference never reads either
+        for x in (kc, vc, kc_ref, vc_ref):
+            x[b, :, pos + 1:], x[b, :, :first_valid[b]] = float("nan"), float("nan")
+        kc[b, :, pos], vc[b, :, pos] = float("nan"), float("nan")  # the kernel's to write
+    y = da.rope_decode_attention(qkv, cos, sin, p, kc, vc, mask, scale)  # writes kc, vc at pos
+    case = (B, Hkv, R, D, W, first_valid, pos)
+    assert y.shape == (B, Hkv, R, D) and y.dtype == dtype, case
+    assert rel_err(y, ref) < tol, (case, rel_err(y, ref))
+    torch.testing.assert_close(kc[:, :, pos], kc_ref[:, :, pos], rtol=1e-2, atol=1e-2)  # RoPE'd: rounding
+    assert torch.equal(vc[:, :, pos], vc_ref[:, :, pos]), case
+    others = torch.arange(rows, device=device) != pos
+    for got, want in ((kc, kc_ref), (vc, vc_ref)):  # nothing else written (NaN stays NaN)
+        assert torch.equal(got[:, :, others].nan_to_num(7.0), want[:, :, others].nan_to_num(7.0)), case
+
+
+def check_compiled_rope_in_place(device="cuda", dtype=torch.bfloat16):
+    """rope_decode_attention in an Inductor-compiled step (dynamic shapes): the op is handed the
+    cache inputs themselves, so it writes them in place. Were they taken as needing a copy, the
+    step would clone each cache and copy it back, every layer."""
+    from torch._inductor.utils import run_and_get_code
+
+    B, Hkv, R, D, rows, W, pos = 2, 2, 3, 64, 300, 256, 200
+    g = torch.Generator(device="cpu").manual_seed(3)
+    qkv = torch.randn(B, (R + 2) * Hkv * D, generator=g).to(device, dtype)
+    kc = torch.randn(B, Hkv, rows, D, generator=g).to(device, dtype)
+    vc = torch.randn(B, Hkv, rows, D, generator=g).to(device, dtype)
+    cos, sin = torch.rand(1, D // 2, device=device), torch.rand(1, D // 2, device=device)
+    p, mask = torch.tensor([pos], device=device), window_mask(W, [0, 9], [pos, pos], device=device)
+
+    def step(qkv, kc, vc, cos, sin, p, mask):
+        return da.rope_decode_attention(qkv * 1.0, cos, sin, p, kc, vc, mask, D ** -0.5).float() * 2.0
+
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = step(qkv, kc2, vc2, cos, sin, p, mask)
+    got, codes = run_and_get_code(torch.compile(step, fullgraph=True, dynamic=True), qkv, kc, vc, cos, sin, p, mask)
+    code = "\n".join(codes)
+    assert "rope_decode_attention.default(" in code and "copy_(" not in code and "clone" not in code, code
+    assert torch.equal(got, want) and torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    assert not torch.equal(kc[:, :, pos], qkv.new_zeros(())) and torch.isfinite(kc).all()
+
+
 # -- CUDA -----------------------------------------------------------------------------------
 
 cuda = pytest.mark.cuda
@@ -79,6 +144,20 @@ def test_against_window_attention_and_float64(W, D):
                     assert rel_err(y, ref) < 1e-2, case
                     assert rel_err(y, slow.double()) < 1.5e-2, case
                     assert rel_err(slow, ref) < 1.5e-2, case  # the reference itself, for scale
+
+
+@cuda
+@pytest.mark.parametrize("D", [32, 64, 128])
+def test_rope_decode_attention_against_its_twin(D):
+    for B, Hkv, R, W, first_valid, pos in [(1, 4, 8, 128, [0], 0), (1, 4, 8, 1024, [0], 700), (2, 3, 3, 200, [0, 70], 150),
+                                           (2, 2, 1, 2048, [5, 0], 2047), (1, 1, 3, 128, [0], 64)]:
+        check_rope_case(B, Hkv, R, D, W, first_valid, pos, seed=D + W)
+
+
+@cuda
+@torch.no_grad()
+def test_compiled_rope_attention_writes_the_cache_in_place():
+    check_compiled_rope_in_place()
 
 
 @cuda
@@ -189,8 +268,9 @@ def test_model_decode_with_the_kernel_matches_window_attention(monkeypatch):
     model = Transformer(cfg).init_weights(0).to("cuda", torch.bfloat16).eval()
     prompt = torch.randint(0, 1024, (2, 150), device="cuda")
     calls = []
-    real = da.decode_attention
-    monkeypatch.setattr(da, "decode_attention", lambda *a: calls.append(1) or real(*a))
+    for name in ("decode_attention", "rope_decode_attention"):  # the static cache's step takes the fused one
+        real = getattr(da, name)
+        monkeypatch.setattr(da, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
 
     def run(compile: str | None):
         dec = GraphDecoder(model, 2, max_len=1024, use_graph=False, compile=compile)
@@ -202,8 +282,8 @@ def test_model_decode_with_the_kernel_matches_window_attention(monkeypatch):
 
     slow = run(None)
     assert not calls  # the plain step: window_attention
-    fast = run("eager")  # Dynamo traces the step (each layer calls the kernel's op), no Inductor
-    assert len(calls) >= cfg.n_layers
+    fast = run("eager")  # Dynamo traces the step (each layer calls the fused op), no Inductor
+    assert len(calls) >= cfg.n_layers and set(calls) == {"rope_decode_attention"}
     assert ((fast - slow).norm() / slow.norm()).item() < 2e-2
 
 
@@ -237,6 +317,17 @@ INTERPRETED = textwrap.dedent("""
     mask[:] = False  # no key at all: 0, not NaN
     q, k, v = make_case(1, 1, 3, 64, 64, dtype=torch.float16, device="cpu")
     assert (run(q, k, v, mask, 0.125) == 0).all()
+
+    from tests.tinyllm.test_decode_attention import check_rope_case
+    for case in [  # B, Hkv, R, D, W, first_valid, pos (one position for all rows: a static cache)
+        (2, 3, 3, 64, 200, [0, 70], 150),  # pos inside the third block
+        (1, 1, 1, 32, 64, [0], 0),  # the first step: one key, the new one
+        (2, 2, 8, 128, 130, [0, 5], 129),  # pos the window's last key, alone in its block
+        (1, 2, 4, 64, 2200, [0], 2150),  # 35 splits
+    ]:
+        check_rope_case(*case, dtype=torch.float16, device="cpu", tol=2e-3)
+    from tests.tinyllm.test_decode_attention import check_compiled_rope_in_place
+    check_compiled_rope_in_place("cpu", torch.float16)
     print("ok")
 """)
 
@@ -263,10 +354,14 @@ def test_kernels_compile_for_the_h200_without_a_gpu(D):
     from tinyllm import decode_attention_triton as T
 
     target = GPUTarget("cuda", 90, 32)
-    types = ["*bf16"] * 3 + ["*i1"] + ["*fp32"] * 3 + ["i32"] * 4 + ["fp32"] + ["i32"] * 14 + ["constexpr"] * 4
+    types = (["*bf16"] * 3 + ["*i1"] + ["*fp32"] * 3 + ["i32"] * 4 + ["fp32"] + ["i32"] * 14
+             + ["*bf16"] * 2 + ["*fp32"] * 2 + ["*i64"] + ["i32"] * 3 + ["constexpr"] * 5)
     sig = dict(zip(T._split_kernel.arg_names, types, strict=True))
-    split = triton.compile(ASTSource(T._split_kernel, sig, constexprs={"D": D, "BLOCK_R": 16, "BLOCK_N": 64, "PDL": True}),
-                           target=target)
+    fused = triton.compile(ASTSource(T._split_kernel, sig, constexprs={"D": D, "BLOCK_R": 16, "BLOCK_N": 64, "NEW": True,
+                                                                       "PDL": True}), target=target)
+    assert "mma" in fused.asm["ptx"] and fused.asm["cubin"]
+    split = triton.compile(ASTSource(T._split_kernel, sig, constexprs={"D": D, "BLOCK_R": 16, "BLOCK_N": 64, "NEW": False,
+                                                                       "PDL": True}), target=target)
     sig2 = {"m_ptr": "*fp32", "l_ptr": "*fp32", "o_ptr": "*fp32", "out_ptr": "*bf16", "n_split": "i32", "R": "i32",
             "D": "constexpr", "BLOCK_S": "constexpr", "PDL": "constexpr"}
     combine = triton.compile(ASTSource(T._combine_kernel, sig2, constexprs={"D": D, "BLOCK_S": 32, "PDL": True}),
