@@ -357,7 +357,8 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     try:
         cfg, tokenizer, chat, name, names = inspect_gguf(g, template)
         device = torch.device(device)
-        dtype = dtype or default_dtype(device, quant != "none")
+        if quant == "none":
+            dtype = dtype or default_dtype(device)
         heads = {"attn.wq.weight": cfg.n_heads, "attn.wk.weight": cfg.n_kv_heads}
         state: dict[str, torch.Tensor | QTensor] = {}
         for n, t in with_progress(list(names.items()), progress):
@@ -368,6 +369,10 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
             elif h is not None:
                 w = unpermute_qk(w, h)
             state[t] = w if isinstance(w, QTensor) or quant != "none" else w.to(dtype)
+        # bf16 activations (on a CPU with native bf16) only where some matrix is quantized: an
+        # F16 / BF16 file under "auto" keeps its 16-bit matrices, computed in fp32
+        quantized = quant in ("int8", "int4") or any(isinstance(w, QTensor) for w in state.values())
+        dtype = dtype or default_dtype(device, quantized)
         return build_transformer(cfg, state, device, dtype, quant, group), tokenizer, chat, name
     finally:
         g.close()

@@ -197,7 +197,18 @@ REDUCTION_MAX_K = 1536
 HALF = (torch.bfloat16, torch.float16)  # matrices a CPU may hold narrower than its fp32 activations
 
 
-def linear(layer: nn.Linear, x: Tensor) -> Tensor:
+def linear(layer: nn.Module, x: Tensor, norm: RMSNorm | None = None, residual: Tensor | None = None) -> Tensor:
+    """residual + layer(norm(x)), x (..., K) -> (..., N) in x's dtype, the norm and the residual
+    each optional. A quantized layer may run all three as one kernel (QuantLinear.fused: on
+    CUDA, a few rows); otherwise they run in that order, as written."""
+    fused = getattr(layer, "fused", None)
+    if fused is not None and (y := fused(x, norm, residual)) is not None:
+        return y
+    y = _product(layer, x if norm is None else norm(x))
+    return y if residual is None else residual + y
+
+
+def _product(layer: nn.Module, x: Tensor) -> Tensor:
     """layer(x), x (..., K) -> (..., N) in x's dtype. Inside a compiled step of a single row
     (batch-1 decode), with K <= REDUCTION_MAX_K, it is written as a product and a sum over K
     instead: Inductor makes that one reduction kernel (a matrix-vector product) and fuses
@@ -272,26 +283,32 @@ class Attention(Module):
         self.wo = nn.Linear(self.q_dim, cfg.dim, bias=False)
         fuse_linears(self, "wqkv", {"wq": self.q_dim, "wk": self.kv_dim, "wv": self.kv_dim})
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv=None) -> Tensor:
+    def forward(self, x: Tensor, norm: RMSNorm, cos: Tensor, sin: Tensor, kv=None) -> Tensor:
+        """x + attention(norm(x)): the block's first half, skip connection included."""
         B, T, _ = x.shape
-        qkv = linear(self.wqkv, x)  # (B, T, q_dim + 2 kv_dim)
+        qkv = linear(self.wqkv, x, norm=norm)  # (B, T, q_dim + 2 kv_dim)
         fused = getattr(kv, "rope_attend", None) if T == 1 and torch.compiler.is_compiling() else None
         if fused is not None and (y := fused(qkv.view(B, -1), cos, sin, self.head_dim ** -0.5)) is not None:
-            return linear(self.wo, y.reshape(B, 1, -1))  # (B, Hkv, R, D): RoPE, cache write, attention in one op
+            # (B, Hkv, R, D): RoPE, the cache write and attention in one op
+            return linear(self.wo, y.reshape(B, 1, -1), residual=x)
         q, k, v = qkv.split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if kv is None:
-            return self._attend(q, k, v, {"is_causal": True})
-        k, v = kv.update(k, v)  # (B, Hkv, S, D): every key this step may see
-        if torch.compiler.is_compiling():  # the context would stop AOTAutograd's cache (warm starts)
-            return self._attend(q, k, v, kv.attn_kwargs)
-        with sdpa_kernel(CACHED_SDPA):
-            return self._attend(q, k, v, kv.attn_kwargs)
+            y = self._attend(q, k, v, {"is_causal": True})
+        else:
+            k, v = kv.update(k, v)  # (B, Hkv, S, D): every key this step may see
+            if torch.compiler.is_compiling():  # the context would stop AOTAutograd's cache (warm starts)
+                y = self._attend(q, k, v, kv.attn_kwargs)
+            else:
+                with sdpa_kernel(CACHED_SDPA):
+                    y = self._attend(q, k, v, kv.attn_kwargs)
+        return linear(self.wo, y, residual=x)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, attn_kwargs: dict) -> Tensor:
+        """(B, T, H D): the heads' outputs, side by side, before the output projection."""
         B, _, T, _ = q.shape
         rep = self.n_heads // self.n_kv_heads
         if T == 1:
@@ -306,12 +323,12 @@ class Attention(Module):
                 y = window_attention(q, k, v, mask, self.head_dim ** -0.5)  # (B, Hkv, rep, D)
             else:
                 y = F.scaled_dot_product_attention(q, k, v, **attn_kwargs)  # (B, Hkv, rep, D)
-            return linear(self.wo, y.reshape(B, 1, -1))
+            return y.reshape(B, 1, -1)
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)  # (B, H, S, D)
             v = v.repeat_interleave(rep, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, **attn_kwargs)  # (B, H, T, D)
-        return linear(self.wo, y.transpose(1, 2).reshape(B, T, -1))
+        return y.transpose(1, 2).reshape(B, T, -1)
 
 
 def window_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
@@ -348,12 +365,13 @@ class FeedForward(Module):
         self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)  # down
         fuse_linears(self, "w13", {"w1": cfg.ffn_dim, "w3": cfg.ffn_dim})
 
-    def forward(self, x: Tensor) -> Tensor:
-        swiglu = getattr(self.w13, "swiglu", None)  # quantized layers may run all of it as one op
-        if swiglu is not None and (y := swiglu(self.w2, x)) is not None:
+    def forward(self, x: Tensor, norm: RMSNorm) -> Tensor:
+        """x + ffn(norm(x)): the block's second half, skip connection included."""
+        swiglu = getattr(self.w13, "swiglu", None)  # quantized layers may run all of it in fewer kernels
+        if swiglu is not None and (y := swiglu(self.w2, x, norm)) is not None:
             return y  # (B, T, C)
-        gate, up = linear(self.w13, x).chunk(2, dim=-1)  # (B, T, ffn) each
-        return linear(self.w2, F.silu(gate) * up)
+        gate, up = linear(self.w13, x, norm=norm).chunk(2, dim=-1)  # (B, T, ffn) each
+        return linear(self.w2, F.silu(gate) * up, residual=x)
 
 
 class Block(Module):
@@ -365,8 +383,8 @@ class Block(Module):
         self.ffn = FeedForward(cfg)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv=None) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, kv)
-        return x + self.ffn(self.ffn_norm(x))
+        x = self.attn(x, self.attn_norm, cos, sin, kv)  # x + attn(attn_norm(x))
+        return self.ffn(x, self.ffn_norm)  # x + ffn(ffn_norm(x))
 
 
 class Transformer(Module):
@@ -429,12 +447,11 @@ class Transformer(Module):
             x = block(x, cos, sin, cache.layer(i) if cache is not None else None)
         if cache is not None:
             cache.end_step(T)
-        x = self.norm(x)
         if last_only:
             x = x[:, -1:]
         elif at is not None:
             x = x[torch.arange(B, device=x.device), at][:, None]  # (B, 1, C)
-        logits = linear(self.lm_head, x)  # (B, T, V)
+        logits = linear(self.lm_head, x, norm=self.norm)  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),

@@ -6,6 +6,8 @@ Contract:
   int8 / packed int4 weights in place, once per row of x, with the dequantization fused into
   the product. It is the slow twin `x @ W.dequantize().T`, to fp32 rounding order.
   With `gated`, W holds SwiGLU's gate and up rows and it returns silu(gate) * up in one kernel.
+  With `norm` (an RMSNorm's weights (K,) and eps) it is the product of RMSNorm(x), and with
+  `residual` (M, N) it returns residual + the product: both inside the same kernel.
 - `supported(x)`: whether to call it: Triton is installed (and not switched off with
   TINYLLM_QGEMV=0), x is on CUDA, and x has at most MAX_ROWS rows. Wider inputs (a prompt's
   prefill, a large engine batch) are better served by dequantizing once and one library
@@ -41,12 +43,15 @@ def supported(x: Tensor) -> bool:
 
 
 def linear(x: Tensor, kind: str, qweight: Tensor, scales: Tensor, zeros: Tensor | None, group: int,
-           gated: bool = False) -> Tensor:
+           gated: bool = False, norm: tuple[Tensor, float] | None = None, residual: Tensor | None = None) -> Tensor:
     """x (M, K) -> (M, N); kind "int8" (zeros None) or "int4". gated: W holds SwiGLU's gate
-    and up (2F rows), and the result is silu(gate) * up, (M, F)."""
+    and up (2F rows), and the result is silu(gate) * up, (M, F). norm: (weights (K,), eps) of
+    an RMSNorm applied to x first; residual (M, N): added to the result."""
     from tinyllm import qgemv_triton  # Triton, and the ops registered, on first use
 
     x = x.contiguous()
+    g, eps = norm if norm is not None else (None, 0.0)
+    r = None if residual is None else residual.contiguous()
     if kind == "int8":
-        return qgemv_triton.int8_gemv(x, qweight, scales, gated)
-    return qgemv_triton.int4_gemv(x, qweight, scales, zeros, group, gated)
+        return qgemv_triton.int8_gemv(x, qweight, scales, gated, g, eps, r)
+    return qgemv_triton.int4_gemv(x, qweight, scales, zeros, group, gated, g, eps, r)

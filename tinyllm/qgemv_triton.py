@@ -9,6 +9,11 @@ y (M, N) in x's dtype, fp32 accumulation:
   (element 2j in the low nibble), scales and zeros (N, K/g), w = q * s + z, g = group.
 With `gated=True` W holds 2F rows, SwiGLU's gate then up, and either op returns
 silu(x @ gate.T) * (x @ up.T), (M, F): one kernel instead of the product and the gating.
+Two more optional arguments fold a decode step's neighbours into the same kernel:
+- `norm` (K,) and `eps`: the product is of RMSNorm(x) = x * rsqrt(mean(x ** 2) + eps) * norm
+  (model.RMSNorm) instead of x, in fp32 throughout (the module rounds to x's dtype twice);
+- `residual` (M, N) contiguous: the result is residual + the product (a block's skip
+  connection), added in fp32 and rounded once.
 Both read the weights in place, once per row of x: they are for M of a few rows (batch-1 or
 small-batch decode), where the step is bound by the bytes of W.
 
@@ -28,6 +33,9 @@ Scales and offsets may be any float dtype (tinyllm.quant holds them exactly, fp1
   (a broadcast vector was moved into it through shared memory: 34 barriers a step of the
   int8 loop). Both were read off the kernels compiled for sm_90 (tests/tinyllm/test_qgemv.py
   checks them without a GPU); on the H200 they changed nothing measurable.
+- With a norm, each program sums x ** 2 itself (x is a few KB, read from L2 by every program
+  anyway) and scales its results by the rsqrt at the end: the norm is no kernel of its own,
+  and neither is the residual add (the 1.1B step's 44 add + RMSNorm kernels).
 - Each step loads the next step's weights before it uses its own, and the first step's are
   loaded before the kernel waits on the one before it (PDL, tinyllm.pdl): weights are the
   only bytes a product reads that no kernel of the step writes. (Asking for all of a
@@ -77,19 +85,39 @@ def _block_rows(pid_n, N, BLOCK_N: tl.constexpr, HALVES: tl.constexpr):
 
 
 @triton.jit
-def _store(y_ptr, y, m, pid_n, N, BLOCK_N: tl.constexpr, HALVES: tl.constexpr):
+def _store(y_ptr, y, m, pid_n, N, BLOCK_N: tl.constexpr, HALVES: tl.constexpr, r_ptr, RES: tl.constexpr):
     """y (HALVES * BLOCK_N,) fp32 -> y_ptr[m, the block's features]: as it is, or, with two
-    halves, silu(gate) * up."""
+    halves, silu(gate) * up; with RES, plus the residual r_ptr[m, those features]."""
     if HALVES == 2:
         gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))  # (BLOCK_N,) each
         y = gate * tl.sigmoid(gate) * up
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if RES:
+        y += tl.load(r_ptr + m * N + rn, mask=rn < N, other=0.0).to(tl.float32)
     tl.store(y_ptr + m * N + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
 
 @triton.jit
-def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 HALVES: tl.constexpr = 1, PDL: tl.constexpr = False):
+def _normed(x, g_ptr, k, ok, NORM: tl.constexpr):
+    """x (R, BLOCK_K) fp32 times the norm's weights at k, in x's layout, with NORM; else x."""
+    if NORM:
+        x = x * tl.load(g_ptr + k, mask=ok, other=0.0).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _squares(x_ptr, m, k0, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x[m, k0:k0 + BLOCK_K] ** 2, (BLOCK_K,) fp32: one step's share of the RMS norm (summed
+    once, after the loop: a sum across warps each step would cost a barrier each step)."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    x = tl.load(x_ptr + m * K + k, mask=k < K, other=0.0).to(tl.float32)
+    return x * x
+
+
+@triton.jit
+def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, eps, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1, NORM: tl.constexpr = False, RES: tl.constexpr = False,
+                 PDL: tl.constexpr = False):
     pid_n, m = tl.program_id(0), tl.program_id(1)
     rn, row = _block_rows(pid_n, N, BLOCK_N, HALVES)  # (R,) each, R = HALVES * BLOCK_N
     rk = tl.arange(0, BLOCK_K)  # (BLOCK_K,)
@@ -102,6 +130,7 @@ def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, BLOCK_N: tl.con
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     acc = tl.zeros((HALVES * BLOCK_N, BLOCK_K), dtype=tl.float32)
+    ss = tl.zeros((BLOCK_K,), dtype=tl.float32)  # with NORM: x ** 2, summed over the steps
     for k0 in range(0, K, BLOCK_K):
         k = k0 + rk
         ok = n_ok[:, None] & (k[None, :] < K)
@@ -110,17 +139,22 @@ def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K: tl.constexpr, BLOCK_N: tl.con
         q = (u ^ 0x4B000080).to(tl.float32, bitcast=True) - (TWO23 + 128.0)  # q, exactly
         # x loaded once per row of the block, in w's own layout: a broadcast (BLOCK_K,) vector
         # would be moved into that layout through shared memory, with barriers, every step
-        x = tl.load(x_ptr + m * K + k[None, :] + 0 * rn[:, None], mask=ok, other=0.0).to(tl.float32)
-        acc += q * x
+        kk = k[None, :] + 0 * rn[:, None]  # (R, BLOCK_K)
+        x = tl.load(x_ptr + m * K + kk, mask=ok, other=0.0).to(tl.float32)
+        acc += q * _normed(x, g_ptr, kk, ok, NORM)
+        if NORM:
+            ss += _squares(x_ptr, m, k0, K, BLOCK_K)
         w = w_next
-    s = tl.load(s_ptr + row, mask=n_ok, other=0.0).to(tl.float32)
-    _store(y_ptr, tl.sum(acc, axis=1) * s, m, pid_n, N, BLOCK_N, HALVES)
+    y = tl.sum(acc, axis=1) * tl.load(s_ptr + row, mask=n_ok, other=0.0).to(tl.float32)
+    if NORM:  # RMSNorm(x) @ W.T = rsqrt(mean(x ** 2) + eps) ((x * g) @ W.T)
+        y *= tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+    _store(y_ptr, y, m, pid_n, N, BLOCK_N, HALVES, r_ptr, RES)
 
 
 @triton.jit
-def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K: tl.constexpr, G: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1,
-                 PDL: tl.constexpr = False):
+def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, g_ptr, r_ptr, eps, N, K: tl.constexpr, G: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1, NORM: tl.constexpr = False,
+                 RES: tl.constexpr = False, PDL: tl.constexpr = False):
     NG: tl.constexpr = BLOCK_K // G  # groups a step
     pid_n, m = tl.program_id(0), tl.program_id(1)
     rn, row = _block_rows(pid_n, N, BLOCK_N, HALVES)  # (R,) each, R = HALVES * BLOCK_N
@@ -137,6 +171,7 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K: tl.constexpr, G: tl.co
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     acc = tl.zeros((HALVES * BLOCK_N, NG), dtype=tl.float32)
+    ss = tl.zeros((BLOCK_K,), dtype=tl.float32)  # with NORM: x ** 2, summed over the steps
     for g0 in range(0, groups, NG):
         g = g0 + rg  # (NG,)
         ok = n_ok[:, None] & (g < groups)[None, :]  # (R, NG)
@@ -147,16 +182,21 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K: tl.constexpr, G: tl.co
         lo = ((b & 15) | 0x4B000000).to(tl.float32, bitcast=True) - TWO23  # element 2j, exactly
         hi = ((b >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - TWO23  # element 2j + 1
         # x in the weights' layout (see _int8_kernel), even and odd elements
-        xe_ptr = x_ptr + m * K + 2 * byte[None, :, :] + 0 * rn[:, None, None]
-        xe = tl.load(xe_ptr, mask=ok3, other=0.0).to(tl.float32)  # (R, NG, G/2)
-        xo = tl.load(xe_ptr + 1, mask=ok3, other=0.0).to(tl.float32)
+        ke = 2 * byte[None, :, :] + 0 * rn[:, None, None]  # (R, NG, G/2): even elements
+        xe = _normed(tl.load(x_ptr + m * K + ke, mask=ok3, other=0.0).to(tl.float32), g_ptr, ke, ok3, NORM)
+        xo = _normed(tl.load(x_ptr + m * K + ke + 1, mask=ok3, other=0.0).to(tl.float32), g_ptr, ke + 1, ok3, NORM)
+        if NORM:
+            ss += _squares(x_ptr, m, g0 * G, K, BLOCK_K)
         qx = tl.sum(lo * xe + hi * xo, axis=2)  # (R, NG): sum over the group of q x
         xs = tl.sum(xe + xo, axis=2)  # (R, NG): of x
         s = tl.load(s_ptr + row[:, None] * groups + g[None, :], mask=ok, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + row[:, None] * groups + g[None, :], mask=ok, other=0.0).to(tl.float32)
         acc += s * qx + z * xs
         b = b_next
-    _store(y_ptr, tl.sum(acc, axis=1), m, pid_n, N, BLOCK_N, HALVES)
+    y = tl.sum(acc, axis=1)
+    if NORM:  # as in _int8_kernel
+        y *= tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+    _store(y_ptr, y, m, pid_n, N, BLOCK_N, HALVES, r_ptr, RES)
 
 
 @functools.cache
@@ -188,39 +228,56 @@ def _outputs(qweight: Tensor, gated: bool) -> int:
     return qweight.shape[0] // 2 if gated else qweight.shape[0]
 
 
+def _fused_args(x: Tensor, n: int, norm: Tensor | None, residual: Tensor | None) -> tuple[Tensor, Tensor, dict]:
+    """The norm's weights and the residual to pass (x where absent: never read), and their
+    constexprs."""
+    torch._check(norm is None or norm.shape == (x.shape[1],), lambda: "qgemv: the norm's weights are not (K,)")
+    torch._check(residual is None or (residual.shape == (x.shape[0], n) and residual.is_contiguous()),
+                 lambda: "qgemv: the residual is not a contiguous (M, N)")
+    return x if norm is None else norm, x if residual is None else residual, {"NORM": norm is not None,
+                                                                          "RES": residual is not None}
+
+
 @torch.library.custom_op("tinyllm::int8_gemv", mutates_args=())
-def int8_gemv(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False) -> Tensor:
+def int8_gemv(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False, norm: Tensor | None = None,
+              eps: float = 0.0, residual: Tensor | None = None) -> Tensor:
     m, k = x.shape
     n, halves = _outputs(qweight, gated), 1 + gated
     torch._check(qweight.shape == (n * halves, k) and scales.shape[0] == n * halves,
                  lambda: "int8_gemv: shapes disagree")
+    g, r, flags = _fused_args(x, n, norm, residual)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_n, block_k = blocks(n * halves, k, 1, PROGRAMS_PER_SM * _sms(x.device))
     block_n = max(block_n // halves, 1)
-    _launch(_int8_kernel, n, m, x, qweight, scales, y, n, k, BLOCK_N=block_n, BLOCK_K=block_k, HALVES=halves)
+    _launch(_int8_kernel, n, m, x, qweight, scales, y, g, r, eps, n, k, BLOCK_N=block_n, BLOCK_K=block_k,
+            HALVES=halves, **flags)
     return y
 
 
 @int8_gemv.register_fake
-def _(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False) -> Tensor:
+def _(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False, norm: Tensor | None = None,
+      eps: float = 0.0, residual: Tensor | None = None) -> Tensor:
     return x.new_empty((x.shape[0], _outputs(qweight, gated)))
 
 
 @torch.library.custom_op("tinyllm::int4_gemv", mutates_args=())
-def int4_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int, gated: bool = False) -> Tensor:
+def int4_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int, gated: bool = False,
+              norm: Tensor | None = None, eps: float = 0.0, residual: Tensor | None = None) -> Tensor:
     m, k = x.shape
     n, halves = _outputs(qweight, gated), 1 + gated
     torch._check(qweight.shape == (n * halves, k // 2) and scales.shape == zeros.shape
                  and scales.shape == (n * halves, k // group), lambda: "int4_gemv: shapes disagree")
+    g, r, flags = _fused_args(x, n, norm, residual)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_n, block_k = blocks(n * halves, k, 0.5, PROGRAMS_PER_SM * _sms(x.device))
     block_n = max(block_n // halves, 1)
     block_k = max(block_k, group)  # whole groups a step
-    _launch(_int4_kernel, n, m, x, qweight, scales, zeros, y, n, k, G=group, BLOCK_N=block_n, BLOCK_K=block_k,
-            HALVES=halves)
+    _launch(_int4_kernel, n, m, x, qweight, scales, zeros, y, g, r, eps, n, k, G=group, BLOCK_N=block_n,
+            BLOCK_K=block_k, HALVES=halves, **flags)
     return y
 
 
 @int4_gemv.register_fake
-def _(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int, gated: bool = False) -> Tensor:
+def _(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int, gated: bool = False,
+      norm: Tensor | None = None, eps: float = 0.0, residual: Tensor | None = None) -> Tensor:
     return x.new_empty((x.shape[0], _outputs(qweight, gated)))

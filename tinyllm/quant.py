@@ -158,6 +158,13 @@ def _(x: Tensor, key: int, n: int) -> Tensor:
     return x.new_empty(x.shape[0], n)
 
 
+def _int8pack_takes(x: Tensor, k: int) -> bool:
+    """Whether torch's `_weight_int8pack_mm` may be called: with bf16 x of more than one row and
+    K not a multiple of 16 it crashes the process (torch 2.13 on an AVX512-BF16 / AMX CPU,
+    measured: K = 164, 168, 170, 172, 1000 with 2 to 16 rows; fp32, one row, K = 160 or 176 ran)."""
+    return x.dtype == torch.float32 or k % 16 == 0 or x.shape[:-1].numel() == 1
+
+
 def _fbgemm_pack(qt: QTensor) -> object:
     zp = torch.zeros(qt.shape[0], dtype=torch.long)
     with warnings.catch_warnings():  # quantized tensor types are deprecated (the op that takes them is not)
@@ -248,7 +255,7 @@ class QuantLinear(Module):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.in_features).contiguous(), self.packed,
                                                           self.group, self.scales_zeros)  # (M, N)
             return y.view(*lead, -1)
-        if x.device.type == "cpu" and self.kind == "int8" and not self.generic:
+        if x.device.type == "cpu" and self.kind == "int8" and not self.generic and _int8pack_takes(x, self.in_features):
             y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).contiguous(), self.qweight,
                                                    self.scales.to(x.dtype))  # (M, N)
             return y.view(*lead, -1)
@@ -262,21 +269,36 @@ class QuantLinear(Module):
             return F.linear(x, self.qweight.to(x.dtype)) * self.act_scales  # (..., N)
         return F.linear(x, self._dequantized(x.dtype))
 
-    def swiglu(self, down: nn.Module, x: Tensor) -> Tensor | None:
-        """down(silu(gate) * up), this layer holding gate and up (its two halves of rows), x
-        (..., K) -> (..., D): one op (tinyllm.cpu_qgemv.ffn) where both layers run the AVX2
-        kernel; on CUDA for a few rows, the gating in the product's kernel (tinyllm.qgemv),
-        then down; None otherwise, and the caller runs the two layers."""
+    def fused(self, x: Tensor, norm: nn.Module | None, residual: Tensor | None) -> Tensor | None:
+        """residual + self(norm(x)) as one kernel (model.linear): on CUDA, for a few rows, the
+        norm (a model.RMSNorm) and the residual (..., N) folded into the product (tinyllm.qgemv);
+        None elsewhere, and the caller runs them apart."""
+        if self.generic or not qgemv.supported(x):
+            return None
+        lead = x.shape[:-1]
+        y = qgemv.linear(x.reshape(-1, self.in_features), self.kind, self.qweight, self.scales, self.zeros, self.group,
+                         norm=None if norm is None else (norm.weight, norm.eps),
+                         residual=None if residual is None else residual.reshape(-1, self.out_features))  # (M, N)
+        return y.view(*lead, -1)
+
+    def swiglu(self, down: nn.Module, x: Tensor, norm: nn.Module) -> Tensor | None:
+        """x + down(silu(gate) * up) of norm(x), this layer holding gate and up (its two halves
+        of rows), x (..., K) -> (..., K): on CUDA for a few rows, the norm and the gating in the
+        gate/up product's kernel and the residual in down's (tinyllm.qgemv); one op
+        (tinyllm.cpu_qgemv.ffn) where both layers run the AVX2 kernel; None otherwise, and the
+        caller runs the layers."""
         lead = x.shape[:-1]
         if not self.generic and qgemv.supported(x):
             h = qgemv.linear(x.reshape(-1, self.in_features), self.kind, self.qweight, self.scales, self.zeros,
-                             self.group, gated=True)  # (M, F)
-            return down(h.view(*lead, -1))
+                             self.group, gated=True, norm=(norm.weight, norm.eps)).view(*lead, -1)  # (..., F)
+            fused = getattr(down, "fused", None)
+            y = None if fused is None else fused(h, None, x)
+            return x + down(h) if y is None else y
         if not (self.avx2 and isinstance(down, QuantLinear) and down.avx2):
             return None
-        y = cpu_qgemv.ffn(x.reshape(-1, self.in_features), (self.qweight, self.scales, self.zeros),
+        y = cpu_qgemv.ffn(norm(x).reshape(-1, self.in_features), (self.qweight, self.scales, self.zeros),
                           (down.qweight, down.scales, down.zeros))  # (M, D)
-        return y.view(*lead, -1)
+        return x + y.view(*lead, -1)
 
     def _dequantized(self, dtype: torch.dtype) -> Tensor:
         n, k, g = self.out_features, self.in_features, self.group

@@ -41,6 +41,18 @@ def rel_err(y, ref):
     return ((y.double() - ref).norm() / ref.norm()).item()
 
 
+def fused_case(x, qt, eps=1e-5):
+    """An RMSNorm's weights (K,) and a residual (rows, N) in x's dtype, and the float64
+    reference residual + RMSNorm(x) @ W.T."""
+    rows, k = x.shape
+    g = torch.Generator().manual_seed(k)
+    w = (1 + 0.3 * torch.randn(k, generator=g)).to(x.device, x.dtype)
+    r = torch.randn(rows, qt.shape[0], generator=g).to(x.device, x.dtype)
+    xd = x.double()
+    normed = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+    return w, r, r.double() + normed @ qt.dequantize(torch.float64).T
+
+
 def test_not_supported_without_cuda():
     assert not qgemv.supported(torch.zeros(1, 8))  # a CPU tensor never takes the Triton path
 
@@ -50,12 +62,12 @@ def test_not_supported_without_cuda():
 INTERPRETED = textwrap.dedent("""
     import torch
     from tinyllm import qgemv_triton as T
-    from tests.tinyllm.test_qgemv import CASES, case, rel_err
+    from tests.tinyllm.test_qgemv import CASES, case, fused_case, rel_err
 
-    def raw(x, qt, group, gated=False):  # the ops launch their kernels themselves: the interpreter runs them
+    def raw(x, qt, group, gated=False, *fused):  # the ops launch their kernels themselves: the interpreter runs them
         if qt.kind == "int8":
-            return T.int8_gemv(x, qt.qweight, qt.scales, gated)
-        return T.int4_gemv(x, qt.qweight, qt.scales, qt.zeros, group, gated)
+            return T.int8_gemv(x, qt.qweight, qt.scales, gated, *fused)
+        return T.int4_gemv(x, qt.qweight, qt.scales, qt.zeros, group, gated, *fused)
 
     for n, k, rows, kind, group in CASES:
         x, qt, ref = case(n, k, rows, kind, group)
@@ -66,6 +78,9 @@ INTERPRETED = textwrap.dedent("""
             y = raw(x, qt, group, gated=True)
             gate, up = ref.chunk(2, dim=-1)
             assert rel_err(y, torch.nn.functional.silu(gate) * up) < 1e-5, (n, k, rows, kind, "gated")
+        w, r, ref = fused_case(x, qt)  # RMSNorm before, the residual after: in the same kernel
+        y = raw(x, qt, group, False, w, 1e-5, r)
+        assert rel_err(y, ref) < 1e-5, (n, k, rows, kind, "fused", rel_err(y, ref))
     print("ok")
 """)
 
@@ -81,10 +96,10 @@ def test_kernels_under_the_triton_interpreter():
 
 @pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
                     reason="needs triton; on a CUDA machine the CUDA tests compile them for real")
-@pytest.mark.parametrize("halves", [1, 2])
+@pytest.mark.parametrize("halves,fused", [(1, False), (2, False), (1, True), (2, True)])
 @pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("kind", ["int8", "int4"])
-def test_kernels_compile_for_the_h200_without_a_gpu(kind, pdl, halves):
+def test_kernels_compile_for_the_h200_without_a_gpu(kind, pdl, halves, fused):
     """Compiled for sm_90 with the hints a real launch gets (16-byte aligned pointers), the
     inner loop has no int-to-float conversion instruction (quarter rate on Hopper), loads the
     weights 16 bytes at a time, and has no barrier but the final reduction's. With PDL the
@@ -96,26 +111,25 @@ def test_kernels_compile_for_the_h200_without_a_gpu(kind, pdl, halves):
     from tinyllm import qgemv_triton as T
 
     aligned = [["tt.divisibility", 16]]
+    tail = {"g_ptr": "*bf16", "r_ptr": "*bf16", "eps": "fp32", "N": "i32", "K": "constexpr"}
+    flags = {"HALVES": halves, "NORM": fused, "RES": fused, "PDL": pdl}
     if kind == "int8":
-        sig = {"x_ptr": "*bf16", "w_ptr": "*i8", "s_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32", "K": "constexpr",
-               "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "HALVES": "constexpr", "PDL": "constexpr"}
-        src = ASTSource(T._int8_kernel, sig, constexprs={"K": 2048, "BLOCK_N": 4, "BLOCK_K": 512, "HALVES": halves,
-                                                         "PDL": pdl},
-                        attrs={(i,): aligned for i in range(4)})
+        sig = {"x_ptr": "*bf16", "w_ptr": "*i8", "s_ptr": "*bf16", "y_ptr": "*bf16", **tail,
+               "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", **dict.fromkeys(flags, "constexpr")}
+        src = ASTSource(T._int8_kernel, sig, constexprs={"K": 2048, "BLOCK_N": 4, "BLOCK_K": 512, **flags},
+                        attrs={(i,): aligned for i in range(6)})
     else:
-        sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*bf16", "z_ptr": "*bf16", "y_ptr": "*bf16",
-               "N": "i32", "K": "constexpr", "G": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-               "HALVES": "constexpr", "PDL": "constexpr"}
-        src = ASTSource(T._int4_kernel, sig, constexprs={"K": 2048, "G": 32, "BLOCK_N": 4, "BLOCK_K": 1024,
-                                                         "HALVES": halves, "PDL": pdl},
-                        attrs={(i,): aligned for i in range(5)})
+        sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*bf16", "z_ptr": "*bf16", "y_ptr": "*bf16", **tail,
+               "G": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", **dict.fromkeys(flags, "constexpr")}
+        src = ASTSource(T._int4_kernel, sig, constexprs={"K": 2048, "G": 32, "BLOCK_N": 4, "BLOCK_K": 1024, **flags},
+                        attrs={(i,): aligned for i in range(7)})
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
     ptx = compiled.asm["ptx"]
     assert compiled.asm["cubin"]
     assert "cvt.rn.f32.s" not in ptx and "cvt.rn.f32.u" not in ptx
     assert "ld.global.v4.b32" in ptx
     if kind == "int8" or halves == 1:  # int4 with two halves moves its group sums through shared memory
-        assert ptx.count("bar.sync") <= 1
+        assert ptx.count("bar.sync") <= 1 + 2 * fused  # the norm's sum: once, after the loop
     assert ("griddepcontrol.wait" in ptx) == pdl
     if pdl:
         weights = ptx.index("ld.global.v4.b32")  # the first weight load comes before the wait
@@ -142,3 +156,7 @@ def test_cuda_ops_match_the_dequantized_product(n, k, rows, kind, group):
         g = qgemv.linear(x, kind, qt.qweight, s, None if kind == "int8" else qt.zeros.bfloat16(), group, gated=True)
         gate, up = ref.chunk(2, dim=-1)
         assert g.shape == (rows, n // 2) and rel_err(g, torch.nn.functional.silu(gate) * up) < 1e-2
+    w, r, ref = fused_case(x, qt)  # RMSNorm before, the residual after, in the same kernel
+    y = qgemv.linear(x, kind, qt.qweight, s, None if kind == "int8" else qt.zeros.bfloat16(), group, norm=(w, 1e-5),
+                     residual=r)
+    assert y.shape == (rows, n) and rel_err(y, ref) < 1e-2

@@ -175,7 +175,9 @@ def test_compiled_quantized_step_matches_its_eager_step(quant):
         tok = a[:, -1].argmax(-1, keepdim=True)  # (1, 1)
         assert torch.equal(tok, b[:, -1].argmax(-1, keepdim=True))
         a, b = plain.step(tok), fast.step(tok)
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+        # The CPU kernel rounds x to int8 (blocks of 32, as llama.cpp), so the compiled RMSNorm's
+        # last-bit differences may move one of x's roundings: 1.6e-3 seen on an AVX512 CPU.
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=5e-3 if cpu_qgemv.available() else 1e-4)
 
 
 def test_bench_reports_quantized_weight_bytes(capsys):
@@ -206,3 +208,18 @@ def test_a_dense_model_loads_without_building_the_cpu_kernel(monkeypatch):
     state["blocks.0.attn.wo.weight"] = quantize(state["blocks.0.attn.wo.weight"], "int4", 32)
     build_transformer(dense.cfg, state, torch.device("cpu"), torch.float32, "auto")
     assert asked
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("k", [172, 176])
+def test_int8_bf16_rows_on_cpu_match_the_dequantized_product(k):
+    """bf16 activations (a CPU with AVX512-BF16 picks them for a quantized model), several rows,
+    K not a multiple of 16: torch's int8 kernel crashed the process there; the layer must not
+    call it, and still give the dequantized product."""
+    w = torch.randn(64, k, generator=torch.Generator().manual_seed(k)) * 0.05
+    qt = quantize(w, "int8")
+    layer = QuantLinear(qt, torch.bfloat16)
+    x = torch.randn(16, k, generator=torch.Generator().manual_seed(1)).bfloat16()
+    y = layer(x)
+    ref = x.double() @ qt.dequantize(torch.float64).T
+    assert y.dtype == torch.bfloat16 and ((y.double() - ref).norm() / ref.norm()).item() < 1e-2

@@ -122,11 +122,11 @@ def test_fused_ffn_equals_the_two_products_and_the_silu_between(kind13, kind2, k
 @needs_kernel
 def test_the_feed_forward_runs_as_one_op_and_matches_its_layers():
     model = quantize_model(tiny_model(ffn_dim=192), "int4")
-    ffn = model.blocks[0].ffn
+    ffn, norm = model.blocks[0].ffn, model.blocks[0].ffn_norm
     x = torch.randn(1, 1, model.cfg.dim)
-    fused = ffn(x)
-    gate, up = ffn.w13(x).chunk(2, dim=-1)
-    unfused = ffn.w2(torch.nn.functional.silu(gate) * up)
+    fused = ffn(x, norm)  # x + ffn(norm(x))
+    gate, up = ffn.w13(norm(x)).chunk(2, dim=-1)
+    unfused = x + ffn.w2(torch.nn.functional.silu(gate) * up)
     torch.testing.assert_close(fused, unfused, rtol=0.05, atol=0.05 * unfused.abs().max().item())
 
 
