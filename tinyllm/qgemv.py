@@ -31,6 +31,9 @@ from torch import Tensor
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None and os.environ.get("TINYLLM_QGEMV") != "0"
 MAX_ROWS = 4
+# Whether a product takes its RMSNorm and residual add (QuantLinear.fused); TINYLLM_QGEMV_FOLD=0
+# runs them apart, as Inductor's kernels (to measure: docs/BENCHMARKS.md, tenth session).
+FOLD = os.environ.get("TINYLLM_QGEMV_FOLD") != "0"
 
 
 def available() -> bool:

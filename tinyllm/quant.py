@@ -273,7 +273,7 @@ class QuantLinear(Module):
         """residual + self(norm(x)) as one kernel (model.linear): on CUDA, for a few rows, the
         norm (a model.RMSNorm) and the residual (..., N) folded into the product (tinyllm.qgemv);
         None elsewhere, and the caller runs them apart."""
-        if self.generic or not qgemv.supported(x):
+        if self.generic or not qgemv.supported(x) or not (qgemv.FOLD or norm is None and residual is None):
             return None
         lead = x.shape[:-1]
         y = qgemv.linear(x.reshape(-1, self.in_features), self.kind, self.qweight, self.scales, self.zeros, self.group,
@@ -289,8 +289,9 @@ class QuantLinear(Module):
         caller runs the layers."""
         lead = x.shape[:-1]
         if not self.generic and qgemv.supported(x):
-            h = qgemv.linear(x.reshape(-1, self.in_features), self.kind, self.qweight, self.scales, self.zeros,
-                             self.group, gated=True, norm=(norm.weight, norm.eps)).view(*lead, -1)  # (..., F)
+            normed = (x, (norm.weight, norm.eps)) if qgemv.FOLD else (norm(x), None)
+            h = qgemv.linear(normed[0].reshape(-1, self.in_features), self.kind, self.qweight, self.scales, self.zeros,
+                             self.group, gated=True, norm=normed[1]).view(*lead, -1)  # (..., F)
             fused = getattr(down, "fused", None)
             y = None if fused is None else fused(h, None, x)
             return x + down(h) if y is None else y
