@@ -273,7 +273,7 @@ class QuantLinear(Module):
         """residual + self(norm(x)) as one kernel (model.linear): on CUDA, for a few rows, the
         norm (a model.RMSNorm) and the residual (..., N) folded into the product (tinyllm.qgemv);
         None elsewhere, and the caller runs them apart."""
-        if self.generic or not qgemv.supported(x) or not (qgemv.FOLD or norm is None and residual is None):
+        if self.generic or not qgemv.supported(x) or not (qgemv.fold() or norm is None and residual is None):
             return None
         lead = x.shape[:-1]
         y = qgemv.linear(x.reshape(-1, self.in_features), self.kind, self.qweight, self.scales, self.zeros, self.group,
@@ -289,7 +289,7 @@ class QuantLinear(Module):
         caller runs the layers."""
         lead = x.shape[:-1]
         if not self.generic and qgemv.supported(x):
-            normed = (x, (norm.weight, norm.eps)) if qgemv.FOLD else (norm(x), None)
+            normed = (x, (norm.weight, norm.eps)) if qgemv.fold() else (norm(x), None)
             h = qgemv.linear(normed[0].reshape(-1, self.in_features), self.kind, self.qweight, self.scales, self.zeros,
                              self.group, gated=True, norm=normed[1]).view(*lead, -1)  # (..., F)
             fused = getattr(down, "fused", None)
