@@ -257,7 +257,7 @@ class QuantLinear(Module):
             return y.view(*lead, -1)
         if x.device.type == "cpu" and self.kind == "int8" and not self.generic and _int8pack_takes(x, self.in_features):
             y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).contiguous(), self.qweight,
-                                                   self.scales.to(x.dtype))  # (M, N)
+                                                   self.act_scales.to(x.dtype))  # (M, N): see act_scales
             return y.view(*lead, -1)
         if not self.generic and qgemv.supported(x):  # CUDA, a few rows: the Triton kernels
             y = qgemv.linear(x.reshape(-1, self.in_features), self.kind, self.qweight, self.scales, self.zeros,

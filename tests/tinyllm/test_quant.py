@@ -223,3 +223,20 @@ def test_int8_bf16_rows_on_cpu_match_the_dequantized_product(k):
     y = layer(x)
     ref = x.double() @ qt.dequantize(torch.float64).T
     assert y.dtype == torch.bfloat16 and ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@torch.no_grad()
+def test_compiled_int8_step_in_bf16_on_cpu():
+    """A CPU with AVX512-BF16 computes a quantized model in bf16 (build.default_dtype); its
+    compiled int8 step failed in Inductor (AssertionError: Pointwise) while the scales were
+    converted inside the graph. The compiled step must compile, and agree with the eager one."""
+    model = quantize_model(tiny_model(ffn_dim=192).to(torch.bfloat16), "int8")
+    assert model.dtype == torch.bfloat16
+    ids = torch.randint(0, 512, (1, 10), generator=torch.Generator().manual_seed(3))
+    plain = GraphDecoder(model, 1, max_len=64, buckets=(32, 64), use_graph=False)
+    fast = GraphDecoder(model, 1, max_len=64, buckets=(32, 64), use_graph=False, compile="inductor")
+    a, b = plain.prefill(ids), fast.prefill(ids)
+    for _ in range(6):
+        tok = a[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+        a, b = plain.step(tok), fast.step(tok)
+        assert ((b.float() - a.float()).norm() / a.float().norm()).item() < 2e-2
