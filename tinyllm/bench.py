@@ -98,7 +98,7 @@ def random_model(preset: str, device: torch.device, dtype: torch.dtype) -> Trans
     return model.to(dtype).eval()
 
 
-def load_model(args, device: torch.device, dtype: torch.dtype) -> tuple[Transformer, str, tuple | None]:
+def load_model(args, device: torch.device, dtype: torch.dtype | None) -> tuple[Transformer, str, tuple | None]:
     """(model, name, (tokenizer, chat template) of --model or None for a preset)."""
     if args.model:
         from tinyllm.open_model import open_any  # lazily: only for --model
@@ -439,10 +439,12 @@ def run(args: argparse.Namespace) -> Report:
         torch.set_num_threads(args.threads)
     from tinyllm.build import default_dtype
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(args.dtype) or default_dtype(
-        device, args.quant != "none")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(args.dtype)
+    if dtype is None and not args.model:  # a file's loader picks its own (what it holds decides)
+        dtype = default_dtype(device, args.quant == "int4")
     rss0 = rss_mib()
     model, name, tok_template = load_model(args, device, dtype)
+    dtype = model.dtype
     report = Report(model=name, device=device.type, dtype=str(dtype).removeprefix("torch."), quant=args.quant)
     if args.quant != "none":
         report("weights_mib", quantized_bytes(model) / 2**20, "MiB", params=logical_params(model))

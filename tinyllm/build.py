@@ -3,9 +3,9 @@
 checkpoint.py, hf.py and gguf.py each read their own files, map names to tinyllm's (the
 separate `attn.wq/wk/wv`, `ffn.w1/w3` names) and hand the tensors down here; none imports
 another format. This module owns what they share:
-- `resolve_device(name)`, `default_dtype(device, quantized)`: bf16 on CUDA; on a CPU fp32,
-  or bf16 for a quantized model where the CPU computes bf16 natively (AVX512-BF16 or AMX,
-  read from /proc/cpuinfo at run time).
+- `resolve_device(name)`, `default_dtype(device, int4)`, `holds_int4(quant, tensors)`: bf16
+  on CUDA; on a CPU fp32, or bf16 for a model holding int4 matrices where the CPU computes
+  bf16 natively (AVX512-BF16 or AMX, read from /proc/cpuinfo at run time).
 - `expected_shapes(cfg)`, `match_tensors(...)`, `check_tensors(...)`: every tensor a config
   implies, present, with its shape; a quantized matrix may stand for a dense one (see quant.py).
 - `build_transformer(cfg, state, device, dtype, quant)`: state values are dense tensors or
@@ -29,7 +29,7 @@ Refuses with one line (ValueError): an unknown quant or device, shapes that do n
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import cache
 from pathlib import Path
 from typing import TypeVar
@@ -70,10 +70,23 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def default_dtype(device: torch.device, quantized: bool = False) -> torch.dtype:
-    if device.type == "cuda" or (quantized and cpu_has_bf16()):
+def default_dtype(device: torch.device, int4: bool = False) -> torch.dtype:
+    """bf16 on CUDA; on a CPU fp32, or bf16 for a model holding int4 matrices where the CPU
+    computes bf16 natively. Measured on a 2-core AVX512-BF16 / AMX CPU, compiled, tok/s fp32 ->
+    bf16 (docs/BENCHMARKS.md, tenth session): int4 went 696 -> 900 (the default model's Q4_1)
+    and 107-125 -> 169 (SmolLM2's Q4_1), torch's int4 kernel being faster in bf16 than ours in
+    fp32; int8 went 840 -> 800 (the default model's Q8_0) and 92.7 -> 93.7 (SmolLM2 at int8),
+    our AVX2 int8 kernel (fp32) being faster than torch's (bf16)."""
+    if device.type == "cuda" or (int4 and cpu_has_bf16()):
         return torch.bfloat16
     return torch.float32
+
+
+def holds_int4(quant: str, tensors: Iterable[torch.Tensor | QTensor]) -> bool:
+    """Whether a model loaded with `quant` from these tensors holds int4 matrices (the
+    question default_dtype asks)."""
+    kept = quant in ("keep", "auto") and any(isinstance(t, QTensor) and t.kind == "int4" for t in tensors)
+    return quant == "int4" or kept
 
 
 def with_progress(items: Sequence[T], progress: Progress | None) -> Iterator[T]:

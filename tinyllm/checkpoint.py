@@ -39,6 +39,7 @@ from tinyllm.build import (
     check_vocab,
     default_dtype,
     expected_shapes,
+    holds_int4,
     match_tensors,
     resolve_device,
     with_progress,
@@ -145,8 +146,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype:
                                                 state[f"{base}.zeros"].float() if kind == "int4" else None)
         elif not k.endswith((".scales", ".zeros")):
             tensors[k] = v  # as stored: tinyllm.build decides each tensor's dtype in memory
-    quantized = quant in ("int8", "int4") or any(isinstance(t, QTensor) for t in tensors.values())
-    dtype = dtype or default_dtype(device, quantized and quant != "none")
+    dtype = dtype or default_dtype(device, holds_int4(quant, tensors.values()))
     model = build_transformer(info.config, tensors, device, dtype, quant, group)
     return Checkpoint(info=info, model=model, tokenizer=tokenizer)
 

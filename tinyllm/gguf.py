@@ -47,6 +47,7 @@ from tinyllm.build import (
     check_vocab,
     default_dtype,
     expected_shapes,
+    holds_int4,
     pick_template,
     with_progress,
 )
@@ -369,10 +370,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
             elif h is not None:
                 w = unpermute_qk(w, h)
             state[t] = w if isinstance(w, QTensor) or quant != "none" else w.to(dtype)
-        # bf16 activations (on a CPU with native bf16) only where some matrix is quantized: an
-        # F16 / BF16 file under "auto" keeps its 16-bit matrices, computed in fp32
-        quantized = quant in ("int8", "int4") or any(isinstance(w, QTensor) for w in state.values())
-        dtype = dtype or default_dtype(device, quantized)
+        dtype = dtype or default_dtype(device, holds_int4(quant, state.values()))
         return build_transformer(cfg, state, device, dtype, quant, group), tokenizer, chat, name
     finally:
         g.close()

@@ -180,7 +180,7 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
     check_quant(quant, group)
     cfg, tokenizer, chat, name, plan = inspect_hf(path, template)
     device = torch.device(device)
-    dtype = dtype or default_dtype(device, quant in ("int8", "int4"))
+    dtype = dtype or default_dtype(device, quant == "int4")
     state = {}
     with ExitStack() as files:
         opened = {f: files.enter_context(safe_open(str(f), framework="pt")) for f in plan}

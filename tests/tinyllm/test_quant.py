@@ -227,8 +227,8 @@ def test_int8_bf16_rows_on_cpu_match_the_dequantized_product(k):
 
 @torch.no_grad()
 def test_compiled_int8_step_in_bf16_on_cpu():
-    """A CPU with AVX512-BF16 computes a quantized model in bf16 (build.default_dtype); its
-    compiled int8 step failed in Inductor (AssertionError: Pointwise) while the scales were
+    """A quantized model in bf16 on a CPU (a CPU with AVX512-BF16 picks bf16 for int4 models:
+    build.default_dtype; --dtype bf16 asks for it): the compiled int8 step failed in Inductor (AssertionError: Pointwise) while the scales were
     converted inside the graph. The compiled step must compile, and agree with the eager one."""
     model = quantize_model(tiny_model(ffn_dim=192).to(torch.bfloat16), "int8")
     assert model.dtype == torch.bfloat16
@@ -240,3 +240,21 @@ def test_compiled_int8_step_in_bf16_on_cpu():
         tok = a[:, -1].argmax(-1, keepdim=True)  # (1, 1)
         a, b = plain.step(tok), fast.step(tok)
         assert ((b.float() - a.float()).norm() / a.float().norm()).item() < 2e-2
+
+
+def test_cpu_activations_are_bf16_only_for_int4_where_the_cpu_has_bf16(monkeypatch):
+    """build.default_dtype's rule, measured (docs/BENCHMARKS.md, tenth session): bf16 on CUDA; on
+    a CPU with native bf16, bf16 for a model holding int4 matrices and fp32 otherwise; fp32 on
+    any other CPU. holds_int4 answers for a load: int4 asked for, or int4 matrices kept."""
+    from tinyllm import build
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    int4, int8 = quantize(torch.randn(8, 64), "int4", 32), quantize(torch.randn(8, 64), "int8")
+    assert build.holds_int4("int4", []) and build.holds_int4("keep", [int8, int4]) and build.holds_int4("auto", [int4])
+    assert not build.holds_int4("keep", [int8, torch.zeros(2)]) and not build.holds_int4("int8", [int4])
+    assert not build.holds_int4("none", [int4])
+    for native in (True, False):
+        monkeypatch.setattr(build, "cpu_has_bf16", lambda native=native: native)
+        assert build.default_dtype(cpu, int4=True) == (torch.bfloat16 if native else torch.float32)
+        assert build.default_dtype(cpu, int4=False) == torch.float32
+        assert build.default_dtype(cuda) == torch.bfloat16
