@@ -281,3 +281,26 @@ def test_a_compiled_step_of_bf16_matrices_calls_the_16_bit_op():
     prof = compiled_follows_plain(model)
     calls = sum(1 for e in prof.events() if e.name == "tinyllm_cpu::mm_half")  # the last step's
     assert calls == 4 * dense.cfg.n_layers + 1  # wqkv, wo, w13 and w2 a layer, and the output
+
+
+def _product_in_child(x, qt, want, q) -> None:
+    q.put(torch.equal(product(x, qt), want))
+
+
+@needs_kernel
+def test_a_forked_child_runs_threaded_products():
+    """The kernel's thread pool does not survive a fork: a child makes its own (pthread_atfork),
+    and its products still come out the same."""
+    import multiprocessing
+
+    torch.set_num_threads(2)
+    qt = quantize(torch.randn(2048, 512), "int4", 32)  # 32k blocks: the pool's two threads
+    x = torch.randn(1, 512)
+    want = product(x, qt)  # the pool made here, in the parent
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    child = ctx.Process(target=_product_in_child, args=(x, qt, want, q))
+    child.start()
+    assert q.get(timeout=300) is True  # a bound only against a hang: the child answers in well under a second
+    child.join()
+    assert child.exitcode == 0 and torch.equal(product(x, qt), want)
