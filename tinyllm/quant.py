@@ -283,15 +283,16 @@ class QuantLinear(Module):
 
     def swiglu(self, down: nn.Module, x: Tensor, norm: nn.Module) -> Tensor | None:
         """x + down(silu(gate) * up) of norm(x), this layer holding gate and up (its two halves
-        of rows), x (..., K) -> (..., K): on CUDA for a few rows, the norm and the gating in the
-        gate/up product's kernel and the residual in down's (tinyllm.qgemv); one op
+        of rows), x (..., K) -> (..., K): on CUDA for a few rows, the norm (where qgemv.fold())
+        and the gating in the gate/up product's kernel and the residual in down's; one op
         (tinyllm.cpu_qgemv.ffn) where both layers run the AVX2 kernel; None otherwise, and the
         caller runs the layers."""
         lead = x.shape[:-1]
         if not self.generic and qgemv.supported(x):
-            normed = (x, (norm.weight, norm.eps)) if qgemv.fold() else (norm(x), None)
-            h = qgemv.linear(normed[0].reshape(-1, self.in_features), self.kind, self.qweight, self.scales, self.zeros,
-                             self.group, gated=True, norm=normed[1]).view(*lead, -1)  # (..., F)
+            fold = qgemv.fold()
+            h = qgemv.linear((x if fold else norm(x)).reshape(-1, self.in_features), self.kind, self.qweight,
+                             self.scales, self.zeros, self.group, gated=True,
+                             norm=(norm.weight, norm.eps) if fold else None).view(*lead, -1)  # (..., F)
             fused = getattr(down, "fused", None)
             y = None if fused is None else fused(h, None, x)
             return x + down(h) if y is None else y
