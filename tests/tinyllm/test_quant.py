@@ -163,18 +163,26 @@ def test_checkpoint_with_a_bad_quantized_tensor_is_a_one_line_error(tmp_path):
         load_checkpoint(path)
 
 
+def plain_and_compiled(model, seed: int, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(plain, compiled) logits of the prefill of 10 random tokens, then of `steps` greedy
+    steps, both decoders fed the plain one's token."""
+    ids = torch.randint(0, 512, (1, 10), generator=torch.Generator().manual_seed(seed))
+    plain = GraphDecoder(model, 1, max_len=64, buckets=(32, 64), use_graph=False)
+    fast = GraphDecoder(model, 1, max_len=64, buckets=(32, 64), use_graph=False, compile="inductor")
+    out = [(plain.prefill(ids), fast.prefill(ids))]
+    for _ in range(steps):
+        tok = out[-1][0][:, -1].argmax(-1, keepdim=True)  # (1, 1)
+        out.append((plain.step(tok), fast.step(tok)))
+    return out
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("quant", ["int8", "int4"])
 def test_compiled_quantized_step_matches_its_eager_step(quant):
-    model = quantize_model(tiny_model(ffn_dim=192), quant)
-    ids = torch.randint(0, 512, (1, 10), generator=torch.Generator().manual_seed(2))
-    plain = GraphDecoder(model, 1, max_len=64, buckets=(32, 64), use_graph=False)
-    fast = GraphDecoder(model, 1, max_len=64, buckets=(32, 64), use_graph=False, compile="inductor")
-    a, b = plain.prefill(ids), fast.prefill(ids)
-    for _ in range(12):
-        tok = a[:, -1].argmax(-1, keepdim=True)  # (1, 1)
-        assert torch.equal(tok, b[:, -1].argmax(-1, keepdim=True))
-        a, b = plain.step(tok), fast.step(tok)
+    pairs = plain_and_compiled(quantize_model(tiny_model(ffn_dim=192), quant), seed=2, steps=12)
+    for a, b in pairs[:-1]:
+        assert torch.equal(a[:, -1].argmax(-1), b[:, -1].argmax(-1))
+    for a, b in pairs[1:]:
         # The CPU kernel rounds x to int8 (blocks of 32, as llama.cpp), so the compiled RMSNorm's
         # last-bit differences may move one of x's roundings: 1.6e-3 seen on an AVX512 CPU.
         torch.testing.assert_close(b, a, rtol=1e-4, atol=5e-3 if cpu_qgemv.available() else 1e-4)
@@ -228,17 +236,12 @@ def test_int8_bf16_rows_on_cpu_match_the_dequantized_product(k):
 @torch.no_grad()
 def test_compiled_int8_step_in_bf16_on_cpu():
     """A quantized model in bf16 on a CPU (a CPU with AVX512-BF16 picks bf16 for int4 models:
-    build.default_dtype; --dtype bf16 asks for it): the compiled int8 step failed in Inductor (AssertionError: Pointwise) while the scales were
-    converted inside the graph. The compiled step must compile, and agree with the eager one."""
+    build.default_dtype; --dtype bf16 asks for it): the compiled int8 step failed in Inductor
+    (AssertionError: Pointwise) while the scales were converted inside the graph. The compiled
+    step must compile, and agree with the eager one."""
     model = quantize_model(tiny_model(ffn_dim=192).to(torch.bfloat16), "int8")
     assert model.dtype == torch.bfloat16
-    ids = torch.randint(0, 512, (1, 10), generator=torch.Generator().manual_seed(3))
-    plain = GraphDecoder(model, 1, max_len=64, buckets=(32, 64), use_graph=False)
-    fast = GraphDecoder(model, 1, max_len=64, buckets=(32, 64), use_graph=False, compile="inductor")
-    a, b = plain.prefill(ids), fast.prefill(ids)
-    for _ in range(6):
-        tok = a[:, -1].argmax(-1, keepdim=True)  # (1, 1)
-        a, b = plain.step(tok), fast.step(tok)
+    for a, b in plain_and_compiled(model, seed=3, steps=6)[1:]:
         assert ((b.float() - a.float()).norm() / a.float().norm()).item() < 2e-2
 
 
