@@ -9,6 +9,11 @@
 #     the first compiles cold, the rest reuse Inductor's cache;
 #  4. the same shape's decode speed (`--compile on`) under the variant with the fastest
 #     compiled replay, for each of QUANTS.
+# SWEEP_S > 0 first runs scripts/qgemv_sweep.py (block-size rules of the products, SWEEP_MODELS)
+# and adds its three best 1.1B int8 rules to VARIANTS. PROF_S=0 skips step 3 and takes the
+# fastest variant of an earlier call on the same warm machine (/tmp/best_variant). SMOL_GZ (a
+# gzipped GGUF, carried) adds SmolLM2's decode speed for each of SMOL_QUANTS, under the sweep's
+# best int4 rule where one was found (/tmp/best_int4).
 set -u
 OUT=${OUT:-out}
 L=/tmp/logs
@@ -29,6 +34,15 @@ if [ "${TESTS_S:-100}" != 0 ]; then
   echo "tests rc=$?"; grep -E " passed| failed|FAILED|Error" "$OUT/tests.txt" | tail -12
 fi
 
+if [ "${SWEEP_S:-0}" != 0 ]; then
+  timeout "$SWEEP_S" python3 scripts/qgemv_sweep.py > $L/sweep.jsonl 2> $L/sweep.err
+  echo "sweep rc=$?"; grep BEST $L/sweep.jsonl
+  rules=$(grep '"step_matrix_us"' $L/sweep.jsonl | grep '"1.1b"' | head -3 | sed 's/.*"rule": "\([0-9,]*\)".*/\1/')
+  for r in $rules; do VARIANTS="${VARIANTS:--} TINYLLM_QGEMV_BLOCKS=$r"; done
+  grep '^BEST smollm2 int4' $L/sweep.jsonl | awk '{print $4}' > /tmp/best_int4
+  grep '"step_matrix_us"' $L/sweep.jsonl > "$OUT/sweep_rules.jsonl"
+fi
+
 summarize() {  # after each run, so a call that runs out of time still brings back what finished
   python3 - $L <<'PY' > "$OUT/summary.txt"
 import json, pathlib, sys
@@ -46,7 +60,8 @@ PY
 }
 
 i=0
-for v in ${VARIANTS:--}; do
+[ "${PROF_S:-130}" = 0 ] && VARIANTS=""
+for v in ${VARIANTS--}; do
   env_args=$(echo "$v" | tr ';' ' '); [ "$v" = "-" ] && env_args=""
   trace=""; [ $i = 0 ] && trace="TINYLLM_TRACE_DIR=$L/traces"
   env $env_args $trace timeout "${PROF_S:-130}" python3 -m tinyllm.bench --preset tinyllama-1.1b --device cuda \
@@ -66,6 +81,8 @@ for f in pathlib.Path(sys.argv[1]).glob("profile_*.jsonl"):
 print(best[1])
 PY
 )
+[ "$best" = "-" ] && [ -s /tmp/best_variant ] && [ "${PROF_S:-130}" = 0 ] && best=$(cat /tmp/best_variant)
+echo "$best" > /tmp/best_variant
 echo "fastest: [$best]"
 for q in ${QUANTS:-int8}; do
   [ "${BENCH_S:-120}" = 0 ] && break
@@ -74,4 +91,13 @@ for q in ${QUANTS:-int8}; do
       --compile on --peers off --steps 128 --repeats 3 --prompt-lens 128 --no-buckets > $L/tinyllama_$q.jsonl 2> $L/tinyllama_$q.err
   echo "tinyllama $q [$best] rc=$?"; summarize
 done
+if [ -n "${SMOL_GZ:-}" ]; then
+  zcat "$SMOL_GZ" > /tmp/smol.gguf
+  rule=""; [ -s /tmp/best_int4 ] && rule="TINYLLM_QGEMV_BLOCKS=$(cat /tmp/best_int4)"
+  for q in ${SMOL_QUANTS:-keep none}; do
+    env $rule timeout "${BENCH_S:-120}" python3 -m tinyllm.bench --model /tmp/smol.gguf --device cuda --quant "$q" \
+        --compile on --peers off --steps 128 --repeats 3 --prompt-lens 128 --no-buckets > $L/smol_$q.jsonl 2> $L/smol_$q.err
+    echo "smollm2 $q [$rule] rc=$?"; summarize
+  done
+fi
 summarize; cat "$OUT/summary.txt"

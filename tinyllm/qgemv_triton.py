@@ -206,12 +206,11 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def blocks(n: int, k: int, bytes_per_value: float, min_programs: int,
-           k_bytes: int = BLOCK_K_BYTES) -> tuple[int, int]:
+def blocks(n: int, k: int, bytes_per_value: float, min_programs: int, k_bytes: int | None = None) -> tuple[int, int]:
     """(BLOCK_N, BLOCK_K) for an (N, K) matrix: BLOCK_K values make k_bytes bytes of a row (at
-    most K rounded up to a power of two); BLOCK_N the largest of 1..64 that leaves at least
+    most K rounded up to a power of two; BLOCK_K_BYTES unless given); BLOCK_N the largest of 1..64 that leaves at least
     min_programs programs for one row of x."""
-    block_k = min(int(k_bytes / bytes_per_value), triton.next_power_of_2(k))
+    block_k = min(int((k_bytes or BLOCK_K_BYTES) / bytes_per_value), triton.next_power_of_2(k))
     block_n = 64
     while block_n > 1 and triton.cdiv(n, block_n) < min_programs:
         block_n //= 2
