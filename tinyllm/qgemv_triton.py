@@ -61,9 +61,12 @@ from torch import Tensor
 from tinyllm import pdl
 
 # Block sizes (see blocks()): programs per SM, weight bytes of a row a program reads per
-# step, warps a program. TINYLLM_QGEMV_BLOCKS="P,B,W" overrides them (tuning on another GPU:
-# scripts/qgemv_sweep.py measures every choice).
-PROGRAMS_PER_SM, BLOCK_K_BYTES, NUM_WARPS = (int(v) for v in os.environ.get("TINYLLM_QGEMV_BLOCKS", "8,512,4").split(","))
+# step, warps a program, and the most steps a row (0: no limit). TINYLLM_QGEMV_BLOCKS="P,B,W,S"
+# overrides them (tuning on another GPU: scripts/qgemv_sweep.py measures every choice). On the
+# H200, 16 programs per SM took the 1.1B int8 step from 815 to 772 us (8 before; the sweep and
+# the step in one call, docs/BENCHMARKS.md).
+PROGRAMS_PER_SM, BLOCK_K_BYTES, NUM_WARPS, MAX_STEPS = (
+    int(v) for v in (os.environ.get("TINYLLM_QGEMV_BLOCKS", "16,512,4,8") + ",0").split(",")[:4])
 
 
 # Integers to fp32 without the converter: OR-ing an integer 0..255 into the low mantissa bits
@@ -206,11 +209,17 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def blocks(n: int, k: int, bytes_per_value: float, min_programs: int, k_bytes: int | None = None) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K) for an (N, K) matrix: BLOCK_K values make k_bytes bytes of a row (at
-    most K rounded up to a power of two; BLOCK_K_BYTES unless given); BLOCK_N the largest of 1..64 that leaves at least
-    min_programs programs for one row of x."""
-    block_k = min(int((k_bytes or BLOCK_K_BYTES) / bytes_per_value), triton.next_power_of_2(k))
+def blocks(n: int, k: int, bytes_per_value: float, min_programs: int, k_bytes: int | None = None,
+           max_steps: int | None = None) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K) for an (N, K) matrix: BLOCK_K values make k_bytes bytes of a row
+    (BLOCK_K_BYTES unless given), or more where a row would take over max_steps steps
+    (MAX_STEPS unless given; 0: no limit), at most K rounded up to a power of two; BLOCK_N the
+    largest of 1..64 that leaves at least min_programs programs for one row of x."""
+    block_k = int((k_bytes or BLOCK_K_BYTES) / bytes_per_value)
+    steps = MAX_STEPS if max_steps is None else max_steps
+    if steps:  # the 1.1B down projection (K 5632): 1,024-byte steps, 7.6 -> 5.5 us on the H200
+        block_k = max(block_k, triton.next_power_of_2(triton.cdiv(k, steps)))
+    block_k = min(block_k, triton.next_power_of_2(k))
     block_n = 64
     while block_n > 1 and triton.cdiv(n, block_n) < min_programs:
         block_n //= 2
