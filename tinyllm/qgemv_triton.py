@@ -61,12 +61,13 @@ from torch import Tensor
 from tinyllm import pdl
 
 # Block sizes (see blocks()): programs per SM, weight bytes of a row a program reads per
-# step, warps a program, and the most steps a row (0: no limit). TINYLLM_QGEMV_BLOCKS="P,B,W,S"
-# overrides them (tuning on another GPU: scripts/qgemv_sweep.py measures every choice). On the
-# H200, 16 programs per SM took the 1.1B int8 step from 815 to 772 us (8 before; the sweep and
-# the step in one call, docs/BENCHMARKS.md).
-PROGRAMS_PER_SM, BLOCK_K_BYTES, NUM_WARPS, MAX_STEPS = (
-    int(v) for v in (os.environ.get("TINYLLM_QGEMV_BLOCKS", "16,512,4,8") + ",0").split(",")[:4])
+# step, warps a program, the most steps a row (0: no limit), and the longest row (bytes) read
+# whole, two rows a program, where one row a program would do (0: never).
+# TINYLLM_QGEMV_BLOCKS="P,B,W,S,R" overrides them (tuning on another GPU:
+# scripts/qgemv_sweep.py measures every choice). On the H200, 1.1B int8 step: 16 programs per
+# SM 815 -> 772 us, at most 8 steps 772 -> 729 (docs/BENCHMARKS.md, eleventh session).
+PROGRAMS_PER_SM, BLOCK_K_BYTES, NUM_WARPS, MAX_STEPS, WHOLE_ROW_BYTES = (
+    int(v) for v in (os.environ.get("TINYLLM_QGEMV_BLOCKS", "16,512,4,8,2048") + ",0,0").split(",")[:5])
 
 
 # Integers to fp32 without the converter: OR-ing an integer 0..255 into the low mantissa bits
@@ -210,11 +211,14 @@ def _sms(device: torch.device) -> int:
 
 
 def blocks(n: int, k: int, bytes_per_value: float, min_programs: int, k_bytes: int | None = None,
-           max_steps: int | None = None) -> tuple[int, int]:
+           max_steps: int | None = None, whole_row: int | None = None) -> tuple[int, int]:
     """(BLOCK_N, BLOCK_K) for an (N, K) matrix: BLOCK_K values make k_bytes bytes of a row
     (BLOCK_K_BYTES unless given), or more where a row would take over max_steps steps
     (MAX_STEPS unless given; 0: no limit), at most K rounded up to a power of two; BLOCK_N the
-    largest of 1..64 that leaves at least min_programs programs for one row of x."""
+    largest of 1..64 that leaves at least min_programs programs for one row of x. Where that is
+    1 and a row is at most whole_row bytes (WHOLE_ROW_BYTES unless given; 0: never), a program
+    takes 2 whole rows in one step instead (the 1.1B shape's q/k/v and output projections:
+    3.7 -> 3.2 and 3.6 -> 2.9 us on the H200, scripts/qgemv_sweep.py)."""
     block_k = int((k_bytes or BLOCK_K_BYTES) / bytes_per_value)
     steps = MAX_STEPS if max_steps is None else max_steps
     if steps:  # the 1.1B down projection (K 5632): 1,024-byte steps, 7.6 -> 5.5 us on the H200
@@ -223,6 +227,9 @@ def blocks(n: int, k: int, bytes_per_value: float, min_programs: int, k_bytes: i
     block_n = 64
     while block_n > 1 and triton.cdiv(n, block_n) < min_programs:
         block_n //= 2
+    whole = WHOLE_ROW_BYTES if whole_row is None else whole_row
+    if block_n == 1 and k * bytes_per_value <= whole:
+        return 2, triton.next_power_of_2(k)
     return block_n, block_k
 
 
