@@ -64,10 +64,13 @@ from tinyllm import pdl
 # step, warps a program, the most steps a row (0: no limit), and the longest row (bytes) read
 # whole, two rows a program, where one row a program would do (0: never).
 # TINYLLM_QGEMV_BLOCKS="P,B,W,S,R" overrides them (tuning on another GPU:
-# scripts/qgemv_sweep.py measures every choice). On the H200, 1.1B int8 step: 16 programs per
-# SM 815 -> 772 us, at most 8 steps 772 -> 729 (docs/BENCHMARKS.md, eleventh session).
+# scripts/qgemv_sweep.py measures every choice). On the H200 (docs/BENCHMARKS.md, eleventh
+# session), the 1.1B int8 step: 16 programs per SM 815 -> 772 us, at most 8 steps 772 -> 725-729;
+# SmolLM2's int4 step (rows of 288 and 768 bytes) with its short rows whole, two a program:
+# 1,232 -> 1,398 tok/s. The 1.1B's rows of 2 KB read that way ran slower (725 -> 737 us), so
+# only rows up to 1 KB do.
 PROGRAMS_PER_SM, BLOCK_K_BYTES, NUM_WARPS, MAX_STEPS, WHOLE_ROW_BYTES = (
-    int(v) for v in (os.environ.get("TINYLLM_QGEMV_BLOCKS", "16,512,4,8,2048") + ",0,0").split(",")[:5])
+    int(v) for v in (os.environ.get("TINYLLM_QGEMV_BLOCKS", "16,512,4,8,1024") + ",0,0").split(",")[:5])
 
 
 # Integers to fp32 without the converter: OR-ing an integer 0..255 into the low mantissa bits
@@ -217,8 +220,7 @@ def blocks(n: int, k: int, bytes_per_value: float, min_programs: int, k_bytes: i
     (MAX_STEPS unless given; 0: no limit), at most K rounded up to a power of two; BLOCK_N the
     largest of 1..64 that leaves at least min_programs programs for one row of x. Where that is
     1 and a row is at most whole_row bytes (WHOLE_ROW_BYTES unless given; 0: never), a program
-    takes 2 whole rows in one step instead (the 1.1B shape's q/k/v and output projections:
-    3.7 -> 3.2 and 3.6 -> 2.9 us on the H200, scripts/qgemv_sweep.py)."""
+    takes 2 whole rows in one step instead: a short row alone is too little work a program."""
     block_k = int((k_bytes or BLOCK_K_BYTES) / bytes_per_value)
     steps = MAX_STEPS if max_steps is None else max_steps
     if steps:  # the 1.1B down projection (K 5632): 1,024-byte steps, 7.6 -> 5.5 us on the H200
