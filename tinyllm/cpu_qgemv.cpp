@@ -700,6 +700,143 @@ at::Tensor dequantize(const at::Tensor& qweight, const at::Tensor& scales, const
   return w;
 }
 
+// ---- decode attention ---------------------------------------------------------------------
+//
+// One decode position over a window of W keys (model.window_attention, its slow twin): units
+// of (b, h, ATTN_CHUNK keys) run on the pool; each keeps its keys that the mask lets through,
+// their scores, its rows' max and sum of exp, and the exp-weighted sum of those keys' values;
+// the units of a head are merged at the end. Masked keys are never read. q, k, v fp32 or bf16
+// (one dtype; bf16 widened as it is loaded); scores, softmax and sums fp32, the result rounded
+// once to q's dtype.
+constexpr int64_t ATTN_CHUNK = 256;
+constexpr int64_t ATTN_MAX_R = 8, ATTN_MAX_D = 256;
+
+template <class T>
+struct AttnArgs {
+  const T *q, *k, *v;
+  const bool* mask;
+  int64_t Hkv, R, D, W, chunks;
+  int64_t qb, qh, kb, kh, kw, vb, vh, vw, mb, mw;  // strides (elements)
+  float scale;
+  float *m, *l, *acc;  // per unit: R maxima, R sums, R x D weighted sums
+};
+
+inline __m256 load8f(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8f(const at::BFloat16* p) { return widen8(p); }
+
+// Unit u = ((b * Hkv + h) * chunks + c).
+template <class T>
+void attend_chunk(const AttnArgs<T>& a, int64_t u) {
+  const int64_t c = u % a.chunks, bh = u / a.chunks, b = bh / a.Hkv, h = bh % a.Hkv, R = a.R, D = a.D;
+  const int64_t j0 = c * ATTN_CHUNK, j1 = std::min(a.W, j0 + ATTN_CHUNK);
+  const T* kbase = a.k + b * a.kb + h * a.kh;
+  const T* vbase = a.v + b * a.vb + h * a.vh;
+  const bool* mask = a.mask + b * a.mb;
+  float q[ATTN_MAX_R * ATTN_MAX_D];  // the head's R query rows, fp32
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(q + r * D + d, load8f(a.q + b * a.qb + h * a.qh + r * D + d));
+  int32_t idx[ATTN_CHUNK];
+  float sc[ATTN_MAX_R][ATTN_CHUNK];
+  int64_t n = 0;
+  for (int64_t j = j0; j < j1; ++j)
+    if (mask[j * a.mw]) idx[n++] = static_cast<int32_t>(j);
+  float* m = a.m + u * R;
+  float* l = a.l + u * R;
+  float* acc = a.acc + u * R * D;
+  std::fill(acc, acc + R * D, 0.f);
+  for (int64_t r = 0; r < R; ++r) m[r] = -INFINITY, l[r] = 0.f;
+  if (n == 0) return;
+  for (int64_t i = 0; i < n; ++i) {  // scores: each key's row read once for the R query rows
+    const T* kj = kbase + idx[i] * a.kw;
+    for (int64_t r = 0; r < R; ++r) {
+      const float* qr = q + r * D;
+      __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+      int64_t d = 0;
+      for (; d + 16 <= D; d += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), load8f(kj + d), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d + 8), load8f(kj + d + 8), s1);
+      }
+      if (d < D) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), load8f(kj + d), s0);
+      const float s = hsum(_mm256_add_ps(s0, s1)) * a.scale;
+      sc[r][i] = s;
+      m[r] = std::max(m[r], s);
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {  // exp(s - max) and their sum
+    const __m256 mv = _mm256_set1_ps(m[r]);
+    __m256 lv = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc[r] + i), mv));
+      _mm256_storeu_ps(sc[r] + i, e);
+      lv = _mm256_add_ps(lv, e);
+    }
+    float lr = hsum(lv);
+    for (; i < n; ++i) lr += (sc[r][i] = std::exp(sc[r][i] - m[r]));
+    l[r] = lr;
+  }
+  for (int64_t i = 0; i < n; ++i) {  // the weighted sum of the values, each row read once
+    const T* vj = vbase + idx[i] * a.vw;
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 vv = load8f(vj + d);
+      for (int64_t r = 0; r < R; ++r)
+        _mm256_storeu_ps(acc + r * D + d, _mm256_fmadd_ps(_mm256_set1_ps(sc[r][i]), vv, _mm256_loadu_ps(acc + r * D + d)));
+    }
+  }
+}
+
+template <class T>
+void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, float scale,
+            at::Tensor& y) {
+  const int64_t B = q.size(0), Hkv = q.size(1), R = q.size(2), D = q.size(3), W = k.size(2);
+  const int64_t chunks = std::max<int64_t>(1, (W + ATTN_CHUNK - 1) / ATTN_CHUNK), units = B * Hkv * chunks;
+  at::Tensor part = at::empty({units * R * (2 + D)}, q.options().dtype(at::kFloat));
+  float* pp = part.data_ptr<float>();
+  const AttnArgs<T> a{q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), mask.data_ptr<bool>(), Hkv, R, D, W, chunks,
+                      q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
+                      v.stride(2), mask.size(0) == 1 ? 0 : mask.stride(0), mask.stride(3), scale, pp, pp + units * R, pp + 2 * units * R};
+  run_chunks(units, B * Hkv * W * R * D / 16, [&](int64_t u) { attend_chunk(a, u); });  // (a block: 16 products)
+  T* yp = y.data_ptr<T>();
+  std::vector<float> out(D);
+  for (int64_t bh = 0; bh < B * Hkv; ++bh)  // merge each head's chunks
+    for (int64_t r = 0; r < R; ++r) {
+      float M = -INFINITY, L = 0.f;
+      for (int64_t c = 0; c < chunks; ++c) M = std::max(M, a.m[(bh * chunks + c) * R + r]);
+      std::fill(out.begin(), out.end(), 0.f);
+      for (int64_t c = 0; M != -INFINITY && c < chunks; ++c) {  // no key to attend: 0
+        const int64_t u = bh * chunks + c;
+        if (a.m[u * R + r] == -INFINITY) continue;
+        const float w = std::exp(a.m[u * R + r] - M);
+        L += w * a.l[u * R + r];
+        const float* acc = a.acc + (u * R + r) * D;
+        for (int64_t d = 0; d < D; ++d) out[d] += w * acc[d];
+      }
+      T* yr = yp + (bh * R + r) * D;
+      for (int64_t d = 0; d < D; ++d) yr[d] = static_cast<T>(L > 0.f ? out[d] / L : 0.f);
+    }
+}
+
+at::Tensor decode_attention(const at::Tensor& q_, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                            double scale) {
+  TORCH_CHECK(q_.dim() == 4 && k.dim() == 4 && v.dim() == 4 && mask.dim() == 4, "decode_attention: 4-d tensors");
+  const auto dt = q_.scalar_type();
+  TORCH_CHECK((dt == at::kFloat || dt == at::kBFloat16) && k.scalar_type() == dt && v.scalar_type() == dt,
+              "decode_attention: q, k, v of one dtype, fp32 or bf16");
+  TORCH_CHECK(mask.scalar_type() == at::kBool, "decode_attention: a bool mask");
+  const at::Tensor q = q_.contiguous();
+  const int64_t B = q.size(0), Hkv = q.size(1), R = q.size(2), D = q.size(3), W = k.size(2);
+  TORCH_CHECK(k.size(0) == B && k.size(1) == Hkv && k.size(3) == D && v.sizes() == k.sizes(),
+              "decode_attention: k and v must be (B, Hkv, W, D) of q's B, Hkv and D");
+  TORCH_CHECK((mask.size(0) == B || mask.size(0) == 1) && mask.size(1) == 1 && mask.size(2) == 1 && mask.size(3) == W,
+              "decode_attention: the mask must be (B or 1, 1, 1, W)");
+  TORCH_CHECK(R <= ATTN_MAX_R && D % 8 == 0 && D <= ATTN_MAX_D && k.stride(3) == 1 && v.stride(3) == 1,
+              "decode_attention: R <= 8, D a multiple of 8 up to 256, D contiguous");
+  at::Tensor y = at::empty({B, Hkv, R, D}, q.options());
+  if (dt == at::kFloat) attend<float>(q, k, v, mask, static_cast<float>(scale), y);
+  else attend<at::BFloat16>(q, k, v, mask, static_cast<float>(scale), y);
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(tinyllm_cpu, m) {
@@ -708,6 +845,7 @@ TORCH_LIBRARY(tinyllm_cpu, m) {
   m.def("qmm_ffn(Tensor x, Tensor q13, Tensor s13, Tensor? z13, Tensor q2, Tensor s2, Tensor? z2) -> Tensor");
   m.def("dequantize(Tensor qweight, Tensor scales, Tensor? zeros) -> Tensor");
   m.def("mm_half(Tensor x, Tensor w) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tinyllm_cpu, CPU, m) {
@@ -716,4 +854,5 @@ TORCH_LIBRARY_IMPL(tinyllm_cpu, CPU, m) {
   m.impl("qmm_ffn", &qmm_ffn);
   m.impl("dequantize", &dequantize);
   m.impl("mm_half", &mm_half);
+  m.impl("decode_attention", &decode_attention);
 }

@@ -27,6 +27,12 @@ Contract:
   fused op's SiLU is its own AVX2 exp, within about 1 ulp of torch's).
 - Threads: the ops run on torch.get_num_threads() threads, their own pool (not OpenMP's), in
   chunks that a late thread finds taken: no call waits for a thread that has not started.
+- `decode_attention(q, k, v, mask, scale)`: one decode position over a window of W keys on the
+  CPU, `model.window_attention`'s contract for fp32 or bf16 (q (B, Hkv, R, D) with R <= 8, k and v
+  (B, Hkv, W, D) read in place through their strides, D a multiple of 8 up to 256, mask
+  (B, 1, 1, W) bool): chunks of 256 keys of each head on the pool's threads, masked keys never
+  read, a row with no key gets 0 (window_attention gives NaN). For the compiled CPU step
+  (tinyllm.decode_attention), whose own attention loop runs on one thread.
 - `cache_dir()`: $TINYLLM_CACHE_DIR, else $XDG_CACHE_HOME/tinyllm, else ~/.cache/tinyllm.
 """
 
@@ -128,6 +134,10 @@ def _build() -> None:
     @torch.library.register_fake("tinyllm_cpu::mm_half")
     def _(x: Tensor, w: Tensor) -> Tensor:
         return x.new_empty(x.shape[0], w.shape[0])
+
+    @torch.library.register_fake("tinyllm_cpu::decode_attention")
+    def _(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
 
     @torch.library.register_fake("tinyllm_cpu::qmm_ffn")
     def _(x: Tensor, q13: Tensor, s13: Tensor, z13: Tensor | None, q2: Tensor, s2: Tensor,
