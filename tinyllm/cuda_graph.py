@@ -53,7 +53,7 @@ from torch import Tensor
 
 from tinyllm import cpu_qgemv, decode_attention, pdl
 from tinyllm.kv_cache import KVCache, SlotKVCache, ViewLayer
-from tinyllm.model import HALF, Transformer
+from tinyllm.model import Transformer
 from tinyllm.saved_step import SavedStep
 from tinyllm.step_sampler import StepSampler
 
@@ -162,8 +162,9 @@ class _StaticDecode:
 
 def compiled(forward, backend: str | None, model: Transformer | None = None):
     """forward itself, or forward through torch.compile (whole graph, dynamic sizes). A CPU
-    model with 16-bit matrices loads tinyllm.cpu_qgemv first (building it the first time, about
-    20 s), so that its products trace as the AVX2 op (model.linear). On a CPU
+    step loads tinyllm.cpu_qgemv first (building it the first time, about 20 s), so that its
+    decode attention traces as the threaded C++ op (tinyllm.decode_attention) and a model's
+    16-bit matrices as the AVX2 product (model.linear). On a CPU
     the step's Inductor kernels run on one thread: a decode step's tensors are a few thousand
     elements, and each OpenMP region costs a wake-up of the other threads (on a loaded 2-core
     machine often a whole scheduler slice); the quantized products (tinyllm.cpu_qgemv) and
@@ -197,7 +198,7 @@ def prepare_compile(backend: str, model: Transformer | None) -> dict | None:
         import torch._inductor.config
 
         torch._inductor.config.triton.enable_pdl = True  # its kernels chain with ours (tinyllm.pdl)
-    if cpu and model.dtype == torch.float32 and any(p.dtype in HALF for p in model.parameters()):
+    if cpu:
         cpu_qgemv.available()
     return {"cpp.threads": 1, "cpp_wrapper": True} if cpu else None
 
