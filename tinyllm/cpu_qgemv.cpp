@@ -1,4 +1,5 @@
-// Quantized-weight products for a CPU with AVX2 + FMA (tinyllm/cpu_qgemv.py builds and loads it).
+// Quantized-weight products and decode attention for a CPU with AVX2 + FMA (tinyllm/cpu_qgemv.py
+// builds and loads it).
 //
 // Contract (ops in namespace tinyllm_cpu; x fp32 (M, K), weights in tinyllm.quant's canonical
 // QTensor layout, read in place, no copy):
@@ -22,6 +23,9 @@
 //   dequantize(qweight, scales, zeros or None) -> (N, K) fp32, w as above (for many rows of x).
 //   mm_half(x, w bf16 or fp16 (N, K)) -> (M, N) fp32: x times the widened w, fp32 products and
 //       sums (no rounding of x; only the order of the sums differs from x @ w.float().T).
+//   decode_attention(q (B, Hkv, R, D), k, v (B, Hkv, W, D), mask bool (B or 1, 1, 1, W), scale)
+//       -> (B, Hkv, R, D): model.window_attention for one decode position, fp32 or bf16, k and v
+//       read through their strides, masked keys never read, a row with no key 0 (see below).
 // Threads (see Pool below): a product is cut into chunks of rows that the calling thread and
 // up to torch.get_num_threads() - 1 pool threads claim; a late pool thread finds the chunks
 // taken, so no call waits for a thread that has not started. x is quantized once, before.

@@ -1,4 +1,4 @@
-"""The AVX2 CPU kernel for quantized weights (cpu_qgemv.cpp), built at first use.
+"""The AVX2 CPU kernel for quantized weights and decode attention (cpu_qgemv.cpp), built at first use.
 
 Contract:
 - `available() -> bool`: whether the ops below can run here. The first call builds the C++
