@@ -415,7 +415,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "in the form fastest on the device), int8 (per channel), int4 (groups of 32)")
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"),
                    help="activations (auto: bf16 on CUDA; on a CPU fp32, or bf16 for a model holding int4 "
-                        "matrices where the CPU has AVX512-BF16/AMX)")
+                        "matrices where the CPU has AVX512-BF16/AMX and the AVX2 kernel cannot be built)")
     p.add_argument("--compile", default="auto", choices=("auto", "on", "off"),
                    help="also measure the torch.compile'd step (auto: on CUDA only; the engine "
                         "uses it instead of the plain step)")

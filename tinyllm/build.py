@@ -5,7 +5,8 @@ separate `attn.wq/wk/wv`, `ffn.w1/w3` names) and hand the tensors down here; non
 another format. This module owns what they share:
 - `resolve_device(name)`, `default_dtype(device, int4)`, `holds_int4(quant, tensors)`: bf16
   on CUDA; on a CPU fp32, or bf16 for a model holding int4 matrices where the CPU computes
-  bf16 natively (AVX512-BF16 or AMX, read from /proc/cpuinfo at run time).
+  bf16 natively (AVX512-BF16 or AMX, read from /proc/cpuinfo at run time) and the AVX2 kernel
+  cannot be built.
 - `expected_shapes(cfg)`, `match_tensors(...)`, `check_tensors(...)`: every tensor a config
   implies, present, with its shape; a quantized matrix may stand for a dense one (see quant.py).
 - `build_transformer(cfg, state, device, dtype, quant)`: state values are dense tensors or
@@ -71,13 +72,17 @@ def cpu_has_bf16() -> bool:
 
 
 def default_dtype(device: torch.device, int4: bool = False) -> torch.dtype:
-    """bf16 on CUDA; on a CPU fp32, or bf16 for a model holding int4 matrices where the CPU
-    computes bf16 natively. Measured on a 2-core AVX512-BF16 / AMX CPU, compiled, tok/s fp32 ->
-    bf16 (docs/BENCHMARKS.md, tenth session): int4 went 696 -> 900 (the default model's Q4_1)
-    and 107-125 -> 169 (SmolLM2's Q4_1), torch's int4 kernel being faster in bf16 than ours in
-    fp32; int8 went 840 -> 800 (the default model's Q8_0) and 92.7 -> 93.7 (SmolLM2 at int8),
-    our AVX2 int8 kernel (fp32) being faster than torch's (bf16)."""
-    if device.type == "cuda" or (int4 and cpu_has_bf16()):
+    """bf16 on CUDA; fp32 on a CPU, except for a model holding int4 matrices on a CPU that
+    computes bf16 natively but cannot build the AVX2 kernel (tinyllm.cpu_qgemv): torch's int4
+    kernel, its fallback, is fast there in bf16. Measured on a 2-core AVX512-BF16 / AMX CPU
+    (docs/BENCHMARKS.md, eleventh session), compiled, tok/s fp32 against bf16: SmolLM2's Q4_1 at
+    W = 128 / 1,024 / 2,048 123 / 82 / 74 against 88 / 61 / 50 (the kernel's prefetch and its
+    decode attention); SmolLM2 all int4 109-113 against 104-105; only the 12.6 MB default
+    model's Q4_1 ran faster in bf16 at W = 128 (770 against 597), not past it. (In the tenth
+    session, before those two, bf16 won for int4 models and was the rule.)"""
+    if device.type == "cuda":
+        return torch.bfloat16
+    if int4 and cpu_has_bf16() and not cpu_qgemv.available():
         return torch.bfloat16
     return torch.float32
 

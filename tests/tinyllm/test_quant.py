@@ -245,19 +245,22 @@ def test_compiled_int8_step_in_bf16_on_cpu():
         assert ((b.float() - a.float()).norm() / a.float().norm()).item() < 2e-2
 
 
-def test_cpu_activations_are_bf16_only_for_int4_where_the_cpu_has_bf16(monkeypatch):
-    """build.default_dtype's rule, measured (docs/BENCHMARKS.md, tenth session): bf16 on CUDA; on
-    a CPU with native bf16, bf16 for a model holding int4 matrices and fp32 otherwise; fp32 on
-    any other CPU. holds_int4 answers for a load: int4 asked for, or int4 matrices kept."""
-    from tinyllm import build
+def test_cpu_activations_are_fp32_unless_only_torchs_int4_kernel_is_there(monkeypatch):
+    """build.default_dtype's rule, measured (docs/BENCHMARKS.md, eleventh session): bf16 on CUDA;
+    on a CPU fp32, except bf16 for a model holding int4 matrices where the CPU has native bf16
+    and the AVX2 kernel cannot be built. holds_int4 answers for a load: int4 asked for, or int4
+    matrices kept."""
+    from tinyllm import build, cpu_qgemv
 
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    cpu = torch.device("cpu")
     int4, int8 = quantize(torch.randn(8, 64), "int4", 32), quantize(torch.randn(8, 64), "int8")
     assert build.holds_int4("int4", []) and build.holds_int4("keep", [int8, int4]) and build.holds_int4("auto", [int4])
     assert not build.holds_int4("keep", [int8, torch.zeros(2)]) and not build.holds_int4("int8", [int4])
     assert not build.holds_int4("none", [int4])
     for native in (True, False):
-        monkeypatch.setattr(build, "cpu_has_bf16", lambda native=native: native)
-        assert build.default_dtype(cpu, int4=True) == (torch.bfloat16 if native else torch.float32)
-        assert build.default_dtype(cpu, int4=False) == torch.float32
-        assert build.default_dtype(cuda) == torch.bfloat16
+        for kernel in (True, False):
+            monkeypatch.setattr(build, "cpu_has_bf16", lambda native=native: native)
+            monkeypatch.setattr(cpu_qgemv, "available", lambda kernel=kernel: kernel)
+            want = torch.bfloat16 if native and not kernel else torch.float32
+            assert build.default_dtype(cpu, int4=True) == want, (native, kernel)
+            assert build.default_dtype(cpu, int4=False) == torch.float32
