@@ -50,6 +50,8 @@ import os
 import torch
 from torch import Tensor
 
+from tinyllm import cpu_qgemv
+
 _HAS_TRITON = importlib.util.find_spec("triton") is not None and os.environ.get("TINYLLM_DECODE_ATTN") != "0"
 _FUSED = os.environ.get("TINYLLM_ROPE_ATTN") != "0"  # =0: RoPE and the cache write apart (to measure)
 _CPU = os.environ.get("TINYLLM_CPU_ATTN") != "0"  # =0: the compiled CPU step keeps Inductor's loop (to measure)
@@ -69,8 +71,6 @@ def supported(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> bool:
 
 
 def _cpu_supported(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> bool:
-    from tinyllm import cpu_qgemv
-
     return (_CPU and cpu_qgemv.loaded() and q.dtype == k.dtype == v.dtype and q.dtype in (torch.float32, torch.bfloat16)
             and mask.dtype == torch.bool
             and q.shape[2] <= 8 and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256 and k.stride(-1) == 1

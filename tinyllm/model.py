@@ -17,8 +17,9 @@ Contract:
   one matrix product each instead of three and two, which matters when decode is
   launch-bound. `state_dict()` and `load_state_dict()` still speak the separate names
   (`attn.wq/wk/wv`, `ffn.w1/w3`), so checkpoints and importers keep the usual layout.
-- A windowed decode step (T=1 with a bool mask) attends through `decode_attention` (a split-K
-  Triton kernel) when it is compiled on CUDA, else through `window_attention`, its reference.
+- A windowed decode step (T=1 with a bool mask) attends through `decode_attention` when it is
+  compiled (a split-K Triton kernel on CUDA, a threaded C++ op on a CPU), else through
+  `window_attention`, its reference.
   Where the cache layer offers `rope_attend(qkv, cos, sin, scale)` (a static cache's decode
   view), the compiled step hands it the raw projections instead: RoPE, the cache write and
   the attention then run as one op (decode_attention.rope_decode_attention).
