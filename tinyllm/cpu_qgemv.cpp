@@ -343,11 +343,11 @@ void tile_m(int64_t mt, const QW& w, const XQ& x, int64_t m0, int64_t n0, float*
 
 // Software prefetch distance of a one-row product (M = 1), in weight bytes. Measured on the
 // 2-core AVX512 Xeon (the product of a matrix cycled with copies over 100 MB, 2 threads):
-// int8 49152 x 576 18.8 -> 35.4 GB/s (2,048 and 4,096 alike), int4 3072 x 576 10.6 -> 14.6-16.1.
+// int8 49152 x 576 18.8 -> 36.5 GB/s (2,048 and 8,192 bytes alike), int4 3072 x 576 10.6 -> 17.3.
 constexpr int64_t PREFETCH_BYTES = 4096;
 
-// One cache line asked for into L1. Written as asm: GCC 12 deleted the loops of _mm_prefetch
-// below as if they did nothing (the same loops elsewhere survived).
+// One cache line asked for into L1. Written as asm: GCC 12 deleted these loops written with
+// _mm_prefetch as if they did nothing (read off the assembly; the build measured no change).
 inline void prefetch(const char* p) { asm volatile("prefetcht0 (%0)" : : "r"(p)); }
 
 // Rows [n0, n1) of W (and their scales and zeros) asked for ahead of use.
@@ -627,6 +627,7 @@ inline __m256 widen8(const at::BFloat16* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+inline __m256 widen8(const float* p) { return _mm256_loadu_ps(p); }  // (attention's fp32 rows)
 inline __m256 widen8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
 // y[m, n] = x[m] . w[n] for rows n0..n1 of w, every row of x (M small: a row of w stays in L1).
@@ -725,9 +726,6 @@ struct AttnArgs {
   float *m, *l, *acc;  // per unit: R maxima, R sums, R x D weighted sums
 };
 
-inline __m256 load8f(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8f(const at::BFloat16* p) { return widen8(p); }
-
 // Unit u = ((b * Hkv + h) * chunks + c).
 template <class T>
 void attend_chunk(const AttnArgs<T>& a, int64_t u) {
@@ -738,7 +736,7 @@ void attend_chunk(const AttnArgs<T>& a, int64_t u) {
   const bool* mask = a.mask + b * a.mb;
   float q[ATTN_MAX_R * ATTN_MAX_D];  // the head's R query rows, fp32
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(q + r * D + d, load8f(a.q + b * a.qb + h * a.qh + r * D + d));
+    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(q + r * D + d, widen8(a.q + b * a.qb + h * a.qh + r * D + d));
   int32_t idx[ATTN_CHUNK];
   float sc[ATTN_MAX_R][ATTN_CHUNK];
   int64_t n = 0;
@@ -757,10 +755,10 @@ void attend_chunk(const AttnArgs<T>& a, int64_t u) {
       __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
       int64_t d = 0;
       for (; d + 16 <= D; d += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), load8f(kj + d), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d + 8), load8f(kj + d + 8), s1);
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), widen8(kj + d), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d + 8), widen8(kj + d + 8), s1);
       }
-      if (d < D) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), load8f(kj + d), s0);
+      if (d < D) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), widen8(kj + d), s0);
       const float s = hsum(_mm256_add_ps(s0, s1)) * a.scale;
       sc[r][i] = s;
       m[r] = std::max(m[r], s);
@@ -782,7 +780,7 @@ void attend_chunk(const AttnArgs<T>& a, int64_t u) {
   for (int64_t i = 0; i < n; ++i) {  // the weighted sum of the values, each row read once
     const T* vj = vbase + idx[i] * a.vw;
     for (int64_t d = 0; d < D; d += 8) {
-      const __m256 vv = load8f(vj + d);
+      const __m256 vv = widen8(vj + d);
       for (int64_t r = 0; r < R; ++r)
         _mm256_storeu_ps(acc + r * D + d, _mm256_fmadd_ps(_mm256_set1_ps(sc[r][i]), vv, _mm256_loadu_ps(acc + r * D + d)));
     }
