@@ -69,7 +69,6 @@ def main() -> None:
     torch.manual_seed(0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rules = list(itertools.product(PER_SM, K_BYTES, WARPS))
-    T.MAX_STEPS = T.WHOLE_ROW_BYTES = 0  # the rules as written
     for model, (kind, layers, mats) in MODELS.items():
         per = 1 if kind == "int8" else 0.5
         score = {r: 0.0 for r in rules}
@@ -85,7 +84,7 @@ def main() -> None:
                 if bn * bk > MAX_PER_THREAD * 32 * warps:  # the (R, BLOCK_K) fp32 accumulator, R = bn
                     seen.setdefault(key, float("inf"))
                 elif key not in seen:
-                    T.PROGRAMS_PER_SM, T.BLOCK_K_BYTES, T.NUM_WARPS = p, kb, warps
+                    T.RULE = T.Rule(p, kb, warps, 0, 0)  # the rule as written
                     try:
                         seen[key] = time_us([op(x, c, gated) for c in qts])
                     except Exception as e:  # a config the compiler refuses (registers, shared memory)

@@ -22,7 +22,7 @@ one row of x and walks K in BLOCK_K steps. Int8 keeps a (BLOCK_N, BLOCK_K) fp32 
 that it sums once at the end. Int4 walks whole groups, blocks of (BLOCK_N, groups a step, g/2
 bytes): it sums q x and x over each group, then applies the group's scale and offset once.
 Scales and offsets may be any float dtype (tinyllm.quant holds them exactly, fp16 or fp32).
-- BLOCK_N is the largest that still gives PROGRAMS_PER_SM programs per SM, so a narrow matrix
+- BLOCK_N is the largest that still gives the rule's programs per SM, so a narrow matrix
   is spread over the whole GPU (cuBLAS's batch-1 product was measured on 40 of 132 SMs).
 - K is a compile-time constant, so the compiler sees each row's start aligned and loads 16
   bytes at a time. As a plain argument, traced with dynamic shapes, it lost that, and the
@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -60,17 +61,27 @@ from torch import Tensor
 
 from tinyllm import pdl
 
-# Block sizes (see blocks()): programs per SM, weight bytes of a row a program reads per
-# step, warps a program, the most steps a row (0: no limit), and the longest row (bytes) read
-# whole, two rows a program, where one row a program would do (0: never).
-# TINYLLM_QGEMV_BLOCKS="P,B,W,S,R" overrides them (tuning on another GPU:
-# scripts/qgemv_sweep.py measures every choice). On the H200 (docs/BENCHMARKS.md, eleventh
-# session), the 1.1B int8 step: 16 programs per SM 815 -> 772 us, at most 8 steps 772 -> 725-729;
-# SmolLM2's int4 step (rows of 288 and 768 bytes) with its short rows whole, two a program:
-# 1,232 -> 1,398 tok/s. The 1.1B's rows of 2 KB read that way ran slower (725 -> 737 us), so
-# only rows up to 1 KB do.
-PROGRAMS_PER_SM, BLOCK_K_BYTES, NUM_WARPS, MAX_STEPS, WHOLE_ROW_BYTES = (
-    int(v) for v in (os.environ.get("TINYLLM_QGEMV_BLOCKS", "16,512,4,8,1024") + ",0,0").split(",")[:5])
+class Rule(NamedTuple):
+    """How a product's work is cut into programs (blocks(), _launch())."""
+    per_sm: int  # programs per SM
+    k_bytes: int  # weight bytes of a row a program reads per step
+    warps: int  # warps a program
+    max_steps: int  # the most steps a row (0: no limit)
+    whole_row: int  # rows up to this many bytes are read whole, two a program, where one row a program would do (0: never)
+
+
+# TINYLLM_QGEMV_BLOCKS="P,B,W,S,R" overrides the rule of every product (tuning on another GPU:
+# scripts/qgemv_sweep.py times each matrix alone, scripts/step_rules.py a rule inside the
+# compiled step). On the H200 (docs/BENCHMARKS.md, eleventh session), the 1.1B int8 step:
+# 16 programs per SM 815 -> 772 us, at most 8 steps 772 -> 725-729; SmolLM2's int4 step (rows
+# of 288 and 768 bytes) with its short rows whole, two a program: 1,232 -> 1,398 tok/s. The
+# 1.1B's rows of 2 KB read that way ran slower (725 -> 737 us), so only rows up to 1 KB do.
+RULE = Rule(*(int(v) for v in (os.environ.get("TINYLLM_QGEMV_BLOCKS", "16,512,4,8,1024") + ",0,0").split(",")[:5]))
+
+
+def rule_for(n: int, k: int, bytes_per_value: float, gated: bool) -> Rule:
+    """The rule of an (n, k) product (n counts both halves of a gated one)."""
+    return RULE
 
 
 # Integers to fp32 without the converter: OR-ing an integer 0..255 into the low mantissa bits
@@ -213,32 +224,38 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def blocks(n: int, k: int, bytes_per_value: float, min_programs: int, k_bytes: int | None = None,
-           max_steps: int | None = None, whole_row: int | None = None) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K) for an (N, K) matrix: BLOCK_K values make k_bytes bytes of a row
-    (BLOCK_K_BYTES unless given), or more where a row would take over max_steps steps
-    (MAX_STEPS unless given; 0: no limit), at most K rounded up to a power of two; BLOCK_N the
-    largest of 1..64 that leaves at least min_programs programs for one row of x. Where that is
-    1 and a row is at most whole_row bytes (WHOLE_ROW_BYTES unless given; 0: never), a program
+def blocks(n: int, k: int, bytes_per_value: float, min_programs: int, k_bytes: int,
+           max_steps: int = 0, whole_row: int = 0) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K) for an (N, K) matrix: BLOCK_K values make k_bytes bytes of a row,
+    or more where a row would take over max_steps steps (0: no limit), at most K rounded up to
+    a power of two; BLOCK_N the largest of 1..64 that leaves at least min_programs programs for
+    one row of x. Where that is 1 and a row is at most whole_row bytes (0: never), a program
     takes 2 whole rows in one step instead: a short row alone is too little work a program."""
-    block_k = int((k_bytes or BLOCK_K_BYTES) / bytes_per_value)
-    steps = MAX_STEPS if max_steps is None else max_steps
-    if steps:  # the 1.1B down projection (K 5632): 1,024-byte steps, 7.6 -> 5.5 us on the H200
-        block_k = max(block_k, triton.next_power_of_2(triton.cdiv(k, steps)))
+    block_k = int(k_bytes / bytes_per_value)
+    if max_steps:  # the 1.1B down projection (K 5632): 1,024-byte steps, 7.6 -> 5.5 us on the H200
+        block_k = max(block_k, triton.next_power_of_2(triton.cdiv(k, max_steps)))
     block_k = min(block_k, triton.next_power_of_2(k))
     block_n = 64
     while block_n > 1 and triton.cdiv(n, block_n) < min_programs:
         block_n //= 2
-    whole = WHOLE_ROW_BYTES if whole_row is None else whole_row
-    if block_n == 1 and k * bytes_per_value <= whole:
+    if block_n == 1 and k * bytes_per_value <= whole_row:
         return 2, triton.next_power_of_2(k)
     return block_n, block_k
 
 
-def _launch(kernel, n: int, m: int, *args, **meta) -> None:
+def _cut(n: int, k: int, bytes_per_value: float, gated: bool, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps) of an op's launch: n output features, of both halves if gated."""
+    halves = 1 + gated
+    rule = rule_for(n * halves, k, bytes_per_value, gated)
+    block_n, block_k = blocks(n * halves, k, bytes_per_value, rule.per_sm * _sms(device), rule.k_bytes,
+                              rule.max_steps, rule.whole_row)
+    return max(block_n // halves, 1), block_k, rule.warps
+
+
+def _launch(kernel, n: int, m: int, warps: int, *args, **meta) -> None:
     """One launch over (cdiv(N, BLOCK_N), M) programs, with PDL where tinyllm.pdl allows it."""
     kernel[(triton.cdiv(n, meta["BLOCK_N"]), m)](*args, **meta, **pdl.launch_options(args[0].device),
-                                                  num_warps=NUM_WARPS)
+                                                  num_warps=warps)
 
 
 def _outputs(qweight: Tensor, gated: bool) -> int:
@@ -264,9 +281,8 @@ def int8_gemv(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False, n
                  lambda: "int8_gemv: shapes disagree")
     g, r, flags = _fused_args(x, n, norm, residual)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_n, block_k = blocks(n * halves, k, 1, PROGRAMS_PER_SM * _sms(x.device))
-    block_n = max(block_n // halves, 1)
-    _launch(_int8_kernel, n, m, x, qweight, scales, y, g, r, eps, n, k, BLOCK_N=block_n, BLOCK_K=block_k,
+    block_n, block_k, warps = _cut(n, k, 1, gated, x.device)
+    _launch(_int8_kernel, n, m, warps, x, qweight, scales, y, g, r, eps, n, k, BLOCK_N=block_n, BLOCK_K=block_k,
             HALVES=halves, **flags)
     return y
 
@@ -286,10 +302,9 @@ def int4_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: 
                  and scales.shape == (n * halves, k // group), lambda: "int4_gemv: shapes disagree")
     g, r, flags = _fused_args(x, n, norm, residual)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_n, block_k = blocks(n * halves, k, 0.5, PROGRAMS_PER_SM * _sms(x.device))
-    block_n = max(block_n // halves, 1)
+    block_n, block_k, warps = _cut(n, k, 0.5, gated, x.device)
     block_k = max(block_k, group)  # whole groups a step
-    _launch(_int4_kernel, n, m, x, qweight, scales, zeros, y, g, r, eps, n, k, G=group, BLOCK_N=block_n,
+    _launch(_int4_kernel, n, m, warps, x, qweight, scales, zeros, y, g, r, eps, n, k, G=group, BLOCK_N=block_n,
             BLOCK_K=block_k, HALVES=halves, **flags)
     return y
 
