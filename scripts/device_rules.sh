@@ -1,21 +1,41 @@
 #!/usr/bin/env bash
-# The products' block rules searched inside the compiled step on the H200 (scripts/step_rules.py;
-# docs/BENCHMARKS.md, twelfth session). Run from the repo root; $OUT gets each search's JSON
-# lines and stderr. RULES_S: seconds for the 1.1B int8 search; SMOL_GZ (a gzipped GGUF,
-# carried): also SmolLM2 at int4 (the search) and bf16 (`tinyllm-bench --profile`, its kernels).
+# The products' block rules and the attention's one-pass threshold searched inside the compiled
+# step on the H200 (scripts/step_rules.py; docs/BENCHMARKS.md, twelfth session), the CUDA tests
+# and the benches. Run from the repo root; $OUT gets every output. Steps, each skipped at 0:
+#   TESTS_S  the CUDA tests of TEST_FILES;
+#   RULES_S  step_rules.py on the 1.1B shape at int8 (SEARCH_ARGS);
+#   SMOL_S   the same on SmolLM2 at int4 (needs SMOL_GZ, a gzipped GGUF, carried);
+#   BENCH_S  `tinyllm-bench --compile on` tok/s: the 1.1B at int8 and bf16, SmolLM2 (SMOL_GZ)
+#            kept int4 and bf16, each in its own process, BENCH_S seconds each.
 set -u
 OUT=${OUT:-out}
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-timeout "${RULES_S:-300}" python3 scripts/step_rules.py --preset tinyllama-1.1b --quant int8 \
-    > "$OUT/rules_1.1b.jsonl" 2> "$OUT/rules_1.1b.err"
-echo "1.1b rc=$?"; grep -v '"shape"' "$OUT/rules_1.1b.jsonl"
-if [ -n "${SMOL_GZ:-}" ]; then
-  zcat "$SMOL_GZ" > /tmp/smol.gguf
-  timeout "${SMOL_S:-150}" python3 scripts/step_rules.py --model /tmp/smol.gguf --quant keep \
+[ -n "${SMOL_GZ:-}" ] && zcat "$SMOL_GZ" > /tmp/smol.gguf
+if [ "${TESTS_S:-0}" != 0 ]; then
+  timeout -s INT "$TESTS_S" python3 -m pytest -v -rfs --tb=short -m cuda ${TEST_FILES:-tests/tinyllm/test_decode_attention.py \
+      tests/tinyllm/test_qgemv.py tests/tinyllm/test_quant_cuda.py tests/tinyllm/test_cuda_graph_cuda.py} \
+      > "$OUT/tests.txt" 2>&1
+  echo "tests rc=$?"; grep -E " passed| failed|FAILED|Error" "$OUT/tests.txt" | tail -12
+fi
+if [ "${RULES_S:-0}" != 0 ]; then
+  timeout "$RULES_S" python3 scripts/step_rules.py --preset tinyllama-1.1b --quant int8 ${SEARCH_ARGS:-} \
+      > "$OUT/rules_1.1b.jsonl" 2> "$OUT/rules_1.1b.err"
+  echo "1.1b rc=$?"; grep -v '"shape"' "$OUT/rules_1.1b.jsonl"
+fi
+if [ "${SMOL_S:-0}" != 0 ] && [ -n "${SMOL_GZ:-}" ]; then
+  timeout "$SMOL_S" python3 scripts/step_rules.py --model /tmp/smol.gguf --quant keep ${SEARCH_ARGS:-} \
       > "$OUT/rules_smol.jsonl" 2> "$OUT/rules_smol.err"
   echo "smol rc=$?"; grep -v '"shape"' "$OUT/rules_smol.jsonl"
-  timeout "${BF16_S:-90}" python3 -m tinyllm.bench --model /tmp/smol.gguf --device cuda --quant none --profile \
-      > "$OUT/smol_bf16_profile.jsonl" 2> "$OUT/smol_bf16_profile.err"
-  echo "smol bf16 rc=$?"; grep replay_us "$OUT/smol_bf16_profile.jsonl"
+fi
+if [ "${BENCH_S:-0}" != 0 ]; then
+  runs="tinyllama-1.1b:int8 tinyllama-1.1b:none"
+  [ -n "${SMOL_GZ:-}" ] && runs="$runs /tmp/smol.gguf:keep /tmp/smol.gguf:none"
+  for r in $runs; do
+    m=${r%:*}; q=${r#*:}; src="--preset $m"; [ -f "$m" ] && src="--model $m"
+    f="$OUT/bench_$(basename "$m" .gguf)_$q"
+    timeout "$BENCH_S" python3 -m tinyllm.bench $src --device cuda --quant "$q" --compile on --peers off --steps 128 \
+        --repeats 3 --prompt-lens 128 --no-buckets > "$f.jsonl" 2> "$f.err"
+    echo "$m $q rc=$? $(grep '"decode_tok_s"' "$f.jsonl" | sed 's/.*"value": \([0-9.]*\).*"impl": "\([a-z_]*\)".*/\2 \1/' | tr '\n' ' ')"
+  done
 fi

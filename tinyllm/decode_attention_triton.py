@@ -26,6 +26,9 @@ Two kernels:
 - `_combine_kernel`, grid (B*Hkv, R): one program per query row merges the splits,
   out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s with M = max_s m_s; a row with no
   key at all gets 0 (not NaN).
+A window of at most ONE_PASS_BLOCKS blocks runs `_split_kernel` alone (ONE_PASS), grid
+(B*Hkv, 1): each head's program walks every block, merging them online as the combine would,
+and writes the result. A decode step then has one attention kernel a layer instead of two.
 
 Why the fused op: RoPE and the two cache writes were four small Inductor kernels a layer
 around the projections (88 of the 1.1B step's 278 kernels, about 110 us of its 860 on the
@@ -40,6 +43,8 @@ the window's real size at each call: one compile serves every window.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -49,6 +54,10 @@ from tinyllm import pdl
 
 BLOCK_N = 64  # keys per split program
 BLOCK_S = 32  # splits the combine program reads at once (it loops over more)
+# Windows of up to this many blocks of keys take one program a head, no combine (ONE_PASS):
+# one kernel a layer instead of two, where a short window gives the splits little to share.
+# TINYLLM_ATTN_ONE_PASS overrides it (0: always split).
+ONE_PASS_BLOCKS = int(os.environ.get("TINYLLM_ATTN_ONE_PASS", "4"))
 HEAD_DIMS = (32, 64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -63,12 +72,12 @@ def _rope(x, partner, c, s, D: tl.constexpr):
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr,
+def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
                   W, n_split, Hkv, R, scale,
                   sq_b, sq_h, sq_r, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sm_b, sm_n,
                   kn_ptr, vn_ptr, cos_ptr, sin_ptr, pos_ptr, sn_b, sc_b, sp_b,
                   D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, NEW: tl.constexpr = False,
-                  PDL: tl.constexpr = False):
+                  ONE_PASS: tl.constexpr = False, PDL: tl.constexpr = False):
     if PDL:  # every input may come from the kernels just before (the new key and value too)
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -78,10 +87,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr,
     h = bh % Hkv
     rows = tl.arange(0, BLOCK_R)  # query rows, padded to >= 16 for tl.dot
     cols = tl.arange(0, D)
-    keys = split * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < R
-    key_in = keys < W
-    attend = tl.load(mask_ptr + b * sm_b + keys * sm_n, mask=key_in, other=0) != 0  # (BLOCK_N,)
+    n_blocks = tl.cdiv(W, BLOCK_N)
 
     q_at = q_ptr + b * sq_b + h * sq_h + rows[:, None] * sq_r  # (BLOCK_R, 1)
     if NEW:  # q, and the new key and value (RoPE'd here), at position p of row b
@@ -94,36 +101,55 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr,
         kn_at = kn_ptr + b * sn_b + h * D
         k_new = _rope(tl.load(kn_at + cols), tl.load(kn_at + half), c, s, D)  # (D,)
         v_new = tl.load(vn_ptr + b * sn_b + h * D + cols)  # (D,)
-        cached = key_in & (keys != p)  # position p is read from the new key and value, not the cache
     else:
         q = tl.load(q_at + cols[None, :] * sq_d, mask=row_ok[:, None], other=0.0)  # (BLOCK_R, D)
-        cached = key_in
-    k = tl.load(k_ptr + b * sk_b + h * sk_h + keys[:, None] * sk_n + cols[None, :] * sk_d,
-                mask=cached[:, None], other=0.0)  # (BLOCK_N, D)
-    if NEW:
-        k = tl.where((keys == p)[:, None], k_new[None, :], k)
-    sc = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_R, BLOCK_N) fp32
-    sc = tl.where(attend[None, :], sc, float("-inf"))
-    m = tl.max(sc, axis=1)  # (BLOCK_R,)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)  # a block with no key: exp(-inf - 0) = 0
-    pr = tl.exp(sc - m_safe[:, None])  # (BLOCK_R, BLOCK_N)
-    lsum = tl.sum(pr, axis=1)  # (BLOCK_R,)
-    # Keys not attended are never read: whatever a cache holds there (even NaN) stays out.
-    v = tl.load(v_ptr + b * sv_b + h * sv_h + keys[:, None] * sv_n + cols[None, :] * sv_d,
-                mask=(attend & cached)[:, None], other=0.0)  # (BLOCK_N, D)
-    if NEW:
-        v = tl.where((keys == p)[:, None], v_new[None, :], v)
-        # The program whose block holds p (the last one, should p lie past the window) writes the
-        # new key and value into the cache: no other program of this kernel reads position p.
-        mine = cols < tl.where(split == tl.minimum(p // BLOCK_N, n_split - 1), D, 0)  # (D,): all or none
-        tl.store(k_ptr + b * sk_b + h * sk_h + p * sk_n + cols * sk_d, k_new, mask=mine)
-        tl.store(v_ptr + b * sv_b + h * sv_h + p * sv_n + cols * sv_d, v_new, mask=mine)
-    o = tl.dot(pr.to(v.dtype), v)  # (BLOCK_R, D) fp32
+    # One block of keys a program (its split), or with ONE_PASS every block, merged online.
+    first = 0 if ONE_PASS else split
+    last = n_blocks if ONE_PASS else split + 1
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)  # running max, sum of exp and exp @ v
+    l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, D], dtype=tl.float32)
+    for blk in range(first, last):
+        keys = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        key_in = keys < W
+        attend = tl.load(mask_ptr + b * sm_b + keys * sm_n, mask=key_in, other=0) != 0  # (BLOCK_N,)
+        if NEW:
+            cached = key_in & (keys != p)  # position p is read from the new key and value, not the cache
+        else:
+            cached = key_in
+        k = tl.load(k_ptr + b * sk_b + h * sk_h + keys[:, None] * sk_n + cols[None, :] * sk_d,
+                    mask=cached[:, None], other=0.0)  # (BLOCK_N, D)
+        if NEW:
+            k = tl.where((keys == p)[:, None], k_new[None, :], k)
+        sc = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_R, BLOCK_N) fp32
+        sc = tl.where(attend[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))  # (BLOCK_R,)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp(-inf - 0) = 0
+        alpha = tl.exp(m_i - m_safe)  # 0 on a program's first block: its sums start there, exactly
+        pr = tl.exp(sc - m_safe[:, None])  # (BLOCK_R, BLOCK_N)
+        l_i = l_i * alpha + tl.sum(pr, axis=1)
+        # Keys not attended are never read: whatever a cache holds there (even NaN) stays out.
+        v = tl.load(v_ptr + b * sv_b + h * sv_h + keys[:, None] * sv_n + cols[None, :] * sv_d,
+                    mask=(attend & cached)[:, None], other=0.0)  # (BLOCK_N, D)
+        if NEW:
+            v = tl.where((keys == p)[:, None], v_new[None, :], v)
+            # The block that holds p (the last one, should p lie past the window) writes the new
+            # key and value into the cache: no other program of this kernel reads position p.
+            mine = cols < tl.where(blk == tl.minimum(p // BLOCK_N, n_blocks - 1), D, 0)  # (D,): all or none
+            tl.store(k_ptr + b * sk_b + h * sk_h + p * sk_n + cols * sk_d, k_new, mask=mine)
+            tl.store(v_ptr + b * sv_b + h * sv_h + p * sv_n + cols * sv_d, v_new, mask=mine)
+        acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v)  # (BLOCK_R, D) fp32
+        m_i = m_new
 
-    part = (bh * n_split + split) * R + rows  # (BLOCK_R,) index into the (B*Hkv, n_split, R) scratch
-    tl.store(m_ptr + part, m, mask=row_ok)
-    tl.store(l_ptr + part, lsum, mask=row_ok)
-    tl.store(o_ptr + part[:, None] * D + cols[None, :], o, mask=row_ok[:, None])
+    if ONE_PASS:  # the result itself; a row with no key at all gets 0 (acc = 0), not NaN
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + (bh * R + rows[:, None]) * D + cols[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
+    else:
+        part = (bh * n_split + split) * R + rows  # (BLOCK_R,) index into the (B*Hkv, n_split, R) scratch
+        tl.store(m_ptr + part, m_i, mask=row_ok)
+        tl.store(l_ptr + part, l_i, mask=row_ok)
+        tl.store(o_ptr + part[:, None] * D + cols[None, :], acc, mask=row_ok[:, None])
 
 
 @triton.jit
@@ -168,24 +194,29 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, W: int,
     fused op's extra inputs, or None."""
     B, Hkv, R, D = q.shape
     mask = mask.expand(B, 1, 1, W)  # a view: a batch-broadcast mask gets stride 0
-    n_split = triton.cdiv(W, BLOCK_N)
+    one_pass = triton.cdiv(W, BLOCK_N) <= ONE_PASS_BLOCKS
+    n_split = 1 if one_pass else triton.cdiv(W, BLOCK_N)
     block_r = max(16, triton.next_power_of_2(R))
     dev = q.device
-    m_buf = torch.empty((B * Hkv, n_split, R), dtype=torch.float32, device=dev)  # each split's max
-    l_buf = torch.empty((B * Hkv, n_split, R), dtype=torch.float32, device=dev)  # and sum of exp
-    o_buf = torch.empty((B * Hkv, n_split, R, D), dtype=torch.float32, device=dev)  # and exp @ v
     out = torch.empty((B, Hkv, R, D), dtype=v.dtype, device=dev)
+    if one_pass:  # no scratch: the one program of each head writes `out` (the buffers go unread)
+        m_buf = l_buf = o_buf = out
+    else:
+        m_buf = torch.empty((B * Hkv, n_split, R), dtype=torch.float32, device=dev)  # each split's max
+        l_buf = torch.empty((B * Hkv, n_split, R), dtype=torch.float32, device=dev)  # and sum of exp
+        o_buf = torch.empty((B * Hkv, n_split, R, D), dtype=torch.float32, device=dev)  # and exp @ v
     k_new, v_new, cos, sin, pos = new or (q, q, q, q, q)  # unused without NEW
     launch = pdl.launch_options(dev)
     _split_kernel[(B * Hkv, n_split)](
-        q, k, v, mask, m_buf, l_buf, o_buf, W, n_split, Hkv, R, scale,
+        q, k, v, mask, m_buf, l_buf, o_buf, out, W, n_split, Hkv, R, scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3),
         k.stride(0), k.stride(1), k.stride(2), k.stride(3),
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
         mask.stride(0), mask.stride(3),
         k_new, v_new, cos, sin, pos, k_new.stride(0), cos.stride(0), pos.stride(0),
-        D=D, BLOCK_R=block_r, BLOCK_N=BLOCK_N, NEW=new is not None, **launch)
-    _combine_kernel[(B * Hkv, R)](m_buf, l_buf, o_buf, out, n_split, R, D=D, BLOCK_S=BLOCK_S, **launch)
+        D=D, BLOCK_R=block_r, BLOCK_N=BLOCK_N, NEW=new is not None, ONE_PASS=one_pass, **launch)
+    if not one_pass:
+        _combine_kernel[(B * Hkv, R)](m_buf, l_buf, o_buf, out, n_split, R, D=D, BLOCK_S=BLOCK_S, **launch)
     return out
 
 

@@ -61,6 +61,7 @@ from torch import Tensor
 
 from tinyllm import pdl
 
+
 class Rule(NamedTuple):
     """How a product's work is cut into programs (blocks(), _launch())."""
     per_sm: int  # programs per SM
@@ -76,20 +77,17 @@ class Rule(NamedTuple):
 # 16 programs per SM 815 -> 772 us, at most 8 steps 772 -> 725-729; SmolLM2's int4 step (rows
 # of 288 and 768 bytes) with its short rows whole, two a program: 1,232 -> 1,398 tok/s. The
 # 1.1B's rows of 2 KB read that way ran slower (725 -> 737 us), so only rows up to 1 KB do.
-RULE = Rule(*(int(v) for v in (os.environ.get("TINYLLM_QGEMV_BLOCKS", "16,512,4,8,1024") + ",0,0").split(",")[:5]))
+_OVERRIDE = os.environ.get("TINYLLM_QGEMV_BLOCKS")
+RULE = Rule(*(int(v) for v in ((_OVERRIDE or "16,512,4,8,1024") + ",0,0").split(",")[:5]))
+# Gate and up (gated) on 2 warps: in the compiled step on the H200 (scripts/step_rules.py,
+# twelfth session), SmolLM2's int4 step 706 -> 667 us, the 1.1B's int8 step 724 -> 723; no
+# other matrix of either step gained more than the noise (1-2 us) from any rule tried.
+GATED = RULE if _OVERRIDE else RULE._replace(warps=2)
 
 
 def rule_for(n: int, k: int, bytes_per_value: float, gated: bool) -> Rule:
     """The rule of an (n, k) product (n counts both halves of a gated one)."""
-    return RULE
-
-
-# Integers to fp32 without the converter: OR-ing an integer 0..255 into the low mantissa bits
-# of 2**23 (bits 0x4B000000) gives the float 2**23 + that integer exactly, and one exact
-# subtraction gives it back. That is a logic op and an add, both full rate, where a conversion
-# instruction (I2F) runs at a quarter of the rate on an H100/H200 and, at one per weight,
-# can bound a matrix-vector product that should be bound by memory.
-TWO23 = tl.constexpr(8388608.0)
+    return GATED if gated else RULE
 
 
 @triton.jit

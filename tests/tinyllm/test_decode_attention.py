@@ -303,29 +303,31 @@ INTERPRETED = textwrap.dedent("""
         (2, 2, 8, 128, 130, [129, 0], [129, 64]),  # the last key only
         (1, 1, 3, 64, 2200, [0], [2150]),  # 35 splits: the combine loops twice
     ]
-    for B, Hkv, R, D, W, fv, pos in cases:
-        q, k, v = make_case(B, Hkv, R, D, W, dtype=torch.float16, device="cpu", seed=W)
-        mask = window_mask(W, fv, pos, device="cpu")
-        ref = window_attention(q.double(), k.double(), v.double(), mask, D ** -0.5)
-        for b in range(B):  # keys outside the window are never read: NaN there changes nothing
-            for x in (k, v):
-                x[b, :, pos[b] + 1:], x[b, :, :fv[b]] = float("nan"), float("nan")
-        y = run(q, k, v, mask, D ** -0.5)
-        assert y.shape == (B, Hkv, R, D) and y.dtype == torch.float16
-        assert rel_err(y, ref) < 2e-3, (B, Hkv, R, D, W, rel_err(y, ref))
-    mask = window_mask(64, [0], [10], device="cpu")
-    mask[:] = False  # no key at all: 0, not NaN
-    q, k, v = make_case(1, 1, 3, 64, 64, dtype=torch.float16, device="cpu")
-    assert (run(q, k, v, mask, 0.125) == 0).all()
-
     from tests.tinyllm.test_decode_attention import check_rope_case
-    for case in [  # B, Hkv, R, D, W, first_valid, pos (one position for all rows: a static cache)
-        (2, 3, 3, 64, 200, [0, 70], 150),  # pos inside the third block
-        (1, 1, 1, 32, 64, [0], 0),  # the first step: one key, the new one
-        (2, 2, 8, 128, 130, [0, 5], 129),  # pos the window's last key, alone in its block
-        (1, 2, 4, 64, 2200, [0], 2150),  # 35 splits
-    ]:
-        check_rope_case(*case, dtype=torch.float16, device="cpu", tol=2e-3)
+    for one_pass in (0, 64):  # split (and combined) at every window; then one pass at every window
+        T.ONE_PASS_BLOCKS = one_pass
+        for B, Hkv, R, D, W, fv, pos in cases:
+            q, k, v = make_case(B, Hkv, R, D, W, dtype=torch.float16, device="cpu", seed=W)
+            mask = window_mask(W, fv, pos, device="cpu")
+            ref = window_attention(q.double(), k.double(), v.double(), mask, D ** -0.5)
+            for b in range(B):  # keys outside the window are never read: NaN there changes nothing
+                for x in (k, v):
+                    x[b, :, pos[b] + 1:], x[b, :, :fv[b]] = float("nan"), float("nan")
+            y = run(q, k, v, mask, D ** -0.5)
+            assert y.shape == (B, Hkv, R, D) and y.dtype == torch.float16
+            assert rel_err(y, ref) < 2e-3, (B, Hkv, R, D, W, rel_err(y, ref))
+        mask = window_mask(64, [0], [10], device="cpu")
+        mask[:] = False  # no key at all: 0, not NaN
+        q, k, v = make_case(1, 1, 3, 64, 64, dtype=torch.float16, device="cpu")
+        assert (run(q, k, v, mask, 0.125) == 0).all()
+
+        for case in [  # B, Hkv, R, D, W, first_valid, pos (one position for all rows: a static cache)
+            (2, 3, 3, 64, 200, [0, 70], 150),  # pos inside the third block
+            (1, 1, 1, 32, 64, [0], 0),  # the first step: one key, the new one
+            (2, 2, 8, 128, 130, [0, 5], 129),  # pos the window's last key, alone in its block
+            (1, 2, 4, 64, 2200, [0], 2150),  # 35 splits
+        ]:
+            check_rope_case(*case, dtype=torch.float16, device="cpu", tol=2e-3)
     from tests.tinyllm.test_decode_attention import check_compiled_rope_in_place
     check_compiled_rope_in_place("cpu", torch.float16)
     print("ok")
@@ -354,19 +356,23 @@ def test_kernels_compile_for_the_h200_without_a_gpu(D):
     from tinyllm import decode_attention_triton as T
 
     target = GPUTarget("cuda", 90, 32)
-    types = (["*bf16"] * 3 + ["*i1"] + ["*fp32"] * 3 + ["i32"] * 4 + ["fp32"] + ["i32"] * 14
-             + ["*bf16"] * 2 + ["*fp32"] * 2 + ["*i64"] + ["i32"] * 3 + ["constexpr"] * 5)
+    types = (["*bf16"] * 3 + ["*i1"] + ["*fp32"] * 3 + ["*bf16"] + ["i32"] * 4 + ["fp32"] + ["i32"] * 14
+             + ["*bf16"] * 2 + ["*fp32"] * 2 + ["*i64"] + ["i32"] * 3 + ["constexpr"] * 6)
     sig = dict(zip(T._split_kernel.arg_names, types, strict=True))
     fused = triton.compile(ASTSource(T._split_kernel, sig, constexprs={"D": D, "BLOCK_R": 16, "BLOCK_N": 64, "NEW": True,
                                                                        "PDL": True}), target=target)
     assert "mma" in fused.asm["ptx"] and fused.asm["cubin"]
     split = triton.compile(ASTSource(T._split_kernel, sig, constexprs={"D": D, "BLOCK_R": 16, "BLOCK_N": 64, "NEW": False,
                                                                        "PDL": True}), target=target)
+    one_pass = triton.compile(ASTSource(T._split_kernel, sig, constexprs={"D": D, "BLOCK_R": 16, "BLOCK_N": 64,
+                                                                          "NEW": True, "ONE_PASS": True, "PDL": True}),
+                              target=target)
     sig2 = {"m_ptr": "*fp32", "l_ptr": "*fp32", "o_ptr": "*fp32", "out_ptr": "*bf16", "n_split": "i32", "R": "i32",
             "D": "constexpr", "BLOCK_S": "constexpr", "PDL": "constexpr"}
     combine = triton.compile(ASTSource(T._combine_kernel, sig2, constexprs={"D": D, "BLOCK_S": 32, "PDL": True}),
                              target=target)
     assert "mma" in split.asm["ptx"] and split.asm["cubin"] and combine.asm["cubin"]
-    for kernel in (split, combine):  # PDL: each waits on the kernel before it before any load
+    assert "mma" in one_pass.asm["ptx"] and one_pass.asm["cubin"]
+    for kernel in (split, combine, one_pass):  # PDL: each waits on the kernel before it before any load
         ptx = kernel.asm["ptx"]
         assert "griddepcontrol.wait" in ptx and ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
