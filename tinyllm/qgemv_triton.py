@@ -90,6 +90,14 @@ def rule_for(n: int, k: int, bytes_per_value: float, gated: bool) -> Rule:
     return GATED if gated else RULE
 
 
+# Integers to fp32 without the converter: OR-ing an integer 0..255 into the low mantissa bits
+# of 2**23 (bits 0x4B000000) gives the float 2**23 + that integer exactly, and one exact
+# subtraction gives it back. That is a logic op and an add, both full rate, where a conversion
+# instruction (I2F) runs at a quarter of the rate on an H100/H200 and, at one per weight,
+# can bound a matrix-vector product that should be bound by memory.
+TWO23 = tl.constexpr(8388608.0)
+
+
 @triton.jit
 def _block_rows(pid_n, N, BLOCK_N: tl.constexpr, HALVES: tl.constexpr):
     """The program's rows: (output feature, weight row), each (HALVES * BLOCK_N,). With two
