@@ -6,7 +6,8 @@
 #   RULES_S  step_rules.py on the 1.1B shape at int8 (SEARCH_ARGS);
 #   SMOL_S   the same on SmolLM2 at int4 (needs SMOL_GZ, a gzipped GGUF, carried);
 #   BENCH_S  `tinyllm-bench --compile on` tok/s: the 1.1B at int8 and bf16, SmolLM2 (SMOL_GZ)
-#            kept int4 and bf16, each in its own process, BENCH_S seconds each.
+#            kept int4 and bf16 (or BENCH_RUNS, "MODEL:QUANT ..."), each in its own process,
+#            BENCH_S seconds each.
 set -u
 OUT=${OUT:-out}
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
@@ -19,7 +20,7 @@ if [ "${TESTS_S:-0}" != 0 ]; then
   echo "tests rc=$?"; grep -E " passed| failed|FAILED|Error" "$OUT/tests.txt" | tail -12
 fi
 if [ "${RULES_S:-0}" != 0 ]; then
-  timeout "$RULES_S" python3 scripts/step_rules.py --preset tinyllama-1.1b --quant int8 ${SEARCH_ARGS:-} \
+  timeout "$RULES_S" python3 scripts/step_rules.py --preset tinyllama-1.1b --quant int8 ${SEARCH_1B:-${SEARCH_ARGS:-}} \
       > "$OUT/rules_1.1b.jsonl" 2> "$OUT/rules_1.1b.err"
   echo "1.1b rc=$?"; grep -v '"shape"' "$OUT/rules_1.1b.jsonl"
 fi
@@ -31,7 +32,7 @@ fi
 if [ "${BENCH_S:-0}" != 0 ]; then
   runs="tinyllama-1.1b:int8 tinyllama-1.1b:none"
   [ -n "${SMOL_GZ:-}" ] && runs="$runs /tmp/smol.gguf:keep /tmp/smol.gguf:none"
-  for r in $runs; do
+  for r in ${BENCH_RUNS:-$runs}; do
     m=${r%:*}; q=${r#*:}; src="--preset $m"; [ -f "$m" ] && src="--model $m"
     f="$OUT/bench_$(basename "$m" .gguf)_$q"
     timeout "$BENCH_S" python3 -m tinyllm.bench $src --device cuda --quant "$q" --compile on --peers off --steps 128 \
