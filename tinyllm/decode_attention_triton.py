@@ -55,9 +55,11 @@ from tinyllm import pdl
 BLOCK_N = 64  # keys per split program
 BLOCK_S = 32  # splits the combine program reads at once (it loops over more)
 # Windows of up to this many blocks of keys take one program a head, no combine (ONE_PASS):
-# one kernel a layer instead of two, where a short window gives the splits little to share.
+# one kernel a layer instead of two. Measured in the 1.1B int8 compiled step on the H200
+# (scripts/step_rules.py --attention, twelfth session): W=128 (2 blocks) 720.7 -> 712.5 us;
+# W=256 (4 blocks, walked in turn by one program a head) 722.4 -> 777.7, W=512 723.0 -> 899.5.
 # TINYLLM_ATTN_ONE_PASS overrides it (0: always split).
-ONE_PASS_BLOCKS = int(os.environ.get("TINYLLM_ATTN_ONE_PASS", "4"))
+ONE_PASS_BLOCKS = int(os.environ.get("TINYLLM_ATTN_ONE_PASS", "2"))
 HEAD_DIMS = (32, 64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
 
