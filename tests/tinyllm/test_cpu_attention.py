@@ -13,7 +13,10 @@ from tinyllm.generate import generate
 from tinyllm.model import window_attention
 
 needs_kernel = pytest.mark.skipif(not cpu_qgemv.available(), reason="no AVX2 kernel on this machine")
-SHAPES = [(1, 3, 3, 64, 1000), (2, 2, 4, 32, 300), (1, 1, 1, 128, 17), (1, 4, 8, 256, 600), (3, 1, 2, 16, 513)]
+# (B, Hkv, R, D, W): R in one pass of up to 4 rows or several (5: 4 + 1, 8: 4 + 4), D in 16-wide
+# passes or ending in an 8-wide one (24, 40)
+SHAPES = [(1, 3, 3, 64, 1000), (2, 2, 4, 32, 300), (1, 1, 1, 128, 17), (1, 4, 8, 256, 600), (3, 1, 2, 16, 513),
+          (1, 2, 5, 24, 77), (2, 1, 7, 40, 260)]
 
 
 def inputs(b, hkv, r, d, w, dtype, seed):
