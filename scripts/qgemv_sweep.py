@@ -7,7 +7,7 @@ is timed as REPS launches in a CUDA graph over copies of the matrix that togethe
 L2, so each launch reads its weights from memory, as in a decode step. A rule's score is the
 matrix time of one step (each layer matrix times the layer count, plus the output layer).
 Prints JSON lines as it goes, then the rules best first, and last `BEST <model> <kind> P,B,W`
-lines (scripts/device_gemv_rules.sh reads them).
+lines (scripts/device_pdl.sh reads them, SWEEP_S).
 
     python scripts/qgemv_sweep.py > sweep.jsonl
 """
