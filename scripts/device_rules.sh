@@ -6,8 +6,8 @@
 #   RULES_S  step_rules.py on the 1.1B shape at int8 (SEARCH_ARGS);
 #   SMOL_S   the same on SmolLM2 at int4 (needs SMOL_GZ, a gzipped GGUF, carried);
 #   BENCH_S  `tinyllm-bench --compile on` tok/s: the 1.1B at int8 and bf16, SmolLM2 (SMOL_GZ)
-#            kept int4 and bf16 (or BENCH_RUNS, "MODEL:QUANT ..."), each in its own process,
-#            BENCH_S seconds each.
+#            kept int4 and bf16 (or BENCH_RUNS, "MODEL:QUANT[:VAR=VALUE] ...": a run may set
+#            one environment variable), each in its own process, BENCH_S seconds each.
 set -u
 OUT=${OUT:-out}
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
@@ -33,10 +33,10 @@ if [ "${BENCH_S:-0}" != 0 ]; then
   runs="tinyllama-1.1b:int8 tinyllama-1.1b:none"
   [ -n "${SMOL_GZ:-}" ] && runs="$runs /tmp/smol.gguf:keep /tmp/smol.gguf:none"
   for r in ${BENCH_RUNS:-$runs}; do
-    m=${r%:*}; q=${r#*:}; src="--preset $m"; [ -f "$m" ] && src="--model $m"
-    f="$OUT/bench_$(basename "$m" .gguf)_$q"
-    timeout "$BENCH_S" python3 -m tinyllm.bench $src --device cuda --quant "$q" --compile on --peers off --steps 128 \
+    IFS=: read -r m q e <<< "$r"; src="--preset $m"; [ -f "$m" ] && src="--model $m"
+    f="$OUT/bench_$(basename "$m" .gguf)_$q${e:+_${e//[^A-Za-z0-9]/_}}"
+    env ${e:-} timeout "$BENCH_S" python3 -m tinyllm.bench $src --device cuda --quant "$q" --compile on --peers off --steps 128 \
         --repeats 3 --prompt-lens 128 --no-buckets > "$f.jsonl" 2> "$f.err"
-    echo "$m $q rc=$? $(grep '"decode_tok_s"' "$f.jsonl" | sed 's/.*"value": \([0-9.]*\).*"impl": "\([a-z_]*\)".*/\2 \1/' | tr '\n' ' ')"
+    echo "$m $q ${e:-} rc=$? $(grep '"decode_tok_s"' "$f.jsonl" | sed 's/.*"value": \([0-9.]*\).*"impl": "\([a-z_]*\)".*/\2 \1/' | tr '\n' ' ')"
   done
 fi
