@@ -4,7 +4,8 @@
 # and the benches. Run from the repo root; $OUT gets every output. Steps, each skipped at 0:
 #   TESTS_S  the CUDA tests of TEST_FILES;
 #   RULES_S  step_rules.py on the 1.1B shape at int8 (SEARCH_ARGS);
-#   SMOL_S   the same on SmolLM2 at int4 (needs SMOL_GZ, a gzipped GGUF, carried);
+#   SMOL_S   the same on SmolLM2 (needs SMOL_GZ, a gzipped GGUF, carried), once for each of
+#            SMOL_RUNS ("QUANT[:VAR=VALUE] ...", default keep: int4), SEARCH_SMOL or SEARCH_ARGS;
 #   BENCH_S  `tinyllm-bench --compile on` tok/s: the 1.1B at int8 and bf16, SmolLM2 (SMOL_GZ)
 #            kept int4 and bf16 (or BENCH_RUNS, "MODEL:QUANT[:VAR=VALUE] ...": a run may set
 #            one environment variable), each in its own process, BENCH_S seconds each.
@@ -25,9 +26,12 @@ if [ "${RULES_S:-0}" != 0 ]; then
   echo "1.1b rc=$?"; grep -v '"shape"' "$OUT/rules_1.1b.jsonl"
 fi
 if [ "${SMOL_S:-0}" != 0 ] && [ -n "${SMOL_GZ:-}" ]; then
-  timeout "$SMOL_S" python3 scripts/step_rules.py --model /tmp/smol.gguf --quant keep ${SEARCH_ARGS:-} \
-      > "$OUT/rules_smol.jsonl" 2> "$OUT/rules_smol.err"
-  echo "smol rc=$?"; grep -v '"shape"' "$OUT/rules_smol.jsonl"
+  for r in ${SMOL_RUNS:-keep}; do
+    IFS=: read -r q e <<< "$r"; f="$OUT/rules_smol_$q${e:+_${e//[^A-Za-z0-9]/_}}"
+    env ${e:-} timeout "$SMOL_S" python3 scripts/step_rules.py --model /tmp/smol.gguf --quant "$q" ${SEARCH_SMOL:-${SEARCH_ARGS:-}} \
+        > "$f.jsonl" 2> "$f.err"
+    echo "smol $q ${e:-} rc=$?"; grep -v '"shape"' "$f.jsonl"
+  done
 fi
 if [ "${BENCH_S:-0}" != 0 ]; then
   runs="tinyllama-1.1b:int8 tinyllama-1.1b:none"

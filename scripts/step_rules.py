@@ -11,7 +11,7 @@ its replays (the least of five runs of 200, each from the same position).
 - Rules (--search all|gated|none): for each product shape of the step (or the gated ones),
   every candidate alone (the other shapes keep theirs), then the best of each together, then
   the defaults again (to see the drift).
-- --attention: for the first four windows, the step with each threshold (0: always split).
+- --attention: for the first four windows, the step with each threshold and tile (ATTENTION).
 JSON lines on stdout; the kernels of the default step and of the best on stderr.
 
     python scripts/step_rules.py --preset tinyllama-1.1b --quant int8 --search gated --attention
@@ -31,6 +31,9 @@ from tinyllm.bench_profile import kernels, replay_us
 from tinyllm.cuda_graph import GraphDecoder
 
 START = 32  # prompt tokens: each timed run of the rules replays from here
+# The attention's trials (--attention): (one-pass threshold in tiles, keys a tile). A window of
+# up to threshold x tile keys takes one program a head, walking its tiles; 0 always splits.
+ATTENTION = [(2, 64), (0, 64), (1, 128), (1, 256), (1, 512), (0, 128), (0, 256)]
 
 
 def candidates(rule: T.Rule, gated_only: bool) -> list[T.Rule]:
@@ -118,16 +121,16 @@ def main() -> None:
             show("best of each", us1, graph)
             emit(trial="default again", us=step_us({})[0])
         if args.attention:
-            default_blocks = A.ONE_PASS_BLOCKS
+            default = A.ONE_PASS_BLOCKS, A.TILE
             for window in dec.buckets[:4]:
                 start = max(START, window // 2)  # keys to attend in every block of the window, the first ones
                 dec.truncate(0)
                 dec.prefill(random_ids(model, start))
-                for blocks in (0, 2, 4, 8, 16):
-                    A.ONE_PASS_BLOCKS = blocks
-                    emit(trial="attention", window=window, start=start, one_pass_blocks=blocks,
+                for blocks, tile in ATTENTION:
+                    A.ONE_PASS_BLOCKS, A.TILE = blocks, tile
+                    emit(trial="attention", window=window, start=start, one_pass_blocks=blocks, tile=tile,
                          us=step_us({}, window, start)[0])
-            A.ONE_PASS_BLOCKS = default_blocks
+            A.ONE_PASS_BLOCKS, A.TILE = default
 
 
 if __name__ == "__main__":

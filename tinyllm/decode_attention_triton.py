@@ -52,8 +52,11 @@ from torch import Tensor
 
 from tinyllm import pdl
 
-BLOCK_N = 64  # keys per split program
+BLOCK_N = 64  # keys per split program, at the least
 BLOCK_S = 32  # splits the combine program reads at once (it loops over more)
+# Keys a program reads at once, a tile (a power of two, at least BLOCK_N): a window of up to TILE
+# keys is one tile a head. TINYLLM_ATTN_TILE overrides it (to measure: scripts/step_rules.py).
+TILE = int(os.environ.get("TINYLLM_ATTN_TILE", "64"))
 # Windows of up to this many blocks of keys take one program a head, no combine (ONE_PASS):
 # one kernel a layer instead of two. Measured in the 1.1B int8 compiled step on the H200
 # (scripts/step_rules.py --attention, twelfth session): W=128 (2 blocks) 720.7 -> 712.5 us;
@@ -196,8 +199,9 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, W: int,
     fused op's extra inputs, or None."""
     B, Hkv, R, D = q.shape
     mask = mask.expand(B, 1, 1, W)  # a view: a batch-broadcast mask gets stride 0
-    one_pass = triton.cdiv(W, BLOCK_N) <= ONE_PASS_BLOCKS
-    n_split = 1 if one_pass else triton.cdiv(W, BLOCK_N)
+    block_n = max(BLOCK_N, min(TILE, triton.next_power_of_2(W)))  # keys a program reads at once
+    one_pass = triton.cdiv(W, block_n) <= ONE_PASS_BLOCKS
+    n_split = 1 if one_pass else triton.cdiv(W, block_n)
     block_r = max(16, triton.next_power_of_2(R))
     dev = q.device
     out = torch.empty((B, Hkv, R, D), dtype=v.dtype, device=dev)
@@ -216,7 +220,8 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, W: int,
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
         mask.stride(0), mask.stride(3),
         k_new, v_new, cos, sin, pos, k_new.stride(0), cos.stride(0), pos.stride(0),
-        D=D, BLOCK_R=block_r, BLOCK_N=BLOCK_N, NEW=new is not None, ONE_PASS=one_pass, **launch)
+        D=D, BLOCK_R=block_r, BLOCK_N=block_n, NEW=new is not None, ONE_PASS=one_pass, **launch,
+        num_warps=4 if block_n <= 128 else 8)
     if not one_pass:
         _combine_kernel[(B * Hkv, R)](m_buf, l_buf, o_buf, out, n_split, R, D=D, BLOCK_S=BLOCK_S, **launch)
     return out

@@ -127,7 +127,13 @@ cuda = pytest.mark.cuda
 @cuda
 @pytest.mark.parametrize("W", [128, 256, 1000, 2048])
 @pytest.mark.parametrize("D", [32, 64, 128])
-def test_against_window_attention_and_float64(W, D):
+@pytest.mark.parametrize("tile", [None, 256])
+def test_against_window_attention_and_float64(W, D, tile, monkeypatch):
+    if tile:  # one tile of 256 keys a program: W = 128 and 256 in one pass, 1000 and 2048 split
+        from tinyllm import decode_attention_triton as T
+
+        monkeypatch.setattr(T, "TILE", tile)
+        monkeypatch.setattr(T, "ONE_PASS_BLOCKS", 1)
     for B in (1, 2):
         for Hkv in (1, 3, 4):
             for R in (1, 3, 8):
@@ -304,8 +310,9 @@ INTERPRETED = textwrap.dedent("""
         (1, 1, 3, 64, 2200, [0], [2150]),  # 35 splits: the combine loops twice
     ]
     from tests.tinyllm.test_decode_attention import check_rope_case
-    for one_pass in (0, 64):  # split (and combined) at every window; then one pass at every window
-        T.ONE_PASS_BLOCKS = one_pass
+    # split (and combined) at every window; one pass at every window; tiles of 256 keys a program
+    for one_pass, tile in ((0, 64), (64, 64), (1, 256)):
+        T.ONE_PASS_BLOCKS, T.TILE = one_pass, tile
         for B, Hkv, R, D, W, fv, pos in cases:
             q, k, v = make_case(B, Hkv, R, D, W, dtype=torch.float16, device="cpu", seed=W)
             mask = window_mask(W, fv, pos, device="cpu")
@@ -367,12 +374,15 @@ def test_kernels_compile_for_the_h200_without_a_gpu(D):
     one_pass = triton.compile(ASTSource(T._split_kernel, sig, constexprs={"D": D, "BLOCK_R": 16, "BLOCK_N": 64,
                                                                           "NEW": True, "ONE_PASS": True, "PDL": True}),
                               target=target)
+    tile = triton.compile(ASTSource(T._split_kernel, sig, constexprs={"D": D, "BLOCK_R": 16, "BLOCK_N": 256,
+                                                                      "NEW": True, "ONE_PASS": True, "PDL": True}),
+                          target=target, options={"num_warps": 8})  # a window of 256 keys in one tile
     sig2 = {"m_ptr": "*fp32", "l_ptr": "*fp32", "o_ptr": "*fp32", "out_ptr": "*bf16", "n_split": "i32", "R": "i32",
             "D": "constexpr", "BLOCK_S": "constexpr", "PDL": "constexpr"}
     combine = triton.compile(ASTSource(T._combine_kernel, sig2, constexprs={"D": D, "BLOCK_S": 32, "PDL": True}),
                              target=target)
     assert "mma" in split.asm["ptx"] and split.asm["cubin"] and combine.asm["cubin"]
-    assert "mma" in one_pass.asm["ptx"] and one_pass.asm["cubin"]
-    for kernel in (split, combine, one_pass):  # PDL: each waits on the kernel before it before any load
+    assert "mma" in one_pass.asm["ptx"] and one_pass.asm["cubin"] and tile.asm["cubin"]
+    for kernel in (split, combine, one_pass, tile):  # PDL: each waits on the kernel before it before any load
         ptx = kernel.asm["ptx"]
         assert "griddepcontrol.wait" in ptx and ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
