@@ -127,13 +127,16 @@ cuda = pytest.mark.cuda
 @cuda
 @pytest.mark.parametrize("W", [128, 256, 1000, 2048])
 @pytest.mark.parametrize("D", [32, 64, 128])
-@pytest.mark.parametrize("tile", [None, 256])
-def test_against_window_attention_and_float64(W, D, tile, monkeypatch):
-    if tile:  # one tile of 256 keys a program: W = 128 and 256 in one pass, 1000 and 2048 split
-        from tinyllm import decode_attention_triton as T
+@pytest.mark.parametrize("policy", ["default", "combine", "merge"])
+def test_against_window_attention_and_float64(W, D, policy, monkeypatch):
+    """policy: the defaults (W = 128 one tile, 256 split and merged in the kernel, 1000 and
+    2048 split and combined); every window split and combined; every window split and merged
+    in the kernel (2048: 32 splits, the merge loops over them)."""
+    from tinyllm import decode_attention_triton as T
 
-        monkeypatch.setattr(T, "TILE", tile)
-        monkeypatch.setattr(T, "ONE_PASS_BLOCKS", 1)
+    if policy != "default":
+        monkeypatch.setattr(T, "TILE", 0)
+        monkeypatch.setattr(T, "MERGE_SPLITS", 0 if policy == "combine" else 64)
     for B in (1, 2):
         for Hkv in (1, 3, 4):
             for R in (1, 3, 8):
@@ -310,9 +313,9 @@ INTERPRETED = textwrap.dedent("""
         (1, 1, 3, 64, 2200, [0], [2150]),  # 35 splits: the combine loops twice
     ]
     from tests.tinyllm.test_decode_attention import check_rope_case
-    # split (and combined) at every window; one pass at every window; tiles of 256 keys a program
-    for one_pass, tile in ((0, 64), (64, 64), (1, 256)):
-        T.ONE_PASS_BLOCKS, T.TILE = one_pass, tile
+    # split and combined at every window; split and merged in the kernel; one tile a head
+    for tile, merge in ((0, 0), (0, 64), (4096, 0)):
+        T.TILE, T.MERGE_SPLITS = tile, merge
         for B, Hkv, R, D, W, fv, pos in cases:
             q, k, v = make_case(B, Hkv, R, D, W, dtype=torch.float16, device="cpu", seed=W)
             mask = window_mask(W, fv, pos, device="cpu")
@@ -364,25 +367,25 @@ def test_kernels_compile_for_the_h200_without_a_gpu(D):
 
     target = GPUTarget("cuda", 90, 32)
     types = (["*bf16"] * 3 + ["*i1"] + ["*fp32"] * 3 + ["*bf16"] + ["i32"] * 4 + ["fp32"] + ["i32"] * 14
-             + ["*bf16"] * 2 + ["*fp32"] * 2 + ["*i64"] + ["i32"] * 3 + ["constexpr"] * 6)
+             + ["*bf16"] * 2 + ["*fp32"] * 2 + ["*i64"] + ["i32"] * 3 + ["*i32"] + ["constexpr"] * 7)
     sig = dict(zip(T._split_kernel.arg_names, types, strict=True))
-    fused = triton.compile(ASTSource(T._split_kernel, sig, constexprs={"D": D, "BLOCK_R": 16, "BLOCK_N": 64, "NEW": True,
-                                                                       "PDL": True}), target=target)
+    def split_kernel(block_n=64, new=True, one_pass=False, merge=False):
+        # every flag named: Triton's compile cache keys a partial dict of constexprs by its values alone
+        flags = {"D": D, "BLOCK_R": 16, "BLOCK_N": block_n, "NEW": new, "ONE_PASS": one_pass, "MERGE": merge,
+                 "PDL": True}
+        return triton.compile(ASTSource(T._split_kernel, sig, constexprs=flags), target=target)
+
+    fused = split_kernel()
     assert "mma" in fused.asm["ptx"] and fused.asm["cubin"]
-    split = triton.compile(ASTSource(T._split_kernel, sig, constexprs={"D": D, "BLOCK_R": 16, "BLOCK_N": 64, "NEW": False,
-                                                                       "PDL": True}), target=target)
-    one_pass = triton.compile(ASTSource(T._split_kernel, sig, constexprs={"D": D, "BLOCK_R": 16, "BLOCK_N": 64,
-                                                                          "NEW": True, "ONE_PASS": True, "PDL": True}),
-                              target=target)
-    tile = triton.compile(ASTSource(T._split_kernel, sig, constexprs={"D": D, "BLOCK_R": 16, "BLOCK_N": 256,
-                                                                      "NEW": True, "ONE_PASS": True, "PDL": True}),
-                          target=target, options={"num_warps": 8})  # a window of 256 keys in one tile
+    split, one_pass, merge = split_kernel(new=False), split_kernel(one_pass=True), split_kernel(merge=True)
+    tile = split_kernel(block_n=128, one_pass=True)  # a window of 128 keys in one tile
+    assert "atom.global.gpu.acq_rel" in merge.asm["ptx"] and "ld.global.cg" in merge.asm["ptx"]
     sig2 = {"m_ptr": "*fp32", "l_ptr": "*fp32", "o_ptr": "*fp32", "out_ptr": "*bf16", "n_split": "i32", "R": "i32",
             "D": "constexpr", "BLOCK_S": "constexpr", "PDL": "constexpr"}
     combine = triton.compile(ASTSource(T._combine_kernel, sig2, constexprs={"D": D, "BLOCK_S": 32, "PDL": True}),
                              target=target)
     assert "mma" in split.asm["ptx"] and split.asm["cubin"] and combine.asm["cubin"]
-    assert "mma" in one_pass.asm["ptx"] and one_pass.asm["cubin"] and tile.asm["cubin"]
-    for kernel in (split, combine, one_pass, tile):  # PDL: each waits on the kernel before it before any load
+    assert "mma" in one_pass.asm["ptx"] and one_pass.asm["cubin"] and tile.asm["cubin"] and merge.asm["cubin"]
+    for kernel in (split, combine, one_pass, tile, merge):  # PDL: each waits on the kernel before it before any load
         ptx = kernel.asm["ptx"]
         assert "griddepcontrol.wait" in ptx and ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
