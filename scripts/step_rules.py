@@ -1,17 +1,17 @@
-"""Block rules of tinyllm.qgemv's products, and the attention's tile and merge, tried
+"""Block rules of tinyllm.qgemv's products, and the attention's tile, tried
 inside the compiled decode step on CUDA (docs/BENCHMARKS.md, twelfth session).
 scripts/qgemv_sweep.py times each matrix's product alone; inside the step a choice can measure
 otherwise (PDL overlaps each kernel with the ones beside it), so it is chosen here by the
 step's own replay time.
 
-The ops read their rule (qgemv_triton.rule_for) and the attention its TILE and MERGE_SPLITS
+The ops read their rule (qgemv_triton.rule_for) and the attention its TILE
 (decode_attention_triton) when they launch, which a graph capture records: one
 process compiles the step once, then for each trial captures the step's graph again and times
 its replays (the least of five runs of 200, each from the same position).
 - Rules (--search all|gated|none): for each product shape of the step (or the gated ones),
   every candidate alone (the other shapes keep theirs), then the best of each together, then
   the defaults again (to see the drift).
-- --attention: for the first four windows, the step with each tile and merge (ATTENTION).
+- --attention: for the first four windows, the step with each tile (ATTENTION).
 JSON lines on stdout; the kernels of the default step and of the best on stderr.
 
     python scripts/step_rules.py --preset tinyllama-1.1b --quant int8 --search gated --attention
@@ -31,10 +31,9 @@ from tinyllm.bench_profile import kernels, replay_us
 from tinyllm.cuda_graph import GraphDecoder
 
 START = 32  # prompt tokens: each timed run of the rules replays from here
-# The attention's trials (--attention): (TILE, MERGE_SPLITS) of decode_attention_triton: windows
-# of up to TILE keys in one tile a head, split windows of up to MERGE_SPLITS blocks merged in
-# the split kernel (0 and 0: always split and combined).
-ATTENTION = [(128, 0), (128, 4), (128, 8), (128, 32), (0, 0), (0, 8)]
+# The attention's trials (--attention): decode_attention_triton.TILE (windows of up to TILE keys
+# in one tile a head; 0: always split and combined).
+ATTENTION = [128, 0, 256]
 
 
 def candidates(rule: T.Rule, gated_only: bool) -> list[T.Rule]:
@@ -122,16 +121,16 @@ def main() -> None:
             show("best of each", us1, graph)
             emit(trial="default again", us=step_us({})[0])
         if args.attention:
-            default = A.TILE, A.MERGE_SPLITS
+            default = A.TILE
             for window in dec.buckets[:4]:
                 start = max(START, window // 2)  # keys to attend in every block of the window, the first ones
                 dec.truncate(0)
                 dec.prefill(random_ids(model, start))
-                for tile, merge in ATTENTION:
-                    A.TILE, A.MERGE_SPLITS = tile, merge
-                    emit(trial="attention", window=window, start=start, tile=tile, merge_splits=merge,
+                for tile in ATTENTION:
+                    A.TILE = tile
+                    emit(trial="attention", window=window, start=start, tile=tile,
                          us=step_us({}, window, start)[0])
-            A.TILE, A.MERGE_SPLITS = default
+            A.TILE = default
 
 
 if __name__ == "__main__":

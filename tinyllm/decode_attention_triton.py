@@ -26,16 +26,9 @@ Two kernels:
 - `_combine_kernel`, grid (B*Hkv, R): one program per query row merges the splits,
   out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s with M = max_s m_s; a row with no
   key at all gets 0 (not NaN).
-Which run, by the window's size W:
-- W <= TILE: `_split_kernel` alone (ONE_PASS), grid (B*Hkv, 1), each head's program reading
-  the whole window as one tile of keys and writing the result: one kernel a layer.
-- up to MERGE_SPLITS blocks: `_split_kernel` alone (MERGE): after writing its partials, each
-  program counts itself done on its head's counter (an atomic add, release and acquire at GPU
-  scope), and the last to finish merges every split's partials as the combine would, then sets
-  the counter back to 0. The counters are one zeroed int32 buffer per device that every
-  launch leaves zero (`_counts`): launches of split windows on two streams at once are not
-  supported.
-- longer windows: both kernels (the combine's programs, one a row, merge in parallel).
+A window of up to TILE keys runs `_split_kernel` alone (ONE_PASS), grid (B*Hkv, 1): each
+head's program reads the whole window as one tile of keys and writes the result, one kernel a
+layer instead of two.
 
 Why the fused op: RoPE and the two cache writes were four small Inductor kernels a layer
 around the projections (88 of the 1.1B step's 278 kernels, about 110 us of its 860 on the
@@ -61,18 +54,14 @@ from tinyllm import pdl
 
 BLOCK_N = 64  # keys a split program reads
 BLOCK_S = 32  # splits the combine program reads at once (it loops over more)
-MERGE_S = tl.constexpr(4)  # the same for the merge inside the split kernel
 # A window of up to TILE keys takes one program a head, one tile of keys (ONE_PASS): one kernel
-# a layer and no merge. Measured in the 1.1B int8 compiled step on the H200 (scripts/step_rules.py
-# --attention, thirteenth session), W=128: one tile 702.7 us, two blocks of 64 walked in turn by
-# one program 713.6, split and combined 721.2; W=256: one tile of 256 731.8, split 721.7 (four
-# programs a layer, one a head, read their keys no faster than one would).
+# a layer, no combine. Measured in the 1.1B int8 compiled step on the H200 (scripts/step_rules.py
+# --attention, thirteenth session), W=128: one tile 698.8-702.7 us, two blocks of 64 walked in
+# turn by one program 713.6, split and combined 715.3-721.2. W=256: one tile of 256 731.8, split
+# 721.7 (one program a head reads its keys slower than four do); merged by the last split
+# program to finish (an atomic count a head) instead of a combine kernel, 733-735 against 717-718.
 # TINYLLM_ATTN_TILE overrides it (0: always split).
 TILE = int(os.environ.get("TINYLLM_ATTN_TILE", "128"))
-# A split window of up to this many blocks is merged by the last of its programs to finish
-# (MERGE), with no combine kernel; more take the combine kernel, whose programs merge rows in
-# parallel. TINYLLM_ATTN_MERGE overrides it (0: always the combine kernel).
-MERGE_SPLITS = int(os.environ.get("TINYLLM_ATTN_MERGE", "8"))
 HEAD_DIMS = (32, 64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -90,9 +79,9 @@ def _rope(x, partner, c, s, D: tl.constexpr):
 def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
                   W, n_split, Hkv, R, scale,
                   sq_b, sq_h, sq_r, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sm_b, sm_n,
-                  kn_ptr, vn_ptr, cos_ptr, sin_ptr, pos_ptr, sn_b, sc_b, sp_b, cnt_ptr,
+                  kn_ptr, vn_ptr, cos_ptr, sin_ptr, pos_ptr, sn_b, sc_b, sp_b,
                   D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, NEW: tl.constexpr = False,
-                  ONE_PASS: tl.constexpr = False, MERGE: tl.constexpr = False, PDL: tl.constexpr = False):
+                  ONE_PASS: tl.constexpr = False, PDL: tl.constexpr = False):
     if PDL:  # every input may come from the kernels just before (the new key and value too)
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -165,49 +154,6 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
         tl.store(m_ptr + part, m_i, mask=row_ok)
         tl.store(l_ptr + part, l_i, mask=row_ok)
         tl.store(o_ptr + part[:, None] * D + cols[None, :], acc, mask=row_ok[:, None])
-        if MERGE:  # the last of the head's programs to finish merges every split, all R rows
-            tl.debug_barrier()  # every thread's stores made before the count is taken (released)
-            if tl.atomic_add(cnt_ptr + bh, 1, sem="acq_rel", scope="gpu") == n_split - 1:
-                tl.atomic_xchg(cnt_ptr + bh, 0, sem="relaxed", scope="gpu")  # zero for the next launch
-                _merge(m_ptr, l_ptr, o_ptr, out_ptr, bh, 0, n_split, R, D, BLOCK_R, MERGE_S)
-
-
-@triton.jit
-def _merge(m_ptr, l_ptr, o_ptr, out_ptr, bh, r0, n_split, R, D: tl.constexpr, BLOCK_R: tl.constexpr,
-           BLOCK_S: tl.constexpr):
-    """Merge head bh's splits for rows r0 .. r0 + BLOCK_R - 1 (those below R) and write them:
-    out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s, M = max_s m_s; a row with no key at
-    all gets 0 (not NaN). The partials are read from L2 (.cg): other programs wrote them."""
-    lanes = tl.arange(0, BLOCK_S)
-    rows = r0 + tl.arange(0, BLOCK_R)
-    cols = tl.arange(0, D)
-    # Each lane merges splits lane, lane + BLOCK_S, ... online; the lanes are merged at the end.
-    m_acc = tl.full([BLOCK_S, BLOCK_R], float("-inf"), tl.float32)
-    l_acc = tl.zeros([BLOCK_S, BLOCK_R], dtype=tl.float32)
-    o_acc = tl.zeros([BLOCK_S, BLOCK_R, D], dtype=tl.float32)
-    for start in range(0, n_split, BLOCK_S):
-        splits = start + lanes
-        ok = (splits < n_split)[:, None] & (rows < R)[None, :]  # (BLOCK_S, BLOCK_R)
-        part = (bh * n_split + splits[:, None]) * R + rows[None, :]
-        m = tl.load(m_ptr + part, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        lsum = tl.load(l_ptr + part, mask=ok, other=0.0, cache_modifier=".cg")
-        o = tl.load(o_ptr + part[:, :, None] * D + cols[None, None, :], mask=ok[:, :, None], other=0.0,
-                    cache_modifier=".cg")  # (BLOCK_S, BLOCK_R, D)
-        m_new = tl.maximum(m_acc, m)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a = tl.exp(m_acc - m_safe)
-        c = tl.exp(m - m_safe)
-        l_acc = l_acc * a + lsum * c
-        o_acc = o_acc * a[:, :, None] + o * c[:, :, None]
-        m_acc = m_new
-    big = tl.max(m_acc, axis=0)  # (BLOCK_R,)
-    big_safe = tl.where(big == float("-inf"), 0.0, big)
-    w = tl.exp(m_acc - big_safe[None, :])  # (BLOCK_S, BLOCK_R)
-    total = tl.sum(l_acc * w, axis=0)
-    acc = tl.sum(o_acc * w[:, :, None], axis=0)  # (BLOCK_R, D)
-    out = acc / tl.where(total > 0.0, total, 1.0)[:, None]  # no key at all: acc = 0, out = 0
-    tl.store(out_ptr + (bh * R + rows[:, None]) * D + cols[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=(rows < R)[:, None])
 
 
 @triton.jit
@@ -216,24 +162,35 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, n_split, R,
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    _merge(m_ptr, l_ptr, o_ptr, out_ptr, tl.program_id(0), tl.program_id(1), n_split, R, D, 1, BLOCK_S)
-
-
-_COUNTS: list[Tensor] = []  # every count buffer made: a captured graph may still use any of them
-
-
-def _counts(device: torch.device, n: int) -> Tensor | None:
-    """n zeroed int32 counts on `device` for the merge inside the split kernel, which leaves them
-    zero again; None while a CUDA graph is being captured and none that large exists yet (that
-    launch takes the combine kernel). One buffer serves every launch on the device: launches on
-    two streams at once would share it, and are not supported for split windows."""
-    for c in _COUNTS:
-        if c.device == device and c.numel() >= n:
-            return c
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None
-    _COUNTS.insert(0, torch.zeros(max(n, 1024), dtype=torch.int32, device=device))
-    return _COUNTS[0]
+    bh = tl.program_id(0)
+    r = tl.program_id(1)
+    lanes = tl.arange(0, BLOCK_S)
+    cols = tl.arange(0, D)
+    # Each lane merges splits lane, lane + BLOCK_S, ... online; the lanes are merged at the end.
+    m_acc = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    l_acc = tl.zeros([BLOCK_S], dtype=tl.float32)
+    o_acc = tl.zeros([BLOCK_S, D], dtype=tl.float32)
+    for start in range(0, n_split, BLOCK_S):
+        splits = start + lanes
+        ok = splits < n_split
+        part = (bh * n_split + splits) * R + r  # (BLOCK_S,)
+        m = tl.load(m_ptr + part, mask=ok, other=float("-inf"))
+        lsum = tl.load(l_ptr + part, mask=ok, other=0.0)
+        o = tl.load(o_ptr + part[:, None] * D + cols[None, :], mask=ok[:, None], other=0.0)  # (BLOCK_S, D)
+        m_new = tl.maximum(m_acc, m)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.exp(m_acc - m_safe)
+        c = tl.exp(m - m_safe)
+        l_acc = l_acc * a + lsum * c
+        o_acc = o_acc * a[:, None] + o * c[:, None]
+        m_acc = m_new
+    big = tl.max(m_acc, axis=0)
+    big_safe = tl.where(big == float("-inf"), 0.0, big)
+    w = tl.exp(m_acc - big_safe)  # (BLOCK_S,)
+    total = tl.sum(l_acc * w, axis=0)
+    acc = tl.sum(o_acc * w[:, None], axis=0)  # (D,)
+    out = acc / tl.where(total > 0.0, total, 1.0)  # no key at all: acc = 0, out = 0
+    tl.store(out_ptr + (bh * R + r) * D + cols, out.to(out_ptr.dtype.element_ty))
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, W: int, new=None) -> Tensor:
@@ -247,7 +204,6 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, W: int,
     block_r = max(16, triton.next_power_of_2(R))
     dev = q.device
     out = torch.empty((B, Hkv, R, D), dtype=v.dtype, device=dev)
-    counts = _counts(dev, B * Hkv) if 1 < n_split <= MERGE_SPLITS else None
     if one_pass:  # no scratch: the one program of each head writes `out` (the buffers go unread)
         m_buf = l_buf = o_buf = out
     else:
@@ -262,10 +218,9 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, W: int,
         k.stride(0), k.stride(1), k.stride(2), k.stride(3),
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
         mask.stride(0), mask.stride(3),
-        k_new, v_new, cos, sin, pos, k_new.stride(0), cos.stride(0), pos.stride(0), out if counts is None else counts,
-        D=D, BLOCK_R=block_r, BLOCK_N=block_n, NEW=new is not None, ONE_PASS=one_pass, MERGE=counts is not None,
-        **launch, num_warps=4 if block_n <= 128 else 8)
-    if not one_pass and counts is None:
+        k_new, v_new, cos, sin, pos, k_new.stride(0), cos.stride(0), pos.stride(0),
+        D=D, BLOCK_R=block_r, BLOCK_N=block_n, NEW=new is not None, ONE_PASS=one_pass, **launch)
+    if not one_pass:
         _combine_kernel[(B * Hkv, R)](m_buf, l_buf, o_buf, out, n_split, R, D=D, BLOCK_S=BLOCK_S, **launch)
     return out
 

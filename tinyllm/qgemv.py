@@ -8,9 +8,7 @@ Contract:
   With `gated`, W holds SwiGLU's gate and up rows and it returns silu(gate) * up in one kernel.
   With `norm` (an RMSNorm's weights (K,) and eps) it is the product of RMSNorm(x), and with
   `residual` (M, N) it returns residual + the product: both inside the same kernel.
-- `takes(x, weight_bytes)`: whether a layer calls it: `supported(x)`, and the matrix is not
-  one that a compiled step of one row leaves to Inductor (INDUCTOR_BYTES).
-- `supported(x)`: whether it can take x: Triton is installed (and not switched off with
+- `supported(x)`: whether to call it: Triton is installed (and not switched off with
   TINYLLM_QGEMV=0), x is on CUDA, and x has at most MAX_ROWS rows. Wider inputs (a prompt's
   prefill, a large engine batch) are better served by dequantizing once and one library
   matrix product, since the kernels read W again for each row.
@@ -40,19 +38,6 @@ MAX_ROWS = 4
 # already makes add + RMSNorm one kernel, it cost 16 us (832 against 817). So by default it
 # folds outside a compile only. TINYLLM_QGEMV_FOLD=0: never; =compiled: in the compiled step too.
 FOLD = os.environ.get("TINYLLM_QGEMV_FOLD", "plain")
-
-
-# Matrices of at most this many bytes (values, scales and offsets) take Inductor's generated
-# reduction in a compiled step of one row (QuantLinear._reduce, fused with the norm and the
-# gating around it, as model.linear does for a 16-bit matrix) rather than a kernel here.
-# TINYLLM_QGEMV_INDUCTOR_BYTES overrides it.
-INDUCTOR_BYTES = int(os.environ.get("TINYLLM_QGEMV_INDUCTOR_BYTES", "0"))
-
-
-def takes(x: Tensor, weight_bytes: int) -> bool:
-    """supported(x), and not a small matrix that Inductor reduces instead (INDUCTOR_BYTES)."""
-    return supported(x) and not (weight_bytes <= INDUCTOR_BYTES and x.shape[:-1].numel() == 1
-                                 and torch.compiler.is_compiling())
 
 
 def fold() -> bool:

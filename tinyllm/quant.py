@@ -181,7 +181,6 @@ class QuantLinear(Module):
         super().__init__()
         self.kind, self.group = qt.kind, qt.group
         self.out_features, self.in_features = qt.shape
-        self.weight_bytes = qt.nbytes  # values, scales and offsets
         self.key: int | None = None
         self._dtype = dtype
         device = torch.device("meta") if generic else qt.qweight.device
@@ -260,7 +259,7 @@ class QuantLinear(Module):
             y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).contiguous(), self.qweight,
                                                    self.act_scales.to(x.dtype))  # (M, N): see act_scales
             return y.view(*lead, -1)
-        if not self.generic and qgemv.takes(x, self.weight_bytes):  # CUDA, a few rows: the Triton kernels
+        if not self.generic and qgemv.supported(x):  # CUDA, a few rows: the Triton kernels
             y = qgemv.linear(x.reshape(-1, self.in_features), self.kind, self.qweight, self.scales, self.zeros,
                              self.group)  # (M, N)
             return y.view(*lead, -1)
@@ -274,7 +273,7 @@ class QuantLinear(Module):
         """residual + self(norm(x)) as one kernel (model.linear): on CUDA, for a few rows, the
         norm (a model.RMSNorm) and the residual (..., N) folded into the product (tinyllm.qgemv);
         None elsewhere, and the caller runs them apart."""
-        if self.generic or not qgemv.takes(x, self.weight_bytes) or not (qgemv.fold() or norm is None and residual is None):
+        if self.generic or not qgemv.supported(x) or not (qgemv.fold() or norm is None and residual is None):
             return None
         lead = x.shape[:-1]
         y = qgemv.linear(x.reshape(-1, self.in_features), self.kind, self.qweight, self.scales, self.zeros, self.group,
@@ -289,7 +288,7 @@ class QuantLinear(Module):
         (tinyllm.cpu_qgemv.ffn) where both layers run the AVX2 kernel; None otherwise, and the
         caller runs the layers."""
         lead = x.shape[:-1]
-        if not self.generic and qgemv.takes(x, self.weight_bytes):
+        if not self.generic and qgemv.supported(x):
             fold = qgemv.fold()
             h = qgemv.linear((x if fold else norm(x)).reshape(-1, self.in_features), self.kind, self.qweight,
                              self.scales, self.zeros, self.group, gated=True,

@@ -127,16 +127,14 @@ cuda = pytest.mark.cuda
 @cuda
 @pytest.mark.parametrize("W", [128, 256, 1000, 2048])
 @pytest.mark.parametrize("D", [32, 64, 128])
-@pytest.mark.parametrize("policy", ["default", "combine", "merge"])
-def test_against_window_attention_and_float64(W, D, policy, monkeypatch):
-    """policy: the defaults (W = 128 one tile, 256 split and merged in the kernel, 1000 and
-    2048 split and combined); every window split and combined; every window split and merged
-    in the kernel (2048: 32 splits, the merge loops over them)."""
+@pytest.mark.parametrize("tile", [None, 0])
+def test_against_window_attention_and_float64(W, D, tile, monkeypatch):
+    """tile: the default (W = 128 one tile a head, the longer windows split and combined), or 0:
+    every window split and combined."""
     from tinyllm import decode_attention_triton as T
 
-    if policy != "default":
-        monkeypatch.setattr(T, "TILE", 0)
-        monkeypatch.setattr(T, "MERGE_SPLITS", 0 if policy == "combine" else 64)
+    if tile is not None:
+        monkeypatch.setattr(T, "TILE", tile)
     for B in (1, 2):
         for Hkv in (1, 3, 4):
             for R in (1, 3, 8):
@@ -313,9 +311,8 @@ INTERPRETED = textwrap.dedent("""
         (1, 1, 3, 64, 2200, [0], [2150]),  # 35 splits: the combine loops twice
     ]
     from tests.tinyllm.test_decode_attention import check_rope_case
-    # split and combined at every window; split and merged in the kernel; one tile a head
-    for tile, merge in ((0, 0), (0, 64), (4096, 0)):
-        T.TILE, T.MERGE_SPLITS = tile, merge
+    for tile in (0, 4096):  # split and combined at every window; then one tile a head at every window
+        T.TILE = tile
         for B, Hkv, R, D, W, fv, pos in cases:
             q, k, v = make_case(B, Hkv, R, D, W, dtype=torch.float16, device="cpu", seed=W)
             mask = window_mask(W, fv, pos, device="cpu")
@@ -367,25 +364,23 @@ def test_kernels_compile_for_the_h200_without_a_gpu(D):
 
     target = GPUTarget("cuda", 90, 32)
     types = (["*bf16"] * 3 + ["*i1"] + ["*fp32"] * 3 + ["*bf16"] + ["i32"] * 4 + ["fp32"] + ["i32"] * 14
-             + ["*bf16"] * 2 + ["*fp32"] * 2 + ["*i64"] + ["i32"] * 3 + ["*i32"] + ["constexpr"] * 7)
+             + ["*bf16"] * 2 + ["*fp32"] * 2 + ["*i64"] + ["i32"] * 3 + ["constexpr"] * 6)
     sig = dict(zip(T._split_kernel.arg_names, types, strict=True))
-    def split_kernel(block_n=64, new=True, one_pass=False, merge=False):
+    def split_kernel(block_n=64, new=True, one_pass=False):
         # every flag named: Triton's compile cache keys a partial dict of constexprs by its values alone
-        flags = {"D": D, "BLOCK_R": 16, "BLOCK_N": block_n, "NEW": new, "ONE_PASS": one_pass, "MERGE": merge,
-                 "PDL": True}
+        flags = {"D": D, "BLOCK_R": 16, "BLOCK_N": block_n, "NEW": new, "ONE_PASS": one_pass, "PDL": True}
         return triton.compile(ASTSource(T._split_kernel, sig, constexprs=flags), target=target)
 
     fused = split_kernel()
     assert "mma" in fused.asm["ptx"] and fused.asm["cubin"]
-    split, one_pass, merge = split_kernel(new=False), split_kernel(one_pass=True), split_kernel(merge=True)
+    split, one_pass = split_kernel(new=False), split_kernel(one_pass=True)
     tile = split_kernel(block_n=128, one_pass=True)  # a window of 128 keys in one tile
-    assert "atom.global.gpu.acq_rel" in merge.asm["ptx"] and "ld.global.cg" in merge.asm["ptx"]
     sig2 = {"m_ptr": "*fp32", "l_ptr": "*fp32", "o_ptr": "*fp32", "out_ptr": "*bf16", "n_split": "i32", "R": "i32",
             "D": "constexpr", "BLOCK_S": "constexpr", "PDL": "constexpr"}
     combine = triton.compile(ASTSource(T._combine_kernel, sig2, constexprs={"D": D, "BLOCK_S": 32, "PDL": True}),
                              target=target)
     assert "mma" in split.asm["ptx"] and split.asm["cubin"] and combine.asm["cubin"]
-    assert "mma" in one_pass.asm["ptx"] and one_pass.asm["cubin"] and tile.asm["cubin"] and merge.asm["cubin"]
-    for kernel in (split, combine, one_pass, tile, merge):  # PDL: each waits on the kernel before it before any load
+    assert "mma" in one_pass.asm["ptx"] and one_pass.asm["cubin"] and tile.asm["cubin"]
+    for kernel in (split, combine, one_pass, tile):  # PDL: each waits on the kernel before it before any load
         ptx = kernel.asm["ptx"]
         assert "griddepcontrol.wait" in ptx and ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
