@@ -137,6 +137,7 @@ class _StaticDecode:
         k_pos = torch.arange(self.window, device=c.pos.device)  # (W,)
         valid = (k_pos <= c.pos) & (k_pos >= c.first_valid[:, None])  # (B, W)
         self.attn_kwargs = {"attn_mask": valid[:, None, None, :]}  # (B, 1, 1, W)
+        self.rope = rope  # its tables, for rope_attend
         return rope.cos.index_select(0, c.pos), rope.sin.index_select(0, c.pos)
 
     def layer(self, i: int) -> ViewLayer:
@@ -150,11 +151,15 @@ class _StaticDecode:
 
     def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> Tensor | None:
         """Layer i's RoPE, cache write at pos and attention over the window, one op on CUDA:
-        qkv (B, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D); None where the op can't take them."""
-        c, mask = self.cache, self.attn_kwargs["attn_mask"]
-        if not decode_attention.rope_supported(qkv, c.k[i], c.v[i], mask):
+        qkv (B, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D); None where the op can't take them.
+        The op reads the rotary tables at pos and builds the window's mask from pos and
+        first_valid itself (cos, sin and attn_kwargs are the same values, left unused): inputs
+        the step already holds, which Inductor hands to every layer's call as they are."""
+        c = self.cache
+        if not decode_attention.rope_supported(qkv, c.k[i], c.v[i]):
             return None
-        return decode_attention.rope_decode_attention(qkv, cos, sin, c.pos, c.k[i], c.v[i], mask, scale)
+        return decode_attention.rope_decode_attention(qkv, self.rope.cos, self.rope.sin, c.pos, c.first_valid,
+                                                      c.k[i], c.v[i], self.window, scale)
 
     def end_step(self, T: int) -> None:
         self.cache.pos.add_(1)  # captured into the graph; the host copy moves in advance_host()

@@ -16,10 +16,10 @@ Contract:
   otherwise. On a CPU the op (`torch.ops.tinyllm_cpu.decode_attention`) agrees with
   window_attention to fp32 rounding in fp32 (the order of the sums), to bf16 rounding in bf16
   (scores and weights are not rounded to bf16), and also gives 0 to a row with no key.
-- `rope_decode_attention(qkv, cos, sin, pos, k_cache, v_cache, mask, scale) -> Tensor`: RoPE,
-  the cache write and the attention of a decode step in one op (decode_attention_triton
+- `rope_decode_attention(qkv, cos, sin, pos, first_valid, k_cache, v_cache, window, scale)`:
+  RoPE, the cache write and the attention of a decode step in one op (decode_attention_triton
   states its contract); its slow twin is model.apply_rope, an index_copy_ into the caches and
-  window_attention. `rope_supported(qkv, k_cache, v_cache, mask)` says when it takes its inputs
+  window_attention. `rope_supported(qkv, k_cache, v_cache)` says when it takes its inputs
   (never with TINYLLM_ROPE_ATTN=0, which keeps RoPE and the cache write apart, to measure).
 - `available()`: whether Triton is installed (and not switched off: TINYLLM_DECODE_ATTN=0).
   Importing this module never imports Triton (CPU-only installs and CI have none): the
@@ -78,16 +78,17 @@ def _cpu_supported(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> bool:
             and mask.shape[1:] == (1, 1, k.shape[2]))
 
 
-def rope_supported(qkv: Tensor, k_cache: Tensor, v_cache: Tensor, mask: Tensor) -> bool:
-    return (_HAS_TRITON and _FUSED and qkv.is_cuda and k_cache.shape[-1] in HEAD_DIMS and mask.dtype == torch.bool
+def rope_supported(qkv: Tensor, k_cache: Tensor, v_cache: Tensor) -> bool:
+    return (_HAS_TRITON and _FUSED and qkv.is_cuda and k_cache.shape[-1] in HEAD_DIMS
             and qkv.dtype == k_cache.dtype == v_cache.dtype and qkv.dtype in (torch.bfloat16, torch.float16))
 
 
-def rope_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor,
-                          mask: Tensor, scale: float) -> Tensor:
+def rope_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, first_valid: Tensor, k_cache: Tensor,
+                          v_cache: Tensor, window: int, scale: float) -> Tensor:
     from tinyllm import decode_attention_triton
 
-    return decode_attention_triton.rope_decode_attention(qkv, cos, sin, pos, k_cache, v_cache, mask, scale)
+    return decode_attention_triton.rope_decode_attention(qkv, cos, sin, pos, first_valid, k_cache, v_cache, window,
+                                                         scale)
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:

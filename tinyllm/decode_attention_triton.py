@@ -6,21 +6,27 @@ Contract: importing this module imports Triton (it fails where Triton is missing
   `model.window_attention`: q (B, Hkv, R, D), k and v (B, Hkv, W, D) (any strides: slices of
   a larger cache are read in place), mask (B, 1, 1, W) bool, True = attend; returns
   (B, Hkv, R, D) in v's dtype. q, k, v share one dtype, bf16 or fp16; D is 32, 64 or 128.
-- `torch.ops.tinyllm.rope_decode_attention(qkv, cos, sin, pos, k_cache, v_cache, mask, scale)`:
-  a decode step's RoPE, cache write and attention in one. qkv (B, (Hkv R + 2 Hkv) D) is the
-  step's q, k, v projections before RoPE (model.Attention's wqkv); cos, sin (P, D/2) fp32 and
-  pos (P,) long, P = 1 (every row at one position) or B; k_cache, v_cache (B, Hkv, rows, D);
-  mask (B, 1, 1, W) over the first W <= rows positions. It rotates q and the new key, writes
-  the new key and value at pos into the caches (the only inputs it mutates), and returns
-  attention over the first W keys, (B, Hkv, R, D): what `model.apply_rope`, an index_copy_
-  into the caches and `decode_attention` on their first W keys give, to bf16 rounding.
+- `torch.ops.tinyllm.rope_decode_attention(qkv, cos, sin, pos, first_valid, k_cache, v_cache,
+  window, scale)`: a decode step's RoPE, cache write and attention in one. qkv
+  (B, (Hkv R + 2 Hkv) D) is the step's q, k, v projections before RoPE (model.Attention's
+  wqkv); cos, sin (L, D/2) fp32 the rotary tables (model.Rope), read at row pos; pos (P,) long,
+  P = 1 (every row at one position) or B; first_valid (B,) long; k_cache, v_cache
+  (B, Hkv, rows, D); window W <= rows. Row b attends keys first_valid[b] .. pos[b] of the first
+  W (the mask _StaticDecode.begin_step builds). It rotates q and the new key, writes the new
+  key and value at pos into the caches (the only inputs it mutates), and returns attention
+  over the first W keys, (B, Hkv, R, D): what `model.apply_rope`, an index_copy_ into the
+  caches and `decode_attention` on their first W keys give, to bf16 rounding. Every input is
+  a tensor the step already holds (the tables, the cache's positions): in a compiled step
+  Inductor computed a per-step cos, sin and mask into a copy of its own for each layer's call
+  (14 small kernels a step for the 1.1B, thirteenth session).
 
 Two kernels:
 - `_split_kernel`, grid (B*Hkv, cdiv(W, BLOCK_N)): one program per KV head and block of
   BLOCK_N keys. It computes the R rows' scores (fp32), masks them, and writes the block's
   partial max m (R,), sum l = sum(exp(s - m)) (R,) and o = exp(s - m) @ v (R, D), fp32.
   A block with no key to attend writes m = -inf, l = 0, o = 0. For the fused op (NEW) each
-  program also rotates q and the new key itself (a few hundred values), takes position pos
+  program also rotates q and the new key itself (a few hundred values), computes its mask from
+  pos and first_valid, takes position pos
   from the new key and value instead of the cache, and the program whose block holds pos
   writes them into the cache: no other program reads that position.
 - `_combine_kernel`, grid (B*Hkv, R): one program per query row merges the splits,
@@ -79,7 +85,7 @@ def _rope(x, partner, c, s, D: tl.constexpr):
 def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
                   W, n_split, Hkv, R, scale,
                   sq_b, sq_h, sq_r, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sm_b, sm_n,
-                  kn_ptr, vn_ptr, cos_ptr, sin_ptr, pos_ptr, sn_b, sc_b, sp_b,
+                  kn_ptr, vn_ptr, cos_ptr, sin_ptr, pos_ptr, fv_ptr, sn_b, sc_p, sp_b,
                   D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, NEW: tl.constexpr = False,
                   ONE_PASS: tl.constexpr = False, PDL: tl.constexpr = False):
     if PDL:  # every input may come from the kernels just before (the new key and value too)
@@ -97,8 +103,9 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
     q_at = q_ptr + b * sq_b + h * sq_h + rows[:, None] * sq_r  # (BLOCK_R, 1)
     if NEW:  # q, and the new key and value (RoPE'd here), at position p of row b
         p = tl.load(pos_ptr + b * sp_b)
-        c = tl.load(cos_ptr + b * sc_b + cols % (D // 2))  # (D,) fp32
-        s = tl.load(sin_ptr + b * sc_b + cols % (D // 2))
+        fv = tl.load(fv_ptr + b)  # the row attends keys fv..p
+        c = tl.load(cos_ptr + p * sc_p + cols % (D // 2))  # (D,) fp32: row p of the table
+        s = tl.load(sin_ptr + p * sc_p + cols % (D // 2))
         half = (cols + D // 2) % D  # each element's partner
         q = _rope(tl.load(q_at + cols[None, :] * sq_d, mask=row_ok[:, None], other=0.0),
                   tl.load(q_at + half[None, :] * sq_d, mask=row_ok[:, None], other=0.0), c, s, D)  # (BLOCK_R, D)
@@ -116,7 +123,10 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
     for blk in range(first, last):
         keys = blk * BLOCK_N + tl.arange(0, BLOCK_N)
         key_in = keys < W
-        attend = tl.load(mask_ptr + b * sm_b + keys * sm_n, mask=key_in, other=0) != 0  # (BLOCK_N,)
+        if NEW:
+            attend = key_in & (keys <= p) & (keys >= fv)  # (BLOCK_N,)
+        else:
+            attend = tl.load(mask_ptr + b * sm_b + keys * sm_n, mask=key_in, other=0) != 0
         if NEW:
             cached = key_in & (keys != p)  # position p is read from the new key and value, not the cache
         else:
@@ -193,10 +203,11 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, n_split, R,
     tl.store(out_ptr + (bh * R + r) * D + cols, out.to(out_ptr.dtype.element_ty))
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, W: int, new=None) -> Tensor:
-    """Both kernels over the first W keys of k and v; new = (k_new, v_new, cos, sin, pos), the
-    fused op's extra inputs, or None."""
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, W: int, new=None) -> Tensor:
+    """The kernels over the first W keys of k and v; new = (k_new, v_new, cos, sin, pos,
+    first_valid), the fused op's extra inputs (then no mask), or None."""
     B, Hkv, R, D = q.shape
+    mask = q.new_zeros((), dtype=torch.bool) if mask is None else mask
     mask = mask.expand(B, 1, 1, W)  # a view: a batch-broadcast mask gets stride 0
     one_pass = W <= TILE
     block_n = triton.next_power_of_2(max(W, 16)) if one_pass else BLOCK_N  # keys a program reads
@@ -210,7 +221,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, W: int,
         m_buf = torch.empty((B * Hkv, n_split, R), dtype=torch.float32, device=dev)  # each split's max
         l_buf = torch.empty((B * Hkv, n_split, R), dtype=torch.float32, device=dev)  # and sum of exp
         o_buf = torch.empty((B * Hkv, n_split, R, D), dtype=torch.float32, device=dev)  # and exp @ v
-    k_new, v_new, cos, sin, pos = new or (q, q, q, q, q)  # unused without NEW
+    k_new, v_new, cos, sin, pos, first_valid = new or (q, q, q, q, q, q)  # unused without NEW
     launch = pdl.launch_options(dev)
     _split_kernel[(B * Hkv, n_split)](
         q, k, v, mask, m_buf, l_buf, o_buf, out, W, n_split, Hkv, R, scale,
@@ -218,18 +229,18 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, W: int,
         k.stride(0), k.stride(1), k.stride(2), k.stride(3),
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
         mask.stride(0), mask.stride(3),
-        k_new, v_new, cos, sin, pos, k_new.stride(0), cos.stride(0), pos.stride(0),
+        k_new, v_new, cos, sin, pos, first_valid, k_new.stride(0), cos.stride(0), pos.stride(0),
         D=D, BLOCK_R=block_r, BLOCK_N=block_n, NEW=new is not None, ONE_PASS=one_pass, **launch)
     if not one_pass:
         _combine_kernel[(B * Hkv, R)](m_buf, l_buf, o_buf, out, n_split, R, D=D, BLOCK_S=BLOCK_S, **launch)
     return out
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> None:
+def _check(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
     D = q.shape[-1]
     torch._check(D in HEAD_DIMS, lambda: f"head dim {D} not in {HEAD_DIMS}")
     torch._check(q.dtype == k.dtype == v.dtype and v.dtype in DTYPES, lambda: "q, k, v: one dtype, bf16 or fp16")
-    torch._check(mask.dtype == torch.bool, lambda: "mask must be bool")
+    torch._check(mask is None or mask.dtype == torch.bool, lambda: "mask must be bool")
 
 
 @torch.library.custom_op("tinyllm::decode_attention", mutates_args=())
@@ -250,22 +261,21 @@ def _heads(qkv: Tensor, k_cache: Tensor) -> tuple[int, int, int, int]:
 
 
 @torch.library.custom_op("tinyllm::rope_decode_attention", mutates_args=("k_cache", "v_cache"))
-def rope_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor,
-                          mask: Tensor, scale: float) -> Tensor:
+def rope_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, first_valid: Tensor, k_cache: Tensor,
+                          v_cache: Tensor, window: int, scale: float) -> Tensor:
     B, Hkv, R, D = _heads(qkv, k_cache)
-    W = mask.shape[-1]
     torch._check(qkv.shape == (B, (R + 2) * Hkv * D) and qkv.stride(1) == 1 and k_cache.shape == v_cache.shape
-                 and W <= k_cache.shape[2] and cos.shape[-1] == D // 2,
+                 and window <= k_cache.shape[2] and cos.shape[-1] == D // 2 and first_valid.shape == (B,),
                  lambda: "rope_decode_attention: shapes disagree")
     q_dim, kv_dim = R * Hkv * D, Hkv * D
     q = qkv[:, :q_dim].view(B, Hkv, R, D)  # a view: strides (row stride, R D, D, 1)
-    _check(q, k_cache, v_cache, mask)
-    new = (qkv[:, q_dim:], qkv[:, q_dim + kv_dim:], cos.expand(B, D // 2), sin.expand(B, D // 2), pos.expand(B))
-    return _attend(q, k_cache, v_cache, mask, scale, W, new)
+    _check(q, k_cache, v_cache, None)
+    new = (qkv[:, q_dim:], qkv[:, q_dim + kv_dim:], cos, sin, pos.expand(B), first_valid)
+    return _attend(q, k_cache, v_cache, None, scale, window, new)
 
 
 @rope_decode_attention.register_fake
-def _(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, mask: Tensor,
-      scale: float) -> Tensor:
+def _(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, first_valid: Tensor, k_cache: Tensor, v_cache: Tensor,
+      window: int, scale: float) -> Tensor:
     B, Hkv, R, D = _heads(qkv, k_cache)
     return qkv.new_empty((B, Hkv, R, D))

@@ -82,7 +82,8 @@ def check_rope_case(B, Hkv, R, D, W, first_valid, pos, *, dtype=torch.bfloat16, 
         for x in (kc, vc, kc_ref, vc_ref):
             x[b, :, pos + 1:], x[b, :, :first_valid[b]] = float("nan"), float("nan")
         kc[b, :, pos], vc[b, :, pos] = float("nan"), float("nan")  # the kernel's to write
-    y = da.rope_decode_attention(qkv, cos, sin, p, kc, vc, mask, scale)  # writes kc, vc at pos
+    fv = torch.tensor(first_valid, device=device)
+    y = da.rope_decode_attention(qkv, rope.cos, rope.sin, p, fv, kc, vc, W, scale)  # writes kc, vc at pos
     case = (B, Hkv, R, D, W, first_valid, pos)
     assert y.shape == (B, Hkv, R, D) and y.dtype == dtype, case
     assert rel_err(y, ref) < tol, (case, rel_err(y, ref))
@@ -104,15 +105,15 @@ def check_compiled_rope_in_place(device="cuda", dtype=torch.bfloat16):
     qkv = torch.randn(B, (R + 2) * Hkv * D, generator=g).to(device, dtype)
     kc = torch.randn(B, Hkv, rows, D, generator=g).to(device, dtype)
     vc = torch.randn(B, Hkv, rows, D, generator=g).to(device, dtype)
-    cos, sin = torch.rand(1, D // 2, device=device), torch.rand(1, D // 2, device=device)
-    p, mask = torch.tensor([pos], device=device), window_mask(W, [0, 9], [pos, pos], device=device)
+    cos, sin = torch.rand(rows, D // 2, device=device), torch.rand(rows, D // 2, device=device)
+    p, fv = torch.tensor([pos], device=device), torch.tensor([0, 9], device=device)
 
-    def step(qkv, kc, vc, cos, sin, p, mask):
-        return da.rope_decode_attention(qkv * 1.0, cos, sin, p, kc, vc, mask, D ** -0.5).float() * 2.0
+    def step(qkv, kc, vc, cos, sin, p, fv):
+        return da.rope_decode_attention(qkv * 1.0, cos, sin, p, fv, kc, vc, W, D ** -0.5).float() * 2.0
 
     kc2, vc2 = kc.clone(), vc.clone()
-    want = step(qkv, kc2, vc2, cos, sin, p, mask)
-    got, codes = run_and_get_code(torch.compile(step, fullgraph=True, dynamic=True), qkv, kc, vc, cos, sin, p, mask)
+    want = step(qkv, kc2, vc2, cos, sin, p, fv)
+    got, codes = run_and_get_code(torch.compile(step, fullgraph=True, dynamic=True), qkv, kc, vc, cos, sin, p, fv)
     code = "\n".join(codes)
     assert "rope_decode_attention.default(" in code and "copy_(" not in code and "clone" not in code, code
     assert torch.equal(got, want) and torch.equal(kc, kc2) and torch.equal(vc, vc2)
@@ -364,7 +365,7 @@ def test_kernels_compile_for_the_h200_without_a_gpu(D):
 
     target = GPUTarget("cuda", 90, 32)
     types = (["*bf16"] * 3 + ["*i1"] + ["*fp32"] * 3 + ["*bf16"] + ["i32"] * 4 + ["fp32"] + ["i32"] * 14
-             + ["*bf16"] * 2 + ["*fp32"] * 2 + ["*i64"] + ["i32"] * 3 + ["constexpr"] * 6)
+             + ["*bf16"] * 2 + ["*fp32"] * 2 + ["*i64"] * 2 + ["i32"] * 3 + ["constexpr"] * 6)
     sig = dict(zip(T._split_kernel.arg_names, types, strict=True))
     def split_kernel(block_n=64, new=True, one_pass=False):
         # every flag named: Triton's compile cache keys a partial dict of constexprs by its values alone
