@@ -18,7 +18,7 @@ Contract: importing this module imports Triton (it fails where Triton is missing
   caches and `decode_attention` on their first W keys give, to bf16 rounding. Every input is
   a tensor the step already holds (the tables, the cache's positions): in a compiled step
   Inductor computed a per-step cos, sin and mask into a copy of its own for each layer's call
-  (14 small kernels a step for the 1.1B, thirteenth session).
+  (14 small kernels a step for the 1.1B, fourteenth session).
 
 Two kernels:
 - `_split_kernel`, grid (B*Hkv, cdiv(W, BLOCK_N)): one program per KV head and block of
@@ -62,7 +62,7 @@ BLOCK_N = 64  # keys a split program reads
 BLOCK_S = 32  # splits the combine program reads at once (it loops over more)
 # A window of up to TILE keys takes one program a head, one tile of keys (ONE_PASS): one kernel
 # a layer, no combine. Measured in the 1.1B int8 compiled step on the H200 (scripts/step_rules.py
-# --attention, thirteenth session), W=128: one tile 698.8-702.7 us, two blocks of 64 walked in
+# --attention, fourteenth session), W=128: one tile 698.8-702.7 us, two blocks of 64 walked in
 # turn by one program 713.6, split and combined 715.3-721.2. W=256: one tile of 256 731.8, split
 # 721.7 (one program a head reads its keys slower than four do); merged by the last split
 # program to finish (an atomic count a head) instead of a combine kernel, 733-735 against 717-718.
