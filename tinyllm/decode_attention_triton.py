@@ -207,8 +207,8 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, 
     """The kernels over the first W keys of k and v; new = (k_new, v_new, cos, sin, pos,
     first_valid), the fused op's extra inputs (then no mask), or None."""
     B, Hkv, R, D = q.shape
-    mask = q.new_zeros((), dtype=torch.bool) if mask is None else mask
-    mask = mask.expand(B, 1, 1, W)  # a view: a batch-broadcast mask gets stride 0
+    if mask is not None:
+        mask = mask.expand(B, 1, 1, W)  # a view: a batch-broadcast mask gets stride 0
     one_pass = W <= TILE
     block_n = triton.next_power_of_2(max(W, 16)) if one_pass else BLOCK_N  # keys a program reads
     n_split = 1 if one_pass else triton.cdiv(W, block_n)
@@ -224,11 +224,11 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, 
     k_new, v_new, cos, sin, pos, first_valid = new or (q, q, q, q, q, q)  # unused without NEW
     launch = pdl.launch_options(dev)
     _split_kernel[(B * Hkv, n_split)](
-        q, k, v, mask, m_buf, l_buf, o_buf, out, W, n_split, Hkv, R, scale,
+        q, k, v, q if mask is None else mask, m_buf, l_buf, o_buf, out, W, n_split, Hkv, R, scale,  # no mask: unread
         q.stride(0), q.stride(1), q.stride(2), q.stride(3),
         k.stride(0), k.stride(1), k.stride(2), k.stride(3),
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
-        mask.stride(0), mask.stride(3),
+        0 if mask is None else mask.stride(0), 0 if mask is None else mask.stride(3),
         k_new, v_new, cos, sin, pos, first_valid, k_new.stride(0), cos.stride(0), pos.stride(0),
         D=D, BLOCK_R=block_r, BLOCK_N=block_n, NEW=new is not None, ONE_PASS=one_pass, **launch)
     if not one_pass:
