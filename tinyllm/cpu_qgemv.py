@@ -13,6 +13,10 @@ Contract:
   torch.compile(fullgraph=True) graph keeps them. x is quantized to int8 in blocks of 32 inside
   (as llama.cpp does), so results differ from x @ dequantize(qt).T by that rounding: about
   max|x block| / 254 per element of x, summed over K with the weights.
+  One-row products (decode) use AVX512-VNNI where the CPU has it (`vpdpbusd`, two blocks of 32
+  an instruction), else AVX2; both give the same sums up to fp32 rounding.
+  `use_vnni(on) -> bool` picks the path for the products that follow (on: VNNI where the CPU
+  has it) and returns the setting before; TINYLLM_CPU_VNNI=0 keeps AVX2 from the start.
 - `loaded() -> bool`: whether `available()` has already said yes here (no build).
 - `mm_half(x, w)`: x fp32 (M, K) times a bf16 or fp16 (N, K) matrix's transpose -> (M, N) fp32,
   in fp32 (x is not rounded): the compiled CPU step's product for matrices held at 16 bits
@@ -163,6 +167,12 @@ def ffn(x: Tensor, w13: QParts, w2: QParts) -> Tensor:
         gate, up = linear(x, *w13).chunk(2, dim=-1)
         return linear(torch.nn.functional.silu(gate) * up, *w2)
     return torch.ops.tinyllm_cpu.qmm_ffn(x, *w13, *w2)
+
+
+def use_vnni(on: bool) -> bool:
+    """One-row products through AVX512-VNNI (on, where the CPU has it) or AVX2 (off); returns
+    the setting before. use_vnni(True) twice says whether this CPU has VNNI."""
+    return torch.ops.tinyllm_cpu.use_vnni(on)
 
 
 def qmm_int8(x: Tensor, qweight: Tensor, scales: Tensor) -> Tensor:

@@ -42,10 +42,21 @@ CASES = [("int8", 32, n, k) for n, k in ((1, 64), (7, 96), (13, 70), (5, 31), (1
 CASES += [("int4", g, n, k) for g in (32, 64) for n, k in ((1, 64), (7, 128), (13, 192), (130, 576))]
 
 
+@pytest.fixture(params=["vnni", "avx2"])
+def path(request):
+    """Each one-row path of the kernel in turn (use_vnni): VNNI only where the CPU has it."""
+    before = cpu_qgemv.use_vnni(request.param == "vnni")
+    if request.param == "vnni" and not cpu_qgemv.use_vnni(True):
+        cpu_qgemv.use_vnni(before)
+        pytest.skip("this CPU has no AVX512-VNNI")
+    yield request.param
+    cpu_qgemv.use_vnni(before)
+
+
 @needs_kernel
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("kind,group,n,k", CASES)
-def test_kernel_equals_the_quantized_x_times_the_dequantized_matrix(kind, group, n, k, threads):
+def test_kernel_equals_the_quantized_x_times_the_dequantized_matrix(kind, group, n, k, threads, path):
     g = torch.Generator().manual_seed(n * k)
     qt = quantize(torch.randn(n, k, generator=g), kind, group)
     w = qt.dequantize()  # (N, K)
@@ -63,6 +74,45 @@ def test_kernel_equals_the_quantized_x_times_the_dequantized_matrix(kind, group,
             assert (err <= x.abs().max(1, keepdim=True).values / 254 * w.abs().sum(1) + 1e-4).all()
     finally:
         torch.set_num_threads(before)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind,group,half", [("int8", 32, False), ("int4", 32, True), ("int4", 32, False),
+                                             ("int4", 64, True)])
+def test_the_vnni_rows_equal_the_avx2_rows(kind, group, half):
+    """The one-row VNNI path against the AVX2 tiles (its slow twin) on the same quantized x:
+    every block count's pairs and odd last block, int8 tails past whole blocks, fp16 and fp32
+    scales, both halves of the fused feed-forward."""
+    before = cpu_qgemv.use_vnni(True)
+    try:
+        if not cpu_qgemv.use_vnni(True):
+            pytest.skip("this CPU has no AVX512-VNNI")
+        g = torch.Generator().manual_seed(group)
+        for n, k in ((1, 64), (9, 96), (33, 160), (130, 576), (64, 1536)) + (((5, 70), (3, 31)) if kind == "int8" else ()):
+            if kind == "int4" and k % group:
+                continue
+            qt = quantize(torch.randn(n, k, generator=g), kind, group)
+            if half:
+                qt = QTensor(qt.kind, qt.qweight, qt.scales.half(), qt.zeros.half())
+            x = torch.randn(1, k, generator=g)
+            ys = []
+            for on in (True, False):
+                cpu_qgemv.use_vnni(on)
+                ys.append(product(x, qt))
+            scale = (x.abs() @ qt.dequantize().abs().T).max()
+            assert (ys[0] - ys[1]).abs().max() <= 1e-5 * scale, (n, k)
+        w13 = quantize(torch.randn(2 * 96, 128, generator=g), kind, group)
+        w2 = quantize(torch.randn(128, 96, generator=g), kind, 32)
+        x = torch.randn(1, 128, generator=g)
+        ys = []
+        for on in (True, False):
+            cpu_qgemv.use_vnni(on)
+            ys.append(torch.ops.tinyllm_cpu.qmm_ffn(x, w13.qweight, w13.scales, w13.zeros, w2.qweight, w2.scales,
+                                                    w2.zeros))
+        # the hidden row is quantized again: an element at a rounding tie may go either way
+        assert (ys[0] - ys[1]).abs().max() <= 2e-3 * ys[1].abs().max()
+    finally:
+        cpu_qgemv.use_vnni(before)
 
 
 @needs_kernel
