@@ -301,9 +301,9 @@ bool cpu_has_vnni() {
 }
 std::atomic<bool> g_vnni{cpu_has_vnni()};
 
-// The use_vnni op: int8 rows through int8_rows_vnni (on, where the CPU has it) or the AVX2 tile
-// (off), for the products that start after it; returns the setting before. Tests compare the
-// two paths in one process.
+// The use_vnni op: one-row products through int8_row_vnni / int4_row_vnni (on, where the CPU has
+// it) or the AVX2 tiles (off), for the products that start after it; returns the setting
+// before. Tests compare the two paths in one process.
 bool use_vnni(bool on) { return g_vnni.exchange(on && cpu_has_vnni()); }
 
 // Rows n0..n0+R-1 of an int8 W against activation rows m0..m0+MT-1; y[m * ldy + n - yc0].
