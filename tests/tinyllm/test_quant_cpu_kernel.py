@@ -42,15 +42,23 @@ CASES = [("int8", 32, n, k) for n, k in ((1, 64), (7, 96), (13, 70), (5, 31), (1
 CASES += [("int4", g, n, k) for g in (32, 64) for n, k in ((1, 64), (7, 128), (13, 192), (130, 576))]
 
 
+def vnni_here() -> bool:
+    """Whether this CPU takes the VNNI rows (use_vnni(True) answers what it set); leaves them on."""
+    cpu_qgemv.use_vnni(True)
+    return cpu_qgemv.use_vnni(True)
+
+
 @pytest.fixture(params=["vnni", "avx2"])
 def path(request):
     """Each one-row path of the kernel in turn (use_vnni): VNNI only where the CPU has it."""
-    before = cpu_qgemv.use_vnni(request.param == "vnni")
-    if request.param == "vnni" and not cpu_qgemv.use_vnni(True):
+    before = cpu_qgemv.use_vnni(True)
+    try:
+        if request.param == "vnni" and not vnni_here():
+            pytest.skip("this CPU has no AVX512-VNNI")
+        cpu_qgemv.use_vnni(request.param == "vnni")
+        yield request.param
+    finally:
         cpu_qgemv.use_vnni(before)
-        pytest.skip("this CPU has no AVX512-VNNI")
-    yield request.param
-    cpu_qgemv.use_vnni(before)
 
 
 @needs_kernel
@@ -85,7 +93,7 @@ def test_the_vnni_rows_equal_the_avx2_rows(kind, group, half):
     scales, both halves of the fused feed-forward."""
     before = cpu_qgemv.use_vnni(True)
     try:
-        if not cpu_qgemv.use_vnni(True):
+        if not vnni_here():
             pytest.skip("this CPU has no AVX512-VNNI")
         g = torch.Generator().manual_seed(group)
         for n, k in ((1, 64), (9, 96), (33, 160), (130, 576), (64, 1536)) + (((5, 70), (3, 31)) if kind == "int8" else ()):
