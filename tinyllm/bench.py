@@ -15,6 +15,8 @@ Metrics (batch 1, greedy, unless said):
   decode_tok_s     impl "graph" (GraphDecoder replays), "static_eager" (the same step eagerly),
                    "graph_compiled" / "static_eager_compiled" (the step under torch.compile,
                    Inductor, captured in the same bucket graphs / run without them; --compile),
+                   "static_eager_native" (a CPU: the step as one C++ call, tinyllm.cpu_step, where
+                   it runs the model; what a chat session on a CPU runs),
                    "generate" (the eager reference), peers where installed: "hf_dynamic" and
                    "hf_static" (transformers LlamaForCausalLM generate(), same shape, random
                    weights) and "compile_reduce_overhead" (our static step under
@@ -49,6 +51,7 @@ from collections.abc import Callable
 
 import torch
 
+from tinyllm import cpu_step
 from tinyllm.checkpoint import resolve_device
 from tinyllm.cuda_graph import GraphDecoder, StaticKVCache
 from tinyllm.engine import Engine
@@ -472,6 +475,8 @@ def run(args: argparse.Namespace) -> Report:
     decs = {"": dec}
     if compile:
         decs["_compiled"] = GraphDecoder(model, 1, use_graph=cuda, compile="inductor")
+    if not cuda and cpu_step.problem(model, 1) is None:
+        decs["_native"] = GraphDecoder(model, 1, use_graph=False, compile="native")
     bench_ttft(model, dec, [n for n in args.prompt_lens if n <= model.cfg.max_seq_len], repeats, report)
     for suffix, d in decs.items():
         if cuda:

@@ -54,6 +54,8 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu_kernels.h"
+
 namespace {
 
 constexpr int QK = 32;  // activation block
@@ -674,13 +676,9 @@ void check_x(const at::Tensor& x, int64_t K) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "x must be fp32 on the CPU");
 }
 
-at::Tensor qmm(const at::Tensor& x_, const QW& w) {
-  check_x(x_, w.K);
-  const at::Tensor x = x_.contiguous();
-  const int64_t M = x.size(0), N = w.N;
-  at::Tensor y = at::empty({M, N}, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
+// y (M, N) = x (M, K) times W's transpose, x and y contiguous.
+void qmm_rows(const QW& w, const float* xp, int64_t M, float* yp) {
+  const int64_t N = w.N;
   XBuf local;
   std::unique_lock<std::mutex> lock(g_mu, std::try_to_lock);  // another caller: buffers of its own
   XBuf& buf = lock.owns_lock() ? g_x : local;
@@ -690,6 +688,13 @@ at::Tensor qmm(const at::Tensor& x_, const QW& w) {
   run_chunks((N + rows - 1) / rows, M * N * std::max<int64_t>(w.nb, 1), [&](int64_t i) {
     product_rows(w, xq, M, i * rows, std::min(N, (i + 1) * rows), yp, N, 0);
   });
+}
+
+at::Tensor qmm(const at::Tensor& x_, const QW& w) {
+  check_x(x_, w.K);
+  const at::Tensor x = x_.contiguous();
+  at::Tensor y = at::empty({x.size(0), w.N}, x.options());
+  qmm_rows(w, x.data_ptr<float>(), x.size(0), y.data_ptr<float>());
   return y;
 }
 
@@ -735,20 +740,10 @@ void silu_mul(const float* g, const float* u, float* h, int64_t n) {
   for (; j < n; ++j) h[j] = g[j] / (1.f + std::exp(-g[j])) * u[j];
 }
 
-at::Tensor qmm_ffn(const at::Tensor& x_, const at::Tensor& q13, const at::Tensor& s13,
-                   const c10::optional<at::Tensor>& z13, const at::Tensor& q2, const at::Tensor& s2,
-                   const c10::optional<at::Tensor>& z2) {
-  const QW w13 = make_qw(q13, s13, z13), w2 = make_qw(q2, s2, z2);
+// y (M, D) = w2(silu(gate) * up) of x (M, K), gate and up the halves of x @ w13.T; gp (2, M, F)
+// and hp (M, F) scratch.
+void ffn_rows(const QW& w13, const QW& w2, const float* xp, int64_t M, float* yp, float* hp, float* gp) {
   const int64_t F = w2.K, D = w2.N;
-  TORCH_CHECK(w13.N == 2 * F, "w13 must have 2 * ffn rows (gate, then up): ", w13.N, " vs w2's K ", F);
-  check_x(x_, w13.K);
-  const at::Tensor x = x_.contiguous();
-  const int64_t M = x.size(0);
-  at::Tensor y = at::empty({M, D}, x.options());
-  at::Tensor hbuf = at::empty({M, F}, x.options());  // the hidden rows, fp32
-  at::Tensor gubuf = at::empty({2, M, F}, x.options());  // gate and up
-  const float* xp = x.data_ptr<float>();
-  float *yp = y.data_ptr<float>(), *hp = hbuf.data_ptr<float>(), *gp = gubuf.data_ptr<float>();
   XBuf local_x, local_h;
   std::unique_lock<std::mutex> lock(g_mu, std::try_to_lock);
   const XQ xq = (lock.owns_lock() ? g_x : local_x).take(xp, w13.K, M, w13.nb);
@@ -769,6 +764,24 @@ at::Tensor qmm_ffn(const at::Tensor& x_, const at::Tensor& q13, const at::Tensor
   run_chunks((D + rows - 1) / rows, M * D * std::max<int64_t>(w2.nb, 1), [&](int64_t i) {
     product_rows(w2, hx, M, i * rows, std::min(D, (i + 1) * rows), yp, D, 0);
   });
+}
+
+void check_ffn(const QW& w13, const QW& w2) {
+  TORCH_CHECK(w13.N == 2 * w2.K, "w13 must have 2 * ffn rows (gate, then up): ", w13.N, " vs w2's K ", w2.K);
+}
+
+at::Tensor qmm_ffn(const at::Tensor& x_, const at::Tensor& q13, const at::Tensor& s13,
+                   const c10::optional<at::Tensor>& z13, const at::Tensor& q2, const at::Tensor& s2,
+                   const c10::optional<at::Tensor>& z2) {
+  const QW w13 = make_qw(q13, s13, z13), w2 = make_qw(q2, s2, z2);
+  check_ffn(w13, w2);
+  check_x(x_, w13.K);
+  const at::Tensor x = x_.contiguous();
+  const int64_t M = x.size(0), F = w2.K;
+  at::Tensor y = at::empty({M, w2.N}, x.options());
+  at::Tensor hbuf = at::empty({M, F}, x.options());  // the hidden rows, fp32
+  at::Tensor gubuf = at::empty({2, M, F}, x.options());  // gate and up
+  ffn_rows(w13, w2, x.data_ptr<float>(), M, y.data_ptr<float>(), hbuf.data_ptr<float>(), gubuf.data_ptr<float>());
   return y;
 }
 
@@ -988,24 +1001,18 @@ void attend_chunk(const AttnArgs<T>& a, int64_t u) {
   }
 }
 
+// Runs a's units on the pool and merges each head's chunks into y (B, Hkv, R, D); a.m, a.l and
+// a.acc hold units * R, units * R and units * R * D floats.
 template <class T>
-void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, float scale,
-            at::Tensor& y) {
-  const int64_t B = q.size(0), Hkv = q.size(1), R = q.size(2), D = q.size(3), W = k.size(2);
-  const int64_t chunks = std::max<int64_t>(1, (W + ATTN_CHUNK - 1) / ATTN_CHUNK), units = B * Hkv * chunks;
-  at::Tensor part = at::empty({units * R * (2 + D)}, q.options().dtype(at::kFloat));
-  float* pp = part.data_ptr<float>();
-  const AttnArgs<T> a{q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), mask.data_ptr<bool>(), Hkv, R, D, W, chunks,
-                      q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
-                      v.stride(2), mask.size(0) == 1 ? 0 : mask.stride(0), mask.stride(3), scale, pp, pp + units * R, pp + 2 * units * R};
-  run_chunks(units, B * Hkv * W * R * D / 16, [&](int64_t u) { attend_chunk(a, u); });  // (a block: 16 products)
-  T* yp = y.data_ptr<T>();
-  std::vector<float> out(D);
+void attend_units(const AttnArgs<T>& a, int64_t B, T* yp) {
+  const int64_t Hkv = a.Hkv, R = a.R, D = a.D, chunks = a.chunks, units = B * Hkv * chunks;
+  run_chunks(units, B * Hkv * a.W * R * D / 16, [&](int64_t u) { attend_chunk(a, u); });  // (a block: 16 products)
+  float out[ATTN_MAX_D];
   for (int64_t bh = 0; bh < B * Hkv; ++bh)  // merge each head's chunks
     for (int64_t r = 0; r < R; ++r) {
       float M = -INFINITY, L = 0.f;
       for (int64_t c = 0; c < chunks; ++c) M = std::max(M, a.m[(bh * chunks + c) * R + r]);
-      std::fill(out.begin(), out.end(), 0.f);
+      std::fill(out, out + D, 0.f);
       for (int64_t c = 0; M != -INFINITY && c < chunks; ++c) {  // no key to attend: 0
         const int64_t u = bh * chunks + c;
         if (a.m[u * R + r] == -INFINITY) continue;
@@ -1017,6 +1024,21 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
       T* yr = yp + (bh * R + r) * D;
       for (int64_t d = 0; d < D; ++d) yr[d] = static_cast<T>(L > 0.f ? out[d] / L : 0.f);
     }
+}
+
+inline int64_t attn_chunks(int64_t W) { return std::max<int64_t>(1, (W + ATTN_CHUNK - 1) / ATTN_CHUNK); }
+
+template <class T>
+void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, float scale,
+            at::Tensor& y) {
+  const int64_t B = q.size(0), Hkv = q.size(1), R = q.size(2), D = q.size(3), W = k.size(2);
+  const int64_t chunks = attn_chunks(W), units = B * Hkv * chunks;
+  at::Tensor part = at::empty({units * R * (2 + D)}, q.options().dtype(at::kFloat));
+  float* pp = part.data_ptr<float>();
+  const AttnArgs<T> a{q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), mask.data_ptr<bool>(), Hkv, R, D, W, chunks,
+                      q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
+                      v.stride(2), mask.size(0) == 1 ? 0 : mask.stride(0), mask.stride(3), scale, pp, pp + units * R, pp + 2 * units * R};
+  attend_units(a, B, y.data_ptr<T>());
 }
 
 at::Tensor decode_attention(const at::Tensor& q_, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
@@ -1041,6 +1063,81 @@ at::Tensor decode_attention(const at::Tensor& q_, const at::Tensor& k, const at:
 }
 
 }  // namespace
+
+// ---- the row kernels of cpu_kernels.h (the decode step of cpu_step.cpp) ---------------------
+
+namespace tinyllm_cpu {
+
+Matrix Matrix::of(const at::Tensor& w, const at::Tensor& scales, const at::Tensor& zeros) {
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.device().is_cpu(), "a matrix must be a contiguous (N, K) CPU tensor");
+  const auto dt = w.scalar_type();
+  Matrix m{DENSE, w, scales, zeros, w.size(0), w.size(1)};
+  if (dt == at::kChar || dt == at::kByte) {
+    const QW q = make_qw(w, scales, zeros.defined() ? c10::optional<at::Tensor>(zeros) : c10::nullopt);
+    m.kind = q.int4 ? INT4 : INT8;
+    m.K = q.K;
+    return m;
+  }
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf,
+              "a dense matrix must be fp32, bf16 or fp16, got ", dt);
+  TORCH_CHECK(!scales.defined() && !zeros.defined(), "a dense matrix takes no scales");
+  return m;
+}
+
+namespace {
+QW qw(const Matrix& m) {
+  return make_qw(m.w, m.scales, m.zeros.defined() ? c10::optional<at::Tensor>(m.zeros) : c10::nullopt);
+}
+
+template <class H>
+void dense_rows(const H* w, const float* x, int64_t N, int64_t K, float* y) {
+  const int64_t rows = chunk_rows((K + QK - 1) / QK, 1);
+  run_chunks((N + rows - 1) / rows, N * ((K + QK - 1) / QK),
+             [&](int64_t i) { half_rows(w, x, 1, K, i * rows, std::min(N, (i + 1) * rows), y, N); });
+}
+
+thread_local std::vector<float> t_ffn, t_attn;  // scratch of ffn and attend
+thread_local std::vector<uint8_t> t_mask;
+}  // namespace
+
+void matvec(const Matrix& m, const float* x, float* y) {
+  switch (m.w.scalar_type()) {
+    case at::kFloat: return dense_rows(m.w.data_ptr<float>(), x, m.N, m.K, y);
+    case at::kBFloat16: return dense_rows(m.w.data_ptr<at::BFloat16>(), x, m.N, m.K, y);
+    case at::kHalf: return dense_rows(m.w.data_ptr<at::Half>(), x, m.N, m.K, y);
+    default: return qmm_rows(qw(m), x, 1, y);
+  }
+}
+
+void ffn(const Matrix& w13, const Matrix& w2, const float* x, float* y) {
+  const int64_t F = w2.K;
+  TORCH_CHECK(w13.N == 2 * F && w13.K == w2.N, "ffn: w13 must be (2F, D) and w2 (D, F)");
+  if (t_ffn.size() < static_cast<size_t>(3 * F)) t_ffn.resize(3 * F);
+  float *gu = t_ffn.data(), *h = gu + 2 * F;  // gate and up, then the hidden row
+  if (w13.kind != Matrix::DENSE && w2.kind != Matrix::DENSE) return ffn_rows(qw(w13), qw(w2), x, 1, y, h, gu);
+  matvec(w13, x, gu);
+  silu_mul(gu, gu + F, h, F);
+  matvec(w2, h, y);
+}
+
+void attend(const float* q, int64_t R, const at::Tensor& k, const at::Tensor& v, int64_t first, int64_t last,
+            float scale, float* y) {
+  TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && k.scalar_type() == at::kFloat && v.sizes() == k.sizes() &&
+              v.scalar_type() == at::kFloat && k.stride(3) == 1 && v.stride(3) == 1 && 0 <= last && last < k.size(2),
+              "attend: k and v must be fp32 (1, Hkv, rows, D) caches holding key ", last);
+  const int64_t Hkv = k.size(1), D = k.size(3), W = last + 1, chunks = attn_chunks(W), units = Hkv * chunks;
+  TORCH_CHECK(R <= ATTN_MAX_R && D % 8 == 0 && D <= ATTN_MAX_D, "attend: R <= 8, D a multiple of 8 up to 256");
+  if (t_mask.size() < static_cast<size_t>(W)) t_mask.resize(W);
+  for (int64_t j = 0; j < W; ++j) t_mask[j] = j >= first;
+  if (t_attn.size() < static_cast<size_t>(units * R * (2 + D))) t_attn.resize(units * R * (2 + D));
+  float* pp = t_attn.data();
+  const AttnArgs<float> a{q, k.data_ptr<float>(), v.data_ptr<float>(), reinterpret_cast<const bool*>(t_mask.data()),
+                          Hkv, R, D, W, chunks, 0, R * D, 0, k.stride(1), k.stride(2), 0, v.stride(1), v.stride(2),
+                          0, 1, scale, pp, pp + units * R, pp + 2 * units * R};
+  attend_units(a, 1, y);
+}
+
+}  // namespace tinyllm_cpu
 
 TORCH_LIBRARY(tinyllm_cpu, m) {
   m.def("qmm_int8(Tensor x, Tensor qweight, Tensor scales) -> Tensor");

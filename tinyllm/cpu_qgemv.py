@@ -54,6 +54,8 @@ import torch
 from torch import Tensor
 
 SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")
+# Built into the same library: the whole decode step (tinyllm.cpu_step) and the header between them.
+STEP_SOURCE, HEADER = SOURCE.with_name("cpu_step.cpp"), SOURCE.with_name("cpu_kernels.h")
 # From this many rows of x up (prefill), dequantize once and use the fp32 GEMM: the kernel costs
 # about one decode product per row, measured on the 2-core AVX2 CPU for (3072, 576), 1 thread:
 # M=16 kernel 2.8 ms vs fp32 GEMM 2.5 ms; M=128 27 ms vs 7.8 ms.
@@ -114,11 +116,11 @@ def available() -> bool:
 def _build() -> None:
     from torch.utils import cpp_extension
 
-    src = SOURCE.read_bytes()
+    src = b"".join(p.read_bytes() for p in (SOURCE, STEP_SOURCE, HEADER))
     tag = hashlib.sha256(src + torch.__version__.encode() + " ".join(CFLAGS).encode()).hexdigest()[:16]
     folder = cache_dir() / f"cpu_qgemv-{tag}"
     folder.mkdir(parents=True, exist_ok=True)
-    cpp_extension.load("tinyllm_cpu_qgemv", [str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
+    cpp_extension.load("tinyllm_cpu_qgemv", [str(SOURCE), str(STEP_SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
                        build_directory=str(folder),
                        is_python_module=False, verbose=False)
 

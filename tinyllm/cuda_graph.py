@@ -54,6 +54,7 @@ from torch import Tensor
 from tinyllm import cpu_qgemv, decode_attention, pdl
 from tinyllm.kv_cache import KVCache, SlotKVCache, ViewLayer
 from tinyllm.model import Transformer
+from tinyllm.cpu_step import NativeStep
 from tinyllm.saved_step import SavedStep
 from tinyllm.step_sampler import StepSampler
 
@@ -223,7 +224,7 @@ class _Decoder:
         self.sampler = StepSampler(batch, model.cfg.vocab_size, device)
         self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)  # the next step's input
         self.out = torch.zeros(batch, MAX_RUN, dtype=torch.long, device=device)  # ids of the last run
-        self._step_fn = compiled(self._forward, compile, model)
+        self._step_fn = NativeStep(self) if compile == "native" else compiled(self._forward, compile, model)
         self.saved = None  # the loaded compiled step (tinyllm.saved_step) that runs, if one does
         self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.pool = None
@@ -260,7 +261,10 @@ class _Decoder:
 
         def traced():
             return compiled(self._forward, backend, self.model)
-        self._step_fn = traced() if saved is None else SavedStep(saved, self, traced)
+        if backend == "native":
+            self._step_fn = NativeStep(self)
+        else:
+            self._step_fn = traced() if saved is None else SavedStep(saved, self, traced)
         self.graphs.clear()
         if self.pool is not None:  # the old graphs' pool dies with them: capture into a new one
             self.pool = torch.cuda.graph_pool_handle()

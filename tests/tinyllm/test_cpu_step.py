@@ -1,0 +1,141 @@
+"""The native CPU decode step (tinyllm.cpu_step: the whole step as one C++ call) against its
+slow twins: the same decoder's eager step, the eager KVCache decode and a full forward without
+a cache, for dense and quantized models, left padding, the greedy draw in C++ and the Python
+sampler after it."""
+
+import pytest
+import torch
+
+from tests.conftest import tiny_model
+from tinyllm import cpu_qgemv, cpu_step
+from tinyllm.build import quantize_model
+from tinyllm.cuda_graph import GraphDecoder
+from tinyllm.quant import QuantEmbedding, QuantLinear
+from tinyllm.sampling import SamplingParams
+
+pytestmark = pytest.mark.skipif(not cpu_qgemv.available(), reason="the CPU kernels cannot be built here")
+
+# A shape whose widths are multiples of 32, so every matrix can be int8 or int4; tied
+# embeddings, so the embedding is quantized too.
+SHAPE = dict(dim=128, n_heads=4, n_kv_heads=2, ffn_dim=192, tie_embeddings=True)
+
+
+def decode(model, backend, prompt, steps, params=None, pad_lens=None, max_len=256):
+    """Logits (steps, V) and ids of `steps` decode steps after prefilling prompt (1, T)."""
+    dec = GraphDecoder(model, 1, max_len=max_len, use_graph=False, compile=backend)
+    if params is not None:
+        dec.sampler.load(params, recent=prompt)
+    with torch.no_grad():
+        dec.prefill(prompt, pad_lens)
+        dec.tok.copy_(prompt[:, -1:])  # the first step re-feeds the last prompt id: a fixed input
+        logits, ids = [], []
+        for _ in range(steps):
+            logits.append(dec.run(1)[0, -1].clone())
+            ids.append(int(dec.tok))
+    return torch.stack(logits), ids
+
+
+def prompt_of(model, n=19, seed=1):
+    return torch.randint(0, model.cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("matrices", ["fp32", "bf16"])
+def test_dense_step_equals_the_eager_step_and_a_full_forward(matrices):
+    model = tiny_model(3)
+    if matrices == "bf16":  # matrices held at 16 bits, as a CPU keeps a file's bf16 ones
+        for m in model.modules():
+            if type(m) is torch.nn.Linear:
+                m.weight.data = m.weight.data.bfloat16()
+    assert cpu_step.problem(model, 1) is None
+    prompt = prompt_of(model)
+    native, ids = decode(model, "native", prompt, 24)
+    eager, eager_ids = decode(model, None, prompt, 24)
+    torch.testing.assert_close(native, eager, rtol=1e-4, atol=1e-4)
+    assert ids == eager_ids
+    # the slow twin without any cache: the whole sequence at once
+    seq = torch.cat([prompt, prompt[:, -1:], torch.tensor([ids[:-1]])], dim=1)  # what the steps fed
+    with torch.no_grad():
+        full = model(seq)[0][0, prompt.shape[1]:]  # (24, V)
+    torch.testing.assert_close(native, full, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_quantized_step_equals_the_eager_step(kind):
+    model = quantize_model(tiny_model(4, **SHAPE), kind)
+    assert isinstance(model.tok_emb, QuantEmbedding) and isinstance(model.blocks[0].ffn.w2, QuantLinear)
+    assert cpu_step.problem(model, 1) is None
+    prompt = prompt_of(model)
+    native, ids = decode(model, "native", prompt, 32)
+    eager, eager_ids = decode(model, None, prompt, 32)
+    # The same kernels on inputs equal up to fp32 rounding; x's rounding to int8 blocks can move
+    # by one step where an input sits on a boundary, hence the looser tolerance.
+    torch.testing.assert_close(native, eager, rtol=0, atol=2e-2 * eager.abs().max().item())
+    assert sum(a == b for a, b in zip(ids, eager_ids)) >= 30
+
+
+def test_left_padding_is_masked_as_the_eager_step_masks_it():
+    model = tiny_model(5)
+    prompt = prompt_of(model, 12)
+    pads = torch.tensor([5])  # the first 5 positions are padding: never attended
+    native, ids = decode(model, "native", prompt, 16, pad_lens=pads)
+    eager, eager_ids = decode(model, None, prompt, 16, pad_lens=pads)
+    torch.testing.assert_close(native, eager, rtol=1e-4, atol=1e-4)
+    unpadded, _ = decode(model, "native", prompt, 16)
+    assert (native - unpadded).abs().max() > 1e-3  # the mask changed something
+
+
+def test_the_greedy_draw_in_cpp_applies_the_repetition_penalty():
+    model = tiny_model(6)
+    prompt = prompt_of(model, 8)
+    params = SamplingParams(repeat_penalty=1.8)
+    _, ids = decode(model, "native", prompt, 40, params)
+    _, eager_ids = decode(model, None, prompt, 40, params)
+    _, plain_ids = decode(model, "native", prompt, 40)
+    assert ids == eager_ids
+    assert ids != plain_ids  # the penalty changed the reply
+
+
+def test_sampling_runs_the_python_sampler_after_the_step():
+    model = tiny_model(7)
+    prompt = prompt_of(model, 8)
+    params = SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=11)
+    native, ids = decode(model, "native", prompt, 24, params)
+    eager, eager_ids = decode(model, None, prompt, 24, params)
+    assert ids == eager_ids
+    torch.testing.assert_close(native, eager, rtol=1e-4, atol=1e-4)
+
+
+def test_padded_embeddings_are_never_drawn():
+    model = tiny_model(8)
+    dec = GraphDecoder(model, 1, max_len=64, use_graph=False, compile="native")
+    dec.sampler.n_valid = 3  # only ids 0, 1, 2 may be drawn
+    with torch.no_grad():
+        dec.prefill(prompt_of(model, 4))
+        drawn = set()
+        for _ in range(10):
+            dec.run(1)
+            drawn.add(int(dec.tok))
+    assert drawn <= {0, 1, 2}
+
+
+def test_a_full_cache_is_refused_and_the_step_goes_on_after_a_rewind():
+    model = tiny_model(9)
+    dec = GraphDecoder(model, 1, max_len=24, use_graph=False, compile="native")
+    with torch.no_grad():
+        dec.prefill(prompt_of(model, 20))
+        dec.run(4)
+        with pytest.raises(ValueError, match="KV cache full"):
+            dec.run(1)
+        dec.truncate(10)
+        assert dec.run(2).shape == (1, 1, model.cfg.vocab_size)
+    assert dec.n == 12
+
+
+def test_what_the_native_step_does_not_run():
+    model = tiny_model(10)
+    assert "batch 2" in cpu_step.problem(model, 2)
+    assert "bfloat16" in cpu_step.problem(tiny_model(10).to(torch.bfloat16), 1)
+    dec = GraphDecoder(model, 2, max_len=32, use_graph=False, compile="native")
+    with torch.no_grad(), pytest.raises(ValueError, match="batch 2"):
+        dec.prefill(torch.zeros(2, 4, dtype=torch.long))
+        dec.run(1)
