@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 PROG = "tinyllm-chat"
 LOG_NAME = "tinyllm-chat.log"
+# --compile's choices as ChatSession's `compile` (tinyllm.chat): "on" is the native CPU step where
+# it runs the model, else Inductor's compile in the background.
+COMPILE = {"on": "auto", "off": None, "inductor": "inductor"}
 DEFAULT_MAX_TOKENS = 1024  # a reply's limit unless set: long answers end, /continue goes on
 
 
@@ -63,9 +66,11 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto")
     p.add_argument("--max-len", type=int, default=None, help="context length (default: the model's)")
     p.add_argument("--no-graphs", action="store_true", help="decode eagerly, without CUDA graphs")
-    p.add_argument("--compile", choices=["on", "off"], default="on",
-                   help="compile the decode step in the background (torch.compile, Inductor) and switch to it "
-                        "between replies; results are cached in the user cache folder (default: on)")
+    p.add_argument("--compile", choices=["on", "off", "inductor"], default="on",
+                   help="the fast decode step: on a CPU the whole step as one C++ call (tinyllm.cpu_step), "
+                        "ready at once; elsewhere, or for a model it cannot run, the step compiled in the "
+                        "background (torch.compile, Inductor), switched to between replies and cached in the "
+                        "user cache folder (default: on); inductor: that compiled step on a CPU too")
     p.add_argument("--ignore-eos", action="store_true",
                    help="keep generating past the end-of-reply token, up to --max-tokens (for benchmarks)")
     p.add_argument("--threads", type=int, default=None,
@@ -135,7 +140,7 @@ def build_app(args: argparse.Namespace) -> ChatApp:
     opener = partial(RemoteSession, dict(
         path=str(path), device=args.device, max_len=args.max_len, params=params, system=args.system,
         use_graph=False if args.no_graphs else None, template=args.template,
-        compile="inductor" if args.compile == "on" else None, threads=args.threads, ignore_eos=args.ignore_eos,
+        compile=COMPILE[args.compile], threads=args.threads, ignore_eos=args.ignore_eos,
         quant=args.quant, cap_max_tokens=args.max_tokens is None,
         log=str(store.folder / "session.log")))
     return ChatApp(opener, store, model_name=name, resume=args.resume, theme=args.theme)

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 
-from chat_app.__main__ import DEFAULT_MODEL, build_app, build_parser
+from chat_app.__main__ import COMPILE, DEFAULT_MODEL, build_app, build_parser
 from tinyllm.bench import Report
 
 
@@ -80,7 +80,7 @@ async def app_side(args, ours, report: Report) -> object:
         report("first_ttft_ms", first.ttft_ms, "ms", where="app", step=first.step)
         report("decode_tok_s", first.tok_per_s, "tok/s", where="app", step=first.step, reply=0)
         ready = await asyncio.to_thread(session.wait_compiled, ours.wait_compile)
-        if session.step_kind == "compiled" and ready:
+        if session.step_kind in ("compiled", "native") and ready:
             report("launch_to_compiled_s", time.perf_counter() - t0, "s", where="app")
         elif session.compile_error:
             print(f"app: compile failed: {session.compile_error}", file=sys.stderr)
@@ -108,7 +108,7 @@ def session_side(args, ours, report: Report) -> list[float]:
     t0 = time.perf_counter()
     session = open_session(args.model or DEFAULT_MODEL, args.device, max_len=args.max_len, params=params,
                            system=args.system, use_graph=False if args.no_graphs else None, template=args.template,
-                           compile="inductor" if args.compile == "on" else None, threads=args.threads,
+                           compile=COMPILE[args.compile], threads=args.threads,
                            quant=args.quant)
     session.stop_ids = set()  # fixed-length replies, as --ignore-eos does in the app
     session.wait_compiled()

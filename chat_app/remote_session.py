@@ -87,7 +87,7 @@ class RemoteSession:
         self.__dict__.update({k: v for k, v in state.items() if k not in ("params", "messages")})
         self.params = Params(**state["params"])
         self.messages = [Message(role, content, stopped=stopped) for role, content, stopped in state["messages"]]
-        if self.step_kind in ("compiled", "compile failed", "plain"):
+        if self.step_kind in ("compiled", "native", "compile failed", "plain"):
             self._compiled.set()
 
     def wait_compiled(self, timeout: float | None = None) -> bool:

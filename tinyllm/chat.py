@@ -19,6 +19,10 @@ are the same steps, bit for bit. With `compile="inductor"` (the default) the ste
 on a background thread (`BackgroundCompile`) while replies run on the plain step, and the
 compiled step takes over at the start of the next reply once it is ready; `step_kind` says
 which runs ("plain", "compiling", "compiled", "compile failed" with `compile_error`).
+`compile="native"` runs the CPU step as one C++ call (tinyllm.cpu_step) from the first reply
+on, with nothing to compile (step_kind "native"; a ValueError where it cannot run the model);
+`compile="auto"` (what the app asks for) is "native" on a CPU where it runs the model, else
+"inductor".
 
 Contract:
 - `send(text)` / `regenerate()` are generators; run them on ONE worker thread. `stop()`,
@@ -44,6 +48,7 @@ from pathlib import Path
 
 import torch
 
+from tinyllm import cpu_step
 from tinyllm.background_compile import BackgroundCompile
 from tinyllm.build import Progress
 from tinyllm.chat_events import Finished, Message, Prefilled, StepStats, Token
@@ -86,6 +91,14 @@ class ChatSession:
             raise ValueError(f"chunk must be in [1, {MAX_RUN}], got {chunk}")
         self.chunk = chunk
         self.params = params
+        if compile == "auto":  # the native step where it runs this model, else Inductor's
+            compile = "native" if self.device == "cpu" and cpu_step.problem(model, 1) is None else "inductor"
+        self.native = compile == "native"
+        if self.native:  # nothing to compile: the step runs as it is from the first reply on
+            if (why := cpu_step.problem(model, 1)) is not None:
+                raise ValueError(f"the native CPU step cannot run this model: {why}")
+            self.decoder.set_compile("native")
+            compile = None
         if compile:
             self._capture_ahead()
         self.marks["graphs_captured"] = time.time()
@@ -136,6 +149,8 @@ class ChatSession:
         """The step the next reply runs: "plain" (no compile asked), "compiling" (a compile
         runs, or the settings' sampler variant is not compiled yet), "compiled", or "compile
         failed" (see compile_error; the plain step stays)."""
+        if self.native:
+            return "native"
         c = self._compile
         if c is None:
             return "plain"
@@ -148,7 +163,7 @@ class ChatSession:
     def _step_running(self) -> str:
         """The step the current reply runs (the compiled one takes over between replies)."""
         if self.decoder.compile:
-            return "compiled"
+            return "native" if self.native else "compiled"
         kind = self.step_kind
         return "compiling" if kind == "compiled" else kind
 

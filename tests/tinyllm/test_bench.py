@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from tinyllm import cpu_qgemv
 from tinyllm.bench import kv_bytes, main, weight_bytes
 from tinyllm.model import ModelConfig, Transformer
 
@@ -25,9 +26,11 @@ def test_decode_metrics(capsys):
         assert r["value"] > 0 and r["unit"]
         assert (r["model"], r["device"], r["dtype"]) == ("tiny", "cpu", "float32")
     assert [r["prompt_len"] for r in recs if r["metric"] == "ttft_ms"] == [16, 64]  # 4096 > max_seq_len
-    assert sorted(r["impl"] for r in recs if r["metric"] == "decode_tok_s") == ["generate", "static_eager"]
-    assert [r["window"] for r in recs if r["metric"] == "bucket_tok_s"] == [128, 256, 512, 1024]
-    assert [r["window"] for r in recs if r["metric"] == "bw_fraction"] == [128, 256, 512, 1024]
+    steps = ["static_eager", "static_eager_native"] if cpu_qgemv.available() else ["static_eager"]  # (cpu_step)
+    assert sorted(r["impl"] for r in recs if r["metric"] == "decode_tok_s") == ["generate", *steps]
+    for impl in steps:
+        assert [r["window"] for r in recs if r["metric"] == "bucket_tok_s" and r["impl"] == impl] == [128, 256, 512, 1024]
+        assert [r["window"] for r in recs if r["metric"] == "bw_fraction" and r["impl"] == impl] == [128, 256, 512, 1024]
     assert "decode_tok_s" in err and "bucket_tok_s" in err  # the table
 
 
