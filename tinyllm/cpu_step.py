@@ -16,8 +16,10 @@ Contract:
 - `NativeStep(dec)`: the decoder's step `(window) -> logits (1, 1, V)`, what
   `cuda_graph._Decoder._forward(window)` does: the model's step through the cache's decode
   view at `cache.pos` (K/V written there, keys first_valid..pos attended, pos advanced), then
-  the sampler's push and draw into `dec.tok`. The C++ step equals that one up to fp32 rounding
-  (the products are the same kernels); the sampler is the same Python code. The C++ object is
+  the sampler's push and draw into `dec.tok`, all in C++. The step equals that one up to fp32
+  rounding (the products are the same kernels); the draws are StepSampler's, greedy or sampled
+  (the same noise, penalty, top-k and top-p; only a near-tie that rounding decides could
+  differ), on its own tensors, so its settings and state stay where it keeps them. The C++ object is
   made at the first call (a prefill has allocated the cache by then) and again if the cache's
   tensors change.
 """
@@ -97,11 +99,9 @@ class NativeStep:
             if cache.k[0] is None:
                 raise ValueError("prefill before the first decode step")
             self._step, self._held = build(dec.model, cache), held
-        s = dec.sampler
-        if s.greedy:  # the sampler's push and draw in C++ too
+        s = dec.sampler  # its push and draw in C++ too
+        if s.greedy:
             return self._step.forward_greedy(dec.tok, cache.pos, cache.first_valid, window, s.ring, s.ring_at,
                                              s.penalty, s.n_valid)  # (1, 1, V)
-        logits = self._step.forward(dec.tok, cache.pos, cache.first_valid, window)  # (1, 1, V)
-        s.push(dec.tok)
-        dec.tok.copy_(s.draw(logits[:, -1])[:, None])  # the next id (1, 1)
-        return logits
+        return self._step.forward_sample(dec.tok, cache.pos, cache.first_valid, window, s.ring, s.ring_at, s.penalty,
+                                         s.n_valid, s.temperature, s.top_k, s.top_p, s.key, s.counter)

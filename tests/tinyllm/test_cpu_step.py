@@ -1,7 +1,7 @@
 """The native CPU decode step (tinyllm.cpu_step: the whole step as one C++ call) against its
 slow twins: the same decoder's eager step, the eager KVCache decode and a full forward without
-a cache, for dense and quantized models, left padding, the greedy draw in C++ and the Python
-sampler after it."""
+a cache, for dense and quantized models, left padding, and the greedy and sampled draws in C++
+against the Python sampler (tinyllm.step_sampler)."""
 
 import pytest
 import torch
@@ -95,14 +95,20 @@ def test_the_greedy_draw_in_cpp_applies_the_repetition_penalty():
     assert ids != plain_ids  # the penalty changed the reply
 
 
-def test_sampling_runs_the_python_sampler_after_the_step():
+@pytest.mark.parametrize("settings", [dict(temperature=0.9, top_k=40, top_p=0.9),
+                                      dict(temperature=1.3),  # no top-k, no top-p: every id may come
+                                      dict(temperature=0.7, top_k=5),
+                                      dict(temperature=1.1, top_p=0.5, repeat_penalty=1.3)])
+def test_the_sampled_draw_in_cpp_equals_the_python_samplers(settings):
     model = tiny_model(7)
     prompt = prompt_of(model, 8)
-    params = SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=11)
-    native, ids = decode(model, "native", prompt, 24, params)
-    eager, eager_ids = decode(model, None, prompt, 24, params)
+    params = SamplingParams(seed=11, **settings)
+    native, ids = decode(model, "native", prompt, 48, params)
+    eager, eager_ids = decode(model, None, prompt, 48, params)
     assert ids == eager_ids
     torch.testing.assert_close(native, eager, rtol=1e-4, atol=1e-4)
+    _, other_seed = decode(model, "native", prompt, 48, SamplingParams(seed=12, **settings))
+    assert other_seed != ids  # the draws do depend on the noise
 
 
 def test_padded_embeddings_are_never_drawn():
