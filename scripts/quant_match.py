@@ -1,15 +1,21 @@
 """python scripts/quant_match.py QUANT...: greedy replies of the default model (64 tokens, the
 app's repeat penalty), each QUANT against fp32, on the eval's first 40 single-turn prompts
 (issue 11). Prints one JSON line per QUANT: replies identical, and the median length of the
-common prefix in characters."""
+common prefix in characters. STEP=native runs every reply (fp32's too) on the native CPU step
+(tinyllm.cpu_step), as the app does; TINYLLM_CPU_EXACT_X=0 rounds x to int8 blocks in the int8
+products (as llama.cpp does) instead of taking it as it is."""
 
 import json
+import os
 import sys
 
 import torch
 
 from tinyllm.chat import ChatSession
 from tinyllm.open_model import open_any
+
+# The step the replies run: STEP=native (what the app runs on a CPU), else the plain eager step.
+COMPILE = "native" if os.environ.get("STEP") == "native" else None
 
 
 def single_turn_prompts(n: int = 40) -> list[str]:
@@ -27,7 +33,7 @@ def replies(quant: str, prompts: list[str]) -> list[str]:
     model, tok, tmpl, name = open_any("models/tinychat", "cpu", torch.float32, quant=quant)
     out = []
     for p in prompts:
-        s = ChatSession(model, tok, tmpl, max_len=512, name=name, compile=None)
+        s = ChatSession(model, tok, tmpl, max_len=512, name=name, compile=COMPILE)
         s.set_param("max_tokens", "64")
         out.append(list(s.send(p))[-1].text)
     return out

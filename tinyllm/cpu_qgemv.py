@@ -17,6 +17,9 @@ Contract:
   an instruction), else AVX2; both give the same sums up to fp32 rounding.
   `use_vnni(on) -> bool` picks the path for the products that follow (on: VNNI where the CPU
   has it) and returns the setting before; TINYLLM_CPU_VNNI=0 keeps AVX2 from the start.
+  `use_exact_x(on) -> bool`: int8 products of a few rows take x as it is instead (fp32 sums of
+  the widened weights: x @ dequantize(qt).T up to fp32 rounding), slower; TINYLLM_CPU_EXACT_X=1
+  from the start.
 - `loaded() -> bool`: whether `available()` has already said yes here (no build).
 - `mm_half(x, w)`: x fp32 (M, K) times a bf16 or fp16 (N, K) matrix's transpose -> (M, N) fp32,
   in fp32 (x is not rounded): the compiled CPU step's product for matrices held at 16 bits
@@ -175,6 +178,13 @@ def use_vnni(on: bool) -> bool:
     """One-row products through AVX512-VNNI (on, where the CPU has it) or AVX2 (off); returns
     the setting before. use_vnni(True) twice says whether this CPU has VNNI."""
     return torch.ops.tinyllm_cpu.use_vnni(on)
+
+
+def use_exact_x(on: bool) -> bool:
+    """int8 products of a few rows take x as it is (on: fp32 sums of the widened weights) or
+    rounded to int8 blocks of 32 (off, the default, as llama.cpp does); returns the setting
+    before. TINYLLM_CPU_EXACT_X=1 turns it on from the start."""
+    return torch.ops.tinyllm_cpu.use_exact_x(on)
 
 
 def qmm_int8(x: Tensor, qweight: Tensor, scales: Tensor) -> Tensor:

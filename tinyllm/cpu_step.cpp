@@ -290,11 +290,11 @@ class Step : public torch::CustomClassHolder {
                   emb_s_.is_contiguous() && (emb_s_.scalar_type() == at::kFloat || emb_s_.scalar_type() == at::kHalf) &&
                   !emb_z_.defined(), "tok_emb: int8 rows need fp32 or fp16 scales (V,)");
     } else if (dt == at::kByte) {
+      auto f32_or_f16 = [](const at::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kHalf; };
       TORCH_CHECK(2 * emb_w_.size(1) == C_ && emb_s_.defined() && emb_z_.defined() && emb_s_.dim() == 2 &&
                   emb_s_.size(0) == emb_w_.size(0) && C_ % emb_s_.size(1) == 0 && emb_z_.sizes() == emb_s_.sizes() &&
-                  emb_s_.is_contiguous() && emb_z_.is_contiguous() && emb_z_.scalar_type() == emb_s_.scalar_type() &&
-                  (emb_s_.scalar_type() == at::kFloat || emb_s_.scalar_type() == at::kHalf),
-                  "tok_emb: int4 rows need scales and zeros (V, C/g), fp32 or fp16");
+                  emb_s_.is_contiguous() && emb_z_.is_contiguous() && f32_or_f16(emb_s_) && f32_or_f16(emb_z_),
+                  "tok_emb: int4 rows need scales and zeros (V, C/g), each fp32 or fp16");
     } else {
       TORCH_CHECK(emb_w_.size(1) == C_ && (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf),
                   "tok_emb must be fp32, bf16, fp16, int8 or int4 rows of dim");

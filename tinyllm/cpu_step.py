@@ -21,10 +21,13 @@ Contract:
   (the same noise, penalty, top-k and top-p; only a near-tie that rounding decides could
   differ), on its own tensors, so its settings and state stay where it keeps them. The C++ object is
   made at the first call (a prefill has allocated the cache by then) and again if the cache's
-  tensors change.
+  tensors change. Where the C++ side refuses a layout `problem` let through, `refused` says
+  why (one line, also on stderr) and the decoder's plain step runs from then on.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 from torch import Tensor, nn
@@ -91,14 +94,23 @@ class NativeStep:
         self.dec = dec
         self._step = None
         self._held: tuple[Tensor, ...] = ()  # the cache tensors the step was made over
+        self.refused = ""  # why the C++ step refused this model, where it did: the plain step runs
 
     def __call__(self, window: int) -> Tensor:
         dec, cache = self.dec, self.dec.cache
+        if self.refused:
+            return dec._forward(window)
         held = (*cache.k, *cache.v)
         if self._step is None or any(a is not b for a, b in zip(held, self._held, strict=True)):
             if cache.k[0] is None:
                 raise ValueError("prefill before the first decode step")
-            self._step, self._held = build(dec.model, cache), held
+            try:
+                self._step, self._held = build(dec.model, cache), held
+            except RuntimeError as e:  # a layout problem() did not foresee: never a failed reply
+                self.refused = str(e).strip().splitlines()[0]
+                print(f"tinyllm: the native CPU step refused this model ({self.refused}); the plain step runs",
+                      file=sys.stderr)
+                return dec._forward(window)
         s = dec.sampler  # its push and draw in C++ too
         if s.greedy:
             return self._step.forward_greedy(dec.tok, cache.pos, cache.first_valid, window, s.ring, s.ring_at,

@@ -59,10 +59,12 @@ def test_dense_step_equals_the_eager_step_and_a_full_forward(matrices):
     torch.testing.assert_close(native, full, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("kind", ["int8", "int4", "int4, fp16 embedding scales"])
 def test_quantized_step_equals_the_eager_step(kind):
-    model = quantize_model(tiny_model(4, **SHAPE), kind)
+    model = quantize_model(tiny_model(4, **SHAPE), kind[:4])
     assert isinstance(model.tok_emb, QuantEmbedding) and isinstance(model.blocks[0].ffn.w2, QuantLinear)
+    if "fp16" in kind:  # QuantEmbedding holds scales and zeros apart, fp16 where exact: one of each
+        model.tok_emb.scales = model.tok_emb.scales.half()
     assert cpu_step.problem(model, 1) is None
     prompt = prompt_of(model)
     native, ids = decode(model, "native", prompt, 32)
@@ -71,6 +73,21 @@ def test_quantized_step_equals_the_eager_step(kind):
     # by one step where an input sits on a boundary, hence the looser tolerance.
     torch.testing.assert_close(native, eager, rtol=0, atol=2e-2 * eager.abs().max().item())
     assert sum(a == b for a, b in zip(ids, eager_ids)) >= 30
+
+
+def test_with_exact_x_the_int8_step_equals_the_eager_step_tightly():
+    """x not rounded to int8 blocks (cpu_qgemv.use_exact_x): nothing can jump, so the native
+    step meets the eager one at fp32 rounding, as the dense models do."""
+    model = quantize_model(tiny_model(4, **SHAPE), "int8")
+    prompt = prompt_of(model)
+    before = cpu_qgemv.use_exact_x(True)
+    try:
+        native, ids = decode(model, "native", prompt, 32)
+        eager, eager_ids = decode(model, None, prompt, 32)
+    finally:
+        cpu_qgemv.use_exact_x(before)
+    torch.testing.assert_close(native, eager, rtol=1e-4, atol=1e-4)
+    assert ids == eager_ids
 
 
 def test_left_padding_is_masked_as_the_eager_step_masks_it():
@@ -135,6 +152,16 @@ def test_a_full_cache_is_refused_and_the_step_goes_on_after_a_rewind():
         dec.truncate(10)
         assert dec.run(2).shape == (1, 1, model.cfg.vocab_size)
     assert dec.n == 12
+
+
+def test_a_layout_the_cpp_side_refuses_falls_back_to_the_plain_step(capsys):
+    model = tiny_model(11)
+    model.norm.weight.data = torch.ones(2 * model.cfg.dim)[::2]  # not contiguous: the C++ side refuses it
+    assert cpu_step.problem(model, 1) is None
+    native, ids = decode(model, "native", prompt_of(model), 8)
+    eager, eager_ids = decode(model, None, prompt_of(model), 8)
+    assert ids == eager_ids and torch.equal(native, eager)
+    assert "native CPU step refused this model (norm must be fp32" in capsys.readouterr().err
 
 
 def test_what_the_native_step_does_not_run():

@@ -85,6 +85,29 @@ def test_kernel_equals_the_quantized_x_times_the_dequantized_matrix(kind, group,
 
 
 @needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,k", [(1, 64), (7, 96), (13, 70), (5, 31), (130, 576)])
+def test_with_exact_x_int8_products_equal_x_times_the_dequantized_matrix(n, k, threads, path):
+    """use_exact_x: x is not rounded, so the product is x @ dequantize(qt).T up to fp32 sums."""
+    g = torch.Generator().manual_seed(n * k + 1)
+    qt = quantize(torch.randn(n, k, generator=g), "int8")
+    w = qt.dequantize()  # (N, K)
+    before, threads_before = cpu_qgemv.use_exact_x(True), torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for m in (1, 2, 3, 9, 15):  # up to PREFILL_M - 1 rows
+            x = torch.randn(m, k, generator=g)  # (M, K)
+            y = product(x, qt)  # (M, N)
+            torch.testing.assert_close(y, x @ w.T, rtol=0, atol=1e-5 * (x.abs() @ w.abs().T).max().item())
+        cpu_qgemv.use_exact_x(False)
+        x = torch.randn(1, k, generator=g)
+        assert not torch.equal(product(x, qt), x @ w.T)  # off: x is rounded again
+    finally:
+        cpu_qgemv.use_exact_x(before)
+        torch.set_num_threads(threads_before)
+
+
+@needs_kernel
 @pytest.mark.parametrize("kind,group,half", [("int8", 32, False), ("int4", 32, True), ("int4", 32, False),
                                              ("int4", 64, True)])
 def test_the_vnni_rows_equal_the_avx2_rows(kind, group, half):
