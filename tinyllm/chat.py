@@ -91,12 +91,13 @@ class ChatSession:
             raise ValueError(f"chunk must be in [1, {MAX_RUN}], got {chunk}")
         self.chunk = chunk
         self.params = params
-        if compile == "auto":  # the native step where it runs this model, else Inductor's
-            compile = "native" if self.device == "cpu" and cpu_step.problem(model, 1) is None else "inductor"
+        if compile in ("auto", "native"):  # auto: the native step where it runs this model, else Inductor's
+            why = cpu_step.problem(model, 1)
+            if compile == "native" and why is not None:
+                raise ValueError(f"the native CPU step cannot run this model: {why}")
+            compile = "native" if why is None else "inductor"
         self.native = compile == "native"
         if self.native:  # nothing to compile: the step runs as it is from the first reply on
-            if (why := cpu_step.problem(model, 1)) is not None:
-                raise ValueError(f"the native CPU step cannot run this model: {why}")
             self.decoder.set_compile("native")
             compile = None
         if compile:

@@ -52,9 +52,9 @@ import torch
 from torch import Tensor
 
 from tinyllm import cpu_qgemv, decode_attention, pdl
+from tinyllm.cpu_step import NativeStep
 from tinyllm.kv_cache import KVCache, SlotKVCache, ViewLayer
 from tinyllm.model import Transformer
-from tinyllm.cpu_step import NativeStep
 from tinyllm.saved_step import SavedStep
 from tinyllm.step_sampler import StepSampler
 
@@ -224,7 +224,7 @@ class _Decoder:
         self.sampler = StepSampler(batch, model.cfg.vocab_size, device)
         self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)  # the next step's input
         self.out = torch.zeros(batch, MAX_RUN, dtype=torch.long, device=device)  # ids of the last run
-        self._step_fn = NativeStep(self) if compile == "native" else compiled(self._forward, compile, model)
+        self._step_fn = self._make_step(compile)
         self.saved = None  # the loaded compiled step (tinyllm.saved_step) that runs, if one does
         self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.pool = None
@@ -258,16 +258,20 @@ class _Decoder:
         first call. The graphs of the old step are dropped; the new step's are captured as
         runs need them."""
         self.compile, self.saved = backend, saved
-
-        def traced():
-            return compiled(self._forward, backend, self.model)
-        if backend == "native":
-            self._step_fn = NativeStep(self)
-        else:
-            self._step_fn = traced() if saved is None else SavedStep(saved, self, traced)
+        self._step_fn = self._make_step(backend, saved)
         self.graphs.clear()
         if self.pool is not None:  # the old graphs' pool dies with them: capture into a new one
             self.pool = torch.cuda.graph_pool_handle()
+
+    def _make_step(self, backend: str | None, saved=None):
+        """The step function `(window) -> logits` for `backend`: the native CPU step, a loaded
+        compiled step (falling back to a trace), or `compiled()`'s."""
+        if backend == "native":
+            return NativeStep(self)
+
+        def traced():
+            return compiled(self._forward, backend, self.model)
+        return traced() if saved is None else SavedStep(saved, self, traced)
 
     # -- the step -------------------------------------------------------------------------
 
