@@ -286,10 +286,11 @@ def test_paste_guard_keeps_escapes_inside_a_paste_as_text():
     raw = "x\x1b[200~a\x1b[Ab\x11\r\x1b\x1b[201~y"
     for split in range(len(raw) + 1):  # the terminal's reads may split it anywhere
         guard = PasteGuard()
-        text = guard.feed(raw[:split]) + guard.feed(raw[split:])
+        text = guard.feed(raw[:split]) + guard.feed(raw[split:]) + guard.idle()  # what follows the end waits for idle
         assert text == f"x\x1b[200~a{VISIBLE_ESC}[Ab\x11\r{VISIBLE_ESC}\x1b[201~y", (split, text)
     parser = XTermParser()
-    got = list(parser.feed(PasteGuard().feed(raw)))
+    guard = PasteGuard()
+    got = list(parser.feed(guard.feed(raw) + guard.idle()))
     names = [type(e).__name__ for e in got]
     assert names == ["Key", "Paste", "Key"], got  # x, the paste, y: nothing replayed as keys
     assert clean_paste(got[1].text) == f"a{VISIBLE_ESC}[Ab\u2411\n{VISIBLE_ESC}"
