@@ -1,0 +1,159 @@
+"""The real tinyllm-chat in a pseudo-terminal: the bytes a terminal sends, the screen read back
+through pyte (tests/chat_app/pty_terminal.py). Pilot never goes through the terminal's input
+parser; these tests do, so they guard what Pilot cannot see (issue 31: a lone Esc killed the
+app; a paste holding an end marker sent a message).
+
+Few and fast: one app process serves the key tests, in file order; Ctrl+C/Ctrl+Q get their own.
+No assert depends on timing: each waits on screen state, with a deadline that only stops a
+hung test. The one pause (Esc alone) only keeps Esc and the next key in separate reads, as a
+human types them; were they read together, the test would still pass, and test the Alt+key
+path instead. The shared app holds its first reply after its first text until a stop
+arrives (the child protocol's test-only `hold`, set through a three-line wrapper around
+chat_app.__main__.main), so Esc mid-reply cannot find the reply already ended, on any CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+if sys.platform == "win32":
+    pytest.skip("no pseudo-terminals", allow_module_level=True)
+
+from chat_app.terminal import VISIBLE_ESC  # noqa: E402
+from tests.chat_app.pty_terminal import Terminal  # noqa: E402
+
+ESC, F1, CTRL_O, CTRL_C, CTRL_Q, ALT_BACKSPACE = "\x1b", "\x1bOP", "\x0f", "\x03", "\x11", "\x1b\x7f"
+LEFT, HOME, END, DELETE, CTRL_LEFT = "\x1b[D", "\x1b[H", "\x1b[F", "\x1b[3~", "\x1b[1;5D"
+BACKSPACE = "\x7f"
+READY = "· ready ·"  # the status bar, once the model has loaded and no reply runs
+YOU = "─ you ─"  # the border of a sent message
+HELP = "tinyllm-chat help"  # F1's title
+HELD = ("import chat_app.__main__ as m\nbuild = m.build_app\n"
+        "def held(args):\n    app = build(args)\n    app.open_session.args[0]['hold'] = 1\n    return app\n"
+        "m.build_app = held\nm.main()")
+
+
+def start(ckpt, folder, *argv: str, held: bool = False) -> Terminal:
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES") and not k.startswith("TEXTUAL")}
+    env.update(TERM="xterm-256color", TINYLLM_CHAT_DATA_DIR=str(folder / "data"),
+               TINYLLM_CHAT_CONFIG_DIR=str(folder / "config"))
+    program = ["-c", HELD] if held else ["-m", "chat_app"]
+    term = Terminal([sys.executable, *program, "--model", str(ckpt), "--device", "cpu", "--compile", "off", *argv],
+                    env)
+    try:
+        term.wait(READY, "the model to load")
+    except BaseException:
+        term.close()
+        raise
+    return term
+
+
+@pytest.fixture(scope="module")
+def chat(ckpt, tmp_path_factory):
+    term = start(ckpt, tmp_path_factory.mktemp("pty"), "--ignore-eos", held=True)
+    yield term
+    term.close()
+
+
+def typed(term: Terminal, *lines: str) -> None:
+    term.wait(lambda: term.input_text().split("\n") == list(lines), f"the input to hold {lines!r}")
+
+
+def settled(term: Terminal) -> None:
+    """Every key sent so far has been handled. Textual inserts a printable key at once but runs a
+    binding only once the key has bubbled up to the app, so a letter can overtake an arrow or a
+    Backspace sent before it; F1 is a binding too, handled after every binding before it."""
+    term.send(F1)
+    term.wait(HELP)
+    term.send(ESC)
+    term.wait(lambda: HELP not in term.text(), "the help to close")
+
+
+def clear(term: Terminal) -> None:
+    term.send(END + BACKSPACE * 80)
+    settled(term)
+    typed(term, "")
+
+
+def test_escape_alone_then_a_key(chat):
+    clear(chat)
+    chat.send(ESC)
+    time.sleep(0.5)  # a human's pause: the Esc is read alone (see the module's docstring)
+    chat.send("a")
+    typed(chat, "a")  # was: ParseError, end of file reached, and the app gone
+    assert chat.exit_code(wait=False) is None
+
+
+def test_escape_closes_help_and_the_chat_list(chat):
+    clear(chat)
+    for opens, shows in ((F1, HELP), (CTRL_O, "Esc closes")):
+        chat.send(opens)
+        chat.wait(shows)
+        chat.send(ESC)
+        chat.wait(lambda shows=shows: shows not in chat.text(), f"Esc to close {shows!r}")
+    chat.send("b")
+    typed(chat, "b")
+
+
+def test_arrows_home_end_delete_and_alt_keys(chat):
+    clear(chat)
+    chat.send("one two three")
+    typed(chat, "one two three")
+    # only bindings in one burst (see settled())
+    chat.send(CTRL_LEFT + BACKSPACE + HOME + DELETE + END + ALT_BACKSPACE + LEFT + BACKSPACE)
+    typed(chat, "n")  # one two |three, one two|three, |one twothree, |ne twothree, ne twothree|, ne |, ne| , n|
+
+
+@pytest.mark.parametrize("paste, lands", [
+    ("hello\rworld", ["hello", "world"]),
+    # tmux passes an end marker that the pasted text holds on: the rest is still text
+    ("abc\x1b[201~INJECT\r more", [f"abc{VISIBLE_ESC}[201~INJECT", "more"]),
+], ids=["plain", "embedded-end-marker"])
+def test_a_bracketed_paste_is_text(chat, paste, lands):
+    clear(chat)
+    sent = chat.text().count(YOU)
+    chat.send(f"\x1b[200~{paste}\x1b[201~")
+    typed(chat, *lands)  # a replayed Enter would have sent (and taken) "abcINJECT"
+    settled(chat)
+    assert chat.text().count(YOU) == sent and READY in chat.text()
+
+
+def test_invalid_utf8_is_survived(chat):
+    clear(chat)
+    chat.send(b"\xff\xfe")
+    chat.send(b"ok\xe2\x82")  # and a character cut short
+    chat.send("!")
+    typed(chat, "\ufffd\ufffdok\ufffd!")
+
+
+def test_resize_redraws_at_the_new_size(chat):
+    for cols, rows in ((120, 40), (100, 30)):
+        chat.resize(cols, rows)
+        chat.wait(lambda rows=rows: READY in chat.lines()[rows - 2] and chat.lines()[rows - 3].endswith("▁▎"),
+                  f"a redraw at {cols}x{rows}")
+
+
+def test_escape_mid_reply_stops_it(chat):
+    clear(chat)
+    chat.send("hi\r")
+    chat.wait("· generating ·")  # held after its first text: it cannot end before the stop
+    chat.send(ESC)
+    took = chat.wait(lambda: "■ stopped" in chat.text() and READY in chat.text(), "Esc to stop the reply")
+    print(f"Esc to the stopped reply on screen: {took:.2f} s")  # issue 31 asks for < 0.5 s; not asserted
+
+
+def test_ctrl_c_stays_and_ctrl_q_quits_cleanly(ckpt, tmp_path):
+    term = start(ckpt, tmp_path)
+    try:
+        term.send(CTRL_C)  # copies; never quits (chat_app.reading)
+        term.wait("Nothing selected to copy")
+        term.send(CTRL_Q)
+        assert term.exit_code() == 0
+        assert term.modes() == {"alt_screen": False, "cursor": True, "mouse": False, "paste": False}
+        assert term.echo_on()  # the terminal's line mode is back
+    finally:
+        term.close()
