@@ -187,7 +187,7 @@ def check_vocab(where: object, tokenizer_size: int, model_size: int) -> None:
 
 # ---- building -------------------------------------------------------------------------------
 
-def _target(t: torch.Tensor | QTensor, quant: str, group: int) -> torch.Tensor | QTensor:
+def _target(t: torch.Tensor | QTensor, quant: str, group: int, half: bool = False) -> torch.Tensor | QTensor:
     """One matrix in the form `quant` asks for (dense tensors stay as the file holds them until the end)."""
     if quant == "none":
         return t.dequantize() if isinstance(t, QTensor) else t
@@ -197,7 +197,7 @@ def _target(t: torch.Tensor | QTensor, quant: str, group: int) -> torch.Tensor |
     kind = quant if fits(shape, quant, group) else "int8"
     if isinstance(t, QTensor) and t.kind == kind and (kind == "int8" or t.group == group):
         return t
-    return quantize(t.dequantize() if isinstance(t, QTensor) else t, kind, group)
+    return quantize(t.dequantize() if isinstance(t, QTensor) else t, kind, group, half)
 
 
 def _fuse(parts: list[torch.Tensor | QTensor]) -> torch.Tensor | QTensor:
@@ -222,9 +222,14 @@ def matrix_dtype(stored: torch.dtype, device: torch.device, dtype: torch.dtype, 
 
 
 def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor], device: torch.device,
-                      dtype: torch.dtype, quant: str = "auto", group: int = 32) -> Transformer:
-    """A Transformer holding `state` (tinyllm's separate names; lm_head from tok_emb when tied)."""
+                      dtype: torch.dtype, quant: str = "auto", group: int = 32, embedding: str | None = None,
+                      half: bool = False) -> Transformer:
+    """A Transformer holding `state` (tinyllm's separate names; lm_head from tok_emb when tied).
+    `embedding` ("none", "int8", "int4"), when given, is the form of tok_emb and lm_head instead
+    of `quant`'s; `half` rounds new int4 scales to fp16 (quant.quantize)."""
     check_quant(quant, group)
+    if embedding is not None:
+        check_quant(embedding, group)
     device = torch.device(device)
     if quant == "auto" and device.type == "cuda":
         quant = "none"
@@ -241,7 +246,8 @@ def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor]
     names = ["tok_emb.weight"] + ([] if cfg.tie_embeddings else ["lm_head.weight"])
     names += [f"blocks.{i}.{lin}.weight" for i in range(cfg.n_layers) for lin in LINEARS]
     for n in names:
-        t = _target(state.pop(n), quant, group)
+        own = embedding if embedding is not None and not n.startswith("blocks.") else quant
+        t = _target(state.pop(n), own, group, half)
         if cpu_int8 and isinstance(t, QTensor) and t.kind == "int4":
             t = quantize(t.dequantize(), "int8")
         mats[n] = t
@@ -282,12 +288,14 @@ def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor]
     return model.eval()
 
 
-def quantize_model(model: Transformer, quant: str, group: int = 32) -> Transformer:
-    """A dense model rebuilt with its matrices in `quant`'s form, on its device, in its dtype."""
+def quantize_model(model: Transformer, quant: str, group: int = 32, embedding: str | None = None,
+                   half: bool = False) -> Transformer:
+    """A dense model rebuilt with its matrices in `quant`'s form (`embedding`'s for the embedding
+    and head, when given), on its device, in its dtype."""
     state = model.state_dict()
     assert not any(k.endswith(".qweight") for k in state), "quantize_model takes a dense model"
     return build_transformer(model.cfg, {k: v.float() for k, v in state.items()}, model.device, model.dtype,
-                             quant, group)
+                             quant, group, embedding, half)
 
 
 def _rows(cfg: ModelConfig, part: str) -> int:

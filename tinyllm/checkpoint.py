@@ -46,7 +46,7 @@ from tinyllm.build import (
 )
 from tinyllm.model import ModelConfig, Transformer
 from tinyllm.model_files import INDEX, WEIGHTS, read_safetensors_header, weight_files
-from tinyllm.quant import QTensor
+from tinyllm.quant import QTensor, held_exactly
 from tinyllm.tokenizer import Tokenizer
 
 __all__ = ["Checkpoint", "CheckpointInfo", "default_dtype", "inspect_checkpoint", "load_checkpoint",
@@ -192,10 +192,13 @@ def save_checkpoint(model: Transformer, tokenizer: Tokenizer, path: str | Path, 
 
 
 def _stored(name: str, t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """On the CPU, contiguous; dense weights in `dtype`; quantized parts as they are (scales fp32)."""
+    """On the CPU, contiguous; dense weights in `dtype`; quantized parts as they are, scales and
+    offsets in fp16 where every value is exact in fp16 (a GGUF's, --half-scales'), else fp32."""
     t = t.detach().to("cpu")
-    if name.endswith((".qweight", ".scales", ".zeros")):
-        return (t.float() if t.is_floating_point() else t).contiguous()
+    if name.endswith((".scales", ".zeros")):
+        return held_exactly(t).contiguous()
+    if name.endswith(".qweight"):
+        return t.contiguous()
     return t.to(dtype or t.dtype).contiguous()
 
 

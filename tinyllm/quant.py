@@ -87,7 +87,7 @@ def _exact_in_fp16(t: Tensor) -> bool:
     return bool((t.half().float() == t).all())
 
 
-def _held(t: Tensor | None) -> Tensor | None:
+def held_exactly(t: Tensor | None) -> Tensor | None:
     """Scales or offsets as a layer holds them, never rounded: fp16 where every value is exact in
     fp16 (a GGUF's), else fp32. Rounded to bf16 (the activations' dtype on CUDA), a checkpoint
     saved from the layer would no longer be the one loaded."""
@@ -115,8 +115,11 @@ def pack_int4(q: Tensor) -> Tensor:
     return q[..., 0::2] | (q[..., 1::2] << 4)
 
 
-def quantize(w: Tensor, kind: str, group: int = 32) -> QTensor:
-    """fp32 (N, K) -> QTensor, round to nearest (symmetric int8 per row; asymmetric int4 per group)."""
+def quantize(w: Tensor, kind: str, group: int = 32, half: bool = False) -> QTensor:
+    """fp32 (N, K) -> QTensor, round to nearest (symmetric int8 per row; asymmetric int4 per group).
+    `half` rounds int4 scales and offsets to fp16 first (GGUF Q4_1's layout: 0.625 bytes a weight
+    at group 32 instead of 0.75; the CPU kernel reads them as they are); the weights are then
+    rounded on that grid, so the bound above grows by the fp16 rounding of the offset."""
     w = w.float()
     if kind == "int8":
         s = (w.abs().amax(1) / 127).clamp(min=1e-12)  # (N,)
@@ -129,6 +132,8 @@ def quantize(w: Tensor, kind: str, group: int = 32) -> QTensor:
     wg = w.view(n, k // group, group)  # (N, K/g, g)
     lo, hi = wg.amin(-1), wg.amax(-1)  # (N, K/g)
     s = ((hi - lo) / 15).clamp(min=1e-12)
+    if half:
+        s, lo = s.clamp(min=2**-24).half().float(), lo.half().float()
     q = ((wg - lo[..., None]) / s[..., None]).round().clamp(0, 15)
     return QTensor("int4", pack_int4(q.view(n, k)), s, lo)
 
@@ -201,12 +206,12 @@ class QuantLinear(Module):
             self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
             sz = torch.stack((qt.scales, qt.zeros + 8 * qt.scales), -1)  # (N, K/g, 2): w = (q - 8) s + z'
             self.register_buffer("scales_zeros", sz.transpose(0, 1).contiguous().to(dtype))  # (K/g, N, 2)
-            self.register_buffer("scales", _held(qt.scales))  # the exact values, for state_dict
-            self.register_buffer("zeros", _held(qt.zeros))
+            self.register_buffer("scales", held_exactly(qt.scales))  # the exact values, for state_dict
+            self.register_buffer("zeros", held_exactly(qt.zeros))
         else:
             self.register_buffer("qweight", qt.qweight)
-            self.register_buffer("scales", _held(qt.scales))  # converted to `dtype` where used
-            self.register_buffer("zeros", _held(qt.zeros))
+            self.register_buffer("scales", held_exactly(qt.scales))  # converted to `dtype` where used
+            self.register_buffer("zeros", held_exactly(qt.zeros))
             if qt.kind == "int8":  # the many-row formulation's scales, already in `dtype`: converted
                 # in the graph, Inductor's int8 weight-only pass fails on them (AssertionError:
                 # Pointwise; torch 2.11 and 2.13, bf16)
@@ -323,8 +328,8 @@ class QuantEmbedding(Module):
         self.kind = qt.kind
         self.num_embeddings, self.embedding_dim = qt.shape
         self.register_buffer("qweight", qt.qweight)
-        self.register_buffer("scales", _held(qt.scales))
-        self.register_buffer("zeros", _held(qt.zeros))
+        self.register_buffer("scales", held_exactly(qt.scales))
+        self.register_buffer("zeros", held_exactly(qt.zeros))
         self.register_buffer("like", torch.empty(0, dtype=dtype, device=qt.qweight.device), persistent=False)
 
     @property

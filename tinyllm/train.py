@@ -66,6 +66,8 @@ class TrainConfig:
     ffn_dim: int | None = None
     max_seq_len: int | None = None  # inference context (>= seq_len)
     tie_embeddings: bool | None = None
+    init: str | None = None  # start from this tinyllm checkpoint folder (its shape; its tokenizer must be --tokenizer)
+    freeze_body: int = 0  # first steps that train only the embedding and the head, the body frozen
     seq_len: int = 1024  # training row length (tokens per row)
     batch_size: int = 32  # rows per micro-batch
     grad_accum: int = 1  # micro-batches per optimizer step
@@ -225,12 +227,13 @@ class Trainer:
         if saved is not None and saved["tokenizer_sha"] != self.tok_sha:
             raise ValueError(f"--resume: {tok_path} is not the tokenizer this run was trained with")
         self.st = RunState(**saved["run"]) if saved else RunState()
+        init = None if saved is not None or not cfg.init else load_init(cfg.init, self.tok_sha)
         mcfg = (ModelConfig.from_dict(saved["model_config"]) if saved
-                else model_config(cfg, self.tok.vocab_size))
+                else init.cfg if init is not None else model_config(cfg, self.tok.vocab_size))
         torch.manual_seed(cfg.seed)
         self.model = Transformer(mcfg).init_weights(cfg.seed)
-        if saved is not None:
-            self.model.load_state_dict(saved["model"])
+        if saved is not None or init is not None:
+            self.model.load_state_dict(saved["model"] if saved is not None else init.state_dict())
         self.model.to(self.device).train()
         self.opt = make_optimizer(self.model, cfg, self.device)
         if saved is not None:
@@ -243,6 +246,7 @@ class Trainer:
         # Seconds, measured as the run goes (the step-0 eval and save measure them first).
         self.eval_s, self.ckpt_s, self.best_s, self.step_s = 0.0, 0.0, 0.0, 0.0
         self.evaluated_at = -1
+        self.frozen = False  # see freeze()
 
     def _check_out(self) -> None:
         cfg = self.cfg
@@ -283,9 +287,18 @@ class Trainer:
             st.best_eval = st.eval_loss
             self.best_s = self.save("best")
 
+    def freeze(self, frozen: bool) -> None:
+        """Train only the embedding and the head (one table when tied) while frozen; every weight after."""
+        for name, p in self.model.named_parameters():
+            p.requires_grad_(not frozen or name.startswith(("tok_emb.", "lm_head.")))
+        self.frozen = frozen
+        self.log({"event": "freeze" if frozen else "unfreeze", "step": self.st.step})
+
     def train_step(self, lr: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One optimizer step; (mean loss, grad norm) as device tensors (no sync)."""
         cfg = self.cfg
+        if (self.st.step < cfg.freeze_body) != self.frozen:
+            self.freeze(not self.frozen)
         for g in self.opt.param_groups:
             g["lr"] = lr
         total = torch.zeros((), device=self.device)
@@ -362,6 +375,16 @@ class Trainer:
                  "ckpt": str(self.out / "ckpt")}
         self.log(final)
         return final
+
+
+def load_init(path: str, tok_sha: str) -> Transformer:
+    """The dense fp32 model of a tinyllm checkpoint folder trained with the same tokenizer."""
+    from tinyllm.checkpoint import load_checkpoint
+
+    ck = load_checkpoint(path, "cpu", torch.float32, quant="none")
+    if not hasattr(ck.tokenizer, "serialized") or hashlib.sha256(ck.tokenizer.serialized()).hexdigest() != tok_sha:
+        raise ValueError(f"--init {path} holds another tokenizer than --tokenizer; pass the one it was made with")
+    return ck.model
 
 
 def train_model(cfg: TrainConfig) -> dict:

@@ -272,3 +272,27 @@ def test_packing_with_bos_reads_each_row_as_one_multi_turn_chat(tok):
     x, y = next(data.eval_batches(rows, len(rows), torch.device("cpu")))
     replies = sorted(m["content"] + "<|im_end|>" for c in convs for m in c if m["role"] == "assistant")
     assert sorted(tok.decode(r) for row in y for r in _runs(row)) == replies  # the mask survives
+
+
+def test_init_starts_from_a_checkpoint_and_freeze_trains_only_the_embedding(tok_path, data_dir, tmp_path, capsys):
+    cache, first, second = tmp_path / "cache", tmp_path / "first", tmp_path / "second"
+    assert main(_model_args(tok_path, data_dir, first, cache, "--max-steps", "4", "--eval-every", "0")) == 0
+    init = load_checkpoint(first / "ckpt", quant="none").model.state_dict()
+    assert main(_model_args(tok_path, data_dir, second, cache, "--max-steps", "2", "--eval-every", "0",
+                            "--init", str(first / "ckpt"), "--freeze-body", "2", "--dim", "64")) == 0
+    log = _log(second)
+    start = next(r for r in log if r.get("event") == "start")
+    assert start["model"] == load_checkpoint(first / "ckpt").model.cfg.to_dict()  # the init's shape, not --dim
+    assert [r["event"] for r in log if r.get("event") in ("freeze", "unfreeze")] == ["freeze"]
+    evals = [r["eval_loss"] for r in _log(first) if "eval_loss" in r]
+    assert abs([r["eval_loss"] for r in log if "eval_loss" in r][0] - evals[-1]) < 1e-3  # step 0 = the init
+    after = torch.load(second / "train_state.pt", weights_only=True)["model"]
+    moved = {k for k in init if not torch.equal(init[k], after[k].to(init[k].dtype))}
+    assert moved == {"tok_emb.weight", "lm_head.weight"}, moved  # tied: one table, two names
+    # An init made with another tokenizer is refused with one line.
+    other = tmp_path / "other"
+    assert main(["tokenizer", "--data", str(data_dir), "--out", str(other), "--vocab-size", "400"]) == 0
+    capsys.readouterr()
+    assert main(_model_args(other / "tokenizer.model", data_dir, tmp_path / "third", cache, "--max-steps", "1",
+                            "--init", str(first / "ckpt"))) == 2
+    assert "another tokenizer" in capsys.readouterr().err
