@@ -175,7 +175,7 @@ def final(extra: list[str], minutes: float) -> None:
 
 def ship() -> None:
     shutil.rmtree("runs/ship", ignore_errors=True)
-    run([PY, "-m", "tinyllm.convert", "runs/ft/best", "runs/ship", "--quant", "int4", "--embedding", "int8",
+    run([PY, "-m", "tinyllm.convert", "runs/ft/best", "runs/ship", "--quant", "int4", "--form", "tok_emb=int8",
          "--half-scales", "--name", "tinychat"])
     evals = {}
     for name, model in (("ship", "runs/ship"), ("bf16", "runs/ft/best"), ("teacher", None)):

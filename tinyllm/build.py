@@ -222,14 +222,16 @@ def matrix_dtype(stored: torch.dtype, device: torch.device, dtype: torch.dtype, 
 
 
 def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor], device: torch.device,
-                      dtype: torch.dtype, quant: str = "auto", group: int = 32, embedding: str | None = None,
+                      dtype: torch.dtype, quant: str = "auto", group: int = 32, forms: dict[str, str] | None = None,
                       half: bool = False) -> Transformer:
     """A Transformer holding `state` (tinyllm's separate names; lm_head from tok_emb when tied).
-    `embedding` ("none", "int8", "int4"), when given, is the form of tok_emb and lm_head instead
-    of `quant`'s; `half` rounds new int4 scales to fp16 (quant.quantize)."""
+    `forms` {name prefix: "none" | "int8" | "int4"} gives the matrices under a prefix their own
+    form instead of `quant`'s, the longest prefix winning ({"tok_emb": "int8", "blocks.29.":
+    "int8"}); `half` rounds new int4 scales to fp16 (quant.quantize)."""
     check_quant(quant, group)
-    if embedding is not None:
-        check_quant(embedding, group)
+    forms = forms or {}
+    for form in forms.values():
+        check_quant(form, group)
     device = torch.device(device)
     if quant == "auto" and device.type == "cuda":
         quant = "none"
@@ -246,7 +248,7 @@ def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor]
     names = ["tok_emb.weight"] + ([] if cfg.tie_embeddings else ["lm_head.weight"])
     names += [f"blocks.{i}.{lin}.weight" for i in range(cfg.n_layers) for lin in LINEARS]
     for n in names:
-        own = embedding if embedding is not None and not n.startswith("blocks.") else quant
+        own = max(((p, f) for p, f in forms.items() if n.startswith(p)), default=("", quant))[1]
         t = _target(state.pop(n), own, group, half)
         if cpu_int8 and isinstance(t, QTensor) and t.kind == "int4":
             t = quantize(t.dequantize(), "int8")
@@ -288,14 +290,14 @@ def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor]
     return model.eval()
 
 
-def quantize_model(model: Transformer, quant: str, group: int = 32, embedding: str | None = None,
+def quantize_model(model: Transformer, quant: str, group: int = 32, forms: dict[str, str] | None = None,
                    half: bool = False) -> Transformer:
-    """A dense model rebuilt with its matrices in `quant`'s form (`embedding`'s for the embedding
-    and head, when given), on its device, in its dtype."""
+    """A dense model rebuilt with its matrices in `quant`'s form (`forms`' where a prefix names
+    them: build_transformer), on its device, in its dtype."""
     state = model.state_dict()
     assert not any(k.endswith(".qweight") for k in state), "quantize_model takes a dense model"
     return build_transformer(model.cfg, {k: v.float() for k, v in state.items()}, model.device, model.dtype,
-                             quant, group, embedding, half)
+                             quant, group, forms, half)
 
 
 def _rows(cfg: ModelConfig, part: str) -> int:

@@ -7,8 +7,8 @@ one taken from the model's Jinja template its full spec in chat.spec), the weigh
 tokenizer_config.json for a BPE tokenizer). Weights are saved in --dtype: "auto" keeps a
 Hugging Face folder's own dtype and writes GGUF weights (dequantized) as fp32. --quant int8 /
 int4 stores every matrix quantized (tinyllm.quant's canonical form: values plus scales, int4 in
-groups of --group; --embedding gives the embedding and tied head their own form, --half-scales
-rounds int4 scales to fp16), "keep" keeps a GGUF's or tinyllm folder's quantized matrices as they are,
+groups of --group; --form PREFIX=KIND gives the matrices under a name prefix their own form,
+--half-scales rounds int4 scales to fp16), "keep" keeps a GGUF's or tinyllm folder's quantized matrices as they are,
 "none" (the default) writes dense weights. The folder then opens with `open_any` and
 `tinyllm-chat --model DST` exactly as SRC does.
 Errors (unsupported architecture, missing tokenizer, unknown quantization type, an existing
@@ -33,7 +33,7 @@ _HF_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": to
 
 def convert(src: str | Path, dst: str | Path, dtype: str = "auto", name: str | None = None,
             template: str | None = None, shard_mb: float = 15, force: bool = False, quant: str = "none",
-            group: int = 32, embedding: str | None = None, half_scales: bool = False) -> Path:
+            group: int = 32, forms: dict[str, str] | None = None, half_scales: bool = False) -> Path:
     from tinyllm.checkpoint import save_checkpoint
     from tinyllm.open_model import open_any
     from tinyllm.tokenizer import Tokenizer
@@ -50,15 +50,15 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "auto", name: str | N
     check_quant(quant, group)
     if quant == "auto":
         raise ValueError("--quant auto picks a form for a device; convert takes none, keep, int8 or int4")
-    if (embedding is not None or half_scales) and quant not in ("int8", "int4"):
-        raise ValueError("--embedding and --half-scales go with --quant int8 or int4")
-    mixed = embedding is not None or half_scales
+    if (forms or half_scales) and quant not in ("int8", "int4"):
+        raise ValueError("--form and --half-scales go with --quant int8 or int4")
+    mixed = bool(forms) or half_scales
     model, tokenizer, chat_template, model_name = open_any(src, "cpu", torch.float32, template,
                                                            "none" if mixed else quant, group)
     if mixed:
         from tinyllm.build import quantize_model
 
-        model = quantize_model(model, quant, group, embedding, half_scales)
+        model = quantize_model(model, quant, group, forms, half_scales)
     if not isinstance(tokenizer, Tokenizer):
         import tinyllm.checkpoint as ckpt
 
@@ -70,6 +70,13 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "auto", name: str | N
         chat["spec"] = {**asdict(chat_template), "stop": list(chat_template.stop)}
     return save_checkpoint(model, tokenizer, dst, name=name or model_name, chat=chat, shard_mb=shard_mb,
                            dtype=_save_dtype(src, dtype))
+
+
+def _form(arg: str) -> tuple[str, str]:
+    prefix, sep, kind = arg.partition("=")
+    if not sep or not prefix or kind not in ("none", "int8", "int4"):
+        raise ValueError(f"--form {arg!r}: give PREFIX=KIND, KIND one of none, int8, int4")
+    return prefix, kind
 
 
 def _save_dtype(src: Path, dtype: str) -> torch.dtype:
@@ -98,14 +105,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="none: dense weights; keep: the source's quantized matrices as they are; int8: per "
                         "output channel; int4: in groups of --group")
     p.add_argument("--group", type=int, default=32, choices=(32, 64), help="int4 group size (default 32)")
-    p.add_argument("--embedding", default=None, choices=("none", "int8", "int4"),
-                   help="the embedding's (and tied head's) own form, e.g. int8 beside --quant int4")
+    p.add_argument("--form", action="append", default=[], metavar="PREFIX=KIND",
+                   help="matrices whose name starts with PREFIX held as KIND (none, int8, int4) instead of "
+                        "--quant's, e.g. --form tok_emb=int8 --form blocks.29.=int8 (repeatable)")
     p.add_argument("--half-scales", action="store_true",
                    help="int4 scales and offsets in fp16 (GGUF Q4_1's layout: 0.625 bytes a weight at group 32)")
     args = p.parse_args(argv)
     try:
+        forms = dict(_form(f) for f in args.form)
         out = convert(args.src, args.dst, args.dtype, args.name, args.template, args.shard_mb, args.force,
-                      args.quant, args.group, args.embedding, args.half_scales)
+                      args.quant, args.group, forms, args.half_scales)
     except (ValueError, FileNotFoundError) as e:
         print(f"tinyllm.convert: error: {e}", file=sys.stderr)
         return 2

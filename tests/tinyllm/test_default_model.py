@@ -1,32 +1,56 @@
-"""The shipped default model (models/tinychat): it loads, its config matches its weights, and
-it answers in its own chat template."""
+"""The shipped default model (models/tinychat): within its size limits, its config matches its
+weights, its tokenizer is sentencepiece, and at the shipped quantization it answers in its own
+chat template and knows a few plain facts."""
 
 from pathlib import Path
 
+import pytest
+
 from tinyllm.chat import open_session
-from tinyllm.checkpoint import inspect_checkpoint, load_checkpoint
+from tinyllm.checkpoint import inspect_checkpoint
+from tinyllm.quant import QuantEmbedding, QuantLinear
+from tinyllm.tokenizer import Tokenizer
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "tinychat"
+# Greedy, the app's defaults; each answer was checked against the teacher's (model card).
+FACTS = [("What is the capital of France?", "paris"), ("What is the capital of Japan?", "tokyo"),
+         ("What is the largest ocean on Earth?", "pacific")]
+
+
+@pytest.fixture(scope="module")
+def session():
+    return open_session(MODEL, "cpu", compile=None, quant="auto")  # the app's default
 
 
 def test_shipped_checkpoint_is_valid_and_within_limits():
     info = inspect_checkpoint(MODEL)  # config vs every tensor's shape, tokenizer vs vocabulary
-    assert info.n_params <= 50_000_000
-    size = sum(f.stat().st_size for f in MODEL.iterdir())
-    assert size <= 64 * 2**20
+    weights = sum(f.stat().st_size for f in info.weight_files)
+    assert weights <= 80e6, f"{weights / 1e6:.1f} MB of weights, over 80 MB"
     assert all(f.stat().st_size <= 15 * 2**20 for f in info.weight_files)
     assert info.chat["template"] == "chatml"
-    ckpt = load_checkpoint(MODEL)
-    assert ckpt.model.num_params() == info.n_params
-    assert ckpt.tokenizer.piece_to_id("<|im_end|>") is not None
-    assert len(ckpt.tokenizer.encode("<|im_start|>user\n")) == 3  # marker, "user", newline
+    tok = Tokenizer.load(MODEL / "tokenizer.model")  # sentencepiece, not a BPE tokenizer.json
+    assert not (MODEL / "tokenizer.json").exists() and tok.vocab_size == info.config.vocab_size
+    assert [len(tok.encode(p)) for p in ("<|im_start|>", "<|im_end|>")] == [1, 1]
 
 
-def test_greedy_reply_to_hello_ends_at_end_of_turn():
-    session = open_session(MODEL, "cpu", compile=None)
-    events = list(session.send("Hello!"))
-    finished = events[-1]
+def test_matrices_are_held_quantized_as_shipped(session):
+    model = session.model
+    assert isinstance(model.tok_emb, QuantEmbedding) and isinstance(model.lm_head, QuantLinear)
+    kinds = {m.kind for m in model.modules() if isinstance(m, QuantLinear)}
+    assert kinds == {"int4", "int8"}  # int4 body, a few sensitive layers int8 (the card's table)
+
+
+def test_greedy_reply_to_hello_ends_at_end_of_turn(session):
+    session.new_chat()
+    finished = list(session.send("Hello!"))[-1]
     assert finished.reason == "eos"  # it closed its turn with <|im_end|> ...
     assert finished.text.strip()  # ... after some text
     assert "<|im_end|>" not in finished.text and "<|im_start|>" not in finished.text
     assert session.messages[-1].ids[-2:] == session.encode("<|im_end|>\n")
+
+
+@pytest.mark.parametrize("question,answer", FACTS)
+def test_greedy_replies_hold_plain_facts(session, question, answer):
+    session.new_chat()
+    finished = list(session.send(question))[-1]
+    assert finished.reason == "eos" and answer in finished.text.lower(), finished.text

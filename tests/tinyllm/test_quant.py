@@ -264,3 +264,28 @@ def test_cpu_activations_are_fp32_unless_only_torchs_int4_kernel_is_there(monkey
             want = torch.bfloat16 if native and not kernel else torch.float32
             assert build.default_dtype(cpu, int4=True) == want, (native, kernel)
             assert build.default_dtype(cpu, int4=False) == torch.float32
+
+def test_forms_and_half_scales_shape_a_mixed_checkpoint(tmp_path):
+    """convert --quant int4 --form tok_emb=int8 --form blocks.1.=int8 --half-scales: the int4
+    matrices keep fp16 scales and offsets (0.625 bytes a weight at group 32), saved as fp16,
+    and every matrix is in the form its longest prefix names."""
+    from safetensors import safe_open
+
+    dense = tiny_model(tie_embeddings=True, ffn_dim=192)
+    model = quantize_model(dense, "int4", 32, {"tok_emb": "int8", "blocks.1.": "int8", "blocks.1.ffn.w2": "int4"},
+                           half=True)
+    path = save_checkpoint(model, make_tiny_tokenizer(tmp_path / "tok"), tmp_path / "ckpt")
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        held = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
+    assert held["tok_emb.qweight"].dtype == torch.int8 and held["blocks.1.attn.wq.qweight"].dtype == torch.int8
+    assert held["blocks.1.ffn.w2.qweight"].dtype == torch.uint8  # the longer prefix wins
+    assert held["blocks.0.ffn.w1.qweight"].dtype == torch.uint8
+    assert held["blocks.0.ffn.w1.scales"].dtype == held["blocks.0.ffn.w1.zeros"].dtype == torch.float16
+    assert held["tok_emb.scales"].dtype == torch.float32  # int8 per-row scales are not fp16-exact
+    # Within a step of the dense weights (half a step plus the fp16 rounding of the offset).
+    w = dense.blocks[0].ffn.w2.weight.detach()
+    qt = quantize(w, "int4", 32, half=True)
+    step = qt.scales.repeat_interleave(32, 1)
+    assert ((qt.dequantize() - w).abs() <= 0.5 * step + 1e-3 * w.abs().amax()).all()
+    back = load_checkpoint(path).model.state_dict()
+    assert all(torch.equal(v, back[k]) for k, v in model.state_dict().items())

@@ -273,7 +273,7 @@ PROMPTS = ("What is the capital of France?", "Tell me a story about a cat.")
 
 @pytest.fixture(scope="module")
 def tinychat():
-    return load_checkpoint(MODEL)
+    return load_checkpoint(MODEL, quant="none")  # dense: each test quantizes it its own way
 
 
 @needs_kernel

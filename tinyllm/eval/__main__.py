@@ -6,8 +6,8 @@
 Contract:
 - Every prompt of `tinyllm.eval.prompts` (or every --stride-th, the first --limit) is answered by a
   `ChatSession` (`open_session`: the model's chat template, its default system prompt when
-  the prompt has none, greedy, --repeat-penalty 1.1 over the last 64 ids, --max-tokens 256:
-  the app's defaults), each in a new chat; a multi-turn prompt's fixed turns are loaded
+  the prompt has none, greedy, --repeat-penalty 1.1 over the last 64 ids, --max-tokens 256,
+  --quant auto: the app's defaults), each in a new chat; a multi-turn prompt's fixed turns are loaded
   first (`load_messages`) and its last turn answered (`regenerate`).
 - Scores: `correct` = checkable prompts whose reply passes its check / checkable prompts;
   `degenerate` = replies that loop (`textcheck.has_loop`: a word 4-gram said 3 times or a
@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="models/tinychat", help="tinyllm folder, Hugging Face folder or .gguf")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: the app's)")
+    ap.add_argument("--quant", default="auto", help="how the matrices are held (default auto: the app's; "
+                                                   "a CPU keeps a checkpoint's int4/int8, CUDA dequantizes)")
     ap.add_argument("--repeat-penalty", type=float, default=1.1, help="the app's default: 1.1")
     ap.add_argument("--max-tokens", type=int, default=256, help="the app's default: 256")
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts (0: all)")
@@ -120,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         prompts = load_prompts(args.prompts)[:: max(1, args.stride)][: args.limit or None]
         params = SamplingParams(repeat_penalty=args.repeat_penalty, max_tokens=args.max_tokens)
         t0 = time.perf_counter()
-        session = open_session(args.model, args.device, params=params, compile=None, threads=args.threads)
+        session = open_session(args.model, args.device, params=params, compile=None, threads=args.threads,
+                               quant=args.quant)
         log = None if args.quiet else (lambda r: print(json.dumps({k: r[k] for k in ("id", "reason", "tokens", "reply")}),
                                                        flush=True))
         replies = answer_all(session, prompts, log)
