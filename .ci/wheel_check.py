@@ -30,7 +30,7 @@ import time
 import zipfile
 from pathlib import Path
 
-MAX_WHEEL_MB = 90  # about 77 MB, nearly all of it the default model: a second checkpoint or stray data fails
+MAX_WHEEL_MB = 90  # about 73 MB, nearly all of it the default model: a second checkpoint or stray data fails
 REPLY_TIMEOUT_S = 300  # load and reply take about 20 s on a 2-core CPU; this only stops a hung run
 PROMPT = "Hello! What can you help me with?"
 DIST_INFO = ".dist-info/"
