@@ -41,6 +41,7 @@ from textual.worker import get_current_worker
 from chat_app.chats import ChatSwitching, system_note
 from chat_app.commands import COMMANDS, SlashCommands
 from chat_app.events import Done, Failed, Finished, Loaded, Prefilled, Progress, Started, Token
+from chat_app.labels import printable
 from chat_app.model_switch import ModelSwitching, close_session
 from chat_app.reading import READING_KEYS, Reading
 from chat_app.store import Saved, Store, StoreError
@@ -134,7 +135,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
         if self.chosen_theme:
             self.theme = self.chosen_theme
         try:
-            self.prompt.prompts = self.store.prompts()  # Up recalls earlier runs' prompts too
+            self.prompt.prompts = [printable(p) for p in self.store.prompts()]  # Up recalls earlier runs' too
         except StoreError:
             pass  # said below (store.error)
         self.show_loading(self.model_name)
@@ -153,7 +154,8 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
             close_session(self.session)
 
     def say(self, message: str, severity: str = "information") -> None:
-        self.notify(message, severity=severity, markup=False)  # type: ignore[arg-type]
+        """A notice. It may echo a model's name, a path, what was typed: plain text (chat_app.labels)."""
+        self.notify(printable(message), severity=severity, markup=False)  # type: ignore[arg-type]
 
     def queue_job(self, kind: str, arg: Any) -> None:
         self._jobs.put((kind, arg))

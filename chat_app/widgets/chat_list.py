@@ -6,7 +6,8 @@ model and how many messages it has; the open one is marked. Enter opens the chat
 cursor: the screen is dismissed with its id, and the app switches to it (None: nothing to
 open). `r` renames it in place (Enter keeps the title, Esc drops the edit, an empty title
 goes back to the first message); `d` asks, and `y` deletes it. A chat another instance holds
-is refused with a notice; every store failure is a notice, never an exception.
+is refused with a notice; every store failure is a notice, never an exception. Titles, first
+messages and model names are shown as plain text, control characters visible (chat_app.labels).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Static
 
+from chat_app.history import ChatInfo
+from chat_app.labels import plain, printable
 from chat_app.store import Store, StoreError
 from chat_app.widgets.status_bar import shorten
 
@@ -36,7 +39,7 @@ class ChatList(ModalScreen[int | None]):
     def __init__(self, store: Store) -> None:
         super().__init__()
         self.store = store
-        self.ids: list[int] = []  # row order
+        self.chats: list[ChatInfo] = []  # row order
         self._deleting: int | None = None  # asked to delete this one; y confirms
 
     def compose(self):
@@ -59,21 +62,25 @@ class ChatList(ModalScreen[int | None]):
         try:
             chats = self.store.chats()
         except StoreError as e:
-            self.notify(str(e), severity="error", markup=False)
+            self.notify(printable(str(e)), severity="error", markup=False)
             chats = []
-        self.ids = [c.id for c in chats]
+        self.chats = chats
         for c in chats:
-            table.add_row("▶" if c.here else "", c.title, when(c.updated), shorten(c.model, 20),
+            table.add_row("▶" if c.here else "", plain(c.title), when(c.updated), plain(shorten(c.model, 20)),
                           str(c.n_messages), key=str(c.id))
         self.note("" if chats else "No saved chats yet: the first message of a chat saves it.")
 
     def note(self, text: str) -> None:
-        self.query_one("#chats-note", Static).update(text)
+        self.query_one("#chats-note", Static).update(plain(text))
+
+    @property
+    def picked(self) -> ChatInfo | None:
+        row = self.query_one(DataTable).cursor_row
+        return self.chats[row] if 0 <= row < len(self.chats) else None
 
     @property
     def current(self) -> int | None:
-        table = self.query_one(DataTable)
-        return self.ids[table.cursor_row] if self.ids and 0 <= table.cursor_row < len(self.ids) else None
+        return None if self.picked is None else self.picked.id
 
     @on(DataTable.RowSelected)
     def open(self) -> None:
@@ -89,29 +96,30 @@ class ChatList(ModalScreen[int | None]):
         self.dismiss(None)
 
     def action_rename(self) -> None:
-        if self.current is None:
+        if self.picked is None:
             return
-        table = self.query_one(DataTable)
         rename = self.query_one("#rename", Input)
-        rename.value = str(table.get_row_at(table.cursor_row)[1])
+        rename.value = printable(self.picked.title)
         rename.display = True
         rename.focus()
 
     @on(Input.Submitted, "#rename")
     def renamed(self, event: Input.Submitted) -> None:
         event.stop()
-        cid, row = self.current, self.query_one(DataTable).cursor_row
+        chat, row = self.picked, self.query_one(DataTable).cursor_row
         event.input.display = False
-        if cid is not None and self._change(self.store.rename, cid, event.value):
+        title = event.value
+        if chat is not None and title == printable(chat.title):  # unchanged: kept as stored, controls and all
+            title = chat.title
+        if chat is not None and self._change(self.store.rename, chat.id, title):
             self.refill()
             self.query_one(DataTable).move_cursor(row=row)
         self.query_one(DataTable).focus()
 
     def action_delete(self) -> None:
-        if self.current is not None:
-            self._deleting = self.current
-            title = self.query_one(DataTable).get_row_at(self.query_one(DataTable).cursor_row)[1]
-            self.note(f"Delete “{title}”? y deletes it, any other key keeps it.")
+        if self.picked is not None:
+            self._deleting = self.picked.id
+            self.note(f"Delete “{self.picked.title}”? y deletes it, any other key keeps it.")
 
     def action_confirm(self) -> None:
         cid, self._deleting = self._deleting, None
@@ -128,6 +136,6 @@ class ChatList(ModalScreen[int | None]):
         try:
             change(*args)
         except (StoreError, ValueError) as e:
-            self.notify(str(e), severity="error", markup=False)
+            self.notify(printable(str(e)), severity="error", markup=False)
             return False
         return True

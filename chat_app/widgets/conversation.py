@@ -18,7 +18,8 @@ from textual.containers import VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Static
 
-from chat_app.widgets.reply import Reply, printable
+from chat_app.labels import plain, printable
+from chat_app.widgets.reply import Reply
 
 HINT = "Type a message and press Enter. Ctrl+J adds a line; F1 lists every key and command."
 
@@ -63,7 +64,7 @@ class Conversation(VerticalScroll, can_focus=True):
     async def add_note(self, text: str) -> Static:
         """A line between messages (a system prompt set mid-chat)."""
         await self._drop_hint()
-        widget = Static(text, classes="chat-note", markup=False)
+        widget = Static(plain(text), classes="chat-note")
         await self.mount(widget)
         return widget
 

@@ -3,12 +3,15 @@
 `start(name)` shows it: "Opening NAME…" and a bar that pulses until the model's loader reports
 (the child process imports torch first). `advance(done, total)` makes the bar determinate:
 tensors read of all. `finish()` hides it; the bar keeps its last numbers (tests read them).
+The name is shown as plain text, its control characters visible (chat_app.labels).
 """
 
 from __future__ import annotations
 
 from textual.containers import Horizontal
 from textual.widgets import Label, ProgressBar
+
+from chat_app.labels import plain
 
 
 class LoadProgress(Horizontal):
@@ -28,7 +31,7 @@ class LoadProgress(Horizontal):
     def __init__(self) -> None:
         super().__init__()
         self.name_shown = ""
-        self.label = Label("", markup=False)
+        self.label = Label("")
         self.bar = ProgressBar(total=None, show_eta=False)
 
     def compose(self):
@@ -37,12 +40,12 @@ class LoadProgress(Horizontal):
 
     def start(self, name: str) -> None:
         self.name_shown = name
-        self.label.update(f"Opening {name}…")
+        self.label.update(plain(f"Opening {name}…"))
         self.bar.update(total=None, progress=0)
         self.display = True
 
     def advance(self, done: int, total: int) -> None:
-        self.label.update(f"Loading {self.name_shown}: {done:,}/{total:,} tensors")
+        self.label.update(plain(f"Loading {self.name_shown}: {done:,}/{total:,} tensors"))
         self.bar.update(total=total, progress=done)
 
     def finish(self) -> None:

@@ -6,7 +6,8 @@ token); `resume()` lets a finished reply grow again (/continue); `finish(reason)
 the stream and marks a reply that did not end on its own
 ("stopped", "context full", "error"; "partial": one a crash cut short, shown on resume).
 Nothing written is ever dropped: `text` is the full source. Control characters from a
-model (noise, or an escape sequence) are shown as visible symbols, never sent to the terminal.
+model (noise, or an escape sequence) are shown as visible symbols, never sent to the terminal;
+the title (the model's name) is plain text, never markup (chat_app.labels).
 Textual's Markdown is imported with the first reply, not with the app (a tenth of a second
 less before the first frame).
 """
@@ -18,24 +19,18 @@ from typing import TYPE_CHECKING
 from textual.containers import Vertical
 from textual.widgets import Static
 
+from chat_app.labels import plain, printable
+
 if TYPE_CHECKING:
     from textual.widgets.markdown import MarkdownStream
 
 NOTES = {"stopped": "■ stopped", "context_full": "■ context full", "max_tokens": "■ max_tokens reached",
          "error": "■ error", "partial": "■ interrupted (saved as far as it got)"}
-# C0 controls (but tab and newline) and DEL become their Unicode "control pictures".
-_VISIBLE = {c: 0x2400 + c for c in range(32) if chr(c) not in "\t\n"} | {0x7F: 0x2421}
-_VISIBLE |= {c: 0xFFFD for c in range(0x80, 0xA0)}
-
-
-def printable(text: str) -> str:
-    return text.translate(_VISIBLE)
-
 
 class Reply(Vertical):
     def __init__(self, title: str, text: str = "", note: str = "") -> None:
         super().__init__()
-        self.border_title = title
+        self.border_title = plain(title)
         self._initial, self._note = printable(text), note
         self._stream: MarkdownStream | None = None
 

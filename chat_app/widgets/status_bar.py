@@ -8,12 +8,15 @@ out on a CPU, where there are none) and device and dtype. The live numbers come 
 are what a narrow terminal keeps, and notices (shown above the bar) never cover them. When the
 line does not fit, the model name is shortened ("Smollm2 135M 8k…") and the fields at the end
 are left out, last first. The app calls `show(**fields)` at most once per drained batch;
-fields not known yet render as "-". `line` holds the whole plain text, `shown` what fits.
+fields not known yet render as "-". `line` holds the whole plain text, `shown` what fits. The
+model's name is shown as plain text, its control characters visible (chat_app.labels).
 """
 
 from __future__ import annotations
 
 from textual.widgets import Static
+
+from chat_app.labels import plain
 
 STEPS = {"plain": "", "compiling": "compiling…", "compiled": "compiled", "native": "native",
          "compile failed": "plain step"}
@@ -44,7 +47,7 @@ class StatusBar(Static):
         parts, name = self._parts()
         self.line = " · ".join(p for p in parts[:4] + [name] + parts[4:] if p)
         self.shown = self._fit(parts, name, self.content_size.width or 10_000)
-        self.update(self.shown)
+        self.update(plain(self.shown))
 
     def _parts(self) -> tuple[list[str], str]:
         """(the fields, model name apart, as [live..., state, optional...]), and the name."""

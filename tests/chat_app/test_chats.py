@@ -37,13 +37,13 @@ async def test_chat_list_opens_renames_and_deletes(make_app, data_dir):
         await pilot.press("ctrl+o")
         assert isinstance(app.screen, ChatList)
         table = app.screen.query_one("DataTable")
-        rows = [table.get_row_at(i) for i in range(table.row_count)]
+        rows = [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
         assert [r[1] for r in rows] == ["A chat of this run", "Newer question", "Old question"]
         assert rows[0][0] == "▶" and rows[1][3] == "SmolLM2" and rows[1][4] == "4"
         await pilot.press("down", "r")  # rename "Newer question"
         app.screen.query_one("#rename").value = ""
         await pilot.press(*"Trip", "enter")
-        assert table.get_row_at(1)[1] == "Trip"
+        assert str(table.get_row_at(1)[1]) == "Trip"
         await pilot.press("enter")  # open it
         await wait_until(pilot, lambda: not isinstance(app.screen, ChatList)
                          and [m.content for m in app.session.messages][:1] == ["Newer question"],
