@@ -23,8 +23,11 @@ import pytest
 if sys.platform == "win32":
     pytest.skip("no pseudo-terminals", allow_module_level=True)
 
+from chat_app.labels import printable  # noqa: E402
+from chat_app.store import Saved, Store  # noqa: E402
 from chat_app.terminal import VISIBLE_ESC  # noqa: E402
 from tests.chat_app.pty_terminal import Terminal  # noqa: E402
+from tests.chat_app.test_labels import ESCAPES, named_checkpoint  # noqa: E402
 
 ESC, F1, CTRL_O, CTRL_C, CTRL_Q, ALT_BACKSPACE = "\x1b", "\x1bOP", "\x0f", "\x03", "\x11", "\x1b\x7f"
 LEFT, HOME, END, DELETE, CTRL_LEFT = "\x1b[D", "\x1b[H", "\x1b[F", "\x1b[3~", "\x1b[1;5D"
@@ -144,6 +147,37 @@ def test_escape_mid_reply_stops_it(chat):
     chat.send(ESC)
     took = chat.wait(lambda: "■ stopped" in chat.text() and READY in chat.text(), "Esc to stop the reply")
     print(f"Esc to the stopped reply on screen: {took:.2f} s")  # issue 31 asks for < 0.5 s; not asserted
+
+
+def test_a_model_name_and_a_chat_title_never_reach_the_terminal(ckpt, tmp_path):
+    """Issue 31, section 2: config.json's name holds an OSC 0 (title), an OSC 52 (clipboard) and a
+    CSI 2J (clear); a saved chat's first message holds `[/b]` (the chat list crashed on it)."""
+    store = Store.open(tmp_path / "data")
+    store.add(Saved("user", f"In BBCode, what does [/b] do? {ESCAPES}"))
+    store.add(Saved("assistant", "It ends bold."))
+    store.close()
+    name = f"evil {ESCAPES}"
+    term = start(named_checkpoint(ckpt, tmp_path, name), tmp_path, "--max-tokens", "2")
+
+    def nothing_reached_the_terminal() -> None:
+        raw = bytes(term.raw)
+        assert b"\x1b]0;" not in raw and b"\x1b]52;" not in raw and b"\x1b[2J" not in raw, raw[-2000:]
+        assert "PWNED" not in term.screen.title + term.screen.icon_name
+        assert "^o Chats" in term.text()  # the footer, drawn once: nothing cleared the screen
+
+    try:
+        nothing_reached_the_terminal()  # the name is on screen with "ready" (the status bar)
+        term.wait(f"· ready · {printable(name)[:12]}")  # cut to fit
+        term.send(CTRL_O)
+        term.wait("In BBCode, what does [/b] do? ␛]0;PWNED␇␛]52;c;SGVsbG8=␇␛[2J")  # was: MarkupError, exit 1
+        term.send(ESC)
+        term.wait(lambda: "Esc closes" not in term.text(), "the chat list to close")
+        term.send("hi\r")
+        term.wait(f"─ {printable(name)} ─")  # the reply's border title
+        term.wait(READY)
+        nothing_reached_the_terminal()
+    finally:
+        term.close()
 
 
 def test_ctrl_c_stays_and_ctrl_q_quits_cleanly(ckpt, tmp_path):
