@@ -1,15 +1,46 @@
 """SamplingParams: how a reply is sampled, checked when made; imports no torch, so a CLI can
 validate its sampling options (and a UI process hold them) before torch is loaded.
 
-Contract: making one with an out-of-range value raises ValueError with the field's name;
-`with_value(name, text)` parses one field from text (for `/set NAME VALUE`). tinyllm.sampling
-re-exports it beside `sample`, which uses it.
+Contract: `LIMITS` is every setting's range and `check(name, value)` the one test of it, used
+wherever a setting is set (the CLI and config.toml through tinyllm-chat, `/set`, a stored
+chat's settings): a value out of range raises ValueError with one line naming the setting and
+its range. The bounds keep every value one a reply can use: the decode step holds the floats
+as float32 and top_k as int64, so `temperature 1e308` or `top_k 10**30` failed every reply,
+and a temperature, top_p or penalty that rounds to 0 there made every reply NaN noise.
+Making a SamplingParams checks each field; `with_value(name, text)` parses one field from
+text (for `/set NAME VALUE`). tinyllm.sampling re-exports it beside `sample`, which uses it.
 """
 
 from __future__ import annotations
 
-import math
+import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+
+# name: (its type, whether a value is in range, the range as a refusal says it)
+LIMITS: dict[str, tuple[type, Callable[[float], bool], str]] = {
+    "temperature": (float, lambda v: v == 0 or 0.001 <= v <= 100, "0 (greedy) or from 0.001 to 100"),
+    "top_k": (int, lambda v: 0 <= v <= 1_000_000, "from 0 (off) to 1,000,000"),
+    "top_p": (float, lambda v: 0.001 <= v <= 1, "from 0.001 to 1 (1 = off)"),
+    "repeat_penalty": (float, lambda v: 0.01 <= v <= 100, "from 0.01 to 100 (1 = off)"),
+    "max_tokens": (int, lambda v: 1 <= v <= 1_000_000, "from 1 to 1,000,000"),
+    "seed": (int, lambda v: -2**63 <= v < 2**64, "a 64-bit integer (-2**63 to 2**64-1), or none for random"),
+}
+
+
+def check(name: str, value: object) -> None:
+    """ValueError (one line: the setting, its range, the value) unless `value` is one a reply can use."""
+    kind, ok, allowed = limits(name)
+    if value is None and name == "seed":
+        return
+    if not isinstance(value, numbers.Integral if kind is int else numbers.Real) or not ok(value):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def limits(name: str) -> tuple[type, Callable[[float], bool], str]:
+    if name not in LIMITS:
+        raise ValueError(f"unknown setting {name!r}; one of {', '.join(LIMITS)}")
+    return LIMITS[name]
 
 
 @dataclass(frozen=True)
@@ -22,32 +53,17 @@ class SamplingParams:
     seed: int | None = None  # for a torch.Generator; None = nondeterministic
 
     def __post_init__(self) -> None:
-        for name in ("temperature", "top_p", "repeat_penalty"):
-            if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
-        if self.seed is not None and not -2**63 <= self.seed < 2**64:
-            raise ValueError(f"seed must fit in 64 bits (-2**63 to 2**64-1), got {self.seed}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.repeat_penalty <= 0:
-            raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        for name in LIMITS:
+            check(name, getattr(self, name))
 
     def with_value(self, name: str, text: str) -> SamplingParams:
         """A copy with one field parsed from text (for `/set NAME VALUE`)."""
-        kinds = {"temperature": float, "top_k": int, "top_p": float, "repeat_penalty": float,
-                 "max_tokens": int, "seed": int}
-        if name not in kinds:
-            raise ValueError(f"unknown setting {name!r}; one of {', '.join(kinds)}")
+        kind, _, allowed = limits(name)
         try:
-            value = None if name == "seed" and text.lower() == "none" else kinds[name](text)
+            value = None if name == "seed" and text.lower() == "none" else kind(text)
         except ValueError:
-            raise ValueError(f"{name} needs a {kinds[name].__name__}, got {text!r}") from None
+            raise ValueError(f"{name} must be {allowed}, got {text!r}") from None
+        check(name, value)
         return replace(self, **{name: value})
 
     @property

@@ -110,7 +110,7 @@ def test_sampling_settings_and_seed(ckpt):
     a = reply(s, "Hello!")[-1].text
     b = list(s.regenerate())[-1].text
     assert a == b  # the same seed restarts the same stream
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
+    with pytest.raises(ValueError, match=r"temperature must be 0 \(greedy\) or from 0.001 to 100, got -1.0"):
         s.set_param("temperature", "-1")
     with pytest.raises(ValueError, match="unknown setting"):
         s.set_param("bogus", "1")
