@@ -6,8 +6,10 @@ belongs to) and then, in order on the worker: the store opens the chosen convers
 barrier job "open", so every write of the old chat lands before), the screen shows it (each
 reply under the model that wrote it, system prompts where they were set), the session loads
 its messages and system prompt, and its /set values apply over the launch's settings (the
-launch's settings come back for a chat that has none). A chat another instance holds, or a
-store that cannot be read, is a notice and changes nothing. Deleting the open chat from the
+launch's settings come back for a chat that has none). A saved value that is not one a reply
+can use (out of range, unknown: tinyllm.sampling_params) is skipped with a notice and dropped
+from the chat; the rest apply. A chat another instance holds, or a store that cannot be read,
+is a notice and changes nothing. Deleting the open chat from the
 list starts a new one. This module never imports torch.
 """
 
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from chat_app.store import Saved, StoreError
 from chat_app.widgets.chat_list import ChatList
+from tinyllm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from chat_app.app import ChatApp
@@ -81,6 +84,12 @@ class ChatSwitching:
                 await self.conversation.add_reply(m.model or self.store.chat_model, m.content, note)
         pairs = [("system", self.store.system or "")]
         self.queue_job("load", pairs + [(m.role, m.content) for m in saved if m.role != "system"])
+        for name, value in self.store.settings.items():
+            try:
+                SamplingParams().with_value(name, value)  # what /set checks
+            except ValueError as e:
+                self.say(f"Skipped a setting saved with this chat: {e}", "warning")
+                self._save(self.store.drop_setting, name)
         self.queue_job("params", self.store.settings)
 
 

@@ -7,8 +7,9 @@ Contract: `load()` returns {option: value} for argparse's `set_defaults`, so an 
 the command line wins over the file, and the file over the built-in default. Top-level keys
 only, named as the options are (`max_tokens` or `max-tokens`): model, device, max_len,
 temperature, top_p, top_k, repeat_penalty, max_tokens, seed, system, template, theme.
-A file that is not TOML, an unknown key or a value of the wrong type is a ValueError naming
-the file, the key and what is wanted (the CLI prints it as its one-line error). `save(name,
+A file that is not TOML, an unknown key, a value of the wrong type or a sampling value out of
+range (tinyllm.sampling_params.check, as for the command line and /set) is a ValueError
+naming the file, the key and what is wanted (the CLI prints it as its one-line error). `save(name,
 value)` sets one top-level key (the app's /theme), keeping the rest of the file as written.
 This module imports no torch and no textual.
 """
@@ -19,6 +20,8 @@ import os
 import re
 import tomllib
 from pathlib import Path
+
+from tinyllm.sampling_params import LIMITS, check
 
 ENV_DIR = "TINYLLM_CHAT_CONFIG_DIR"
 KEYS: dict[str, type | tuple[type, ...]] = {  # key: the TOML types it takes
@@ -52,6 +55,11 @@ def load(file: Path | None = None) -> dict[str, object]:
         if isinstance(value, bool) or not isinstance(value, kinds):
             want = " or ".join(k.__name__ for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
             raise ValueError(f"config file {file}: {key} must be a {want}, got {value!r}")
+        if name in LIMITS:
+            try:
+                check(name, value)
+            except ValueError as e:
+                raise ValueError(f"config file {file}: {e}") from None
         out[name] = Path(value).expanduser() if name == "model" else value
     return out
 

@@ -266,6 +266,12 @@ class Store(History):
         self.chat.meta_dirty = True
         self.sync()
 
+    def drop_setting(self, name: str) -> None:
+        """Forget one /set value (a saved one no reply can use)."""
+        if self.chat.settings.pop(name, None) is not None:
+            self.chat.meta_dirty = True
+            self.sync()
+
     def retry(self) -> None:
         """Write what is pending (StoreError if it still fails)."""
         self.sync()

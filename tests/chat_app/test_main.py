@@ -107,3 +107,17 @@ def test_nothing_before_the_first_frame_imports_torch(ckpt, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "tiny-test"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--temperature", "1e308"], "temperature must be 0 (greedy) or from 0.001 to 100, got 1e+308"),
+    (["--top-k", str(10**30)], f"top_k must be from 0 (off) to 1,000,000, got {10**30}"),
+    (["--repeat-penalty", "1e-40"], "repeat_penalty must be from 0.01 to 100 (1 = off), got 1e-40"),
+    (["--top-p", "1e-300"], "top_p must be from 0.001 to 1 (1 = off), got 1e-300"),
+    (["--max-tokens", "2000000"], "max_tokens must be from 1 to 1,000,000, got 2000000")])
+def test_values_no_reply_can_use_are_refused_before_the_app_opens(capsys, ckpt, monkeypatch, argv, says):
+    """Issue 31, section 4: accepted before, and then every reply failed (or was NaN noise)."""
+    from chat_app.app import ChatApp
+
+    monkeypatch.setattr(ChatApp, "run", lambda self: pytest.fail("the app opened"))
+    assert says in run_main(capsys, "--model", str(ckpt), *argv)
