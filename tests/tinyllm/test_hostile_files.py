@@ -266,3 +266,35 @@ def test_cli_malformed_gguf_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("tinyllm-chat: error: ") and "Traceback" not in err, err
     assert "general.alignment" in err
+
+
+# ---- weights that are not finite (issue 31, section 5) ----------------------------------------
+
+@pytest.mark.parametrize("form, name, value", [
+    ("dense", "blocks.1.ffn.w2.weight", float("nan")),
+    ("int8", "blocks.0.attn.wq.scales", float("inf")),  # a quantized matrix: its scales
+    ("int4", "blocks.1.ffn.w1.zeros", float("-inf")),  # ... and offsets
+])
+def test_weights_that_are_not_finite_are_refused_naming_the_tensor(tmp_path, form, name, value):
+    """Loaded silently before: tinychat then printed "⁇ ⁇ ⁇" until the context was full."""
+    from safetensors.torch import load_file, save_file
+
+    from tinyllm.build import quantize_model
+    from tinyllm.checkpoint import load_checkpoint
+    from tinyllm.open_model import open_any
+    from tinyllm.testing import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint(tmp_path / "dense", ffn_dim=192)
+    if form != "dense":
+        ckpt = load_checkpoint(path)
+        path = save_checkpoint(quantize_model(ckpt.model, form), ckpt.tokenizer, tmp_path / form)
+    files = sorted(path.glob("*.safetensors"))
+    for f in files:
+        state = load_file(f)
+        if name in state:
+            state[name].view(-1)[7] = value
+            save_file(state, f)
+            break
+    else:
+        raise AssertionError(f"{name} not in {files}")
+    one_line_error(lambda: open_any(path, "cpu", quant="keep"), f"{name.replace('.', '[.]')} holds NaN or infinite")
