@@ -84,7 +84,7 @@ def serve(conn: Connection, open_kwargs: dict) -> None:
 
     try:
         session = open_session(**open_kwargs, progress=progress)
-    except (ValueError, FileNotFoundError) as e:  # the parent shows it; nothing else to do here
+    except (ValueError, FileNotFoundError, PermissionError) as e:  # the parent shows it; nothing else to do here
         conn.send(("load_failed", str(e), True))
         return
     except Exception as e:

@@ -15,7 +15,8 @@ Contract:
   folder's or file's name); the loaded model may report a better one (a GGUF's general.name).
   What needs the model code (shapes against the config, the tokenizer itself, the chat
   template) is left to the loader (tinyllm.open_model), which runs every check again.
-Refuses with one line: FileNotFoundError for what is missing, ValueError for the rest.
+Refuses with one line: FileNotFoundError for what is missing, ValueError for the rest (a file
+or folder that cannot be read too: precheck turns the OSError into one).
 """
 
 from __future__ import annotations
@@ -135,6 +136,15 @@ def weight_files(path: Path, hint: str) -> list[Path]:
 
 def precheck(path: str | Path) -> str:
     """Validate what can be read without torch, in milliseconds; the model's name."""
+    try:
+        return _precheck(path)
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # unreadable (permissions), a folder where a file should be, an I/O error
+        raise ValueError(f"cannot read the model at {e.filename or path}: {e.strerror or e}") from None
+
+
+def _precheck(path: str | Path) -> str:
     kind, path = classify(path)
     if kind == "gguf":
         with open(path, "rb") as f:

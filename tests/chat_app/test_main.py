@@ -121,3 +121,44 @@ def test_values_no_reply_can_use_are_refused_before_the_app_opens(capsys, ckpt, 
 
     monkeypatch.setattr(ChatApp, "run", lambda self: pytest.fail("the app opened"))
     assert says in run_main(capsys, "--model", str(ckpt), *argv)
+
+
+@pytest.mark.parametrize("what", ["folder", "file"])
+def test_an_unreadable_model_is_one_line_and_exit_2(capsys, ckpt, tmp_path, monkeypatch, what):
+    """A folder or file that cannot be read was `fatal: PermissionError`, exit code 1. Its mode
+    is 000; where this runs as root (which reads anyway), os.stat and open refuse what the
+    kernel refuses any other user: what is inside the folder, the file's contents."""
+    import builtins
+    import shutil
+
+    path = tmp_path / "model"
+    if what == "folder":
+        shutil.copytree(ckpt, path)
+    else:
+        path = path.with_suffix(".gguf")
+        path.write_bytes(b"GGUF" + bytes(60))
+    path.chmod(0)
+    if os.geteuid() == 0:
+        real_stat, real_open = os.stat, builtins.open
+
+        def refused(p) -> bool:
+            return isinstance(p, (str, Path)) and (Path(p).parent == path if what == "folder" else Path(p) == path)
+
+        def stat(p, *args, **kwargs):
+            if what == "folder" and refused(p):
+                raise PermissionError(13, "Permission denied", str(p))
+            return real_stat(p, *args, **kwargs)
+
+        def open_(p, *args, **kwargs):
+            if refused(p):
+                raise PermissionError(13, "Permission denied", str(p))
+            return real_open(p, *args, **kwargs)
+
+        monkeypatch.setattr(os, "stat", stat)
+        monkeypatch.setattr(builtins, "open", open_)
+    try:
+        err = run_main(capsys, "--model", str(path))
+    finally:
+        monkeypatch.undo()
+        path.chmod(0o755)
+    assert "cannot read the model at " in err and "Permission denied" in err, err
