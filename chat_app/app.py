@@ -65,6 +65,15 @@ INPUT_KEYS = [("Enter", "send the message (or run a /command)"),
               ("Up / Down", "earlier prompts (Up on the first line, Down on the last)")]
 
 
+def echo(text: str, width: int = 100) -> str:
+    """Text a notice repeats back: its first line, at most `width` characters (a notice holding a
+    whole long system prompt covered the screen)."""
+    line = text.strip().split("\n", 1)[0]
+    if line == text.strip() and len(line) <= width:
+        return line
+    return f"{line[:width - 1].rstrip()}… ({len(text):,} characters)"
+
+
 def key_name(key: str) -> str:
     return "+".join(part.upper() if len(part) == 1 else part.capitalize() for part in key.split("+"))
 
@@ -374,7 +383,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
             self._save(self.store.set_system, system)
             if self.session.messages:
                 await self.conversation.add_note(system_note(system or ""))
-            self.say(f"System prompt set: {system}" if system else "System prompt cleared.")
+            self.say(f"System prompt set: {echo(system)}" if system else "System prompt cleared.")
         elif item.kind == "load":
             self.status.show(position=len(self.session.context))
         elif item.kind == "open":

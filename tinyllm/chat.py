@@ -31,7 +31,10 @@ Contract:
 - Context full: when the next turn plus a reply reserve would not fit, the oldest whole
   turns are dropped from what the model sees (the system prompt stays), the rest is
   re-prefilled once, and Prefilled.dropped says how many messages went. `messages` still
-  holds everything that was said. A single message too long for the context is a ValueError.
+  holds everything that was said. A single message too long for the context is a ValueError,
+  and so is a system prompt that leaves no room for one: `set_system` refuses it, and where
+  one came in anyway (a resumed chat, --system) each message's error names the system prompt,
+  not the message.
 - Errors at this boundary (bad settings, a message that cannot fit) are ValueErrors; the
   conversation is unchanged by a failed call.
 """
@@ -259,8 +262,15 @@ class ChatSession:
         self.params = self.params.with_value(name, value)
 
     def set_system(self, text: str | None) -> None:
-        """A new system prompt; the conversation's context is rebuilt (next turn re-prefills)."""
-        self.system = text or None
+        """A new system prompt; the conversation's context is rebuilt (next turn re-prefills).
+        ValueError, changing nothing, for one that leaves no room for a message and its reply."""
+        old, self.system = self.system, text or None
+        reserve = min(self.params.max_tokens, self.max_len // 4)
+        system = self._system_tokens()
+        if system and len(self._head_ids()) + reserve + (system if self.template.system_in_first_user else 0) \
+                >= self.max_len:
+            self.system = old
+            raise ValueError(self._system_too_long(system, reserve))
         self._rebuild_context()
 
     def new_chat(self) -> None:
@@ -351,6 +361,9 @@ class ChatSession:
         reserve = min(self.params.max_tokens, self.max_len // 4)
         head = len(self._head_ids())
         if head + extra + reserve > self.max_len:
+            system = self._system_tokens()
+            if system and head + extra + reserve - system <= self.max_len:  # the message alone fits
+                raise ValueError(self._system_too_long(system, reserve))
             raise ValueError(f"message too long: {extra} tokens, and the context holds {self.max_len} "
                              f"(with {reserve} kept for the reply); shorten it or raise --max-len")
         if len(self.context) + extra + reserve <= self.max_len:
@@ -364,6 +377,19 @@ class ChatSession:
                 first += 1  # a turn starts at a user message
             self._rebuild_context(first)
         return first - start
+
+    def _system_tokens(self) -> int:
+        """How many ids the system prompt adds to the context (0 without one)."""
+        if not self.system:
+            return 0
+        if self.template.system_in_first_user:
+            return len(self.encode(self.template.render_user("", self.system))) - len(
+                self.encode(self.template.render_user("", None)))
+        return len(self.encode(self.template.render_system(self.system)))
+
+    def _system_too_long(self, system: int, reserve: int) -> str:
+        return (f"the system prompt is too long: {system} tokens, and the context holds {self.max_len} "
+                f"(with {reserve} kept for the reply); shorten it (/system TEXT) or raise --max-len")
 
     # ---- replies (worker thread) ------------------------------------------------------
 

@@ -82,3 +82,21 @@ def test_sampling_refuses_non_finite_values_and_huge_seeds(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
     assert SamplingParams(seed=2**64 - 1).seed == 2**64 - 1
+
+
+def test_a_system_prompt_too_long_for_the_context_is_named_as_the_cause(ckpt):
+    """Before, /system with more than the context made every message fail with "message too
+    long: 12 tokens", which blamed the message."""
+    s = open_session(ckpt, "cpu", compile=None, max_len=64)
+    s.set_param("max_tokens", "8")
+    long = "a very long system prompt " * 40
+    with pytest.raises(ValueError, match="system prompt is too long"):
+        s.set_system(long)  # refused, changing nothing
+    assert s.system is None
+    assert isinstance(list(s.send("Hi"))[-1], Finished)
+    s.load_messages([("system", long), ("user", "Hi"), ("assistant", "Hello")])  # a resumed chat holds one
+    with pytest.raises(ValueError, match="^the system prompt is too long: .* shorten it"):
+        list(s.send("Hello?"))
+    s.set_system("Be brief.")
+    with pytest.raises(ValueError, match="^message too long"):  # a message too long is still the message
+        list(s.send("word " * 200))

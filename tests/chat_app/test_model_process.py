@@ -1,0 +1,32 @@
+"""The model process and the app around it (issue 31, section 5): a system prompt longer than
+the context. Each test fails without its fix; none depends on timing."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.chat_app.conftest import loaded, notices, send, wait_until
+
+pytestmark = pytest.mark.anyio
+SIZE = (100, 30)
+
+
+def errors(app) -> list[str]:
+    return [n.message for n in app._notifications if n.severity == "error"]
+
+
+async def test_a_system_prompt_too_long_is_named_and_long_echoes_are_cut(make_app):
+    """Before: every message failed with "message too long: 12 tokens", and the whole system
+    prompt was echoed in a notice that covered the screen."""
+    app = make_app("--max-tokens", "8", "--max-len", "512")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "/system " + "Be very brief. " * 400)
+        await wait_until(pilot, lambda: errors(app), what="the refusal")
+        assert errors(app)[0].startswith("the system prompt is too long") and len(errors(app)[0]) < 200
+        await send(pilot, "Hi")  # the message is not blamed: the system prompt was never set
+        assert len(app.session.messages) == 2 and len(errors(app)) == 1
+        await send(pilot, "/system " + "Short. " * 8 + "x" * 200)  # fits, but is long on one line
+        await wait_until(pilot, lambda: any(n.startswith("System prompt set") for n in notices(app)))
+        said = next(n for n in notices(app) if n.startswith("System prompt set"))
+        assert len(said) < 140 and said.endswith("(256 characters)"), said
