@@ -131,7 +131,8 @@ def prepare() -> None:
             (Path(d) / f.name).symlink_to(f.resolve())
     if not Path("runs/transfer/config.json").is_file():
         run([PY, "-m", "tinyllm.vocab_transfer", "--teacher", TEACHER, "--tokenizer", TOK, "--out", "runs/transfer"])
-    run([PY, "scripts/heldout_table.py", "--device", DEVICE, *(["--sample", "20"] if EVAL_ARGS else []), TEACHER, "runs/transfer", "models/tinychat"])
+    sample = ["--sample", "20"] if EVAL_ARGS else []  # a dry run on a CPU scores 20 conversations
+    run([PY, "scripts/heldout_table.py", "--device", DEVICE, *sample, TEACHER, "runs/transfer", "models/tinychat"])
     run([PY, "-m", "tinyllm.train", "tokenize", "--tokenizer", TOK, "--data", "data/mix", "--workers", "16"])
     run([PY, "-m", "tinyllm.eval", "--model", TEACHER, "--device", DEVICE, "--quiet", "--json", "runs/eval-teacher.json",
          *EVAL_ARGS])
