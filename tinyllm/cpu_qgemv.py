@@ -4,7 +4,8 @@ Contract:
 - `available() -> bool`: whether the ops below can run here. The first call builds the C++
   source with the system compiler (torch.utils.cpp_extension, ninja; about 20 s on a 2-core
   machine) into `cache_dir()`, or loads the build already there; a changed source or torch
-  version builds into a new folder. False, with ONE warning saying why, where the CPU is not
+  version builds into a new folder. A build killed midway (Ctrl+C on a first launch) leaves
+  nothing that blocks the next one: processes take the folder in turn through an OS lock. False, with ONE warning saying why, where the CPU is not
   x86-64 with AVX2 + FMA, where there is no compiler or the build fails, or where the
   environment says TINYLLM_CPU_KERNEL=0 (then silently: a deliberate choice).
 - `qmm_int8(x, qweight, scales)` and `qmm_int4(x, qweight, scales, zeros)`: x fp32 (M, K) times
@@ -50,11 +51,17 @@ import os
 import platform
 import shutil
 import warnings
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+try:
+    import fcntl
+except ImportError:  # Windows: no AVX2 build is tried there anyway (no c++ on PATH as a rule)
+    fcntl = None  # type: ignore[assignment]
 
 SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")
 # Built into the same library: the whole decode step (tinyllm.cpu_step) and the header between them.
@@ -116,16 +123,34 @@ def available() -> bool:
     return True
 
 
+def build_folder() -> Path:
+    """Where this source, these flags and this torch version build: one folder per combination."""
+    src = b"".join(p.read_bytes() for p in (SOURCE, STEP_SOURCE, HEADER))
+    tag = hashlib.sha256(src + torch.__version__.encode() + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    return cache_dir() / f"cpu_qgemv-{tag}"
+
+
+@contextmanager
+def _build_lock(folder: Path):
+    """Hold the build folder against other tinyllm processes, with a lock the OS releases when
+    its holder dies (kill -9, Ctrl+C mid-build). cpp_extension's own `lock` file is a plain file
+    it waits on forever: one left by a killed build is stale once we hold this, so it goes."""
+    with open(folder / "tinyllm-build.lock", "a") as f:
+        if fcntl is not None:
+            fcntl.flock(f, fcntl.LOCK_EX)  # waits while another process builds or loads
+        (folder / "lock").unlink(missing_ok=True)
+        yield
+
+
 def _build() -> None:
     from torch.utils import cpp_extension
 
-    src = b"".join(p.read_bytes() for p in (SOURCE, STEP_SOURCE, HEADER))
-    tag = hashlib.sha256(src + torch.__version__.encode() + " ".join(CFLAGS).encode()).hexdigest()[:16]
-    folder = cache_dir() / f"cpu_qgemv-{tag}"
+    folder = build_folder()
     folder.mkdir(parents=True, exist_ok=True)
-    cpp_extension.load("tinyllm_cpu_qgemv", [str(SOURCE), str(STEP_SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
-                       build_directory=str(folder),
-                       is_python_module=False, verbose=False)
+    with _build_lock(folder):
+        cpp_extension.load("tinyllm_cpu_qgemv", [str(SOURCE), str(STEP_SOURCE)], extra_cflags=CFLAGS,
+                           extra_ldflags=["-fopenmp"], build_directory=str(folder),
+                           is_python_module=False, verbose=False)
 
     @torch.library.register_fake("tinyllm_cpu::qmm_int8")
     def _(x: Tensor, qweight: Tensor, scales: Tensor) -> Tensor:
