@@ -68,6 +68,7 @@ class TrainConfig:
     tie_embeddings: bool | None = None
     init: str | None = None  # start from this tinyllm checkpoint folder (its shape; its tokenizer must be --tokenizer)
     freeze_body: int = 0  # first steps that train only the embedding and the head, the body frozen
+    train_params: str = ""  # regex: only parameters whose name it finds train, the rest stay as --init gave them ("": all)
     seq_len: int = 1024  # training row length (tokens per row)
     batch_size: int = 32  # rows per micro-batch
     grad_accum: int = 1  # micro-batches per optimizer step
@@ -143,6 +144,14 @@ def lr_at(cfg: TrainConfig, step: int, elapsed: float, reserve: float) -> float:
     progress = min(progress, 1.0)
     cosine = cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
     return cosine * min(1.0, (step + 1) / max(cfg.warmup, 1))
+
+
+def trains(cfg: TrainConfig, name: str) -> bool:
+    """Whether parameter `name` trains: --train-params finds it, or there is none."""
+    try:
+        return not cfg.train_params or re.search(cfg.train_params, name) is not None
+    except re.error as e:
+        raise ValueError(f"--train-params {cfg.train_params!r} is not a regular expression: {e}") from None
 
 
 def make_optimizer(model: Transformer, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -247,6 +256,11 @@ class Trainer:
         self.eval_s, self.ckpt_s, self.best_s, self.step_s = 0.0, 0.0, 0.0, 0.0
         self.evaluated_at = -1
         self.frozen = False  # see freeze()
+        for name, p in self.model.named_parameters():
+            p.requires_grad_(trains(cfg, name))
+        self.trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        if not self.trainable:
+            raise ValueError(f"--train-params {cfg.train_params!r} names no parameter of this model")
 
     def _check_out(self) -> None:
         cfg = self.cfg
@@ -288,9 +302,10 @@ class Trainer:
             self.best_s = self.save("best")
 
     def freeze(self, frozen: bool) -> None:
-        """Train only the embedding and the head (one table when tied) while frozen; every weight after."""
+        """Train only the embedding and the head (one table when tied) while frozen; after, every
+        weight that --train-params names (all when it is empty)."""
         for name, p in self.model.named_parameters():
-            p.requires_grad_(not frozen or name.startswith(("tok_emb.", "lm_head.")))
+            p.requires_grad_(name.startswith(("tok_emb.", "lm_head.")) if frozen else trains(self.cfg, name))
         self.frozen = frozen
         self.log({"event": "freeze" if frozen else "unfreeze", "step": self.st.step})
 
@@ -329,7 +344,7 @@ class Trainer:
     def run(self) -> dict:
         cfg, st = self.cfg, self.st
         self.log({"event": "start", "resume": cfg.resume, "from_step": st.step, "device": str(self.device),
-                  "params": self.model.num_params(), "model": self.model.cfg.to_dict(),
+                  "params": self.model.num_params(), "trainable": self.trainable, "model": self.model.cfg.to_dict(),
                   "tokens_per_step": self.tokens_per_step, "train_rows": len(self.train_rows),
                   "eval_rows": len(self.eval_rows), "truncated": self.train_rows.truncated,
                   "cached_tokens": self.cached, "setup_s": round(time.perf_counter() - self.t0, 1),

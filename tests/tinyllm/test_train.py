@@ -289,6 +289,18 @@ def test_init_starts_from_a_checkpoint_and_freeze_trains_only_the_embedding(tok_
     after = torch.load(second / "train_state.pt", weights_only=True)["model"]
     moved = {k for k in init if not torch.equal(init[k], after[k].to(init[k].dtype))}
     assert moved == {"tok_emb.weight", "lm_head.weight"}, moved  # tied: one table, two names
+    # --train-params: only what the regex finds moves, for the whole run (weight decay included).
+    third = tmp_path / "third-layers"
+    assert main(_model_args(tok_path, data_dir, third, cache, "--max-steps", "2", "--eval-every", "0",
+                            "--init", str(first / "ckpt"), "--train-params", r"_norm\.|^blocks\.0\.")) == 0
+    after = torch.load(third / "train_state.pt", weights_only=True)["model"]
+    moved = {k for k in init if not torch.equal(init[k], after[k].to(init[k].dtype))}
+    assert moved and all(k.startswith("blocks.0.") or "_norm." in k for k in moved), moved
+    assert any(k.startswith("blocks.0.attn.") for k in moved) and "tok_emb.weight" not in moved
+    capsys.readouterr()
+    assert main(_model_args(tok_path, data_dir, tmp_path / "none", cache, "--max-steps", "1",
+                            "--init", str(first / "ckpt"), "--train-params", "^nothing")) == 2
+    assert "names no parameter" in capsys.readouterr().err
     # An init made with another tokenizer is refused with one line.
     other = tmp_path / "other"
     assert main(["tokenizer", "--data", str(data_dir), "--out", str(other), "--vocab-size", "400"]) == 0
