@@ -30,3 +30,26 @@ async def test_a_system_prompt_too_long_is_named_and_long_echoes_are_cut(make_ap
         await wait_until(pilot, lambda: any(n.startswith("System prompt set") for n in notices(app)))
         said = next(n for n in notices(app) if n.startswith("System prompt set"))
         assert len(said) < 140 and said.endswith("(256 characters)"), said
+
+
+async def test_streaming_after_quit_began_is_dropped(make_held_app):
+    """Before: quitting about 1.6 s into a reply printed "MountError: Can't mount widget(s) before
+    Markdown() is mounted" (2 of ~13 quits): text that streamed in after exit() began was
+    appended to the reply's Markdown, which is no longer attached then. Now it is dropped."""
+    from textual.widgets import Markdown
+
+    from chat_app.widgets.reply import Reply
+
+    app, held = make_held_app("--max-tokens", "400")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hello", wait=False)
+        await wait_until(pilot, lambda: held and held[0].held.is_set() and app.query(Reply) and
+                         app.query_one(Reply).text, what="the reply's first text on screen")
+        reply = app.query_one(Reply)
+        shown = reply.text
+        app.exit()  # quitting has begun: nothing is attached any more
+        await reply.write("\n\nA new paragraph, after quit began")  # the stream's task mounts it
+        await reply.query_one(Markdown).append("\n\n- and a list")
+        await reply.finish("stopped")  # was: MountError, from the stream's task
+        assert reply.text.startswith(shown)
