@@ -22,6 +22,7 @@ Contract:
   prompt (without one, the new model's own default); --template is not carried over. The
   status bar, the reply labels and the app's sub_title name the new model.
 - `/model` alone shows the model's name and path.
+- A model process whose log (session.log) cannot be written runs without one: one notice a run.
 This module never imports torch.
 """
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 class ModelSwitching:
     bad_input: str | None = None  # why the first model was refused (main() prints it, exit code 2)
     _switching_from: Any = None  # the session that answers again if /model fails
+    _log_error_said = False  # a log that cannot be written is said once a run
 
     @property
     def load_progress(self: ChatApp) -> LoadProgress:
@@ -107,6 +109,9 @@ class ModelSwitching:
         self.status.show(state="ready", name=s.name, device=s.device, dtype=s.dtype,
                          graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
                          position=len(s.context), step=s.step_kind, capped=s.max_len < s.model_max_len)
+        if getattr(s, "log_error", "") and not self._log_error_said:
+            self._log_error_said = True
+            self.say(f"The model process's log {s.log_error}; it logs nothing, and chatting works.", "warning")
         if s.max_len < s.model_max_len:
             self.say(f"The context is capped at {s.max_len} of the model's {s.model_max_len} positions "
                      f"to keep memory low; --max-len {s.model_max_len} lifts the cap.")

@@ -7,9 +7,12 @@ no torch), `new_chat()`, `set_system()` and `load_messages()` block until done, 
 come back as ValueError with the child's message. The public attributes (`name`, `device`,
 `messages`, `params`, `step_kind`, ...) mirror the child's session as of its last message.
 
-The child is started with "spawn" (no fork of a process with threads) and the parent never
-imports torch for it. The child's stdout and stderr go to `open_kwargs["log"]` (a file in the
-data folder), never to the terminal under the TUI. A reader thread owns the receiving end:
+The child is a new Python (`tinyllm.chat_server.main`, in a session of its own; POSIX) and the
+parent never imports torch for it. Its stdout and stderr are `open_kwargs["log"]` (session.log
+in the data folder) from before its first instruction, so nothing it prints, an import error
+or a traceback before its server loop included, ever reaches the terminal under the TUI. A log
+that cannot be opened is /dev/null instead, and `log_error` says why ("" otherwise).
+A reader thread owns the receiving end:
 replies go to the job that waits for them, call answers to their caller, state updates apply
 at once. `close()` ends the child (it stops a reply under way first) and wakes any thread
 waiting on the session with ValueError: quitting never waits on a reply, even a hung one.
@@ -27,6 +30,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing as mp
 import queue
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -46,30 +50,38 @@ class Params(SimpleNamespace):
 class RemoteSession:
     def __init__(self, open_kwargs: dict[str, Any], progress: Callable[[int, int], None] | None = None,
                  **changes: Any):
-        from tinyllm.chat_server import serve  # the child's entry point; importing it loads no torch
-
-        open_kwargs = {**open_kwargs, **changes}
-        self.path = str(open_kwargs["path"])
-        ctx = mp.get_context("spawn")
-        self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=serve, args=(child_conn, open_kwargs), daemon=True,
-                                 name="tinyllm-session")
-        # Textual swaps sys.stderr for an object with no file descriptor, and multiprocessing hands
-        # sys.stderr's descriptor to its resource tracker: give it the real one while starting.
-        stderr, sys.stderr = sys.stderr, sys.__stderr__
-        try:
-            self._proc.start()
-        finally:
-            sys.stderr = stderr
-        child_conn.close()
-        self.pid = self._proc.pid
+        self.open_kwargs = {**open_kwargs, **changes}
+        self.path = str(self.open_kwargs["path"])
         self.last_stats: StepStats | None = None
+        self._start(progress)
+
+    def _start(self, progress: Callable[[int, int], None] | None) -> None:
+        """Start the child, wait until its session is loaded, then read what it sends."""
+        kwargs = dict(self.open_kwargs)
+        log = kwargs.pop("log", None)
+        self.log_error = ""  # why the log could not be opened ("": it was, or none was asked)
+        try:
+            out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 (the child's now)
+        except OSError as e:
+            out, self.log_error = subprocess.DEVNULL, f"{log} cannot be written ({e.strerror or e})"
+        self._conn, child_conn = mp.Pipe()
+        program = f"import sys; sys.path = {sys.path!r}; from tinyllm.chat_server import main; main()"
+        try:  # a session of its own: no signal meant for the terminal's programs reaches it
+            self._proc = subprocess.Popen([sys.executable, "-u", "-c", program, str(child_conn.fileno())],
+                                          stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                          pass_fds=(child_conn.fileno(),), start_new_session=True)
+        finally:
+            child_conn.close()
+            if out is not subprocess.DEVNULL:
+                out.close()
+        self.pid = self._proc.pid
         self._ended = ""  # why the child is gone, once it is
         self._compiled = threading.Event()
         self._job: queue.SimpleQueue = queue.SimpleQueue()  # what the running job hears
         self._answers: dict[int, queue.SimpleQueue] = {}
         self._ids = itertools.count()
         self._send_lock = threading.Lock()
+        self._send(kwargs)
         while (first := self._recv())[0] == "progress":
             if progress is not None:
                 progress(first[1], first[2])
@@ -99,8 +111,11 @@ class RemoteSession:
         try:
             return self._conn.recv()
         except (EOFError, OSError):
-            self._proc.join(timeout=5)
-            return ("ended", f"the model process ended (exit code {self._proc.exitcode})")
+            try:
+                code = self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            return ("ended", f"the model process ended (exit code {code})")
 
     def _send(self, msg) -> None:
         with self._send_lock:
@@ -214,7 +229,8 @@ class RemoteSession:
             self._send(("quit",))
         except ValueError:
             pass
-        self._proc.join(timeout=5)
-        if self._proc.is_alive():
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
             self._proc.kill()
-            self._proc.join(timeout=5)
+            self._proc.wait(timeout=5)

@@ -3,6 +3,8 @@ the context. Each test fails without its fix; none depends on timing."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.chat_app.conftest import loaded, notices, send, wait_until
@@ -53,3 +55,37 @@ async def test_streaming_after_quit_began_is_dropped(make_held_app):
         await reply.query_one(Markdown).append("\n\n- and a list")
         await reply.finish("stopped")  # was: MountError, from the stream's task
         assert reply.text.startswith(shown)
+
+
+def fd_target(pid: int, fd: int) -> str:
+    return os.readlink(f"/proc/{pid}/fd/{fd}")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc")
+async def test_a_log_that_cannot_be_written_is_one_notice_and_the_chat_works(make_app, data_dir, monkeypatch):
+    """Before: the model process died opening session.log (here a folder: unwritable, root or
+    not), its traceback went over the TUI, and no chat was possible. Its output, even before its
+    server loop (Python's own import-time report here), now never reaches the terminal."""
+    (data_dir / "session.log").mkdir(parents=True)
+    monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")  # the child prints as it starts (this process is started)
+    app = make_app("--max-tokens", "3")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.session is not None or errors(app), what="the model to load")
+        assert app.session is not None, errors(app)
+        assert [fd_target(app.session.pid, fd) for fd in (0, 1, 2)] == [os.devnull] * 3
+        await send(pilot, "Hi")
+        assert [m.role for m in app.session.messages] == ["user", "assistant"] and not errors(app)
+        said = [n for n in notices(app) if "session.log" in n]
+        assert len(said) == 1 and "cannot be written" in said[0], notices(app)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc")
+async def test_the_model_process_writes_only_to_its_log_from_its_start(make_app, data_dir, monkeypatch):
+    monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")  # printed before the child's server loop runs
+    app = make_app("--max-tokens", "3")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        log = str(data_dir / "session.log")
+        assert [fd_target(app.session.pid, fd) for fd in (1, 2)] == [log, log]
+    # imported before the server loop runs: was reported on the terminal (only later imports reached the log)
+    assert "| tinyllm.chat_server" in (data_dir / "session.log").read_text()
