@@ -22,7 +22,9 @@ updated by `changes` (another path, say) and returns once it is loaded, calling
 `progress(done, total)` (tensors read) meanwhile from the opening thread. A model that cannot
 be opened raises ValueError when the path, files or options are wrong (the child's one-line
 message) and RuntimeError when the machine is (out of memory, the process died). `path` is
-the model's path, `pid` the child's process id.
+the model's path, `pid` the child's process id. `ended` says why the child is gone (killed,
+crashed, closed), "" while it runs; `restart(messages)` then starts a new one in its place
+(the same object: whoever holds the session keeps it).
 """
 
 from __future__ import annotations
@@ -102,6 +104,23 @@ class RemoteSession:
         if self.step_kind in ("compiled", "native", "compile failed", "plain"):
             self._compiled.set()
 
+    @property
+    def ended(self) -> str:
+        """Why the child is gone ("the model process ended (exit code -9)"); "" while it runs."""
+        return self._ended
+
+    def restart(self, messages: list[tuple[str, str]], progress: Callable[[int, int], None] | None = None) -> None:
+        """After the child ended: a new one with the same options and the old one's settings
+        and graphs switch (as last mirrored), the conversation `messages` loaded into it."""
+        params, use_graph = {k: "none" if v is None else str(v) for k, v in vars(self.params).items()}, self.use_graph
+        self.close()  # reaps the old one
+        self._start(progress)
+        for name, value in params.items():
+            self.set_param(name, value)
+        if self.graphs_available and self.use_graph != use_graph:
+            self.set_graphs(use_graph)
+        self.load_messages(messages)
+
     def wait_compiled(self, timeout: float | None = None) -> bool:
         return self._compiled.wait(timeout)
 
@@ -135,10 +154,10 @@ class RemoteSession:
             elif kind == "state":
                 self._apply(msg[1])
             elif kind == "ended":  # whatever waits hears it, now and later
-                self._ended = msg[1]
                 self._job.put(("failed", msg[1]))
                 for answer in list(self._answers.values()):
                     answer.put(msg[1])
+                self._ended = msg[1]  # last: once it shows, this thread touches nothing more (restart())
                 return
             else:
                 self._job.put(msg)

@@ -4,10 +4,12 @@ the context. Each test fails without its fix; none depends on timing."""
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
-from tests.chat_app.conftest import loaded, notices, send, wait_until
+from chat_app.widgets.reply import Reply
+from tests.chat_app.conftest import held_in_child, loaded, notices, send, wait_until
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)
@@ -39,8 +41,6 @@ async def test_streaming_after_quit_began_is_dropped(make_held_app):
     Markdown() is mounted" (2 of ~13 quits): text that streamed in after exit() began was
     appended to the reply's Markdown, which is no longer attached then. Now it is dropped."""
     from textual.widgets import Markdown
-
-    from chat_app.widgets.reply import Reply
 
     app, held = make_held_app("--max-tokens", "400")
     async with app.run_test(size=SIZE) as pilot:
@@ -89,3 +89,28 @@ async def test_the_model_process_writes_only_to_its_log_from_its_start(make_app,
         assert [fd_target(app.session.pid, fd) for fd in (1, 2)] == [log, log]
     # imported before the server loop runs: was reported on the terminal (only later imports reached the log)
     assert "| tinyllm.chat_server" in (data_dir / "session.log").read_text()
+
+
+async def test_a_model_process_killed_mid_reply_is_said_and_started_again(make_app, data_dir):
+    """Before: after a kill -9 mid-reply every message said "the model process is not running"
+    while the status bar said "ready". Now the status bar says so, and the next message starts a
+    new process with the chat so far, which answers it."""
+    app = held_in_child(make_app("--ignore-eos", "--max-tokens", "8"))  # the first reply waits mid-way
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Tell me a story", wait=False)
+        await wait_until(pilot, lambda: app._text, what="the reply's first text")
+        old = app.session.pid
+        app.session.open_kwargs.pop("hold")  # the next process holds nothing
+        os.kill(old, signal.SIGKILL)
+        await wait_until(pilot, lambda: not app.busy, what="the reply to fail")
+        assert "model process ended" in app.status.line and "ready" not in app.status.line
+        assert errors(app) == ["the model process ended (exit code -9); the next message starts it again"]
+        await send(pilot, "Are you back?")
+        assert app.session.pid != old and "· ready ·" in app.status.line
+        assert any("Starting the model process again" in n for n in notices(app))
+        messages = [(m.role, m.content) for m in app.session.messages]
+        assert [r for r, _ in messages] == ["user", "assistant"] * 2 and messages[3][1], messages
+        assert messages[0][1] == "Tell me a story" and messages[2][1] == "Are you back?"
+        assert messages[1][1] == "".join(app.query(Reply).first().text)  # what streamed, reloaded
+        assert len(errors(app)) == 1
