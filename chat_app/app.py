@@ -18,7 +18,8 @@ caught once, in the worker, shown with notify(severity="error"), and the convers
 kept. A store that cannot write is a notice too: the chat stays in memory and on screen, and
 the next write retries (see chat_app.store). A streaming reply is saved as partial at its
 first text and then at most once a second. An exception that escapes anyway is kept in
-`crash` for main() to report (one line, traceback in the data folder's log). This module
+`crash` for main() to report (one line, traceback in the data folder's log). SIGTERM and
+SIGHUP quit as Ctrl+Q does; `quit_signal` names the signal (main() exits with 128 + it). This module
 never imports torch (of tinyllm only the torch-free chat_events): __main__ passes a function
 that opens the session (a RemoteSession: the ChatSession runs in a child process), called as
 `open_session(progress=callback, **changes)` (changes: another path, for /model).
@@ -26,7 +27,9 @@ that opens the session (a RemoteSession: the ChatSession runs in a child process
 
 from __future__ import annotations
 
+import asyncio
 import queue
+import signal
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -103,6 +106,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
         self.open_session, self.store, self.model_name, self.resume = open_session, store, model_name, resume
         self.session: ChatSession | None = None
         self.crash: BaseException | None = None  # an exception nothing else caught (main() reports it)
+        self.quit_signal: int | None = None  # the signal that ended the app (SIGTERM, SIGHUP)
         self.last_stats: StepStats | None = None
         self.prefill_tokens = 0
         self._jobs: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -141,6 +145,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
         return self.query_one(StatusBar)
 
     async def on_mount(self) -> None:
+        self._catch_signals(True)
         if self.chosen_theme:
             self.theme = self.chosen_theme
         try:
@@ -156,7 +161,26 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
         if self.resume:
             await self.resume_last_chat()
 
+    def _catch_signals(self, on: bool) -> None:
+        """SIGTERM and SIGHUP quit as Ctrl+Q does (the terminal restored, what streamed saved);
+        main() then exits with 128 + the signal's number. Where the loop cannot (not the main
+        thread, Windows), they keep their default."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            try:
+                if on:
+                    loop.add_signal_handler(sig, self._quit_on, sig)
+                else:
+                    loop.remove_signal_handler(sig)
+            except (TypeError, ValueError, RuntimeError, NotImplementedError):
+                pass
+
+    def _quit_on(self, sig: int) -> None:
+        self.quit_signal = sig
+        self.exit(return_code=128 + sig)
+
     def on_unmount(self) -> None:
+        self._catch_signals(False)
         self.save_partial()  # quitting mid-reply keeps what streamed (still marked partial)
         self.store.close()  # the conversation is free for the next instance
         if self.session is not None:  # the worker, even one waiting on a reply, ends now (it closes it too)
