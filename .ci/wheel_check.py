@@ -131,5 +131,5 @@ def main() -> None:
     print("wheel check passed")
 
 
-if __name__ == "__main__":  # the session's child process ("spawn") imports this file too
+if __name__ == "__main__":
     main()

@@ -14,6 +14,8 @@ TUI shows the load's progress, and ends the app the same way (ChatApp.bad_input)
 tinyllm_models). Anything else that goes wrong after that is fatal: one line on stderr
 naming the log, exit code 1, and the traceback appended to `tinyllm-chat.log` in the data
 folder. The session's child process writes its own stdout/stderr to `session.log` beside it.
+SIGTERM and SIGHUP quit the app as Ctrl+Q does (the terminal restored, the reply so far
+saved), and exit with code 128 + the signal's number (143, 129), saying nothing.
 """
 
 from __future__ import annotations
@@ -203,6 +205,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     if app.crash is not None:
         fatal(app.crash, app.store.folder)
+    if app.quit_signal is not None:  # SIGTERM, SIGHUP: a quit, as the shell reports one
+        sys.exit(128 + app.quit_signal)
     if app.return_code:
         print(f"{PROG}: fatal: the app stopped with code {app.return_code}", file=sys.stderr)
         sys.exit(app.return_code)

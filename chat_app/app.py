@@ -2,8 +2,8 @@
 
 Threads: the UI thread owns every widget and the Store. ONE long-lived worker thread
 (`_serve`) opens the session (a progress bar meanwhile) and then owns it: the UI hands it
-jobs (send, regenerate, new chat, system prompt, resume, another model: chat_app.model_switch)
-through a queue, and it runs them in order. Everything the worker learns (the session's
+jobs (send, regenerate, new chat, system prompt, resume, another model, and a new model
+process in place of one that ended: chat_app.model_switch) through a queue, and it runs them in order. Everything the worker learns (the session's
 Prefilled / Token / Finished events, plus Loaded / Progress / Started / Done / Failed from
 chat_app.events) goes into an outbox that a timer drains at most 30 times a second: one
 Markdown update per drained batch, never one per token, and nothing is dropped. From the UI
@@ -18,7 +18,8 @@ caught once, in the worker, shown with notify(severity="error"), and the convers
 kept. A store that cannot write is a notice too: the chat stays in memory and on screen, and
 the next write retries (see chat_app.store). A streaming reply is saved as partial at its
 first text and then at most once a second. An exception that escapes anyway is kept in
-`crash` for main() to report (one line, traceback in the data folder's log). This module
+`crash` for main() to report (one line, traceback in the data folder's log). SIGTERM and
+SIGHUP quit as Ctrl+Q does; `quit_signal` names the signal (main() exits with 128 + it). This module
 never imports torch (of tinyllm only the torch-free chat_events): __main__ passes a function
 that opens the session (a RemoteSession: the ChatSession runs in a child process), called as
 `open_session(progress=callback, **changes)` (changes: another path, for /model).
@@ -26,7 +27,9 @@ that opens the session (a RemoteSession: the ChatSession runs in a child process
 
 from __future__ import annotations
 
+import asyncio
 import queue
+import signal
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -42,7 +45,7 @@ from chat_app.chats import ChatSwitching, system_note
 from chat_app.commands import COMMANDS, SlashCommands
 from chat_app.events import Done, Failed, Finished, Loaded, Prefilled, Progress, Started, Token
 from chat_app.labels import printable
-from chat_app.model_switch import ModelSwitching, close_session
+from chat_app.model_switch import ENDED, ModelSwitching, close_session
 from chat_app.reading import READING_KEYS, Reading
 from chat_app.store import Saved, Store, StoreError
 from chat_app.terminal import driver_class
@@ -103,6 +106,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
         self.open_session, self.store, self.model_name, self.resume = open_session, store, model_name, resume
         self.session: ChatSession | None = None
         self.crash: BaseException | None = None  # an exception nothing else caught (main() reports it)
+        self.quit_signal: int | None = None  # the signal that ended the app (SIGTERM, SIGHUP)
         self.last_stats: StepStats | None = None
         self.prefill_tokens = 0
         self._jobs: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -141,6 +145,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
         return self.query_one(StatusBar)
 
     async def on_mount(self) -> None:
+        self._catch_signals(True)
         if self.chosen_theme:
             self.theme = self.chosen_theme
         try:
@@ -156,7 +161,26 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
         if self.resume:
             await self.resume_last_chat()
 
+    def _catch_signals(self, on: bool) -> None:
+        """SIGTERM and SIGHUP quit as Ctrl+Q does (the terminal restored, what streamed saved);
+        main() then exits with 128 + the signal's number. Where the loop cannot (not the main
+        thread, Windows), they keep their default."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            try:
+                if on:
+                    loop.add_signal_handler(sig, self._quit_on, sig)
+                else:
+                    loop.remove_signal_handler(sig)
+            except (TypeError, ValueError, RuntimeError, NotImplementedError):
+                pass
+
+    def _quit_on(self, sig: int) -> None:
+        self.quit_signal = sig
+        self.exit(return_code=128 + sig)
+
     def on_unmount(self) -> None:
+        self._catch_signals(False)
         self.save_partial()  # quitting mid-reply keeps what streamed (still marked partial)
         self.store.close()  # the conversation is free for the next instance
         if self.session is not None:  # the worker, even one waiting on a reply, ends now (it closes it too)
@@ -167,6 +191,8 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
         self.notify(printable(message), severity=severity, markup=False)  # type: ignore[arg-type]
 
     def queue_job(self, kind: str, arg: Any) -> None:
+        if kind != "model":  # another model replaces the process anyway
+            self.restart_if_ended()
         self._jobs.put((kind, arg))
 
     def _handle_exception(self, error: Exception) -> None:
@@ -227,7 +253,8 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
 
         jobs: dict[str, Callable[[Any], None]] = {"new_chat": lambda _: session.new_chat(),
                                                   "system": session.set_system, "load": session.load_messages,
-                                                  "params": set_params, "open": lambda _: None}
+                                                  "params": set_params, "open": lambda _: None,
+                                                  "restart": lambda pairs: session.restart(pairs, self.report_progress)}
         while not worker.is_cancelled:
             try:
                 kind, arg = self._jobs.get(timeout=0.1)
@@ -289,6 +316,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
         if live is not None:
             self._show_stats(live, "generating")
         s = self.session
+        self.say_if_ended()
         if s is not None and not self._busy and self.status.fields.get("step") != s.step_kind:
             self.status.show(step=s.step_kind)  # a compile ended between replies: say so now
         if self._row is not None and time.monotonic() - self._saved_at >= SAVE_EVERY_S:
@@ -358,10 +386,11 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
                      "the next turn drops the oldest messages.", "warning")
 
     async def _failed(self, item: Failed) -> None:
-        if item.kind in ("load", "model"):
+        if item.kind in ("load", "model", "restart"):
             self.model_failed(item)
             return
-        self.say(item.message, "error")
+        ended = self.ended()  # a reply cut short by it, or a job refused after it: said once, with what comes next
+        self.say(f"{item.message}; the next message starts it again" if ended else item.message, "error")
         if item.kind in REPLIES:
             if self._reply is not None:  # it failed mid-reply: keep what streamed, marked
                 await self._reply.finish("error")
@@ -370,7 +399,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
             elif item.kind == "send":
                 self.prompt.give_back(item.arg)  # refused before it was shown
             self._reply, self._row, self._busy, self._stop_wanted = None, None, False, False
-            self.status.show(state="ready")
+            self.status.show(state=ENDED if ended else "ready")
 
     async def _done(self, item: Done) -> None:
         assert self.session is not None, "jobs run only after the session is loaded"
@@ -386,6 +415,9 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
             self.say(f"System prompt set: {echo(system)}" if system else "System prompt cleared.")
         elif item.kind == "load":
             self.status.show(position=len(self.session.context))
+        elif item.kind == "restart":
+            self.restarted()
+            self.say("The model process is running again.")
         elif item.kind == "open":
             await self.open_chat(item.arg)
 

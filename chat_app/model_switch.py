@@ -22,6 +22,12 @@ Contract:
   prompt (without one, the new model's own default); --template is not carried over. The
   status bar, the reply labels and the app's sub_title name the new model.
 - `/model` alone shows the model's name and path.
+- A model process whose log (session.log) cannot be written runs without one: one notice a run.
+- A model process that ends on its own (killed, crashed) is said once, mid-reply or not, and
+  the status bar says "model process ended" until the next job (a message, Ctrl+R, /clear...)
+  starts a new one first: same options and settings, the chat so far (as saved) reloaded, said
+  in a notice, with the load's progress shown; then the job runs. A message is never lost: if
+  the new process cannot start either, it comes back to the input.
 This module never imports torch.
 """
 
@@ -36,10 +42,14 @@ from chat_app.widgets.load_progress import LoadProgress
 if TYPE_CHECKING:
     from chat_app.app import ChatApp
 
+ENDED = "model process ended"  # the status bar's state once it has
+
 
 class ModelSwitching:
     bad_input: str | None = None  # why the first model was refused (main() prints it, exit code 2)
     _switching_from: Any = None  # the session that answers again if /model fails
+    _log_error_said = False  # a log that cannot be written is said once a run
+    _restarting = False  # a new model process is being started in place of one that ended
 
     @property
     def load_progress(self: ChatApp) -> LoadProgress:
@@ -68,6 +78,31 @@ class ModelSwitching:
         return new
 
     # ---- the UI thread ---------------------------------------------------------------------
+
+    def ended(self: ChatApp) -> str:
+        """Why the model process is gone ("" while it runs, or while a new one starts)."""
+        return "" if self.session is None or self._restarting else getattr(self.session, "ended", "")
+
+    def restart_if_ended(self: ChatApp) -> None:
+        """Before a job is queued: a model process that ended is started again first."""
+        if not self.ended():
+            return
+        self._restarting = True
+        self.show_loading(self.model_name)
+        self.say("Starting the model process again; the chat so far is reloaded into it.")
+        pairs = [("system", self.store.system or "")]
+        self._jobs.put(("restart", pairs + [(m.role, m.content) for m in self.store.messages() if m.role != "system"]))
+
+    def restarted(self: ChatApp) -> None:
+        self._restarting = False
+        self.load_progress.finish()
+        self.status.show(state="ready", position=len(self.session.context))
+
+    def say_if_ended(self: ChatApp) -> None:
+        """Each drain: a model process that ended while no reply ran is said, once."""
+        if self.ended() and not self.busy and self.status.fields.get("state") != ENDED:
+            self.status.show(state=ENDED)
+            self.say(f"{self.ended()}; the next message starts it again.", "warning")
 
     async def command_model(self: ChatApp, arg: str) -> None:
         if self.session is None:
@@ -107,12 +142,20 @@ class ModelSwitching:
         self.status.show(state="ready", name=s.name, device=s.device, dtype=s.dtype,
                          graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
                          position=len(s.context), step=s.step_kind, capped=s.max_len < s.model_max_len)
+        if getattr(s, "log_error", "") and not self._log_error_said:
+            self._log_error_said = True
+            self.say(f"The model process's log {s.log_error}; it logs nothing, and chatting works.", "warning")
         if s.max_len < s.model_max_len:
             self.say(f"The context is capped at {s.max_len} of the model's {s.model_max_len} positions "
                      f"to keep memory low; --max-len {s.model_max_len} lifts the cap.")
 
     def model_failed(self: ChatApp, item: Failed) -> None:
         self.load_progress.finish()
+        if item.kind == "restart":
+            self._restarting = False
+            self.status.show(state=ENDED)
+            self.say(f"Could not start the model process again: {item.message}", "error")
+            return
         if item.kind == "model":  # the old model answers again
             self.session, self._switching_from = self._switching_from, None
             self.status.show(state="ready", name=self.session.name)

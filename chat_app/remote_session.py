@@ -7,9 +7,12 @@ no torch), `new_chat()`, `set_system()` and `load_messages()` block until done, 
 come back as ValueError with the child's message. The public attributes (`name`, `device`,
 `messages`, `params`, `step_kind`, ...) mirror the child's session as of its last message.
 
-The child is started with "spawn" (no fork of a process with threads) and the parent never
-imports torch for it. The child's stdout and stderr go to `open_kwargs["log"]` (a file in the
-data folder), never to the terminal under the TUI. A reader thread owns the receiving end:
+The child is a new Python (`tinyllm.chat_server.main`, in a session of its own; POSIX) and the
+parent never imports torch for it. Its stdout and stderr are `open_kwargs["log"]` (session.log
+in the data folder) from before its first instruction, so nothing it prints, an import error
+or a traceback before its server loop included, ever reaches the terminal under the TUI. A log
+that cannot be opened is /dev/null instead, and `log_error` says why ("" otherwise).
+A reader thread owns the receiving end:
 replies go to the job that waits for them, call answers to their caller, state updates apply
 at once. `close()` ends the child (it stops a reply under way first) and wakes any thread
 waiting on the session with ValueError: quitting never waits on a reply, even a hung one.
@@ -19,7 +22,9 @@ updated by `changes` (another path, say) and returns once it is loaded, calling
 `progress(done, total)` (tensors read) meanwhile from the opening thread. A model that cannot
 be opened raises ValueError when the path, files or options are wrong (the child's one-line
 message) and RuntimeError when the machine is (out of memory, the process died). `path` is
-the model's path, `pid` the child's process id.
+the model's path, `pid` the child's process id. `ended` says why the child is gone (killed,
+crashed, closed), "" while it runs; `restart(messages)` then starts a new one in its place
+(the same object: whoever holds the session keeps it).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing as mp
 import queue
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -46,30 +52,38 @@ class Params(SimpleNamespace):
 class RemoteSession:
     def __init__(self, open_kwargs: dict[str, Any], progress: Callable[[int, int], None] | None = None,
                  **changes: Any):
-        from tinyllm.chat_server import serve  # the child's entry point; importing it loads no torch
-
-        open_kwargs = {**open_kwargs, **changes}
-        self.path = str(open_kwargs["path"])
-        ctx = mp.get_context("spawn")
-        self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=serve, args=(child_conn, open_kwargs), daemon=True,
-                                 name="tinyllm-session")
-        # Textual swaps sys.stderr for an object with no file descriptor, and multiprocessing hands
-        # sys.stderr's descriptor to its resource tracker: give it the real one while starting.
-        stderr, sys.stderr = sys.stderr, sys.__stderr__
-        try:
-            self._proc.start()
-        finally:
-            sys.stderr = stderr
-        child_conn.close()
-        self.pid = self._proc.pid
+        self.open_kwargs = {**open_kwargs, **changes}
+        self.path = str(self.open_kwargs["path"])
         self.last_stats: StepStats | None = None
+        self._start(progress)
+
+    def _start(self, progress: Callable[[int, int], None] | None) -> None:
+        """Start the child, wait until its session is loaded, then read what it sends."""
+        kwargs = dict(self.open_kwargs)
+        log = kwargs.pop("log", None)
+        self.log_error = ""  # why the log could not be opened ("": it was, or none was asked)
+        try:
+            out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 (the child's now)
+        except OSError as e:
+            out, self.log_error = subprocess.DEVNULL, f"{log} cannot be written ({e.strerror or e})"
+        self._conn, child_conn = mp.Pipe()
+        program = f"import sys; sys.path = {sys.path!r}; from tinyllm.chat_server import main; main()"
+        try:  # a session of its own: no signal meant for the terminal's programs reaches it
+            self._proc = subprocess.Popen([sys.executable, "-u", "-c", program, str(child_conn.fileno())],
+                                          stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                          pass_fds=(child_conn.fileno(),), start_new_session=True)
+        finally:
+            child_conn.close()
+            if out is not subprocess.DEVNULL:
+                out.close()
+        self.pid = self._proc.pid
         self._ended = ""  # why the child is gone, once it is
         self._compiled = threading.Event()
         self._job: queue.SimpleQueue = queue.SimpleQueue()  # what the running job hears
         self._answers: dict[int, queue.SimpleQueue] = {}
         self._ids = itertools.count()
         self._send_lock = threading.Lock()
+        self._send(kwargs)
         while (first := self._recv())[0] == "progress":
             if progress is not None:
                 progress(first[1], first[2])
@@ -90,6 +104,23 @@ class RemoteSession:
         if self.step_kind in ("compiled", "native", "compile failed", "plain"):
             self._compiled.set()
 
+    @property
+    def ended(self) -> str:
+        """Why the child is gone ("the model process ended (exit code -9)"); "" while it runs."""
+        return self._ended
+
+    def restart(self, messages: list[tuple[str, str]], progress: Callable[[int, int], None] | None = None) -> None:
+        """After the child ended: a new one with the same options and the old one's settings
+        and graphs switch (as last mirrored), the conversation `messages` loaded into it."""
+        params, use_graph = {k: "none" if v is None else str(v) for k, v in vars(self.params).items()}, self.use_graph
+        self.close()  # reaps the old one
+        self._start(progress)
+        for name, value in params.items():
+            self.set_param(name, value)
+        if self.graphs_available and self.use_graph != use_graph:
+            self.set_graphs(use_graph)
+        self.load_messages(messages)
+
     def wait_compiled(self, timeout: float | None = None) -> bool:
         return self._compiled.wait(timeout)
 
@@ -99,8 +130,11 @@ class RemoteSession:
         try:
             return self._conn.recv()
         except (EOFError, OSError):
-            self._proc.join(timeout=5)
-            return ("ended", f"the model process ended (exit code {self._proc.exitcode})")
+            try:
+                code = self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            return ("ended", f"the model process ended (exit code {code})")
 
     def _send(self, msg) -> None:
         with self._send_lock:
@@ -120,10 +154,10 @@ class RemoteSession:
             elif kind == "state":
                 self._apply(msg[1])
             elif kind == "ended":  # whatever waits hears it, now and later
-                self._ended = msg[1]
                 self._job.put(("failed", msg[1]))
                 for answer in list(self._answers.values()):
                     answer.put(msg[1])
+                self._ended = msg[1]  # last: once it shows, this thread touches nothing more (restart())
                 return
             else:
                 self._job.put(msg)
@@ -214,7 +248,8 @@ class RemoteSession:
             self._send(("quit",))
         except ValueError:
             pass
-        self._proc.join(timeout=5)
-        if self._proc.is_alive():
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
             self._proc.kill()
-            self._proc.join(timeout=5)
+            self._proc.wait(timeout=5)

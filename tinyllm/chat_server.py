@@ -5,8 +5,10 @@ with the tiny test model, the app decoded at 25-35% of the same session without 
 Markdown rendering and the event loop held the GIL while the decoder waited for it). In its
 own process the session decodes as it does alone (docs/INFERENCE.md, "The UI out of the way").
 
-Contract: `serve(conn, open_kwargs)` is the child's entry point. Its stdout and stderr go to
-`open_kwargs["log"]` (or nowhere). It opens the session
+Contract: `main()` is the child's program (the connection's descriptor is argv[1]; open_kwargs
+come first on it) and runs `serve(conn, open_kwargs)`. Its stdout and stderr are what the
+parent gave it (chat_app.remote_session: session.log or /dev/null, never the terminal). It
+opens the session
 (`open_session(**open_kwargs)`; `ignore_eos=True` makes replies run to max_tokens, for
 benchmarks), then answers messages, all plain picklable data:
   parent -> child   ("job", kind, arg)       kind: send | regenerate | continue | new_chat | system | load
@@ -42,6 +44,7 @@ thread).
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -64,9 +67,15 @@ def snapshot(session) -> dict:
                 messages=[(m.role, m.content, m.stopped) for m in s.messages])
 
 
+def main() -> None:
+    """The child's program: serve on the connection whose descriptor is argv[1]; the parent
+    sends open_kwargs first."""
+    conn = Connection(int(sys.argv[1]))
+    serve(conn, conn.recv())
+
+
 def serve(conn: Connection, open_kwargs: dict) -> None:
     started = time.time()
-    _log_to(open_kwargs.pop("log", None))
     from tinyllm.chat import open_session
 
     imported = time.time()
@@ -109,20 +118,6 @@ def serve(conn: Connection, open_kwargs: dict) -> None:
         if job[0] in ("send", "regenerate", "continue") and hold is not None:
             holds -= 1
         _run_job(session, *job, send, hold if holds >= 0 else None)
-
-
-def _log_to(path: str | None) -> None:
-    """Send this process's stdout and stderr (warnings, tracebacks) to a file, or nowhere:
-    they share the terminal with the parent's TUI otherwise."""
-    import os
-    import sys
-
-    fd = os.open(path or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    for stream in (1, 2):
-        os.dup2(fd, stream)
-    os.close(fd)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives as long as the process)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
 def _read(conn: Connection, session, jobs: queue.Queue, send, hold: threading.Event | None) -> None:

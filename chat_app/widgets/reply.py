@@ -5,7 +5,10 @@ fragments when rendering falls behind; the app calls it once per drained batch, 
 token); `resume()` lets a finished reply grow again (/continue); `finish(reason)` flushes
 the stream and marks a reply that did not end on its own
 ("stopped", "context full", "error"; "partial": one a crash cut short, shown on resume).
-Nothing written is ever dropped: `text` is the full source. Control characters from a
+Nothing written is ever dropped while the reply is shown: `text` is the full source. Once
+it is not (the app has begun to quit, or the reply was removed), writes are dropped, and
+so is what the stream still held: there is nothing left to show them in (the app saves its own
+copy of the text; chat_app.widgets.streamed_markdown). Control characters from a
 model (noise, or an escape sequence) are shown as visible symbols, never sent to the terminal;
 the title (the model's name) is plain text, never markup (chat_app.labels).
 Textual's Markdown is imported with the first reply, not with the app (a tenth of a second
@@ -35,9 +38,9 @@ class Reply(Vertical):
         self._stream: MarkdownStream | None = None
 
     def compose(self):
-        from textual.widgets import Markdown
+        from chat_app.widgets.streamed_markdown import StreamedMarkdown
 
-        yield Markdown(self._initial)
+        yield StreamedMarkdown(self._initial)
         yield Static(NOTES.get(self._note, ""), classes="note", markup=False)
 
     def on_mount(self) -> None:
@@ -50,6 +53,8 @@ class Reply(Vertical):
         return shown.first().source if shown else self._initial
 
     async def write(self, text: str) -> None:
+        if not self.is_attached:  # quitting, or removed: nothing to show it in
+            return
         if self._stream is None:
             from textual.widgets import Markdown
 
@@ -63,7 +68,7 @@ class Reply(Vertical):
 
     async def finish(self, reason: str) -> None:
         if self._stream is not None:
-            await self._stream.stop()
+            await self._stream.stop()  # its flush mounts nothing once detached
             self._stream = None
         if reason in NOTES:
             self.query_one(".note", Static).update(NOTES[reason])

@@ -15,6 +15,7 @@ chat_app.__main__.main), so Esc mid-reply cannot find the reply already ended, o
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -26,6 +27,7 @@ if sys.platform == "win32":
 from chat_app.labels import printable  # noqa: E402
 from chat_app.store import Saved, Store  # noqa: E402
 from chat_app.terminal import VISIBLE_ESC  # noqa: E402
+from tests.chat_app.conftest import rows  # noqa: E402
 from tests.chat_app.pty_terminal import Terminal  # noqa: E402
 from tests.chat_app.test_labels import ESCAPES, named_checkpoint  # noqa: E402
 
@@ -189,5 +191,26 @@ def test_ctrl_c_stays_and_ctrl_q_quits_cleanly(ckpt, tmp_path):
         assert term.exit_code() == 0
         assert term.modes() == {"alt_screen": False, "cursor": True, "mouse": False, "paste": False}
         assert term.echo_on()  # the terminal's line mode is back
+    finally:
+        term.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_mid_reply_quits_cleanly(ckpt, tmp_path, sig):
+    """Before: SIGTERM mid-reply left the terminal in the alternate screen, mouse tracking on and
+    the cursor hidden (exit 143, by the signal). Now it quits as Ctrl+Q does."""
+    term = start(ckpt, tmp_path, "--ignore-eos", held=True)  # the reply waits after its first text
+    data = tmp_path / "data"
+    try:
+        term.send("hi\r")
+        term.wait(lambda: any(r[2] == "assistant" and r[3] for r in rows(data)), "the reply's first text saved")
+        os.kill(term.pid, sig)
+        assert term.exit_code() == 128 + sig
+        assert term.modes() == {"alt_screen": False, "cursor": True, "mouse": False, "paste": False}
+        assert all(f"\x1b[?{n}l".encode() in term.raw for n in (1000, 1003, 1006))  # every mouse mode off
+        assert term.echo_on()
+        assert "Traceback" not in term.text()
+        reply = [r for r in rows(data) if r[2] == "assistant"]
+        assert len(reply) == 1 and reply[0][3] and reply[0][5] == 1  # what streamed, saved as partial
     finally:
         term.close()

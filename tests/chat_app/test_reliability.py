@@ -222,9 +222,9 @@ async def test_quitting_mid_reply_never_waits_on_a_frozen_model_process(make_app
         session, worker = app.session, next(w for w in app.workers if w.name == "session")
         os.kill(session.pid, signal.SIGSTOP)
     end = time.monotonic() + 120  # close() waits 5 s for the process, then kills it
-    while not (worker.is_finished and not session._proc.is_alive()) and time.monotonic() < end:
+    while not (worker.is_finished and session._proc.poll() is not None) and time.monotonic() < end:
         await asyncio.sleep(0.05)
-    assert worker.is_finished and not session._proc.is_alive()
+    assert worker.is_finished and session._proc.poll() is not None
 
 
 async def test_resume_of_a_chat_ending_with_a_user_turn(make_app, data_dir):
