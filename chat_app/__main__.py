@@ -14,6 +14,8 @@ TUI shows the load's progress, and ends the app the same way (ChatApp.bad_input)
 tinyllm_models). Anything else that goes wrong after that is fatal: one line on stderr
 naming the log, exit code 1, and the traceback appended to `tinyllm-chat.log` in the data
 folder. The session's child process writes its own stdout/stderr to `session.log` beside it.
+A chat that chat.db could not take by the time the app ends is one line on stderr naming the
+unsaved-*.md file it was written to instead (or saying that it could not be).
 """
 
 from __future__ import annotations
@@ -198,6 +200,8 @@ def main(argv: list[str] | None = None) -> None:
         app.run()
     except Exception as e:
         fatal(e, app.store.folder)
+    if app.farewell:  # the chat history could not be saved: where this run's chat went instead
+        print(app.farewell, file=sys.stderr)
     if app.bad_input is not None:  # found by the session's child: one line, as above
         print(f"{PROG}: error: {app.bad_input}", file=sys.stderr)
         sys.exit(2)
