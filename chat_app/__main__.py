@@ -16,6 +16,8 @@ naming the log, exit code 1, and the traceback appended to `tinyllm-chat.log` in
 folder. The session's child process writes its own stdout/stderr to `session.log` beside it.
 SIGTERM and SIGHUP quit the app as Ctrl+Q does (the terminal restored, the reply so far
 saved), and exit with code 128 + the signal's number (143, 129), saying nothing.
+A chat that chat.db could not take by the time the app ends is one line on stderr naming the
+unsaved-*.md file it was written to instead (or saying that it could not be).
 """
 
 from __future__ import annotations
@@ -200,6 +202,8 @@ def main(argv: list[str] | None = None) -> None:
         app.run()
     except Exception as e:
         fatal(e, app.store.folder)
+    if app.farewell:  # the chat history could not be saved: where this run's chat went instead
+        print(app.farewell, file=sys.stderr)
     if app.bad_input is not None:  # found by the session's child: one line, as above
         print(f"{PROG}: error: {app.bad_input}", file=sys.stderr)
         sys.exit(2)

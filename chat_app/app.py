@@ -15,8 +15,10 @@ stays in the input; Ctrl+N and /clear stop the running reply first, /system wait
 A reply replaces what is on screen only once it has begun (`Started` follows the session's
 first event), so a send or regenerate that fails before that changes nothing. Errors are
 caught once, in the worker, shown with notify(severity="error"), and the conversation is
-kept. A store that cannot write is a notice too: the chat stays in memory and on screen, and
-the next write retries (see chat_app.store). A streaming reply is saved as partial at its
+kept. A store that cannot write is a notice too (again for each message or command that
+fails to save, never per token): the chat stays in memory and on screen, the next write
+retries (see chat_app.store), and at quit what chat.db still lacks goes to an unsaved-*.md file
+that `farewell` names for main() to print. A streaming reply is saved as partial at its
 first text and then at most once a second. An exception that escapes anyway is kept in
 `crash` for main() to report (one line, traceback in the data folder's log). SIGTERM and
 SIGHUP quit as Ctrl+Q does; `quit_signal` names the signal (main() exits with 128 + it). This module
@@ -117,7 +119,9 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
         self._saved_at = 0.0
         self._busy = False  # a send/regenerate is queued or running
         self._stop_wanted = False  # Esc was pressed for the reply in flight
-        self._store_notice: str | None = None  # the store error last shown
+        self._store_failing = False  # the last store write failed
+        self._store_told: str | None = None  # the store error shown since the user last acted
+        self.farewell: str | None = None  # one line for main() to print after the app ends (an unsaved chat)
         self._compile_failure_said = False
 
     def compose(self):
@@ -158,6 +162,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
         self.call_after_refresh(self._serve)  # the first frame first: the child competes for the CPU
         if self.store.error:
             self._store_failed(self.store.error)
+        self.store_notices()
         if self.resume:
             await self.resume_last_chat()
 
@@ -182,6 +187,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
     def on_unmount(self) -> None:
         self._catch_signals(False)
         self.save_partial()  # quitting mid-reply keeps what streamed (still marked partial)
+        self.farewell = self.store.rescue()  # what chat.db still lacks goes to an unsaved-*.md file
         self.store.close()  # the conversation is free for the next instance
         if self.session is not None:  # the worker, even one waiting on a reply, ends now (it closes it too)
             close_session(self.session)
@@ -205,20 +211,34 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
     # ---- the store: every write goes through here ---------------------------------------
 
     def _save(self, write: Callable[..., None], *args: Any, **kwargs: Any) -> None:
-        """One store write; a failure is a notice (once per distinct error), never a crash."""
+        """One store write; a failure is a notice, never a crash: shown again for each thing the
+        user does (a message, a command, Ctrl+R) that fails to save, or when the error changes,
+        never once per streamed token."""
         try:
             write(*args, **kwargs)
         except StoreError as e:
             self._store_failed(str(e))
             return
-        if self._store_notice is not None:
-            self._store_notice = None
+        finally:
+            self.store_notices()
+        if self._store_failing:
+            self._store_failing, self._store_told = False, None
             self.say("The chat history is saved again.")
 
     def _store_failed(self, message: str) -> None:
-        if message != self._store_notice:
-            self._store_notice = message
+        self._store_failing = True
+        if message != self._store_told:
+            self._store_told = message
             self.say(message, "error")
+
+    def store_notices(self) -> None:
+        """Say what the store has to say (chat.db deleted and written again, no locks)."""
+        while self.store.notices:
+            self.say(self.store.notices.pop(0), "warning")
+
+    def user_acted(self) -> None:
+        """A message, command or key that writes: a store failure is worth showing again."""
+        self._store_told = None
 
     def save_partial(self) -> None:
         """Write the streaming reply's text so far to the store (marked partial)."""
@@ -435,6 +455,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
     @on(PromptInput.Submitted)
     async def submitted(self, event: PromptInput.Submitted) -> None:
         text = event.text
+        self.user_acted()
         if text.startswith("/"):
             self._accept(event)
             await self.run_command(text)
@@ -462,11 +483,13 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
             self.session.stop()
 
     def action_regenerate(self) -> None:
+        self.user_acted()
         if self._ready_for_reply():
             self._busy = True
             self.queue_job("regenerate", "")
 
     def action_continue(self) -> None:
+        self.user_acted()
         if self.session is not None and not (self.session.messages and self.session.messages[-1].role == "assistant"):
             self.say("No reply to continue yet.", "warning")
         elif self._ready_for_reply():

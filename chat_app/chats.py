@@ -9,7 +9,8 @@ its messages and system prompt, and its /set values apply over the launch's sett
 launch's settings come back for a chat that has none). A saved value that is not one a reply
 can use (out of range, unknown: tinyllm.sampling_params) is skipped with a notice and dropped
 from the chat; the rest apply. A chat another instance holds, or a store that cannot be read,
-is a notice and changes nothing. Deleting the open chat from the
+is a notice and changes nothing. A message row chat.db holds that is not text (a BLOB, a
+number: a file edited by hand) is skipped with a notice counting them. Deleting the open chat from the
 list starts a new one. This module never imports torch.
 """
 
@@ -47,6 +48,8 @@ class ChatSwitching:
         except (StoreError, ValueError) as e:
             self.say(f"could not open that chat: {e}", "error")
             return
+        finally:
+            self.store_notices()
         await self.conversation.clear()
         await self.show_saved(saved)
         self.status.show(tok_s=None, ttft_ms=None, window=None)  # the last reply's numbers were another chat's
@@ -58,6 +61,8 @@ class ChatSwitching:
         except StoreError as e:
             self._store_failed(f"could not resume: {e}")
             return
+        finally:
+            self.store_notices()
         if held:
             self.say("The last chat is open in another tinyllm-chat; "
                      + ("this is the one before it." if saved else "this is a new one."), "warning")
@@ -70,6 +75,9 @@ class ChatSwitching:
 
     async def show_saved(self: ChatApp, saved: list[Saved]) -> None:
         """Show a chat the store just opened and load it into the session (by jobs, in order)."""
+        if self.store.skipped:
+            self.say(f"Skipped {self.store.skipped} unreadable message(s) of this chat (not text in chat.db); "
+                     "the rest are here.", "warning")
         said = [m for m in saved if m.role != "system"]
         if said and said[-1].role == "user":  # its reply never began (a crash): an empty one, so turns alternate
             saved.append(Saved("assistant", "", stopped=True, model=self.model_name))

@@ -2,13 +2,16 @@
 
 Contract: `COMMANDS` is the table the help screen shows; `run_command(text)` runs one, and
 every refusal is a notice (severity "error"), never an exception. `/export PATH` refuses
-to replace an existing file; `/export! PATH` overwrites it. This module never imports
-torch (nor tinyllm).
+to replace an existing file; `/export! PATH` overwrites it; either writes only a regular file
+(a FIFO, a device or a folder is refused) and writes it on a worker thread, with a notice when
+done. This module never imports torch (nor tinyllm).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from chat_app.history import write_regular
 
 if TYPE_CHECKING:
     from chat_app.app import ChatApp
@@ -65,15 +68,23 @@ class SlashCommands:
             self.say("usage: /export PATH (/export! PATH overwrites)", "error")
             return
         self.save_partial()  # the reply streaming now goes in as far as it got
+        text, n = self.store.as_markdown()  # taken now, on the UI thread; written by a worker
+        self.run_worker(lambda: self.export_file(arg, text, n, overwrite), thread=True, group="export",
+                        name=f"export {arg}")
+
+    def export_file(self: ChatApp, path: str, text: str, n: int, overwrite: bool) -> None:
+        """The write of /export, on a worker thread (a slow disk never stops the UI); its
+        notice comes back to the UI thread."""
         try:
-            n = self.store.export_markdown(arg, overwrite=overwrite)
+            write_regular(path, text, overwrite)
+            message, severity = f"Exported {n} messages to {path}.", "information"
         except FileExistsError:
-            self.say(f"{arg} exists; /export! {arg} overwrites it.", "error")
-            return
+            message, severity = f"{path} exists; /export! {path} overwrites it.", "error"
+        except ValueError as e:
+            message, severity = f"could not export: {e}", "error"
         except OSError as e:
-            self.say(f"could not export to {arg}: {e}", "error")
-            return
-        self.say(f"Exported {n} messages to {arg}.")
+            message, severity = f"could not export to {path}: {e}", "error"
+        self.call_from_thread(self.say, message, severity)
 
     async def command_stats(self: ChatApp, arg: str) -> None:
         stats = self.last_stats

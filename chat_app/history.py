@@ -5,18 +5,23 @@ Contract: `chats()` lists the saved conversations, newest first; `rename` and `d
 change any conversation no other instance holds (ValueError names the one that does);
 `add_prompt` / `prompts()` keep what was typed, for the input's Up across runs (the newest
 PROMPTS_KEPT); `export_markdown` writes the open conversation from memory, each reply under
-the model that wrote it and each system prompt where it was set. Read failures are
-StoreErrors, as everywhere in the store.
+the model that wrote it and each system prompt where it was set, and only ever to a regular
+file (`write_regular`: a FIFO, device or folder is a ValueError, never a wait). Read failures
+are StoreErrors, as everywhere in the store; a column holding no text where text belongs (a
+BLOB title, say) is read as empty, never a crash.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from chat_app.store import Store
+    from chat_app.store import Store, _Chat
 
 PROMPTS_KEPT = 1000
 
@@ -42,7 +47,8 @@ class History:
                 "(SELECT content FROM messages WHERE conversation = c.id AND role = 'user' ORDER BY id LIMIT 1) "
                 "FROM conversations c JOIN messages m ON m.conversation = c.id "
                 "WHERE m.role != 'system' GROUP BY c.id ORDER BY MAX(m.id) DESC").fetchall()
-        return [ChatInfo(cid, title or _first_line(first or ""), updated, model, n, cid == self.chat.id, bool(title))
+        return [ChatInfo(cid, _str(title) or _first_line(_str(first)), updated if isinstance(updated, int | float) else 0.0,
+                         _str(model) or "?", n, cid == self.chat.id, bool(_str(title)))
                 for cid, title, updated, model, n, first in self._read(work)]
 
     def rename(self: Store, cid: int, title: str) -> None:
@@ -85,27 +91,72 @@ class History:
         """The prompts of earlier runs, oldest first."""
         rows = self._read(lambda db: db.execute("SELECT text FROM prompts ORDER BY id DESC LIMIT ?",
                                                 (PROMPTS_KEPT,)).fetchall())
-        return [text for (text,) in reversed(rows)]
+        return [text for (text,) in reversed(rows) if isinstance(text, str)]
 
     def export_markdown(self: Store, path: str | Path, overwrite: bool = False) -> int:
-        """Write the conversation (from memory, so it works while chat.db is broken) as
-        Markdown, each reply under the model that wrote it and each system prompt where it
-        was set; returns how many messages were written. An existing file is refused
-        (FileExistsError) unless `overwrite`."""
-        saved = [m for m in self.chat.messages if m.role != "system"]
-        parts = [f"# Chat with {self.model}\n"]
-        if self.chat.system:
-            parts.append(f"**System:** {self.chat.system}\n")
-        for m in self.chat.messages:
-            if m.role == "system":
-                parts.append(f"**System:** {m.content}\n" if m.content else "*(system prompt cleared)*\n")
-                continue
-            who = "You" if m.role == "user" else m.model or self.chat_model
-            note = "\n\n*(stopped)*" if m.stopped else "\n\n*(unfinished)*" if m.partial else ""
-            parts.append(f"## {who}\n\n{m.content.strip()}{note}\n")
-        with open(Path(path).expanduser(), "w" if overwrite else "x", encoding="utf-8") as f:
-            f.write("\n".join(parts))
-        return len(saved)
+        """Write the open conversation (from memory, so it works while chat.db is broken) as
+        Markdown to a regular file (write_regular); returns how many messages were written."""
+        text, n = self.as_markdown()
+        write_regular(path, text, overwrite)
+        return n
+
+    def as_markdown(self: Store) -> tuple[str, int]:
+        """The open conversation as Markdown, and how many messages it holds (for a worker
+        thread to write: the store itself stays on the UI thread)."""
+        return markdown(self, self.chat), sum(m.role != "system" for m in self.chat.messages)
+
+
+def markdown(store: Store, chat: _Chat) -> str:
+    """A conversation as Markdown, each reply under the model that wrote it and each system
+    prompt where it was set."""
+    parts = [f"# Chat with {store.model}\n"]
+    if chat.system:
+        parts.append(f"**System:** {chat.system}\n")
+    for m in chat.messages:
+        if m.role == "system":
+            parts.append(f"**System:** {m.content}\n" if m.content else "*(system prompt cleared)*\n")
+            continue
+        who = "You" if m.role == "user" else m.model or chat.model or store.model
+        note = "\n\n*(stopped)*" if m.stopped else "\n\n*(unfinished)*" if m.partial else ""
+        parts.append(f"## {who}\n\n{m.content.strip()}{note}\n")
+    return "\n".join(parts)
+
+
+def write_regular(path: str | Path, text: str, overwrite: bool = False) -> None:
+    """Write text to a regular file, never anything else: a FIFO, a device or a folder is a
+    ValueError, found before opening (os.stat) and again on what was opened (os.fstat), which
+    is opened non-blocking (a FIFO with no reader fails at once instead of waiting for one).
+    An existing file is FileExistsError unless `overwrite`. A symlink to a regular file is
+    followed."""
+    path = Path(path).expanduser()
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{path} is not a regular file ({_kind(st.st_mode)}); export to a file")
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # a FIFO made after the stat, with no reader
+            raise ValueError(f"{path} is not a regular file (a FIFO); export to a file") from None
+        raise
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # it changed between the stat and the open
+            raise ValueError(f"{path} is not a regular file ({_kind(mode)}); export to a file")
+        f.write(text)
+
+
+def _kind(mode: int) -> str:
+    return ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket or other special file")
+
+
+def _str(value: object) -> str:
+    """A column that should hold text (a BLOB or number put there by hand is no text)."""
+    return value if isinstance(value, str) else ""
 
 
 def _first_line(text: str, width: int = 60) -> str:

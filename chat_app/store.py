@@ -16,15 +16,22 @@ Contract:
   are kept in their own table (`add_prompt`, `prompts()`): the input's history across runs.
 - Memory first: the open conversation lives in `self.chat` (a list of `Saved`); every change
   is made there and then written (`sync`). A failed write raises `StoreError` with a
-  one-line message that says where the file is and what to do; nothing is dropped: the
-  next write (or `retry()`) writes everything still pending, after reconnecting. The app
-  shows the error and keeps the conversation; `export_markdown` works from memory, so a
-  chat can be saved elsewhere while the database is broken.
+  one-line message that says where the file is and what to do (chat_app.store_advice);
+  nothing is dropped: the next write (or `retry()`) writes everything still pending, after
+  reconnecting. The app shows the error and keeps the conversation; `export_markdown` works
+  from memory, so a chat can be saved elsewhere while the database is broken, and at quit
+  `rescue()` writes what chat.db still lacks to an unsaved-*.md file and says where.
+- A chat.db deleted or replaced while open (its device and inode changed) is found at the
+  next read or write: it is opened again (made anew, the data folder too) and every chat this
+  store holds is written into it whole. What the app should say about it is in `notices`.
+- A row that is not text where text belongs (a BLOB put there by hand) is skipped when a chat
+  is opened (`skipped` counts them) and read as empty in the chat list; never a crash.
 - A reply is added as `partial` when it starts and updated while it streams, so a crash
   (kill -9) loses at most the text since the last update; `finish` clears the mark.
 - One instance per conversation: a conversation is held through an advisory lock file
-  (`locks/<id>.lock`, `fcntl.flock`, released by the OS when the process dies);
-  `resume_last` skips a conversation another instance holds.
+  (chat_app.locks: `locks/<id>.lock`, released by the OS when the process dies);
+  `resume_last` skips a conversation another instance holds. Where no lock can be taken (a
+  file named locks, no permission) the chat is saved unlocked, and `notices` says so once.
 - SQLite runs in WAL mode with a busy timeout, so two instances on one folder wait briefly
   for each other instead of failing. The store is used from the UI thread only.
 """
@@ -39,14 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from chat_app.history import History
+from chat_app.history import History, markdown
+from chat_app.locks import claim, unlocked
+from chat_app.store_advice import ENV_DIR, advice, identity, lock_advice, rescue
 
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory locks; one instance per conversation is not enforced
-    fcntl = None  # type: ignore[assignment]
-
-ENV_DIR = "TINYLLM_CHAT_DATA_DIR"
 BUSY_TIMEOUT_MS = 2000
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -118,23 +121,6 @@ def default_data_dir() -> Path:
     return Path(user_data_dir("tinyllm-chat"))
 
 
-def advice(path: Path, e: Exception) -> str:
-    """One line: what went wrong with the file at `path`, and what to do about it."""
-    text = str(e)
-    low = text.lower()
-    if "readonly" in low or "read-only" in low or "permission" in low:
-        todo = f"make it writable (chmod u+w {path}) or set {ENV_DIR} to another folder"
-    elif "malformed" in low or "not a database" in low or "corrupt" in low:
-        todo = f"move it away (mv {path} {path}.broken) and restart to begin a fresh history"
-    elif "full" in low or "no space" in low:
-        todo = "free some disk space"
-    elif "locked" in low or "busy" in low:
-        todo = "another program holds it; close that program"
-    else:
-        todo = f"check the file, or set {ENV_DIR} to another folder"
-    return f"chat history {path}: {text}; {todo}. The chat is kept in memory (/export PATH saves it)"
-
-
 class Store(History):
     def __init__(self, path: str | Path, model: str = "model", system: str | None = None):
         self.path = Path(path)
@@ -143,9 +129,13 @@ class Store(History):
         self._older: list[_Chat] = []  # earlier chats of this run with writes still pending
         self.db: sqlite3.Connection | None = None
         self.error: str | None = None  # the last failure, None once writes work again
+        self.notices: list[str] = []  # what the app should say (a lost chat.db, no locks); it empties it
+        self.skipped = 0  # rows of the chat last opened that could not be read (not text)
+        self._identity: tuple[int, int] | None = None  # the chat.db file the connection has open
+        self._unlocked_said = False
         try:
             self._connect()
-        except sqlite3.Error as e:  # the app starts anyway and shows this
+        except (sqlite3.Error, OSError) as e:  # the app starts anyway and shows this
             self.error = advice(self.path, e)
 
     @classmethod
@@ -163,6 +153,7 @@ class Store(History):
 
     def _connect(self) -> None:
         self._disconnect()
+        self.folder.mkdir(exist_ok=True)  # the data folder deleted while the app ran: made again
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                              timeout=BUSY_TIMEOUT_MS / 1000)
         try:
@@ -180,7 +171,22 @@ class Store(History):
         except sqlite3.Error:
             db.close()
             raise
-        self.db = db
+        self.db, self._identity = db, identity(self.path)
+
+    def _ensure(self) -> None:
+        """Connect if not connected. A chat.db deleted or replaced since it was opened is opened
+        again (made anew) and every chat this store holds is marked to be written whole."""
+        if self.db is not None and identity(self.path) != self._identity:
+            self._disconnect()
+            for chat in (*self._older, self.chat):
+                self._release(chat)  # its new row gets its own lock
+                chat.id, chat.deleted, chat.meta_dirty = None, [], True
+                for m in chat.messages:
+                    m.id, m.dirty = None, True
+            self.notices.append(f"{self.path} was deleted or replaced while open; "
+                                "this run's open chat is saved again in a new one")
+        if self.db is None:
+            self._connect()
 
     def close(self) -> None:
         """Close the file and let go of the conversations this store holds."""
@@ -279,12 +285,11 @@ class Store(History):
     def sync(self) -> None:
         """Write every pending change, each chat in one transaction. StoreError when it fails."""
         try:
-            if self.db is None:
-                self._connect()
+            self._ensure()
             for chat in (*self._older, self.chat):
                 if self._unwritten(chat):
                     self._write(chat)
-        except sqlite3.Error as e:
+        except (sqlite3.Error, OSError) as e:
             self.error = advice(self.path, e)
             self._disconnect()  # reconnect on the next try: a moved, fixed or freed file may work then
             raise StoreError(self.error) from e
@@ -344,17 +349,13 @@ class Store(History):
 
     def _claim(self, conversation: int) -> IO | None:
         """The lock of a conversation, or None when another instance holds it."""
-        if fcntl is None:
-            return open(os.devnull)  # noqa: SIM115 (no locks on this platform)
-        locks = self.folder / "locks"
-        locks.mkdir(exist_ok=True)
-        f = open(locks / f"{conversation}.lock", "a")  # noqa: SIM115 (held while the chat is open)
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.close()
-            return None
-        return f
+            return claim(self.folder / "locks", conversation)
+        except OSError as e:  # no lock possible (a file named locks, no permission): the chat goes on unlocked
+            if not self._unlocked_said:
+                self._unlocked_said = True
+                self.notices.append(lock_advice(self.folder / "locks", e))
+            return unlocked()
 
     @staticmethod
     def _release(chat: _Chat) -> None:
@@ -367,11 +368,10 @@ class Store(History):
     def _read(self, work):
         """Run work(db) on the connection; a failure is a StoreError (and a reconnect later)."""
         try:
-            if self.db is None:
-                self._connect()
+            self._ensure()
             assert self.db is not None
             return work(self.db)
-        except sqlite3.Error as e:
+        except (sqlite3.Error, OSError) as e:
             self.error = advice(self.path, e)
             self._disconnect()
             raise StoreError(self.error) from e
@@ -409,18 +409,39 @@ class Store(History):
         return self._read(work)
 
     def _load(self, db: sqlite3.Connection, cid: int, lock: IO | None) -> list[Saved]:
+        """Conversation `cid` becomes the open one; a row that is not text (a BLOB, a number,
+        NULL: a chat.db edited by hand) is skipped and counted in `skipped`."""
         system, settings, model = db.execute("SELECT system, settings, model FROM conversations WHERE id = ?",
                                              (cid,)).fetchone()
         found = db.execute("SELECT id, role, content, stopped, partial, model FROM messages "
                            "WHERE conversation = ? ORDER BY id", (cid,)).fetchall()
+        good = [(row, role, content, stopped, partial, _text(who)) for row, role, content, stopped, partial, who
+                in found if role in ("user", "assistant", "system") and isinstance(content, str)]
+        self.skipped = len(found) - len(good)
         self._release(self.chat)
-        self.chat = _Chat([Saved(role, content, bool(stopped), bool(partial), model, row, dirty=False)
-                           for row, role, content, stopped, partial, model in found],
-                          system, cid, _settings(settings), model, lock=lock)
+        self.chat = _Chat([Saved(role, content, bool(stopped), bool(partial), who, row, dirty=False)
+                           for row, role, content, stopped, partial, who in good],
+                          _text(system), cid, _settings(_text(settings)), _text(model), lock=lock)
         return self.messages()
 
     def messages(self) -> list[Saved]:
         return list(self.chat.messages)
+
+    def rescue(self) -> str | None:
+        """At quit: write what is pending one last time; what still cannot be is written as
+        Markdown to an unsaved-*.md file (store_advice.rescue). One line saying where, or None."""
+        if self.pending:
+            try:
+                self.sync()
+            except StoreError:
+                chats = [c for c in (*self._older, self.chat) if self._unwritten(c)]
+                return rescue("\n".join(markdown(self, c) for c in chats), self.folder)
+        return None
+
+
+def _text(value: object) -> str | None:
+    """A column that should hold text: the text, else None (a BLOB or number put there by hand)."""
+    return value if isinstance(value, str) else None
 
 
 def _settings(text: str | None) -> dict[str, str]:

@@ -201,6 +201,7 @@ async def test_export_and_commands(make_app, tmp_path):
         await send(pilot, "Second turn")
         out = tmp_path / "chat.md"
         await send(pilot, f"/export {out}")
+        await wait_until(pilot, lambda: any("Exported" in n for n in notices(app)), what="the export (a worker writes it)")
         text = out.read_bytes().decode()
         assert "# Chat with tiny-test" in text and "You are terse." in text
         assert "## You\n\nHello export" in text and "## You\n\nSecond turn" in text

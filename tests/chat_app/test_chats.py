@@ -78,6 +78,7 @@ async def test_each_reply_keeps_its_model_on_resume_and_in_export(make_app, data
         await send(pilot, "Hello from tinychat")
         out = tmp_path / "chat.md"
         await send(pilot, f"/export {out}")
+        await wait_until(pilot, lambda: any("Exported" in n for n in notices(app)), what="the export (a worker writes it)")
     text = out.read_text()
     assert text.count("## SmolLM2") == 2 and text.count("## tiny-test") == 1
     # the system prompt where it was set: after the first answer, before the next question

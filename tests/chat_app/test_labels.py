@@ -132,6 +132,7 @@ async def test_model_names_are_plain_text(make_app, ckpt, tmp_path):
         await wait_until(pilot, lambda: app.session.system == f"Be {HOSTILE}")
         await send(pilot, "/show")
         await send(pilot, f"/export {tmp_path / HOSTILE.replace('/', '|')}.md")
+        await wait_until(pilot, lambda: any("Exported" in n for n in notices(app)), what="the export (a worker writes it)")
         await send(pilot, f"/{HOSTILE.replace(' ', '')}")
         show = notices(app)[-3]
         assert show.startswith(f"Model: {SHOWN} on cpu") and f"\nSystem prompt: Be {SHOWN}\n" in show, show

@@ -338,7 +338,8 @@ async def test_export_refuses_to_overwrite_unless_told(make_app, tmp_path):
         await loaded(pilot)
         await send(pilot, "Hello")
         await send(pilot, f"/export {out}")
+        await wait_until(pilot, lambda: any("exists" in e and "/export!" in e for e in errors(app)), what="the refusal")
         assert out.read_text() == "precious"
-        assert any("exists" in e and "/export!" in e for e in errors(app)), errors(app)
         await send(pilot, f"/export! {out}")
+        await wait_until(pilot, lambda: any("Exported" in n for n in notices(app)), what="the export")
         assert "## You\n\nHello" in out.read_text()
