@@ -54,3 +54,23 @@ def test_greedy_replies_hold_plain_facts(session, question, answer):
     session.new_chat()
     finished = list(session.send(question))[-1]
     assert finished.reason == "eos" and answer in finished.text.lower(), finished.text
+
+
+def test_the_middle_layers_are_the_teachers_bit_for_bit():
+    """The card's claim: layers 1-25 were never trained, and int4 gave the teacher's Q4_1 back."""
+    import torch
+
+    from tests.tinyllm.test_real_model import find_smollm2
+    from tinyllm.checkpoint import load_checkpoint
+    from tinyllm.open_model import open_any
+
+    gguf = find_smollm2()
+    if gguf is None:
+        pytest.skip("no SmolLM2 GGUF here (.ci/run fetches it)")
+    ours = load_checkpoint(MODEL, quant="none", dtype=torch.float32).model.state_dict()
+    teacher = open_any(gguf, quant="none", dtype=torch.float32)[0].state_dict()
+    middle = [k for k in ours if k.startswith("blocks.") and 1 <= int(k.split(".")[1]) <= 25
+              and ours[k].dim() == 2]
+    assert len(middle) == 25 * 7
+    assert all(torch.equal(ours[k], teacher[k]) for k in middle)
+    assert not torch.equal(ours["blocks.0.attn.wq.weight"], teacher["blocks.0.attn.wq.weight"])  # trained
