@@ -279,21 +279,25 @@ def tinychat():
 @needs_kernel
 @pytest.mark.parametrize("quant", ["int8", "int4"])
 def test_greedy_decode_with_the_kernel_follows_the_dequantized_model(tinychat, quant):
-    """The default model quantized (kernel) against the same weights dequantized to a dense
-    model, 20 greedy tokens of two chat prompts. Stated tolerance: int8 identical; int4
-    identical for at least the first 12 tokens of each (the kernel rounds activations to int8
-    steps, which can flip a near-tie). Measured over 32 tokens of these and "Hello!": int8 3/3
-    identical; int4 2/3, the cat story diverging at token 18."""
+    """The default model quantized (kernel, KV cache) against the same weights dequantized to a
+    dense model run as one full forward without a cache: every token the kernel's greedy decode
+    picks (32 of each of three chat prompts) is one the dense model ranks within GAP of its best
+    logit. The kernel rounds activations to int8 steps, so a near-tie may flip: asking for
+    identical tokens tested the model's ties, not the kernel (the second default model's int8
+    decode of the France prompt flipped at token 15 on a tie of about 1e-5). Measured on that
+    model: the largest gap int8 0.10, int4 0.33; a wrong kernel (a layer's weights scrambled)
+    gives gaps of several logits."""
+    gap = {"int8": 0.25, "int4": 0.75}[quant]
     model = quantize_model(tinychat.model, quant)
     assert model.blocks[0].ffn.w13.avx2 and model.lm_head.avx2
     dense = dequantized(model)
-    for text in PROMPTS:
+    for text in (*PROMPTS, "Hello!"):
         ids = torch.tensor([tinychat.tokenizer.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")])
         with torch.no_grad():
-            a = torch.cat(list(generate(model, ids, 20)))
-            b = torch.cat(list(generate(dense, ids, 20)))
-        same = int((a != b).nonzero()[0, 0]) if (a != b).any() else len(a)
-        assert same == len(a) if quant == "int8" else same >= 12, (text, same)
+            picked = torch.cat(list(generate(model, ids, 32)))  # (32,)
+            logits = dense(torch.cat([ids[0], picked])[None])[0][0, ids.shape[1] - 1:-1]  # (32, V)
+        gaps = logits.max(-1).values - logits.gather(-1, picked[:, None])[:, 0]  # (32,)
+        assert float(gaps.max()) <= gap, (text, gaps.tolist())
 
 
 @needs_kernel
@@ -399,4 +403,3 @@ def test_a_build_killed_midway_leaves_no_lock_that_blocks_the_next(tmp_path):
     # The timeout only guards against the hang this test is about; a pass never comes near it.
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and "loaded" in out.stdout, out.stderr[-2000:]
-    assert not (folder / "lock").exists()
