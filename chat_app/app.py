@@ -3,7 +3,8 @@
 Threads: the UI thread owns every widget and the Store. ONE long-lived worker thread
 (`_serve`) opens the session (a progress bar meanwhile) and then owns it: the UI hands it
 jobs (send, regenerate, new chat, system prompt, resume, another model, and a new model
-process in place of one that ended: chat_app.model_switch) through a queue, and it runs them in order. Everything the worker learns (the session's
+process in place of one that ended: chat_app.model_switch) through a queue, and it runs them
+in order. Everything the worker learns (the session's
 Prefilled / Token / Finished events, plus Loaded / Progress / Started / Done / Failed from
 chat_app.events) goes into an outbox that a timer drains at most 30 times a second: one
 Markdown update per drained batch, never one per token, and nothing is dropped. From the UI

@@ -6,6 +6,7 @@ MB megabytes (100 by default: past this machine's L2, as a decode step reads its
     python scripts/cpu_qgemv_cold.py [THREADS] [MB]
 """
 
+import functools
 import sys
 import time
 
@@ -38,7 +39,7 @@ def main() -> None:
         nbytes = sum(p.nbytes for p in parts)
         copies = [tuple(p.clone() for p in parts) for _ in range(min(400, max(2, int(total // nbytes))))]
         op = cpu_qgemv.qmm_int4 if kind == "int4" else cpu_qgemv.qmm_int8
-        fns = [lambda c=c: op(x, *c) for c in copies]
+        fns = [functools.partial(op, x, *c) for c in copies]
         hot, cold = per_call_us(fns[:1]), per_call_us(fns)
         print(f"{kind} {n}x{k} {nbytes / 1e6:.2f} MB: hot {hot:7.1f} us ({nbytes / hot / 1e3:5.1f} GB/s), "
               f"cold {cold:7.1f} us ({nbytes / cold / 1e3:5.1f} GB/s), {len(copies)} copies")

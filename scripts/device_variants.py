@@ -33,7 +33,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from device_transfer import DEVICE, DEVDATA, EVAL_ARGS, OUT, PY, TEACHER, TOK, TRAIN_ARGS, run
+from device_transfer import DEVDATA, DEVICE, EVAL_ARGS, OUT, PY, TEACHER, TOK, TRAIN_ARGS, run
 
 KEEP = Path(os.environ.get("KEEP", "/root/keep"))  # a dry run on a CPU: KEEP=/tmp/keep
 # What trains: the new vocabulary's table, every norm, the first layer and the last four.

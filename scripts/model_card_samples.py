@@ -1,5 +1,8 @@
 """Print the model card's sample conversations: the first N prompts of a fixed list, each a new
-chat, greedy with the app's repeat penalty (1.1), its matrices as the app holds them, on the CPU. Usage: python scripts/model_card_samples.py [MODEL] [N]"""
+chat, greedy with the app's repeat penalty (1.1), its matrices as the app holds them, on the CPU.
+
+    python scripts/model_card_samples.py [MODEL] [N]
+"""
 
 import sys
 
@@ -23,7 +26,8 @@ PROMPTS = [
 
 model = sys.argv[1] if len(sys.argv) > 1 else "models/tinychat"
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 10
-session = open_session(model, "cpu", params=SamplingParams(max_tokens=200, repeat_penalty=1.1), quant="auto")  # the app's defaults
+params = SamplingParams(max_tokens=200, repeat_penalty=1.1)  # the app's defaults
+session = open_session(model, "cpu", params=params, quant="auto")
 for i, prompt in enumerate(PROMPTS[:n], 1):
     session.new_chat()
     events = list(session.send(prompt))

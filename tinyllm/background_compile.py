@@ -48,14 +48,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
-from pathlib import Path
+from contextlib import contextmanager
 
 import torch
 
 from tinyllm import saved_step
 from tinyllm.compile_child import Spec, saved_path, warm_up
-from tinyllm.cuda_graph import GraphDecoder, prepare_compile
+from tinyllm.compile_step import compile_step, lower_priority
+from tinyllm.cuda_graph import prepare_compile
 from tinyllm.model import Transformer
 
 COMPILE_SWITCH_S = 0.0005  # the switch interval while a compile runs (the default is 5 ms)
@@ -164,29 +164,6 @@ class BackgroundCompile:
                 sys.setswitchinterval(self._switch)
 
 
-def compile_step(model: Transformer, batch: int, max_len: int, backend: str, n_valid: int | None,
-                 greedy: bool, save_to: Path | None = None):
-    """Compile the step: a scratch decoder (its own small cache) runs it once. With `save_to`,
-    compiled ahead of time and saved there (tinyllm.saved_step); returns that step, else None."""
-    stream = torch.cuda.Stream() if model.device.type == "cuda" else None
-    with torch.no_grad(), torch.cuda.stream(stream) if stream else nullcontext():
-        dec = GraphDecoder(model, batch, max_len=max_len, use_graph=False,
-                           compile=backend if save_to is None else None)
-        if n_valid is not None:
-            dec.sampler.n_valid = n_valid
-        dec.sampler.greedy = greedy
-        dec.prefill(torch.zeros(batch, 1, dtype=torch.long, device=model.device))
-        fn = None
-        if save_to is not None:
-            fn = saved_step.build_and_save(dec, dec.bucket(dec.cache.keys_needed(1)), backend,
-                                           prepare_compile(backend, model), save_to)
-            dec.set_compile(backend, fn)  # run once as a loaded step runs (traced, where fn is None)
-        dec.run(1)
-        if stream is not None:
-            stream.synchronize()
-        return fn
-
-
 def check_cpp_compiler() -> None:
     """Raise RuntimeError (one line) where Inductor finds no working C++ compiler for CPU code
     (measured: the compile otherwise traced for 35 s before it failed on the missing compiler)."""
@@ -197,15 +174,3 @@ def check_cpp_compiler() -> None:
     except Exception as e:
         raise RuntimeError(f"no working C++ compiler for Inductor's CPU code ({e}); install one, "
                            "or name it in CXX") from None
-
-
-def lower_priority() -> None:
-    """Run this thread (and the compiler processes it starts, which inherit it) at the lowest
-    CPU priority, so the replies decoding meanwhile keep the cores. Linux sets priority per
-    thread; elsewhere this does nothing."""
-    import os
-
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):
-        pass

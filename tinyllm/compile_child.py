@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
     spec = Spec(**json.loads(argv[0]))
     import torch
 
-    from tinyllm.background_compile import compile_step, lower_priority
+    from tinyllm.compile_step import compile_step, lower_priority
     from tinyllm.open_model import open_any
 
     lower_priority()  # below the decoding process, with the compiler processes it starts

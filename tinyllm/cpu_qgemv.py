@@ -5,7 +5,8 @@ Contract:
   source with the system compiler (torch.utils.cpp_extension, ninja; about 20 s on a 2-core
   machine) into `cache_dir()`, or loads the build already there; a changed source or torch
   version builds into a new folder. A build killed midway (Ctrl+C on a first launch) leaves
-  nothing that blocks the next one: processes take the folder in turn through an OS lock. False, with ONE warning saying why, where the CPU is not
+  nothing that blocks the next one: processes take the folder in turn through an OS lock.
+  False, with ONE warning saying why, where the CPU is not
   x86-64 with AVX2 + FMA, where there is no compiler or the build fails, or where the
   environment says TINYLLM_CPU_KERNEL=0 (then silently: a deliberate choice).
 - `qmm_int8(x, qweight, scales)` and `qmm_int4(x, qweight, scales, zeros)`: x fp32 (M, K) times

@@ -28,7 +28,8 @@ Contract:
   until the compiled one is ready.
 - `linear(layer, x, norm=None, residual=None)` is residual + layer(norm(x)): a quantized
   layer on CUDA may run the RMSNorm and the residual add inside its product's kernel
-  (QuantLinear.fused; by default in the plain step: tinyllm.qgemv.FOLD), so each half of a block takes its norm and returns its skip connection
+  (QuantLinear.fused; by default in the plain step: tinyllm.qgemv.FOLD), so each half of a block
+  takes its norm and returns its skip connection
   (`Attention.forward(x, norm, ...)` = x + attention(norm(x))), and the final norm goes into
   the output product, applied after the positions are picked.
 - Refuses: sequences longer than `max_seq_len` (ValueError), configs whose heads don't divide.

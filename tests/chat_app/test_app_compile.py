@@ -68,5 +68,5 @@ async def test_on_a_cpu_the_native_step_runs_from_the_first_reply_and_says_so(ma
             replies[flag] = [m.content for m in app.session.messages]
             if flag == "on":
                 assert app.session.step_kind == "native" and app.session.last_stats.step == "native"
-                await wait_until(pilot, lambda: "· native" in app.status.line, what="the status bar to say native")
+                await wait_until(pilot, lambda app=app: "· native" in app.status.line, what="the status bar to say native")
     assert replies["on"] == replies["off"] and len(replies["on"]) == 4

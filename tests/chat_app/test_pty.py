@@ -136,10 +136,10 @@ def test_invalid_utf8_is_survived(chat):
 
 
 def test_resize_redraws_at_the_new_size(chat):
-    for cols, rows in ((120, 40), (100, 30)):
-        chat.resize(cols, rows)
-        chat.wait(lambda rows=rows: READY in chat.lines()[rows - 2] and chat.lines()[rows - 3].endswith("▁▎"),
-                  f"a redraw at {cols}x{rows}")
+    for cols, height in ((120, 40), (100, 30)):
+        chat.resize(cols, height)
+        chat.wait(lambda h=height: READY in chat.lines()[h - 2] and chat.lines()[h - 3].endswith("▁▎"),
+                  f"a redraw at {cols}x{height}")
 
 
 def test_escape_mid_reply_stops_it(chat):

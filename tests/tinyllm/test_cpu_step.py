@@ -72,7 +72,7 @@ def test_quantized_step_equals_the_eager_step(kind):
     # The same kernels on inputs equal up to fp32 rounding; x's rounding to int8 blocks can move
     # by one step where an input sits on a boundary, hence the looser tolerance.
     torch.testing.assert_close(native, eager, rtol=0, atol=2e-2 * eager.abs().max().item())
-    assert sum(a == b for a, b in zip(ids, eager_ids)) >= 30
+    assert sum(a == b for a, b in zip(ids, eager_ids, strict=True)) >= 30
 
 
 def test_with_exact_x_the_int8_step_equals_the_eager_step_tightly():

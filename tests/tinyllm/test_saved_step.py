@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tinyllm import saved_step
-from tinyllm.background_compile import compile_step
+from tinyllm.compile_step import compile_step
 from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.saved_step import SavedStep
 

@@ -1,0 +1,121 @@
+"""The project's modules import each other without a cycle: layers only go down.
+
+Every module of tinyllm and chat_app is parsed (not imported) with `ast`; every import of a
+project module counts, at module level or inside a function, except under `if TYPE_CHECKING:`
+(read only by type checkers). A lazy import inside a function still runs, so a cycle through one
+is still a cycle: break it by moving the shared piece down into a lower module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("tinyllm", "chat_app")
+
+
+def project_modules() -> dict[str, Path]:
+    """Every module of the project by dotted name (a package by its own name)."""
+    mods = {}
+    for top in PACKAGES:
+        for path in (ROOT / top).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return mods
+
+
+def is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement in tree, outside the body of `if TYPE_CHECKING:` (its else counts)."""
+    found = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def imported_modules(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    """The project modules that module `name` imports at run time."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in runtime_imports(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            base = node.module or ""
+            if node.level:  # relative: from . import x / from ..y import z
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from pkg import sub` imports the submodule pkg.sub; `from mod import obj` imports mod.
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+        for target in targets:
+            while target and target not in mods:  # `import tinyllm.x.y` where y is not a module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = project_modules()
+    return {name: imported_modules(name, path, mods) for name, path in sorted(mods.items())}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of graph as [a, b, ..., a], or None (depth-first search, colouring nodes)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_graph_sees_the_imports():
+    graph = import_graph()
+    assert "tinyllm" in graph and "tinyllm.model" in graph and "chat_app.widgets.conversation" in graph
+    assert "tinyllm.compile_child" in graph["tinyllm.background_compile"], "a module-level import"
+    assert "tinyllm.compile_step" in graph["tinyllm.compile_child"], "an import inside a function"
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_imports_outside_type_checking_count():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\nelse:\n    import b\n"
+                     "def f():\n    import c\n")
+    assert [n.names[0].name for n in runtime_imports(tree) if isinstance(n, ast.Import)] == ["b", "c"]
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle (move the shared piece down into a lower module): " + " -> ".join(cycle)
