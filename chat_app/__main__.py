@@ -80,7 +80,9 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: one per core, less one for the UI, at most 8)")
     p.add_argument("--quant", default="auto", choices=["auto", "none", "int8", "int4"],
-                   help="weights: auto keeps a GGUF's / checkpoint's quantization (default); none "
+                   help="weights: auto (default) holds them as is fastest here: on a CPU a GGUF's / "
+                        "checkpoint's int4 and int8 matrices stay quantized (int4 as int8 where the AVX2 "
+                        "kernel cannot build), on CUDA every matrix is dequantized to bf16; none "
                         "dequantizes; int8 (per channel) or int4 (groups of 32) quantizes any model")
     g = p.add_argument_group("sampling (change them later with /set)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")

@@ -5,7 +5,8 @@
   a GGUF file                   *.gguf (or a folder holding one)       gguf.py (llama)
 
 Contract: `open_any(path, device="cpu", dtype=None, template=None, quant="none",
-progress=None) -> (model, tokenizer, chat_template, name)`; `progress(done, total)` hears
+progress=None) -> LoadedModel(model, tokenizer, template, name)` (a NamedTuple: it unpacks as
+the four); `progress(done, total)` hears
 each tensor read (tinyllm.build.with_progress); the model is in eval mode on `device` in `dtype` (bf16 on
 CUDA, fp32 on the CPU by default); `quant` ("auto", "keep", "none", "int8", "int4") is how
 its matrices are held (tinyllm.build; "none", the default, dequantizes; "keep" keeps a GGUF's
@@ -26,6 +27,7 @@ missing tokenizer, unknown quantization type).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -35,7 +37,18 @@ from tinyllm.jinja_template import template_from_dict
 from tinyllm.model import Transformer
 from tinyllm.model_files import classify
 
-__all__ = ["classify", "inspect_any", "open_any"]
+__all__ = ["LoadedModel", "classify", "inspect_any", "open_any"]
+
+
+class LoadedModel(NamedTuple):
+    """What open_any returns: the model, its tokenizer (`Tokenizer` or `BPETokenizer`), its chat
+    template and its display name."""
+
+    model: Transformer
+    tokenizer: object
+    template: ChatTemplate
+    name: str
+
 
 def inspect_any(path: str | Path, template: str | None = None) -> str:
     """Validate a model without reading its weights (for a CLI, before a UI opens); its name."""
@@ -61,20 +74,20 @@ def inspect_any(path: str | Path, template: str | None = None) -> str:
 
 def open_any(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
              template: str | None = None, quant: str = "none", group: int = 32,
-             progress: Progress | None = None) -> tuple[Transformer, object, ChatTemplate, str]:
+             progress: Progress | None = None) -> LoadedModel:
     from tinyllm.build import check_quant
 
     check_quant(quant, group)
     kind, path = classify(path)
     if kind == "tinyllm":
-        return _open_tinyllm(path, device, dtype, template, quant, group, progress)
+        return LoadedModel(*_open_tinyllm(path, device, dtype, template, quant, group, progress))
     if kind == "hf":
         from tinyllm.hf import load_hf
 
-        return load_hf(path, device, dtype, template, quant, group, progress)
+        return LoadedModel(*load_hf(path, device, dtype, template, quant, group, progress))
     from tinyllm.gguf import load_gguf
 
-    return load_gguf(path, device, dtype, template, quant, group, progress)
+    return LoadedModel(*load_gguf(path, device, dtype, template, quant, group, progress))
 
 
 def _open_tinyllm(path: Path, device, dtype, template: str | None, quant: str, group: int,

@@ -67,7 +67,9 @@ def test_logits_match_transformers(sp_folder):
     path, hf = sp_folder
     if not hf.config.tie_word_embeddings:
         assert (path / "model.safetensors.index.json").is_file()  # the sharded variant is sharded
-    model, tok, tmpl, name = open_any(path, "cpu", torch.float32)
+    loaded = open_any(path, "cpu", torch.float32)
+    model, tok, tmpl, name = loaded  # a LoadedModel unpacks as the four, and names them
+    assert (loaded.model, loaded.tokenizer, loaded.template, loaded.name) == (model, tok, tmpl, name)
     assert inspect_any(path) == name
     assert model.cfg.tie_embeddings == hf.config.tie_word_embeddings
     assert model.cfg.rope_theta == 50000.0 and model.cfg.n_kv_heads == 2
