@@ -417,9 +417,9 @@ class GraphDecoder(_Decoder):
 
     Reusable: prefill() resets the cache, and graphs captured for one request serve the
     next (same batch size). append() prefills a new turn after the current position;
-    truncate() rewinds. `n_valid`: ids from there on are never drawn (a model whose embeddings
-    are padded past its tokenizer; default: every id). use_graph=False runs the identical static step eagerly (the only
-    mode on a CPU); it may be flipped between any two runs.
+    truncate() rewinds. use_graph=False runs the identical static step eagerly (the only
+    mode on a CPU); it may be flipped between any two runs. `n_valid`: ids from there on are
+    never drawn (embeddings padded past the tokenizer; default: none are).
     """
 
     def __init__(self, model: Transformer, batch: int = 1, max_len: int | None = None,
