@@ -333,7 +333,7 @@ def bench_compiled(model: Transformer, steps: int, repeats: int, report: Report)
     window = dec.bucket(DECODE_START + steps)
 
     def greedy_step() -> torch.Tensor:
-        return dec._forward(window)[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+        return dec.plain_step(window)[:, -1].argmax(-1, keepdim=True)  # (1, 1)
     step = torch.compile(greedy_step, mode="reduce-overhead", fullgraph=True)
 
     def fn() -> None:

@@ -33,10 +33,8 @@ def compile_step(model: Transformer, batch: int, max_len: int, backend: str, n_v
     stream = torch.cuda.Stream() if model.device.type == "cuda" else None
     with torch.no_grad(), torch.cuda.stream(stream) if stream else nullcontext():
         dec = GraphDecoder(model, batch, max_len=max_len, use_graph=False,
-                           compile=backend if save_to is None else None)
-        if n_valid is not None:
-            dec.sampler.n_valid = n_valid
-        dec.sampler.greedy = greedy
+                           compile=backend if save_to is None else None, n_valid=n_valid)
+        dec.greedy = greedy
         dec.prefill(torch.zeros(batch, 1, dtype=torch.long, device=model.device))
         fn = None
         if save_to is not None:

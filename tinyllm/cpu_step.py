@@ -13,16 +13,17 @@ Contract:
   It runs batch 1 of a CPU model computing in fp32 where tinyllm.cpu_qgemv is available, whose
   matrices are QuantLinear on that kernel (int8, int4) or dense fp32 / bf16 / fp16, and whose
   embedding is dense or a QuantEmbedding.
-- `NativeStep(dec)`: the decoder's step `(window) -> logits (1, 1, V)`, what
-  `cuda_graph._Decoder._forward(window)` does: the model's step through the cache's decode
+- `NativeStep(dec)`: the decoder's step `(window) -> logits (1, 1, V)`, what its
+  `plain_step(window)` does: the model's step through the cache's decode
   view at `cache.pos` (K/V written there, keys first_valid..pos attended, pos advanced), then
   the sampler's push and draw into `dec.tok`, all in C++. The step equals that one up to fp32
   rounding (the products are the same kernels); the draws are StepSampler's, greedy or sampled
   (the same noise, penalty, top-k and top-p; only a near-tie that rounding decides could
-  differ), on its own tensors, so its settings and state stay where it keeps them. The C++ object is
-  made at the first call (a prefill has allocated the cache by then) and again if the cache's
-  tensors change. Where the C++ side refuses a layout `problem` let through, `refused` says
-  why (one line, also on stderr) and the decoder's plain step runs from then on.
+  differ), on its own tensors (`StepSampler.native_args`), so its settings and state stay
+  where it keeps them. The C++ object is made at the first call (a prefill has allocated the
+  cache by then) and again if the cache's tensors change. Where the C++ side refuses a layout
+  `problem` let through, `refused` says why (one line, also on stderr) and the decoder's plain
+  step runs from then on.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class NativeStep:
     def __call__(self, window: int) -> Tensor:
         dec, cache = self.dec, self.dec.cache
         if self.refused:
-            return dec._forward(window)
+            return dec.plain_step(window)
         held = (*cache.k, *cache.v)
         if self._step is None or any(a is not b for a, b in zip(held, self._held, strict=True)):
             if cache.k[0] is None:
@@ -110,10 +111,7 @@ class NativeStep:
                 self.refused = str(e).strip().splitlines()[0]
                 print(f"tinyllm: the native CPU step refused this model ({self.refused}); the plain step runs",
                       file=sys.stderr)
-                return dec._forward(window)
-        s = dec.sampler  # its push and draw in C++ too
-        if s.greedy:
-            return self._step.forward_greedy(dec.tok, cache.pos, cache.first_valid, window, s.ring, s.ring_at,
-                                             s.penalty, s.n_valid)  # (1, 1, V)
-        return self._step.forward_sample(dec.tok, cache.pos, cache.first_valid, window, s.ring, s.ring_at, s.penalty,
-                                         s.n_valid, s.temperature, s.top_k, s.top_p, s.key, s.counter)
+                return dec.plain_step(window)
+        forward = self._step.forward_greedy if dec.greedy else self._step.forward_sample
+        # the sampler's push and draw in C++ too, on its own tensors
+        return forward(dec.tok, cache.pos, cache.first_valid, window, *dec.sampler.native_args())  # (1, 1, V)

@@ -29,6 +29,9 @@ needs no copy and no host sync. `run(steps)` chains `steps` steps in one replay 
 (W, steps, greedy)); their ids land in `out`. `GraphDecoder.launch(steps)` does that without
 waiting and hands back a `Chunk` whose ids the host reads later: one sync per chunk, not per
 token. A run never crosses a bucket boundary unless asked to (`run` picks W for its last step).
+The sampler is reached through the decoder: `greedy` (the variant the next run runs),
+`draw_first(logits, params, recent)` (a reply's settings and its first, eager draw) and
+`n_valid`; `plain_step(window)` is the step in Python, what a compile traces.
 
 `use_graph=False` runs the identical steps eagerly: the reference replay must match bit for
 bit, and the path on a CPU. Toggling `use_graph` between two runs changes no token. Not
@@ -55,6 +58,7 @@ from tinyllm import cpu_qgemv, decode_attention, pdl
 from tinyllm.cpu_step import NativeStep
 from tinyllm.kv_cache import KVCache, SlotKVCache, ViewLayer
 from tinyllm.model import Transformer
+from tinyllm.sampling_params import SamplingParams
 from tinyllm.saved_step import SavedStep
 from tinyllm.step_sampler import StepSampler
 
@@ -214,14 +218,14 @@ class _Decoder:
     `decode(W)`, `keys_needed(steps)`, `step_state()` and `advance_host(steps)`."""
 
     def __init__(self, model: Transformer, cache, batch: int, buckets: tuple[int, ...], max_len: int,
-                 use_graph: bool | None, compile: str | None):
+                 use_graph: bool | None, compile: str | None, n_valid: int | None = None):
         self.model, self.cache, self.compile = model, cache, compile
         model.rope.ensure(model.rope.max_seq_len)  # the tables `rope.cos` reads: never built in a capture/compile
         self.buckets = tuple(sorted(buckets))
         if self.buckets[-1] < max_len:
             raise ValueError(f"largest bucket {self.buckets[-1]} < max_len {max_len}")
         device = model.device
-        self.sampler = StepSampler(batch, model.cfg.vocab_size, device)
+        self.sampler = StepSampler(batch, model.cfg.vocab_size, device, n_valid)
         self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)  # the next step's input
         self.out = torch.zeros(batch, MAX_RUN, dtype=torch.long, device=device)  # ids of the last run
         self._step_fn = self._make_step(compile)
@@ -252,6 +256,30 @@ class _Decoder:
     def bucket(self, n_keys: int) -> int:
         return pick_bucket(self.buckets, n_keys)
 
+    @property
+    def n_valid(self) -> int:
+        """Ids from here on are never drawn (embeddings padded past the tokenizer)."""
+        return self.sampler.n_valid
+
+    @property
+    def greedy(self) -> bool:
+        """The sampler variant the next run runs (argmax, else sampling): each is a step, and
+        graphs, of its own. `draw_first` sets it from the settings; set it to capture ahead."""
+        return self.sampler.greedy
+
+    @greedy.setter
+    def greedy(self, on: bool) -> None:
+        self.sampler.greedy = on
+
+    def draw_first(self, logits: Tensor, params: SamplingParams, recent: Tensor) -> Tensor:
+        """Start a reply's sampling: load the settings (`params`; recent (B, N) ids already in the
+        context, for the repetition penalty), draw from a prefill's last logits (B, V) eagerly
+        what a step would draw, and make those ids the next step's input. Returns them (B,)."""
+        self.sampler.load(params, recent)
+        first = self.sampler.draw(logits)  # (B,)
+        self.tok.copy_(first[:, None])
+        return first
+
     def set_compile(self, backend: str | None, saved=None) -> None:
         """Run the step through `backend` (None: the plain step) from the next run on: `saved`,
         a step compiled and saved before (tinyllm.saved_step), where given, else traced on its
@@ -270,12 +298,14 @@ class _Decoder:
             return NativeStep(self)
 
         def traced():
-            return compiled(self._forward, backend, self.model)
+            return compiled(self.plain_step, backend, self.model)
         return traced() if saved is None else SavedStep(saved, self, traced)
 
     # -- the step -------------------------------------------------------------------------
 
-    def _forward(self, window: int) -> Tensor:
+    def plain_step(self, window: int) -> Tensor:
+        """One decode step in Python over `window` keys (what a compile traces, and what the
+        native step falls back to): feeds `tok`, leaves the draw there; logits (B, 1, V)."""
         logits, _ = self.model(self.tok, cache=self.cache.decode(window))  # (B, 1, V)
         self.sampler.push(self.tok)
         self.tok.copy_(self.sampler.draw(logits[:, -1])[:, None])  # the next ids (B, 1)
@@ -388,18 +418,19 @@ class GraphDecoder(_Decoder):
     Reusable: prefill() resets the cache, and graphs captured for one request serve the
     next (same batch size). append() prefills a new turn after the current position;
     truncate() rewinds. use_graph=False runs the identical static step eagerly (the only
-    mode on a CPU); it may be flipped between any two runs.
+    mode on a CPU); it may be flipped between any two runs. `n_valid`: ids from there on are
+    never drawn (embeddings padded past the tokenizer; default: none are).
     """
 
     def __init__(self, model: Transformer, batch: int = 1, max_len: int | None = None,
                  buckets: tuple[int, ...] | None = None, use_graph: bool | None = True,
-                 compile: str | None = None):
+                 compile: str | None = None, n_valid: int | None = None):
         self.max_len = max_len or model.cfg.max_seq_len
         if self.max_len > model.cfg.max_seq_len:
             raise ValueError(f"max_len {self.max_len} > max_seq_len {model.cfg.max_seq_len}")
         cache = StaticKVCache(model.cfg.n_layers, batch, self.max_len, model.device)
         super().__init__(model, cache, batch, buckets or default_buckets(self.max_len), self.max_len,
-                         use_graph, compile)
+                         use_graph, compile, n_valid)
         self._host = [self.out.new_zeros(self.out.shape, device="cpu", pin_memory=self.out.is_cuda)
                       for _ in range(3)]  # chunks in flight read back into these, in turn
         self._next_host = 0

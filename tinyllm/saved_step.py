@@ -7,7 +7,7 @@ of the app had the compiled step 17 s after launch, and the first reply meanwhil
 9 tok/s; loading a saved step took 3-5 s, most of it importing torch's compiler.
 
 Contract:
-- `decode_step(dec, window)`: the step as a function of its decoder (`dec._forward(window)`),
+- `decode_step(dec, window)`: the step as a function of its decoder (`dec.plain_step(window)`),
   which is what gets compiled and saved: the saved code reads the decoder it is given.
 - `build(dec, window, backend, options) -> fn`: torch 2.13's `torch.compile(...).aot_compile`
   of decode_step for `dec` (whole graph, dynamic sizes: one step serves every window).
@@ -36,7 +36,7 @@ from torch import Tensor
 
 
 def decode_step(dec, window: int) -> Tensor:
-    return dec._forward(window)
+    return dec.plain_step(window)
 
 
 def supported() -> bool:

@@ -10,6 +10,8 @@ Contract:
   next ids (B,) and advances the counter. Ids from `n_valid` on (a model whose embeddings are
   padded past its tokenizer) are never drawn. Only `greedy` (argmax after the penalty, no sort) vs
   sampling is a host-side choice: the two are two variants of the step.
+  `native_args()` hands a native step (tinyllm.cpu_step) the same tensors, which it advances
+  as push and draw do.
 - `draw` equals the reference, `sample(logits, params, noise=noise_at(seed, counter), prev=ring)`,
   for every setting (tested on the CPU): the same operations on the same values. Ties in top-k
   and top-p are broken as one descending sort orders them.
@@ -77,6 +79,13 @@ class StepSampler:
     def state(self) -> list[Tensor]:
         """The tensors a step changes (a capture's warm-up puts them back)."""
         return [self.counter, self.ring, self.ring_at]
+
+    def native_args(self) -> tuple:
+        """What a step that pushes and draws outside Python (tinyllm.cpu_step) reads and advances,
+        in its order: ring (B, R), ring_at (1,), penalty (1,), n_valid; then, when sampling,
+        temperature (1,), top_k (1,), top_p (1,), key (2,), counter (1,)."""
+        greedy = (self.ring, self.ring_at, self.penalty, self.n_valid)
+        return greedy if self.greedy else (*greedy, self.temperature, self.top_k, self.top_p, self.key, self.counter)
 
     def load(self, params: SamplingParams, recent: Tensor | None = None, seed: int | None = None) -> None:
         """Settings for the next draws (between steps). recent (B, N) ids already in the context,

@@ -67,7 +67,7 @@ def test_context_full_drops_oldest_turns_and_keeps_working(ckpt):
         assert len(s.context) <= 128
     assert dropped == s.first_message > 0  # every dropped message was reported
     assert len(s.messages) == 24  # everything said is kept
-    assert s.context[: len(s._head_ids())] == s._head_ids()  # system prompt kept
+    assert s.context[: len(s.conversation.head_ids())] == s.conversation.head_ids()  # system prompt kept
 
 
 def test_message_too_long_is_a_clear_error_and_changes_nothing(ckpt):
@@ -169,6 +169,6 @@ def test_one_trim_that_drops_several_turns_reports_them_all(ckpt):
     while len(s.context) < 100:
         reply(s, "Hi")
     long = "word " * 20
-    assert len(s.context) + len(s._user_ids(long, False)) + 4 > 128  # this turn must trim
+    assert len(s.context) + len(s.conversation.user_ids(long, False)) + 4 > 128  # this turn must trim
     events = reply(s, long)
     assert events[0].dropped >= 4 and events[0].dropped == s.first_message

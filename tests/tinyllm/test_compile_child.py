@@ -30,7 +30,7 @@ def test_a_cpu_session_compiles_in_a_child_first_and_only_once_per_spec(ckpt):
     s = open_session(ckpt, "cpu", max_len=256)
     s.set_param("max_tokens", "12")
     assert s.wait_compiled(600)
-    c = s._compile
+    c = s.policy.background
     assert (c.state, c.error, c.child_result) == ("compiled", "", "")  # the child compiled it
     assert c.child.path == os.path.abspath(ckpt) and c.child.greedy
     assert marker(c.child).exists() and saved_path(c.child).exists()  # and saved the step
@@ -41,8 +41,8 @@ def test_a_cpu_session_compiles_in_a_child_first_and_only_once_per_spec(ckpt):
     again = open_session(ckpt, "cpu", max_len=256)  # a relaunch: no child, no trace
     again.set_param("max_tokens", "12")
     assert again.wait_compiled(600)
-    assert (again._compile.state, again._compile.child_result, again._compile.saved_from) == (
-        "compiled", None, "loaded")
+    c = again.policy.background
+    assert (c.state, c.child_result, c.saved_from) == ("compiled", None, "loaded")
     assert reply(again, "hello there") == want and again.last_stats.step == "compiled"
 
 

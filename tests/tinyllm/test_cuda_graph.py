@@ -7,6 +7,7 @@ import torch
 from tests.conftest import tiny_model
 from tinyllm.cuda_graph import GraphDecoder, default_buckets, pick_bucket
 from tinyllm.kv_cache import KVCache
+from tinyllm.sampling import SamplingParams
 
 TOL = 1e-4
 
@@ -148,3 +149,24 @@ def test_step_leaves_the_greedy_next_id_in_its_input_buffer(model):
         assert torch.equal(a.tok, la[:, -1].argmax(-1, keepdim=True))
         assert torch.equal(la, lb) and torch.equal(a.tok, b.tok)
         logits = la
+
+
+@torch.no_grad()
+def test_draw_first_loads_the_settings_and_feeds_the_next_step(model):
+    """A reply's first draw, eager, is the one the step would make with the same settings, and
+    becomes the next step's input; ids from n_valid on are never drawn."""
+    ids = torch.randint(0, 512, (1, 9))
+    params = SamplingParams(temperature=0.9, top_k=40, seed=3, repeat_penalty=1.3)
+    a = GraphDecoder(model, 1, max_len=64, use_graph=False, n_valid=300)
+    b = GraphDecoder(model, 1, max_len=64, use_graph=False, n_valid=300)
+    assert a.n_valid == 300 and a.greedy
+    logits = a.prefill(ids)[:, -1]  # (1, V)
+    b.prefill(ids)
+    first = a.draw_first(logits, params, ids)
+    b.sampler.load(params, ids)
+    assert not a.greedy and torch.equal(first, b.sampler.draw(logits)) and torch.equal(a.tok, first[:, None])
+    b.tok.copy_(first[:, None])
+    for _ in range(10):
+        a.step(a.tok)
+        b.step(b.tok)
+        assert torch.equal(a.tok, b.tok) and int(a.tok) < 300
