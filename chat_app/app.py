@@ -1,9 +1,12 @@
-"""ChatApp: the Textual app around one ChatSession (bindings, one worker, the store).
+"""ChatApp: the Textual app around one session (bindings, one worker, the store).
 
 Threads: the UI thread owns every widget and the Store. ONE long-lived worker thread
 (`_serve`) opens the session (a progress bar meanwhile) and then owns it: the UI hands it
-jobs (send, regenerate, new chat, system prompt, resume, another model, and a new model
-process in place of one that ended: chat_app.model_switch) through a queue, and it runs them in order. Everything the worker learns (the session's
+jobs through a queue, and it runs them in order. A job is (kind, arg): a session job
+(tinyllm.session_protocol's JOBS: the Session method of that name, called with arg, none
+when arg is None; a REPLY streams) or one of the app's own ("params": a chat's /set values,
+"open": a saved chat, "restart": a new model process in place of one that ended, "model":
+another model, chat_app.model_switch). Everything the worker learns (the session's
 Prefilled / Token / Finished events, plus Loaded / Progress / Started / Done / Failed from
 chat_app.events) goes into an outbox that a timer drains at most 30 times a second: one
 Markdown update per drained batch, never one per token, and nothing is dropped. From the UI
@@ -22,9 +25,10 @@ that `farewell` names for main() to print. A streaming reply is saved as partial
 first text and then at most once a second. An exception that escapes anyway is kept in
 `crash` for main() to report (one line, traceback in the data folder's log). SIGTERM and
 SIGHUP quit as Ctrl+Q does; `quit_signal` names the signal (main() exits with 128 + it). This module
-never imports torch (of tinyllm only the torch-free chat_events): __main__ passes a function
-that opens the session (a RemoteSession: the ChatSession runs in a child process), called as
-`open_session(progress=callback, **changes)` (changes: another path, for /model).
+never imports torch (of tinyllm only the torch-free chat_events and session_protocol): __main__
+passes a function that opens the session (a ModelProcess: a RemoteSession, whose ChatSession
+runs in a child process), called as `open_session(progress=callback, **changes)` (changes:
+another path, for /model).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from chat_app.chats import ChatSwitching, system_note
 from chat_app.commands import COMMANDS, SlashCommands
 from chat_app.events import Done, Failed, Finished, Loaded, Prefilled, Progress, Started, Token
 from chat_app.labels import printable
-from chat_app.model_switch import ENDED, ModelSwitching, close_session
+from chat_app.model_switch import ENDED, ModelSwitching
 from chat_app.reading import READING_KEYS, Reading
 from chat_app.store import Saved, Store, StoreError
 from chat_app.terminal import driver_class
@@ -57,12 +61,11 @@ from chat_app.widgets.load_progress import LoadProgress
 from chat_app.widgets.prompt_input import PromptInput
 from chat_app.widgets.reply import Reply
 from chat_app.widgets.status_bar import StatusBar
+from tinyllm.session_protocol import JOBS, ModelProcess, Runs
 
 if TYPE_CHECKING:
-    from tinyllm.chat import ChatSession
     from tinyllm.chat_events import StepStats
 
-REPLIES = ("send", "regenerate", "continue")  # the jobs that stream a reply
 DRAIN_HZ = 30
 SAVE_EVERY_S = 1.0  # a streaming reply is written to the store at least this often
 INPUT_KEYS = [("Enter", "send the message (or run a /command)"),
@@ -77,6 +80,11 @@ def echo(text: str, width: int = 100) -> str:
     if line == text.strip() and len(line) <= width:
         return line
     return f"{line[:width - 1].rstrip()}… ({len(text):,} characters)"
+
+
+def streams(kind: str) -> bool:
+    """A job that streams a reply (send, regenerate, continue_reply)."""
+    return JOBS.get(kind) is Runs.REPLY  # type: ignore[call-overload]
 
 
 def key_name(key: str) -> str:
@@ -101,12 +109,12 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
                 "(never quits)"),
     ]
 
-    def __init__(self, open_session: Callable[..., ChatSession], store: Store, model_name: str = "model",
+    def __init__(self, open_session: Callable[..., ModelProcess], store: Store, model_name: str = "model",
                  resume: bool = False, theme: str | None = None) -> None:
         super().__init__(driver_class=driver_class())
         self.chosen_theme = theme
         self.open_session, self.store, self.model_name, self.resume = open_session, store, model_name, resume
-        self.session: ChatSession | None = None
+        self.session: ModelProcess | None = None
         self.crash: BaseException | None = None  # an exception nothing else caught (main() reports it)
         self.quit_signal: int | None = None  # the signal that ended the app (SIGTERM, SIGHUP)
         self.last_stats: StepStats | None = None
@@ -190,7 +198,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
         self.farewell = self.store.rescue()  # what chat.db still lacks goes to an unsaved-*.md file
         self.store.close()  # the conversation is free for the next instance
         if self.session is not None:  # the worker, even one waiting on a reply, ends now (it closes it too)
-            close_session(self.session)
+            self.session.close()
 
     def say(self, message: str, severity: str = "information") -> None:
         """A notice. It may echo a model's name, a path, what was typed: plain text (chat_app.labels)."""
@@ -261,9 +269,9 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
             while (model := self._run_jobs(session, worker)) is not None:
                 session = self.switch_model(session, model)
         finally:
-            close_session(session)
+            session.close()
 
-    def _run_jobs(self, session: ChatSession, worker) -> Any:
+    def _run_jobs(self, session: ModelProcess, worker) -> Any:
         """Run jobs until cancelled (None) or until a "model" job (its argument)."""
         launch = {k: "none" if v is None else str(v) for k, v in vars(session.params).items()}
 
@@ -271,10 +279,8 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
             for name, value in {**launch, **settings}.items():
                 session.set_param(name, value)
 
-        jobs: dict[str, Callable[[Any], None]] = {"new_chat": lambda _: session.new_chat(),
-                                                  "system": session.set_system, "load": session.load_messages,
-                                                  "params": set_params, "open": lambda _: None,
-                                                  "restart": lambda pairs: session.restart(pairs, self.report_progress)}
+        own: dict[str, Callable[[Any], None]] = {"params": set_params, "open": lambda _: None,
+                                                 "restart": lambda pairs: session.restart(pairs, self.report_progress)}
         while not worker.is_cancelled:
             try:
                 kind, arg = self._jobs.get(timeout=0.1)
@@ -283,11 +289,14 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
             if kind == "model":
                 return arg
             try:
-                if kind in REPLIES:
-                    events = (session.send(arg) if kind == "send" else session.regenerate()
-                              if kind == "regenerate" else session.continue_reply())
+                if kind in own:
+                    own[kind](arg)
+                    self._outbox.put(Done(kind, arg))
+                    continue
+                result = getattr(session, kind)(*(() if arg is None else (arg,)))
+                if streams(kind):
                     started = False
-                    for event in events:
+                    for event in result:
                         if not started:  # only now may the UI replace what it shows
                             self._outbox.put(Started(kind, arg))
                             started = True
@@ -295,7 +304,6 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
                         if worker.is_cancelled:
                             session.stop()
                 else:
-                    jobs[kind](arg)
                     self._outbox.put(Done(kind, arg))
             except Exception as e:
                 message = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
@@ -370,7 +378,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
             last = [m for m in self.store.messages() if m.role != "system"][-1:]
             if last and last[0].role == "assistant":
                 self._save(self.store.drop, last[0])
-        elif item.kind == "continue":  # the last reply goes on: same widget, same row
+        elif item.kind == "continue_reply":  # the last reply goes on: same widget, same row
             self._reply = conversation.query(Reply).last()
             self._reply.resume()
             self._row = [m for m in self.store.messages() if m.role == "assistant"][-1]
@@ -411,7 +419,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
             return
         ended = self.ended()  # a reply cut short by it, or a job refused after it: said once, with what comes next
         self.say(f"{item.message}; the next message starts it again" if ended else item.message, "error")
-        if item.kind in REPLIES:
+        if streams(item.kind):
             if self._reply is not None:  # it failed mid-reply: keep what streamed, marked
                 await self._reply.finish("error")
                 if self._row is not None:
@@ -427,13 +435,13 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
             await self.conversation.clear()
             self.store.new_chat()
             self.status.show(tok_s=None, ttft_ms=None, window=None, position=len(self.session.context))
-        elif item.kind == "system":
+        elif item.kind == "set_system":
             system = self.session.system
             self._save(self.store.set_system, system)
             if self.session.messages:
                 await self.conversation.add_note(system_note(system or ""))
             self.say(f"System prompt set: {echo(system)}" if system else "System prompt cleared.")
-        elif item.kind == "load":
+        elif item.kind == "load_messages":
             self.status.show(position=len(self.session.context))
         elif item.kind == "restart":
             self.restarted()
@@ -486,7 +494,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
         self.user_acted()
         if self._ready_for_reply():
             self._busy = True
-            self.queue_job("regenerate", "")
+            self.queue_job("regenerate", None)
 
     def action_continue(self) -> None:
         self.user_acted()
@@ -494,7 +502,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
             self.say("No reply to continue yet.", "warning")
         elif self._ready_for_reply():
             self._busy = True
-            self.queue_job("continue", "")
+            self.queue_job("continue_reply", None)
 
     def action_new_chat(self) -> None:
         self.action_stop()

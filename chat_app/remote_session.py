@@ -41,8 +41,22 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from tinyllm.session_protocol import (DONE_COMPILING, JOBS, Call, Done, Ended, Event, Events, Job, LoadFailed,
-                                      Progress, Quit, Runs, SessionState, StateChanged)
+from tinyllm.session_protocol import (
+    DONE_COMPILING,
+    JOBS,
+    Call,
+    Done,
+    Ended,
+    Event,
+    Events,
+    Job,
+    LoadFailed,
+    Progress,
+    Quit,
+    Runs,
+    SessionState,
+    StateChanged,
+)
 
 CALL_TIMEOUT_S = 30
 CLOSE_WAIT_S = 5  # a child that has not ended this long after Quit is killed

@@ -31,8 +31,20 @@ import traceback
 from multiprocessing.connection import Connection
 
 from tinyllm.chat_events import Token
-from tinyllm.session_protocol import (JOBS, Call, Done, Events, LoadFailed, Loaded, Progress, Quit, Runs,
-                                      SessionState, StateChanged, Started)
+from tinyllm.session_protocol import (
+    JOBS,
+    Call,
+    Done,
+    Events,
+    Loaded,
+    LoadFailed,
+    Progress,
+    Quit,
+    Runs,
+    SessionState,
+    Started,
+    StateChanged,
+)
 
 BATCH_S = 0.005  # events go to the parent at most every 5 ms (and at the end of a reply)
 PROGRESS_S = 0.05  # load progress goes to the parent at most every 50 ms (and its last step)

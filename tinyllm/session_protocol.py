@@ -4,9 +4,9 @@ tinyllm.chat_server). Imports no torch, nor anything that does: the app's proces
 and unpickles what the child sends.
 
 Contract:
-- `Session` is what the app calls: tinyllm.chat.ChatSession implements it in a process,
-  chat_app.remote_session.RemoteSession across a pipe (plus the process's own `ended`,
-  `restart`, `close`).
+- `Session` is what the app calls: tinyllm.chat.ChatSession implements it in its own
+  process, chat_app.remote_session.RemoteSession across a pipe. `ModelProcess` adds what only
+  a session in a child process has (why it ended, a restart, close), which RemoteSession is.
 - `JOBS` is the one dispatch table, read by both ends: each job is the name of a Session
   method and says how it runs.
     REPLY  in order, on the child's job thread; answered Started, then Events, then Done
@@ -31,7 +31,7 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal, Protocol
@@ -104,6 +104,20 @@ class Session(Protocol):
     def set_graphs(self, on: bool) -> None: ...
     def stop(self) -> None: ...
     def wait_compiled(self, timeout: float | None = None) -> bool: ...
+
+
+class ModelProcess(Session, Protocol):
+    """A Session served by a child process (the app's)."""
+
+    @property
+    def path(self) -> str: ...  # the model's
+    @property
+    def log_error(self) -> str: ...  # why the child's log could not be opened; "" when it was
+    @property
+    def ended(self) -> str: ...  # why the child is gone; "" while it runs
+
+    def restart(self, messages: list[tuple[str, str]], progress: Callable[[int, int], None] | None = None) -> None: ...
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
