@@ -186,8 +186,8 @@ class RemoteSession:
             if isinstance(msg, StateChanged):
                 self._apply(msg.state)
                 continue
-            with self._lock:
-                answers = pending.pop(msg.id) if isinstance(msg, Done) else pending.get(msg.id)
+            with self._lock:  # none after close(), which woke every waiting call
+                answers = pending.pop(msg.id, None) if isinstance(msg, Done) else pending.get(msg.id)
             if answers is not None:
                 answers.put(msg)
         self._end(msg.reason, pending)
