@@ -61,10 +61,10 @@ from chat_app.widgets.load_progress import LoadProgress
 from chat_app.widgets.prompt_input import PromptInput
 from chat_app.widgets.reply import Reply
 from chat_app.widgets.status_bar import StatusBar
-from tinyllm.session_protocol import ModelProcess
 
 if TYPE_CHECKING:
     from tinyllm.chat_events import StepStats
+    from tinyllm.session_protocol import ModelProcess
 
 INPUT_KEYS = [("Enter", "send the message (or run a /command)"),
               ("Shift+Enter, Ctrl+J", "new line in the message (Ctrl+J also works in tmux)"),

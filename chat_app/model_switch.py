@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING
 
 from chat_app.events import Failed, Loaded, Progress
 from chat_app.widgets.load_progress import LoadProgress
-from tinyllm.session_protocol import ModelProcess
 
 if TYPE_CHECKING:
     from chat_app.app import ChatApp
+    from tinyllm.session_protocol import ModelProcess
 
 ENDED = "model process ended"  # the status bar's state once it has
 

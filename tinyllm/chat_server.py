@@ -96,10 +96,10 @@ def serve(conn: Connection, open_kwargs: dict) -> None:
     threading.Thread(target=_read, args=(conn, session, jobs, send), daemon=True).start()
     threading.Thread(target=_watch_compile, args=(session, send, jobs), daemon=True).start()
     while (job := jobs.get()) is not None:
-        if job == PREPARE:
-            _prepare(session)
-        else:
+        if isinstance(job, Call):
             _run(session, job, send)
+        else:
+            _prepare(session)
 
 
 def _read(conn: Connection, session, jobs: queue.Queue, send) -> None:
