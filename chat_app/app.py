@@ -1,12 +1,14 @@
-"""ChatApp: the Textual app around one ChatSession (bindings, one worker, the store).
+"""ChatApp: the Textual app around one session (bindings, one worker, the store).
 
 Threads: the UI thread owns every widget and the Store. ONE long-lived worker thread
 (`_serve`) opens the session (a progress bar meanwhile) and then owns it: the UI hands it
-jobs (send, regenerate, new chat, system prompt, resume, another model, and a new model
-process in place of one that ended: chat_app.model_switch) through a queue, and it runs them
-in order. Everything the worker learns (the session's
+jobs through a queue, and it runs them in order. A job is (kind, arg): a session job
+(tinyllm.session_protocol's JOBS: the Session method of that name, called with arg, none
+when arg is None; a REPLY streams) or one of the app's own ("params": a chat's /set values,
+"open": a saved chat, "restart": a new model process in place of one that ended, "model":
+another model, chat_app.model_switch). Everything the worker learns (the session's
 Prefilled / Token / Finished events, plus Loaded / Progress / Started / Done / Failed from
-chat_app.events) goes into an outbox that a timer drains at most 30 times a second: one
+chat_app.events) goes into an outbox that a timer drains (chat_app.drawing) at most 30 times a second: one
 Markdown update per drained batch, never one per token, and nothing is dropped. From the UI
 thread only the session's thread-safe calls are made directly: stop(), set_graphs(),
 set_param().
@@ -23,9 +25,10 @@ that `farewell` names for main() to print. A streaming reply is saved as partial
 first text and then at most once a second. An exception that escapes anyway is kept in
 `crash` for main() to report (one line, traceback in the data folder's log). SIGTERM and
 SIGHUP quit as Ctrl+Q does; `quit_signal` names the signal (main() exits with 128 + it). This module
-never imports torch (of tinyllm only the torch-free chat_events): __main__ passes a function
-that opens the session (a RemoteSession: the ChatSession runs in a child process), called as
-`open_session(progress=callback, **changes)` (changes: another path, for /model).
+never imports torch (of tinyllm only the torch-free chat_events and session_protocol): __main__
+passes a function that opens the session (a ModelProcess: a RemoteSession, whose ChatSession
+runs in a child process), called as `open_session(progress=callback, **changes)` (changes:
+another path, for /model).
 """
 
 from __future__ import annotations
@@ -40,15 +43,15 @@ from typing import TYPE_CHECKING, Any
 from textual import on, work
 from textual.app import App
 from textual.binding import Binding
-from textual.css.query import NoMatches
 from textual.widgets import Footer
 from textual.worker import get_current_worker
 
-from chat_app.chats import ChatSwitching, system_note
+from chat_app.chats import ChatSwitching
 from chat_app.commands import COMMANDS, SlashCommands
-from chat_app.events import Done, Failed, Finished, Loaded, Prefilled, Progress, Started, Token
+from chat_app.drawing import DRAIN_HZ, Drawing, streams
+from chat_app.events import Done, Failed, Loaded, Started
 from chat_app.labels import printable
-from chat_app.model_switch import ENDED, ModelSwitching, close_session
+from chat_app.model_switch import ModelSwitching
 from chat_app.reading import READING_KEYS, Reading
 from chat_app.store import Saved, Store, StoreError
 from chat_app.terminal import driver_class
@@ -60,31 +63,19 @@ from chat_app.widgets.reply import Reply
 from chat_app.widgets.status_bar import StatusBar
 
 if TYPE_CHECKING:
-    from tinyllm.chat import ChatSession
     from tinyllm.chat_events import StepStats
+    from tinyllm.session_protocol import ModelProcess
 
-REPLIES = ("send", "regenerate", "continue")  # the jobs that stream a reply
-DRAIN_HZ = 30
-SAVE_EVERY_S = 1.0  # a streaming reply is written to the store at least this often
 INPUT_KEYS = [("Enter", "send the message (or run a /command)"),
               ("Shift+Enter, Ctrl+J", "new line in the message (Ctrl+J also works in tmux)"),
               ("Up / Down", "earlier prompts (Up on the first line, Down on the last)")]
-
-
-def echo(text: str, width: int = 100) -> str:
-    """Text a notice repeats back: its first line, at most `width` characters (a notice holding a
-    whole long system prompt covered the screen)."""
-    line = text.strip().split("\n", 1)[0]
-    if line == text.strip() and len(line) <= width:
-        return line
-    return f"{line[:width - 1].rstrip()}… ({len(text):,} characters)"
 
 
 def key_name(key: str) -> str:
     return "+".join(part.upper() if len(part) == 1 else part.capitalize() for part in key.split("+"))
 
 
-class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
+class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
     CSS_PATH = "chat.tcss"
     TITLE = "tinyllm-chat"
     ENABLE_COMMAND_PALETTE = False  # slash commands and F1 instead
@@ -102,12 +93,12 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
                 "(never quits)"),
     ]
 
-    def __init__(self, open_session: Callable[..., ChatSession], store: Store, model_name: str = "model",
+    def __init__(self, open_session: Callable[..., ModelProcess], store: Store, model_name: str = "model",
                  resume: bool = False, theme: str | None = None) -> None:
         super().__init__(driver_class=driver_class())
         self.chosen_theme = theme
         self.open_session, self.store, self.model_name, self.resume = open_session, store, model_name, resume
-        self.session: ChatSession | None = None
+        self.session: ModelProcess | None = None
         self.crash: BaseException | None = None  # an exception nothing else caught (main() reports it)
         self.quit_signal: int | None = None  # the signal that ended the app (SIGTERM, SIGHUP)
         self.last_stats: StepStats | None = None
@@ -191,7 +182,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
         self.farewell = self.store.rescue()  # what chat.db still lacks goes to an unsaved-*.md file
         self.store.close()  # the conversation is free for the next instance
         if self.session is not None:  # the worker, even one waiting on a reply, ends now (it closes it too)
-            close_session(self.session)
+            self.session.close()
 
     def say(self, message: str, severity: str = "information") -> None:
         """A notice. It may echo a model's name, a path, what was typed: plain text (chat_app.labels)."""
@@ -262,9 +253,9 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
             while (model := self._run_jobs(session, worker)) is not None:
                 session = self.switch_model(session, model)
         finally:
-            close_session(session)
+            session.close()
 
-    def _run_jobs(self, session: ChatSession, worker) -> Any:
+    def _run_jobs(self, session: ModelProcess, worker) -> Any:
         """Run jobs until cancelled (None) or until a "model" job (its argument)."""
         launch = {k: "none" if v is None else str(v) for k, v in vars(session.params).items()}
 
@@ -272,10 +263,8 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
             for name, value in {**launch, **settings}.items():
                 session.set_param(name, value)
 
-        jobs: dict[str, Callable[[Any], None]] = {"new_chat": lambda _: session.new_chat(),
-                                                  "system": session.set_system, "load": session.load_messages,
-                                                  "params": set_params, "open": lambda _: None,
-                                                  "restart": lambda pairs: session.restart(pairs, self.report_progress)}
+        own: dict[str, Callable[[Any], None]] = {"params": set_params, "open": lambda _: None,
+                                                 "restart": lambda pairs: session.restart(pairs, self.report_progress)}
         while not worker.is_cancelled:
             try:
                 kind, arg = self._jobs.get(timeout=0.1)
@@ -284,11 +273,14 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
             if kind == "model":
                 return arg
             try:
-                if kind in REPLIES:
-                    events = (session.send(arg) if kind == "send" else session.regenerate()
-                              if kind == "regenerate" else session.continue_reply())
+                if kind in own:
+                    own[kind](arg)
+                    self._outbox.put(Done(kind, arg))
+                    continue
+                result = getattr(session, kind)(*(() if arg is None else (arg,)))
+                if streams(kind):
                     started = False
-                    for event in events:
+                    for event in result:
                         if not started:  # only now may the UI replace what it shows
                             self._outbox.put(Started(kind, arg))
                             started = True
@@ -296,160 +288,10 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
                         if worker.is_cancelled:
                             session.stop()
                 else:
-                    jobs[kind](arg)
                     self._outbox.put(Done(kind, arg))
             except Exception as e:
                 message = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
                 self._outbox.put(Failed(kind, arg, message))
-
-    # ---- draining the outbox (UI thread) -------------------------------------------------
-
-    async def _drain(self) -> None:
-        try:
-            await self._drain_outbox()
-        except NoMatches:  # only shutting down removes the app's widgets: nothing left to show
-            return
-
-    async def _drain_outbox(self) -> None:
-        pieces: list[str] = []
-        live: StepStats | None = None
-        while self.is_running:  # not while shutting down: the widgets may be gone
-            try:
-                item = self._outbox.get_nowait()
-            except queue.Empty:
-                break
-            match item:
-                case Token(text=text, stats=stats):
-                    pieces.append(text)
-                    live = stats
-                    continue
-            await self._write(pieces)
-            pieces = []
-            match item:
-                case Finished():
-                    live = None
-                    await self._finished(item)
-                case Prefilled():
-                    self._prefilled(item)
-                case _:
-                    await self._handle(item)
-        await self._write(pieces)
-        if live is not None:
-            self._show_stats(live, "generating")
-        s = self.session
-        self.say_if_ended()
-        if s is not None and not self._busy and self.status.fields.get("step") != s.step_kind:
-            self.status.show(step=s.step_kind)  # a compile ended between replies: say so now
-        if self._row is not None and time.monotonic() - self._saved_at >= SAVE_EVERY_S:
-            self.save_partial()
-
-    async def _write(self, pieces: list[str]) -> None:
-        if pieces and self._reply is not None:
-            text = "".join(pieces)
-            await self._reply.write(text)
-            self._text.append(text)
-            if self._saved_at == 0.0:  # the reply's first text is saved at once
-                self.save_partial()
-
-    async def _handle(self, item: Loaded | Progress | Started | Done | Failed) -> None:
-        match item:
-            case Loaded(session=s, switched=switched):
-                await self.model_loaded(s, switched)
-            case Progress(done=done, total=total):
-                self.load_progress.advance(done, total)
-            case Started():
-                await self._started(item)
-            case Failed():
-                await self._failed(item)
-            case Done():
-                await self._done(item)
-
-    async def _started(self, item: Started) -> None:
-        conversation = self.conversation
-        if item.kind == "regenerate":
-            await conversation.drop_last_reply()
-            last = [m for m in self.store.messages() if m.role != "system"][-1:]
-            if last and last[0].role == "assistant":
-                self._save(self.store.drop, last[0])
-        elif item.kind == "continue":  # the last reply goes on: same widget, same row
-            self._reply = conversation.query(Reply).last()
-            self._reply.resume()
-            self._row = [m for m in self.store.messages() if m.role == "assistant"][-1]
-            self._text, self._saved_at = [self._row.content], 0.0
-            self.status.show(state="generating")
-            return
-        else:
-            await conversation.add_user(item.text)
-            self._save(self.store.add, Saved("user", item.text))
-        self._reply = await conversation.add_reply(self.model_name)
-        self._row, self._text, self._saved_at = Saved("assistant", "", partial=True, model=self.model_name), [], 0.0
-        self._save(self.store.add, self._row)
-        self.status.show(state="generating")
-
-    def _prefilled(self, item: Any) -> None:
-        self.prefill_tokens = item.n_tokens
-        if self._stop_wanted and self.session is not None:  # Esc came before the reply began: again
-            self.session.stop()
-        if item.dropped:
-            self.say(f"Context full: the oldest {item.dropped} messages no longer reach the model "
-                     "(they stay on screen and in the saved chat).", "warning")
-
-    async def _finished(self, item: Any) -> None:
-        if self._reply is not None:
-            await self._reply.finish(item.reason)
-        row = self._row
-        self._reply, self._row, self._busy, self._stop_wanted = None, None, False, False
-        if row is not None:
-            self._save(self.store.update, row, item.text, partial=False, stopped=item.reason == "stopped")
-        self._show_stats(item.stats, "ready")
-        if item.reason == "context_full":
-            self.say(f"The reply filled the context ({item.stats.max_len} positions); "
-                     "the next turn drops the oldest messages.", "warning")
-
-    async def _failed(self, item: Failed) -> None:
-        if item.kind in ("load", "model", "restart"):
-            self.model_failed(item)
-            return
-        ended = self.ended()  # a reply cut short by it, or a job refused after it: said once, with what comes next
-        self.say(f"{item.message}; the next message starts it again" if ended else item.message, "error")
-        if item.kind in REPLIES:
-            if self._reply is not None:  # it failed mid-reply: keep what streamed, marked
-                await self._reply.finish("error")
-                if self._row is not None:
-                    self._save(self.store.update, self._row, "".join(self._text), partial=False, stopped=True)
-            elif item.kind == "send":
-                self.prompt.give_back(item.arg)  # refused before it was shown
-            self._reply, self._row, self._busy, self._stop_wanted = None, None, False, False
-            self.status.show(state=ENDED if ended else "ready")
-
-    async def _done(self, item: Done) -> None:
-        assert self.session is not None, "jobs run only after the session is loaded"
-        if item.kind == "new_chat":
-            await self.conversation.clear()
-            self.store.new_chat()
-            self.status.show(tok_s=None, ttft_ms=None, window=None, position=len(self.session.context))
-        elif item.kind == "system":
-            system = self.session.system
-            self._save(self.store.set_system, system)
-            if self.session.messages:
-                await self.conversation.add_note(system_note(system or ""))
-            self.say(f"System prompt set: {echo(system)}" if system else "System prompt cleared.")
-        elif item.kind == "load":
-            self.status.show(position=len(self.session.context))
-        elif item.kind == "restart":
-            self.restarted()
-            self.say("The model process is running again.")
-        elif item.kind == "open":
-            await self.open_chat(item.arg)
-
-    def _show_stats(self, stats: StepStats, state: str) -> None:
-        self.status.show(state=state, tok_s=stats.tok_per_s, ttft_ms=stats.ttft_ms, window=stats.window,
-                         position=stats.position, max_len=stats.max_len, graphs=stats.graphs, step=stats.step)
-        self.last_stats = stats
-        if stats.step == "compile failed" and not self._compile_failure_said and self.session is not None:
-            self._compile_failure_said = True
-            self.say(f"The compiled step is not available here ({self.session.compile_error}); "
-                     "replies use the plain step.", "warning")
 
     # ---- input --------------------------------------------------------------------------
 
@@ -487,7 +329,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
         self.user_acted()
         if self._ready_for_reply():
             self._busy = True
-            self.queue_job("regenerate", "")
+            self.queue_job("regenerate", None)
 
     def action_continue(self) -> None:
         self.user_acted()
@@ -495,7 +337,7 @@ class ChatApp(ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
             self.say("No reply to continue yet.", "warning")
         elif self._ready_for_reply():
             self._busy = True
-            self.queue_job("continue", "")
+            self.queue_job("continue_reply", None)
 
     def action_new_chat(self) -> None:
         self.action_stop()

@@ -91,7 +91,7 @@ class ChatSwitching:
                 note = "partial" if m.partial else "stopped" if m.stopped else ""
                 await self.conversation.add_reply(m.model or self.store.chat_model, m.content, note)
         pairs = [("system", self.store.system or "")]
-        self.queue_job("load", pairs + [(m.role, m.content) for m in saved if m.role != "system"])
+        self.queue_job("load_messages", pairs + [(m.role, m.content) for m in saved if m.role != "system"])
         for name, value in self.store.settings.items():
             try:
                 SamplingParams().with_value(name, value)  # what /set checks

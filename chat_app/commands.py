@@ -59,7 +59,7 @@ class SlashCommands:
         self.say(f"{name} = {getattr(self.session.params, name)} (from the next reply)")
 
     async def command_system(self: ChatApp, arg: str) -> None:
-        self.queue_job("system", arg)
+        self.queue_job("set_system", arg)
         if self.busy:
             self.say("The system prompt changes after this reply.")
 

@@ -15,12 +15,12 @@ from tinyllm.chat_events import Finished, Prefilled, Token
 __all__ = ["Done", "Failed", "Finished", "Loaded", "Prefilled", "Progress", "Started", "Token"]
 
 if TYPE_CHECKING:
-    from tinyllm.chat import ChatSession
+    from tinyllm.session_protocol import ModelProcess
 
 
 @dataclass
 class Loaded:
-    session: ChatSession
+    session: ModelProcess
     switched: bool = False  # it replaces the model that was open (/model PATH)
 
 

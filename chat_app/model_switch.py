@@ -34,20 +34,21 @@ This module never imports torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from chat_app.events import Failed, Loaded, Progress
 from chat_app.widgets.load_progress import LoadProgress
 
 if TYPE_CHECKING:
     from chat_app.app import ChatApp
+    from tinyllm.session_protocol import ModelProcess
 
 ENDED = "model process ended"  # the status bar's state once it has
 
 
 class ModelSwitching:
     bad_input: str | None = None  # why the first model was refused (main() prints it, exit code 2)
-    _switching_from: Any = None  # the session that answers again if /model fails
+    _switching_from: ModelProcess | None = None  # the session that answers again if /model fails
     _log_error_said = False  # a log that cannot be written is said once a run
     _restarting = False  # a new model process is being started in place of one that ended
 
@@ -65,7 +66,7 @@ class ModelSwitching:
 
     # ---- the worker ------------------------------------------------------------------------
 
-    def switch_model(self: ChatApp, old: Any, job: tuple[str, str | None]) -> Any:
+    def switch_model(self: ChatApp, old: ModelProcess, job: tuple[str, str | None]) -> ModelProcess:
         """Open the job's model beside the old one; the session that serves from now on."""
         path, system = job
         try:
@@ -74,14 +75,14 @@ class ModelSwitching:
             self._outbox.put(Failed("model", path, f"could not open {path}: {e} (still chatting with {old.name})"))
             return old
         self._outbox.put(Loaded(new, switched=True))
-        close_session(old)
+        old.close()
         return new
 
     # ---- the UI thread ---------------------------------------------------------------------
 
     def ended(self: ChatApp) -> str:
         """Why the model process is gone ("" while it runs, or while a new one starts)."""
-        return "" if self.session is None or self._restarting else getattr(self.session, "ended", "")
+        return "" if self.session is None or self._restarting else self.session.ended
 
     def restart_if_ended(self: ChatApp) -> None:
         """Before a job is queued: a model process that ended is started again first."""
@@ -109,8 +110,7 @@ class ModelSwitching:
             self.say("The model is still loading (or failed to load).", "warning")
             return
         if not arg:
-            path = getattr(self.session, "path", None)
-            self.say(f"Model: {self.session.name}" + (f" ({path})" if path else "") + "; /model PATH opens another.")
+            self.say(f"Model: {self.session.name} ({self.session.path}); /model PATH opens another.")
             return
         if self.busy:
             self.say("A reply is still running: wait for it, or press Esc, then /model again.", "warning")
@@ -126,7 +126,7 @@ class ModelSwitching:
         self.show_loading(name)
         self.queue_job("model", (str(Path(arg).expanduser().resolve()), self.store.system))
 
-    async def model_loaded(self: ChatApp, s: Any, switched: bool) -> None:
+    async def model_loaded(self: ChatApp, s: ModelProcess, switched: bool) -> None:
         if switched:
             await self.conversation.clear()
             self.store.new_chat()  # keeps its /set values and system prompt, as the new session does
@@ -142,7 +142,7 @@ class ModelSwitching:
         self.status.show(state="ready", name=s.name, device=s.device, dtype=s.dtype,
                          graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
                          position=len(s.context), step=s.step_kind, capped=s.max_len < s.model_max_len)
-        if getattr(s, "log_error", "") and not self._log_error_said:
+        if s.log_error and not self._log_error_said:
             self._log_error_said = True
             self.say(f"The model process's log {s.log_error}; it logs nothing, and chatting works.", "warning")
         if s.max_len < s.model_max_len:
@@ -158,6 +158,7 @@ class ModelSwitching:
             return
         if item.kind == "model":  # the old model answers again
             self.session, self._switching_from = self._switching_from, None
+            assert self.session is not None, "a model switch fails only from a model that was open"
             self.status.show(state="ready", name=self.session.name)
         elif isinstance(item.arg, ValueError):  # the first model: bad input, as before the TUI
             self.bad_input = str(item.arg)
@@ -167,8 +168,3 @@ class ModelSwitching:
             self.status.show(state="failed")
         self.say(item.message, "error")
 
-
-def close_session(session: Any) -> None:
-    close = getattr(session, "close", None)  # a RemoteSession: end its process
-    if close is not None:
-        close()

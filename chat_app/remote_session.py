@@ -1,21 +1,23 @@
-"""RemoteSession: ChatSession's interface, served by a child process (tinyllm.chat_server).
+"""RemoteSession: a Session (tinyllm.session_protocol) served by a child process (tinyllm.chat_server).
 
-The app's worker thread uses it as it would a ChatSession: `send(text)` / `regenerate()`
-(and `continue_reply()`) return the reply's events (Prefilled, Token, Finished from tinyllm.chat_events, which import
-no torch), `new_chat()`, `set_system()` and `load_messages()` block until done, and `stop()`,
-`set_graphs()` and `set_param()` take effect at once, from any thread, also mid-reply. Errors
-come back as ValueError with the child's message. The public attributes (`name`, `device`,
-`messages`, `params`, `step_kind`, ...) mirror the child's session as of its last message.
+The app's worker thread uses it as it would a ChatSession: `send(text)` / `regenerate()` /
+`continue_reply()` return the reply's events (Prefilled, Token, Finished from
+tinyllm.chat_events, which import no torch), `new_chat()`, `set_system()` and
+`load_messages()` block until done, and `stop()`, `set_graphs()` and `set_param()` take
+effect at once, from any thread, also mid-reply. Each is one Call through the protocol's JOBS
+table. Errors come back as ValueError with the child's message. The session's public state
+(`name`, `device`, `messages`, `params`, `step_kind`, ...) is `state`, a SessionState as of the
+child's last message, read through properties of the same names.
 
 The child is a new Python (`tinyllm.chat_server.main`, in a session of its own; POSIX) and the
 parent never imports torch for it. Its stdout and stderr are `open_kwargs["log"]` (session.log
 in the data folder) from before its first instruction, so nothing it prints, an import error
 or a traceback before its server loop included, ever reaches the terminal under the TUI. A log
 that cannot be opened is /dev/null instead, and `log_error` says why ("" otherwise).
-A reader thread owns the receiving end:
-replies go to the job that waits for them, call answers to their caller, state updates apply
-at once. `close()` ends the child (it stops a reply under way first) and wakes any thread
-waiting on the session with ValueError: quitting never waits on a reply, even a hung one.
+A reader thread owns the receiving end: each answer goes to the call it answers (by id), state
+changes apply at once. `close()` ends the child (it stops a reply under way first; a child that
+does not end within 5 s, frozen say, is killed) and wakes every thread waiting on the session
+with ValueError: quitting never waits on a reply, even a hung one.
 
 `RemoteSession(open_kwargs, progress=None, **changes)` opens the session with open_kwargs
 updated by `changes` (another path, say) and returns once it is loaded, calling
@@ -36,26 +38,68 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from types import SimpleNamespace
+from multiprocessing.connection import Connection
 from typing import Any
 
-from tinyllm.chat_events import Finished, Message, StepStats
+from tinyllm.session_protocol import (
+    DONE_COMPILING,
+    JOBS,
+    Call,
+    Done,
+    Ended,
+    Event,
+    Events,
+    Job,
+    LoadFailed,
+    Progress,
+    Quit,
+    Runs,
+    SessionState,
+    StateChanged,
+)
 
 CALL_TIMEOUT_S = 30
+CLOSE_WAIT_S = 5  # a child that has not ended this long after Quit is killed
 
 
-class Params(SimpleNamespace):
-    def __str__(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in vars(self).items())
+def python(code: str, fd: int) -> list[str]:
+    """The command line of a new Python with this one's sys.path, running `code` with the
+    connection's descriptor `fd` as argv[1]."""
+    return [sys.executable, "-u", "-c", f"import sys; sys.path = {sys.path!r}; {code}", str(fd)]
+
+
+def _mirrored(name: str) -> Any:
+    return property(lambda self: getattr(self.state, name), doc=f"the child session's {name} (as last sent)")
 
 
 class RemoteSession:
+    name = _mirrored("name")
+    device = _mirrored("device")
+    dtype = _mirrored("dtype")
+    graphs_available = _mirrored("graphs_available")
+    use_graph = _mirrored("use_graph")
+    max_len = _mirrored("max_len")
+    model_max_len = _mirrored("model_max_len")
+    first_message = _mirrored("first_message")
+    system = _mirrored("system")
+    params = _mirrored("params")
+    messages = _mirrored("messages")
+    step_kind = _mirrored("step_kind")
+    compile_error = _mirrored("compile_error")
+    timeline = _mirrored("timeline")
+    last_stats = _mirrored("last_stats")
+
     def __init__(self, open_kwargs: dict[str, Any], progress: Callable[[int, int], None] | None = None,
                  **changes: Any):
         self.open_kwargs = {**open_kwargs, **changes}
         self.path = str(self.open_kwargs["path"])
-        self.last_stats: StepStats | None = None
+        self._lock = threading.Lock()  # the pending calls and `_ended` change together
+        self._send_lock = threading.Lock()  # one message at a time on the pipe (a big one is two writes)
         self._start(progress)
+
+    def _command(self, fd: int) -> list[str]:
+        """The child's command line."""
+        return python("from tinyllm.chat_server import main; main()", fd)
 
     def _start(self, progress: Callable[[int, int], None] | None) -> None:
         """Start the child, wait until its session is loaded, then read what it sends."""
@@ -67,11 +111,10 @@ class RemoteSession:
         except OSError as e:
             out, self.log_error = subprocess.DEVNULL, f"{log} cannot be written ({e.strerror or e})"
         self._conn, child_conn = mp.Pipe()
-        program = f"import sys; sys.path = {sys.path!r}; from tinyllm.chat_server import main; main()"
         try:  # a session of its own: no signal meant for the terminal's programs reaches it
-            self._proc = subprocess.Popen([sys.executable, "-u", "-c", program, str(child_conn.fileno())],
-                                          stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                          pass_fds=(child_conn.fileno(),), start_new_session=True)
+            self._proc = subprocess.Popen(self._command(child_conn.fileno()), stdin=subprocess.DEVNULL,
+                                          stdout=out, stderr=out, pass_fds=(child_conn.fileno(),),
+                                          start_new_session=True)
         finally:
             child_conn.close()
             if out is not subprocess.DEVNULL:
@@ -79,30 +122,33 @@ class RemoteSession:
         self.pid = self._proc.pid
         self._ended = ""  # why the child is gone, once it is
         self._compiled = threading.Event()
-        self._job: queue.SimpleQueue = queue.SimpleQueue()  # what the running job hears
-        self._answers: dict[int, queue.SimpleQueue] = {}
+        self._pending: dict[int, queue.SimpleQueue] = {}  # call id -> what answers it
         self._ids = itertools.count()
-        self._send_lock = threading.Lock()
         self._send(kwargs)
-        while (first := self._recv())[0] == "progress":
+        while isinstance(first := _recv(self._conn, self._proc), Progress):
             if progress is not None:
-                progress(first[1], first[2])
-        if first[0] in ("load_failed", "ended"):
+                progress(first.done, first.total)
+        if isinstance(first, LoadFailed | Ended):
             self.close()
-            raise (ValueError if first[0] == "load_failed" and first[2] else RuntimeError)(first[1])
-        self._apply(first[1])
-        threading.Thread(target=self._read, daemon=True, name="tinyllm-session-reader").start()
+            bad = isinstance(first, LoadFailed) and first.bad_input
+            raise (ValueError if bad else RuntimeError)(first.message if isinstance(first, LoadFailed) else first.reason)
+        self._apply(first.state)
+        threading.Thread(target=self._read, args=(self._conn, self._proc, self._pending), daemon=True,
+                         name="tinyllm-session-reader").start()
 
     # ---- state ---------------------------------------------------------------------------
 
-    def _apply(self, state: dict | None) -> None:
+    def _apply(self, state: SessionState | None) -> None:
         if state is None:
             return
-        self.__dict__.update({k: v for k, v in state.items() if k not in ("params", "messages")})
-        self.params = Params(**state["params"])
-        self.messages = [Message(role, content, stopped=stopped) for role, content, stopped in state["messages"]]
-        if self.step_kind in ("compiled", "native", "compile failed", "plain"):
+        self.state = state
+        if state.step_kind in DONE_COMPILING:
             self._compiled.set()
+
+    @property
+    def context(self) -> range:
+        """Only its length is mirrored (the ids stay in the child)."""
+        return range(self.state.context_len)
 
     @property
     def ended(self) -> str:
@@ -126,130 +172,127 @@ class RemoteSession:
 
     # ---- the connection --------------------------------------------------------------------
 
-    def _recv(self) -> tuple:
+    def _send(self, msg: Any) -> None:
         try:
-            return self._conn.recv()
-        except (EOFError, OSError):
-            try:
-                code = self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                code = None
-            return ("ended", f"the model process ended (exit code {code})")
-
-    def _send(self, msg) -> None:
-        with self._send_lock:
-            try:
+            with self._send_lock:
                 self._conn.send(msg)
-            except OSError:
-                raise ValueError("the model process is not running") from None
+        except OSError:
+            raise ValueError("the model process is not running") from None
 
-    def _read(self) -> None:
-        while True:
-            msg = self._recv()
-            kind = msg[0]
-            if kind == "answer":
-                _, call_id, error, state = msg
-                self._apply(state)
-                self._answers.pop(call_id).put(error)
-            elif kind == "state":
-                self._apply(msg[1])
-            elif kind == "ended":  # whatever waits hears it, now and later
-                self._job.put(("failed", msg[1]))
-                for answer in list(self._answers.values()):
-                    answer.put(msg[1])
-                self._ended = msg[1]  # last: once it shows, this thread touches nothing more (restart())
-                return
-            else:
-                self._job.put(msg)
+    def _read(self, conn: Connection, proc: subprocess.Popen, pending: dict[int, queue.SimpleQueue]) -> None:
+        """This child's answers to their calls, until it is gone (its own conn, proc and
+        pending: after restart() they are another child's)."""
+        while not isinstance(msg := _recv(conn, proc), Ended):
+            if isinstance(msg, StateChanged):
+                self._apply(msg.state)
+                continue
+            with self._lock:  # none after close(), which woke every waiting call
+                answers = pending.pop(msg.id, None) if isinstance(msg, Done) else pending.get(msg.id)
+            if answers is not None:
+                answers.put(msg)
+        self._end(msg.reason, pending)
 
-    def _call(self, name: str, *args, wait: bool = True) -> None:
-        call_id, answer = next(self._ids), queue.SimpleQueue()
-        self._answers[call_id] = answer
-        self._send(("call", call_id, name, args))
-        if not wait:
-            return
+    def _end(self, reason: str, pending: dict[int, queue.SimpleQueue]) -> None:
+        """Whatever waits on the child hears that it is gone, now and later."""
+        with self._lock:
+            self._ended = self._ended or reason
+            waiting = list(pending.values())
+            pending.clear()
+        for answers in waiting:
+            answers.put(Ended(self._ended))
+
+    def _call(self, job: Job, *args: Any) -> queue.SimpleQueue:
+        """Send the call; the queue its answers come to."""
+        answers: queue.SimpleQueue = queue.SimpleQueue()
+        with self._lock:
+            if self._ended:
+                raise ValueError(self._ended)
+            call_id = next(self._ids)
+            self._pending[call_id] = answers
+        self._send(Call(call_id, job, args))
+        return answers
+
+    @staticmethod
+    def _next(answers: queue.SimpleQueue, timeout: float | None = None) -> Any:
         try:
-            error = answer.get(timeout=CALL_TIMEOUT_S)
+            msg = answers.get(timeout=timeout)
         except queue.Empty:
             raise ValueError("the model process did not answer") from None
-        if error is not None:
-            raise ValueError(error)
-
-    def _wait(self) -> tuple:
-        if self._ended:
-            raise ValueError(self._ended)
-        msg = self._job.get()
-        if msg[0] == "failed":
-            raise ValueError(msg[1])
+        if isinstance(msg, Ended):
+            raise ValueError(msg.reason)
+        if isinstance(msg, Done) and msg.error is not None:
+            raise ValueError(msg.error)
         return msg
 
-    # ---- ChatSession's interface -----------------------------------------------------------
+    def _run(self, job: Job, *args: Any) -> Any:
+        """One job, as JOBS says it runs: a REPLY's events, or None once a TASK or CALL is done."""
+        answers = self._call(job, *args)
+        runs = JOBS[job]
+        msg = self._next(answers, CALL_TIMEOUT_S if runs is Runs.CALL else None)
+        self._apply(msg.state)  # Started (accepted: events follow), or Done
+        return self._events(answers) if runs is Runs.REPLY else None
 
-    def send(self, text: str) -> Iterator:
-        return self._reply(("job", "send", text))
+    def _events(self, answers: queue.SimpleQueue) -> Iterator[Event]:
+        while not isinstance(msg := self._next(answers), Done):
+            assert isinstance(msg, Events), f"a reply's answer: {msg!r}"
+            self._apply(msg.state)
+            yield from msg.events
+        self._apply(msg.state)
 
-    def regenerate(self) -> Iterator:
-        return self._reply(("job", "regenerate", None))
+    # ---- the Session ---------------------------------------------------------------------
 
-    def continue_reply(self) -> Iterator:
+    def send(self, text: str) -> Iterator[Event]:
+        return self._run("send", text)
+
+    def regenerate(self) -> Iterator[Event]:
+        return self._run("regenerate")
+
+    def continue_reply(self) -> Iterator[Event]:
         """Extend the last reply (its Finished carries the whole reply's text)."""
-        return self._reply(("job", "continue", None))
-
-    def _reply(self, job: tuple) -> Iterator:
-        self._send(job)
-        self._apply(self._wait()[1])  # "started": accepted (or ValueError, before any event)
-        return self._events()
-
-    def _events(self) -> Iterator:
-        while True:
-            msg = self._wait()
-            if msg[0] == "done":
-                self._apply(msg[1])
-                return
-            _, events, state = msg
-            self._apply(state)
-            for event in events:
-                if isinstance(event, Finished):
-                    self.last_stats = event.stats
-                yield event
-
-    def _job_done(self, kind: str, arg=None) -> None:
-        self._send(("job", kind, arg))
-        self._apply(self._wait()[1])
+        return self._run("continue_reply")
 
     def new_chat(self) -> None:
-        self._job_done("new_chat")
+        self._run("new_chat")
 
     def set_system(self, text: str | None) -> None:
-        self._job_done("system", text)
+        self._run("set_system", text)
 
     def load_messages(self, messages: list[tuple[str, str]]) -> None:
-        self._job_done("load", messages)
+        self._run("load_messages", messages)
 
     def set_param(self, name: str, value: str) -> None:
-        self._call("set_param", name, value)
+        self._run("set_param", name, value)
 
     def set_graphs(self, on: bool) -> None:
-        self._call("set_graphs", on)
+        self._run("set_graphs", on)
 
     def stop(self) -> None:
-        """Ask the reply to finish after the current token (no wait for the answer)."""
-        self._call("stop", wait=False)
-
-    @property
-    def context(self) -> range:
-        """Only its length is mirrored (the ids stay in the child)."""
-        return range(self.context_len)
+        """Ask the reply to finish after the current token (no wait for the answer). A child
+        that is gone has no reply to stop."""
+        try:
+            self._call("stop")
+        except ValueError:
+            pass
 
     def close(self) -> None:
-        self._ended = self._ended or "the session is closed"
-        self._job.put(("failed", self._ended))  # a job waiting for the child's reply hears it now
+        self._end("the session is closed", self._pending)  # a job waiting for the child's reply hears it now
         try:
-            self._send(("quit",))
+            self._send(Quit())
         except ValueError:
             pass
         try:
-            self._proc.wait(timeout=5)
+            self._proc.wait(timeout=CLOSE_WAIT_S)
         except subprocess.TimeoutExpired:
             self._proc.kill()
-            self._proc.wait(timeout=5)
+            self._proc.wait(timeout=CLOSE_WAIT_S)
+
+
+def _recv(conn: Connection, proc: subprocess.Popen) -> Any:
+    try:
+        return conn.recv()
+    except (EOFError, OSError):
+        try:
+            code = proc.wait(timeout=CLOSE_WAIT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        return Ended(f"the model process ended (exit code {code})")

@@ -6,9 +6,10 @@ nothing here reaches into it; two real interfaces keep a reply running while a t
 - what the APP sees: `Held` wraps the RemoteSession the app calls; the reply's events after
   its first token wait at a gate until the test releases them (or Esc, which also stops the
   child's reply). The child decodes on meanwhile; its events queue in the RemoteSession.
-- what the SESSION does: `held_in_child(app)` sets the child protocol's test-only `hold`
-  (tinyllm.chat_server): the first reply waits after its first token until a stop() (Esc,
-  Ctrl+N) arrives, so a test that stops a reply mid-way cannot see it end first, on any CPU.
+- what the SESSION does: `held_in_child(app)` (tests/chat_app/held_child.py) runs the app's
+  child with its ChatSession wrapped: the first reply waits after its first text until a
+  stop() (Esc, Ctrl+N) arrives, so a test that stops a reply mid-way cannot see it end first,
+  on any CPU.
   `--ignore-eos` (a real CLI option) makes sure that first token is not the end."""
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from chat_app.__main__ import build_app, build_parser
 from chat_app.app import ChatApp
 from chat_app.store import Saved, Store
 from chat_app.widgets.prompt_input import PromptInput
+from tests.chat_app.held_child import held_in_child  # noqa: F401 (the tests import it from here)
 from tinyllm.chat_events import Token
 from tinyllm.testing import make_tiny_checkpoint
 
@@ -59,13 +61,6 @@ def make_app(ckpt) -> Callable[..., ChatApp]:
         app.NOTIFICATION_TIMEOUT = 3600
         return app
     return make
-
-
-def held_in_child(app: ChatApp, replies: int = 1) -> ChatApp:
-    """The first `replies` replies in the app's child process wait after their first text
-    until stopped."""
-    app.open_session.args[0]["hold"] = replies
-    return app
 
 
 class Held:

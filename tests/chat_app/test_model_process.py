@@ -101,7 +101,7 @@ async def test_a_model_process_killed_mid_reply_is_said_and_started_again(make_a
         await send(pilot, "Tell me a story", wait=False)
         await wait_until(pilot, lambda: app._text, what="the reply's first text")
         old = app.session.pid
-        app.session.open_kwargs.pop("hold")  # the next process holds nothing
+        app.session.replies = 0  # the next process holds nothing
         os.kill(old, signal.SIGKILL)
         await wait_until(pilot, lambda: not app.busy, what="the reply to fail")
         assert "model process ended" in app.status.line and "ready" not in app.status.line

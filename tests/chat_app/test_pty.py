@@ -8,7 +8,7 @@ No assert depends on timing: each waits on screen state, with a deadline that on
 hung test. The one pause (Esc alone) only keeps Esc and the next key in separate reads, as a
 human types them; were they read together, the test would still pass, and test the Alt+key
 path instead. The shared app holds its first reply after its first text until a stop
-arrives (the child protocol's test-only `hold`, set through a three-line wrapper around
+arrives (tests/chat_app/held_child.py, set through a three-line wrapper around
 chat_app.__main__.main), so Esc mid-reply cannot find the reply already ended, on any CPU.
 """
 
@@ -37,9 +37,8 @@ BACKSPACE = "\x7f"
 READY = "· ready ·"  # the status bar, once the model has loaded and no reply runs
 YOU = "─ you ─"  # the border of a sent message
 HELP = "tinyllm-chat help"  # F1's title
-HELD = ("import chat_app.__main__ as m\nbuild = m.build_app\n"
-        "def held(args):\n    app = build(args)\n    app.open_session.args[0]['hold'] = 1\n    return app\n"
-        "m.build_app = held\nm.main()")
+HELD = ("import chat_app.__main__ as m\nfrom tests.chat_app.held_child import held_in_child\n"
+        "build = m.build_app\nm.build_app = lambda args: held_in_child(build(args))\nm.main()")
 
 
 def start(ckpt, folder, *argv: str, held: bool = False) -> Terminal:
