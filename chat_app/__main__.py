@@ -65,7 +65,8 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
     """The options; `defaults` (the config file's) replace the built-in defaults."""
     p = _Parser(prog=PROG, description="Chat with a small local language model in the terminal.")
     p.add_argument("--model", type=Path, default=None,
-                   help="tinyllm checkpoint folder, Hugging Face folder (llama/mistral) or .gguf file "
+                   help="tinyllm checkpoint folder, Hugging Face folder (llama/mistral) or .gguf file, "
+                        "or hf:OWNER/REPO[:FILE] to download one from the Hugging Face Hub "
                         f"(default: {DEFAULT_MODEL})")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto")
     p.add_argument("--max-len", type=int, default=None, help="context length (default: the model's)")
@@ -107,6 +108,17 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
     return p
 
 
+def resolve_model(spec: str | Path) -> str | Path:
+    """A --model value as a local path: `hf:OWNER/REPO[:FILE]` is downloaded first (tinyllm.hub,
+    the Hub's cache and progress bars, on stderr before the window opens)."""
+    from tinyllm import hub  # imports no torch
+
+    if not hub.is_hub(spec):
+        return spec
+    print(f"{PROG}: getting {spec} from the Hugging Face Hub", file=sys.stderr)
+    return str(hub.fetch(str(spec)))
+
+
 def build_app(args: argparse.Namespace) -> ChatApp:
     """Check everything the command line says; FileNotFoundError/ValueError when it's wrong."""
     if args.model is None and not DEFAULT_MODEL.exists():
@@ -121,7 +133,7 @@ def build_app(args: argparse.Namespace) -> ChatApp:
     from tinyllm.model_files import precheck
     from tinyllm.sampling_params import SamplingParams
 
-    path = args.model or DEFAULT_MODEL
+    path = resolve_model(args.model) if args.model else DEFAULT_MODEL
     name = precheck(path)  # the rest of open_session's checks run in the child
     if args.max_len is not None and args.max_len < 16:
         raise ValueError(f"--max-len must be at least 16, got {args.max_len}")

@@ -33,7 +33,7 @@ from pathlib import Path
 
 __all__ = ["BPETokenizer", "require_tokenizers"]
 
-_INSTALL = "pip install 'tinyllm-chat[hf]' (or: pip install tokenizers)"
+_INSTALL = "pip install tokenizers (a dependency of tinyllm-chat since issue 34)"
 _BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 # GGUF token types (llama.cpp's llama_token_type)
 _CONTROL, _USER_DEFINED = 3, 4

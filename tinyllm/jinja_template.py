@@ -47,7 +47,7 @@ __all__ = ["JinjaChatTemplate", "derive_template", "guess_builtin", "template_fr
 
 MAX_RENDER_SECONDS = 3.0  # all probe renders of one template (a real one takes milliseconds)
 MAX_RENDER_CHARS = 200_000  # per render, and per string/list built with `*` (a real one: < 2,000)
-_INSTALL = "pip install 'tinyllm-chat[hf]' (or: pip install jinja2)"
+_INSTALL = "pip install jinja2 (a dependency of tinyllm-chat since issue 34)"
 # Probe contents: plain words, so strip()/trim in a template leaves them alone.
 _SPECIAL = re.compile(r"<[^<>\s]+>|\[/?[A-Z_]+\]")
 S, U1, A1, U2, A2, U3 = "qqSYSTEMqq", "qqUSER1qq", "qqASSIST1qq", "qqUSER2qq", "qqASSIST2qq", "qqUSER3qq"
