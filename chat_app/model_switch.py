@@ -21,6 +21,9 @@ Contract:
   with the model that wrote it. The new chat keeps the old one's /set values and system
   prompt (without one, the new model's own default); --template is not carried over. The
   status bar, the reply labels and the app's sub_title name the new model.
+- `/model hf:OWNER/REPO[:FILE]` downloads the model first, on the worker (tinyllm.hub, the
+  Hub's cache; no byte progress in the app, the load bar waits), then opens it as above; a
+  spec the Hub refuses is the same kind of notice, and the old model goes on answering.
 - `/model` alone shows the model's name and path.
 - A model process whose log (session.log) cannot be written runs without one: one notice a run.
 - A model process that ends on its own (killed, crashed) is said once, mid-reply or not, and
@@ -38,6 +41,8 @@ from typing import TYPE_CHECKING
 
 from chat_app.events import Failed, Loaded, Progress
 from chat_app.widgets.load_progress import LoadProgress
+from tinyllm import hub  # no torch, as the next
+from tinyllm.model_files import precheck
 
 if TYPE_CHECKING:
     from chat_app.app import ChatApp
@@ -70,6 +75,9 @@ class ModelSwitching:
         """Open the job's model beside the old one; the session that serves from now on."""
         path, system = job
         try:
+            if hub.is_hub(path):  # downloaded here, on the worker: the UI stays live meanwhile
+                path = str(hub.fetch(path, progress=False))  # (its bars would write on the screen)
+                precheck(path)
             new = self.open_session(progress=self.report_progress, path=path, template=None, system=system)
         except Exception as e:
             self._outbox.put(Failed("model", path, f"could not open {path}: {e} (still chatting with {old.name})"))
@@ -115,16 +123,17 @@ class ModelSwitching:
         if self.busy:
             self.say("A reply is still running: wait for it, or press Esc, then /model again.", "warning")
             return
-        from tinyllm.model_files import precheck  # no torch
-
         try:
-            name = precheck(arg)
+            name = arg if hub.is_hub(arg) and hub.parse(arg) else precheck(arg)
         except (FileNotFoundError, ValueError) as e:
             self.say(str(e), "error")
             return
         self._switching_from, self.session = self.session, None
         self.show_loading(name)
-        self.queue_job("model", (str(Path(arg).expanduser().resolve()), self.store.system))
+        if hub.is_hub(arg):
+            self.say(f"Getting {arg} from the Hugging Face Hub (or its cache).")
+        path = arg if hub.is_hub(arg) else str(Path(arg).expanduser().resolve())
+        self.queue_job("model", (path, self.store.system))
 
     async def model_loaded(self: ChatApp, s: ModelProcess, switched: bool) -> None:
         if switched:

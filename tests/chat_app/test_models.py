@@ -113,3 +113,21 @@ async def test_a_bad_model_keeps_the_old_one_answering(make_app, corrupt_ckpt, t
         assert alive(old.pid) and "ready" in app.status.line and "tiny-test" in app.status.line
         await send(pilot, "Still there?")
         assert len(app.query(Reply)) == 2 and len(old.messages) == 4  # the same chat goes on
+
+
+async def test_a_model_by_name_from_the_hub(make_app, endpoint):
+    """`/model hf:OWNER/REPO`: downloaded on the worker from the stand-in Hub (tests/hub_server.py),
+    then opened as /model PATH does; a repo the Hub lacks is one notice and the old model stays."""
+    app = make_app("--max-tokens", "5")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        old = app.session
+        await model_command(pilot, "hf:me/nothere")
+        await wait_until(pilot, lambda: any("the Hub has no model me/nothere" in n for n in notices(app)),
+                         what="the Hub's refusal")
+        await wait_until(pilot, lambda: app.session is old, what="the old model back")
+        await model_command(pilot, "hf:me/one")
+        await wait_until(pilot, lambda: app.session is not None and app.session is not old, what="the Hub's model")
+        assert app.session.path.endswith("m.Q8_0.gguf") and endpoint.requests > 0
+        await send(pilot, "Hi there")
+        assert app.session.last_stats.tokens > 0

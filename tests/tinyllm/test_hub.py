@@ -8,56 +8,10 @@ import sys
 
 import pytest
 
-from tests.hub_server import HubServer
 from tests.tinyllm.formats_common import need
 
 transformers = need("transformers")
 need("gguf")
-
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    """Repos me/llama (a safetensors Llama folder, plus a file that must not be downloaded),
-    me/one (one GGUF) and me/two (two GGUFs)."""
-    import torch
-
-    from tests.tinyllm.test_gguf import sp_kv, tiny, write_gguf
-    from tests.tinyllm.test_hf import make_hf_model
-    from tinyllm.testing import make_tiny_tokenizer
-
-    root = tmp_path_factory.mktemp("hub")
-    tok = make_tiny_tokenizer(tmp_path_factory.mktemp("sp"))
-    llama = root / "me" / "llama"
-    make_hf_model(llama, tok.vocab_size, tie=True)
-    (llama / "tokenizer.model").write_bytes(tok.serialized())
-    (llama / "pytorch_model.bin").write_bytes(b"not read")
-    import gguf
-
-    q = gguf.GGMLQuantizationType
-    for repo, names in (("one", ["m.Q8_0.gguf"]), ("two", ["a.gguf", "b.gguf"])):
-        (root / "me" / repo).mkdir(parents=True)
-        for name in names:
-            model = tiny(tok.vocab_size, tie=False)
-            write_gguf(root / "me" / repo / name, model, {k: q.Q8_0 for k in model.state_dict()
-                                                          if k.endswith(".weight") and model.state_dict()[k].dim() == 2},
-                       sp_kv(tok))
-    server = HubServer(root)
-    yield server
-    server.close()
-    del torch
-
-
-@pytest.fixture
-def endpoint(hub, tmp_path, monkeypatch):
-    """This test's own Hub cache, the stand-in as the endpoint (huggingface_hub reads both when
-    called, through its constants: set here before any call)."""
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
-    return hub
 
 
 def test_a_hugging_face_folder_downloads_once_and_opens(endpoint):
