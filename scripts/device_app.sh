@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 side of issues 10 and 11 (docs/BENCHMARKS.md, "The app itself"), one step per call
+# The H200 side of issues 10 and 11 (docs/BENCHMARKS-LOG.md, "The app itself"), one step per call
 # of this script, so a device call chains as many as fit in its 10 minutes. Run from the repo
 # root; results go to $OUT. The device image has no textual/platformdirs: they travel as
 # wheels in .whl/ (device/README.md), installed by `setup`.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # PDL and the products' variants on the H200 (tinyllm.pdl, tinyllm.qgemv_triton;
-# docs/BENCHMARKS.md, ninth session). Run from the repo root; $OUT gets tests.txt, summary.txt
+# docs/BENCHMARKS-LOG.md, ninth session). Run from the repo root; $OUT gets tests.txt, summary.txt
 # and logs.tgz (every run's JSON and stderr, Chrome traces of the first). One 10-minute call:
 #  1. what this torch / Triton offer (Inductor's enable_pdl, Triton's gdc_wait);
 #  2. the CUDA tests of the kernels and of the graphed decoders (TESTS_S seconds; TEST_FILES);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Quantized weights on the H200 (docs/BENCHMARKS.md, "Quantized weights on the H200"). Run from
+# Quantized weights on the H200 (docs/BENCHMARKS-LOG.md, "Quantized weights on the H200"). Run from
 # the repo root; results go to $OUT (default ./out). The defaults fit one 10-minute device call
 # (a cold 1.1B compile takes about 70 s of each bench), most important first:
 #  1. the TinyLlama-1.1B shape, bf16 vs int8 vs int4 (QUANTS), compiled step in CUDA graphs,

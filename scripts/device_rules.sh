@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The products' block rules and the attention's one-pass threshold searched inside the compiled
-# step on the H200 (scripts/step_rules.py; docs/BENCHMARKS.md, twelfth session), the CUDA tests
+# step on the H200 (scripts/step_rules.py; docs/BENCHMARKS-LOG.md, twelfth session), the CUDA tests
 # and the benches. Run from the repo root; $OUT gets every output. Steps, each skipped at 0:
 #   TESTS_S  the CUDA tests of TEST_FILES;
 #   RULES_S  step_rules.py on the 1.1B shape at int8 (SEARCH_ARGS);

@@ -1,4 +1,4 @@
-"""How long the background compile keeps other threads from the GIL (docs/BENCHMARKS.md, issue 10).
+"""How long the background compile keeps other threads from the GIL (docs/BENCHMARKS-LOG.md, issue 10).
 
 Opens a ChatSession with the compiled step (warm if the caches are), and while its background
 compile runs, a probe thread sleeps 1 ms at a time and records every wake-up late by more than

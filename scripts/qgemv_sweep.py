@@ -1,4 +1,4 @@
-"""Block-size rules of tinyllm.qgemv's kernels, swept on a GPU (docs/BENCHMARKS.md). A rule is
+"""Block-size rules of tinyllm.qgemv's kernels, swept on a GPU (docs/BENCHMARKS-LOG.md). A rule is
 TINYLLM_QGEMV_BLOCKS's "P,B,W": programs per SM, weight bytes of a row a program reads a step
 (8192: a whole row in one step, loaded before the PDL wait), warps. For each rule and each matrix
 of a decode step (the 1.1B shape at int8, SmolLM2-135M at int4), the op as the compiled step

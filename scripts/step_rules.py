@@ -1,5 +1,5 @@
 """Block rules of tinyllm.qgemv's products, and the attention's tile, tried
-inside the compiled decode step on CUDA (docs/BENCHMARKS.md, twelfth session).
+inside the compiled decode step on CUDA (docs/BENCHMARKS-LOG.md, twelfth session).
 scripts/qgemv_sweep.py times each matrix's product alone; inside the step a choice can measure
 otherwise (PDL overlaps each kernel with the ones beside it), so it is chosen here by the
 step's own replay time.

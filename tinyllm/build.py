@@ -16,7 +16,7 @@ another format. This module owns what they share:
   a CPU without the AVX2 kernel (tinyllm.cpu_qgemv) but with fbgemm int4 becomes int8
   (fbgemm's int8 kernel is then the fast one), and on CUDA everything is dense in `dtype`
   (measured on the H200, SmolLM2 Q4_1 in the app: int4 kept 459 tok/s compiled and 8.5 tok/s
-  on the plain step, which dequantizes whole matrices each token; docs/BENCHMARKS.md). A fused projection
+  on the plain step, which dequantizes whole matrices each token; docs/BENCHMARKS-LOG.md). A fused projection
   (wq/wk/wv, w1/w3) whose parts differ in form is held as int8. A dense matrix keeps the
   file's bf16 / fp16 on a CPU computing in fp32 under "auto" and "keep" (`matrix_dtype`).
 - `quantize_model(model, quant, group)`: the same, from a dense model in memory.
@@ -80,7 +80,7 @@ def default_dtype(device: torch.device, int4: bool = False) -> torch.dtype:
     """bf16 on CUDA; fp32 on a CPU, except for a model holding int4 matrices on a CPU that
     computes bf16 natively but cannot build the AVX2 kernel (tinyllm.cpu_qgemv): torch's int4
     kernel, its fallback, is fast there in bf16. Measured on a 2-core AVX512-BF16 / AMX CPU
-    (docs/BENCHMARKS.md, eleventh session), compiled, tok/s fp32 against bf16: SmolLM2's Q4_1 at
+    (docs/BENCHMARKS-LOG.md, eleventh session), compiled, tok/s fp32 against bf16: SmolLM2's Q4_1 at
     W = 128 / 1,024 / 2,048 123 / 82 / 74 against 88 / 61 / 50 (the kernel's prefetch and its
     decode attention); SmolLM2 all int4 109-113 against 104-105; only the 12.6 MB default
     model's Q4_1 ran faster in bf16 at W = 128 (770 against 597), not past it. (In the tenth
@@ -219,7 +219,7 @@ def matrix_dtype(stored: torch.dtype, device: torch.device, dtype: torch.dtype, 
     bf16 or fp16 matrix and `quant` keeps what the file holds ("auto", "keep"), else the
     activations' `dtype`. Held at 16 bits, a decode step reads half the bytes, widened exactly
     where it is read (tinyllm.model.linear): measured on the 2-core CPU, the default model's
-    compiled step 1.27x faster and the app 1.42x (docs/BENCHMARKS.md). "none" is the fp32
+    compiled step 1.27x faster and the app 1.42x (docs/BENCHMARKS-LOG.md). "none" is the fp32
     reference."""
     if device.type == "cpu" and dtype == torch.float32 and quant in ("auto", "keep") and stored in HALF:
         return stored

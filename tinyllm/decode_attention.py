@@ -39,7 +39,7 @@ would import Triton and torch's kernel wrapping on the start-up path).
 On a CPU the compiled step's own attention is Inductor's loop on one thread (cuda_graph.compiled
 runs Inductor's kernels single-threaded): about 200 us a layer for SmolLM2 at W = 1,024, where
 the step's products take both threads. The C++ op splits each head's window into chunks of 256
-keys over both threads and skips masked keys (docs/BENCHMARKS.md, eleventh session).
+keys over both threads and skips masked keys (docs/BENCHMARKS-LOG.md, eleventh session).
 """
 
 from __future__ import annotations

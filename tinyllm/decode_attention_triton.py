@@ -38,7 +38,7 @@ layer instead of two.
 
 Why the fused op: RoPE and the two cache writes were four small Inductor kernels a layer
 around the projections (88 of the 1.1B step's 278 kernels, about 110 us of its 860 on the
-H200: docs/BENCHMARKS.md).
+H200: docs/BENCHMARKS-LOG.md).
 
 The ops are `torch.library.custom_op`s that launch both kernels themselves, with PDL where
 tinyllm.pdl allows (each kernel waits on the one before it first thing: every input may be

@@ -19,7 +19,7 @@ Contract:
 Why: a batch-1 step reads every weight once, so its speed is the weights' bytes over the
 bandwidth. Int8 halves bf16's bytes, int4 quarters them, but only where the product reads
 the quantized bytes themselves: dequantizing to bf16 first writes and reads a bf16 copy, and
-Inductor's generated reduction over int8 ran below cuBLAS's bf16 product (docs/BENCHMARKS.md).
+Inductor's generated reduction over int8 ran below cuBLAS's bf16 product (docs/BENCHMARKS-LOG.md).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from torch import Tensor
 _HAS_TRITON = importlib.util.find_spec("triton") is not None and os.environ.get("TINYLLM_QGEMV") != "0"
 MAX_ROWS = 4
 # Where a product takes its RMSNorm and residual add (QuantLinear.fused). Measured on the H200,
-# 1.1B int8, one call (docs/BENCHMARKS.md, tenth session): in the plain step the fold cut the
+# 1.1B int8, one call (docs/BENCHMARKS-LOG.md, tenth session): in the plain step the fold cut the
 # replay from 2,443 to 1,868 us (1,157 kernels to 753); in the compiled step, where Inductor
 # already makes add + RMSNorm one kernel, it cost 16 us (832 against 817). So by default it
 # folds outside a compile only. TINYLLM_QGEMV_FOLD=0: never; =compiled: in the compiled step too.

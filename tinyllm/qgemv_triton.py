@@ -40,7 +40,7 @@ Scales and offsets may be any float dtype (tinyllm.quant holds them exactly, fp1
   loaded before the kernel waits on the one before it (PDL, tinyllm.pdl): weights are the
   only bytes a product reads that no kernel of the step writes. (Asking for all of a
   program's rows at once, a bulk L2 prefetch before the wait, made the 1.1B step slower on
-  the H200, 861 -> 915 us: docs/BENCHMARKS.md.)
+  the H200, 861 -> 915 us: docs/BENCHMARKS-LOG.md.)
 
 The ops are `torch.library.custom_op`s that launch the kernels themselves: a compiled step
 (Inductor) calls them as opaque ops, with no graph break, and CUDA graphs capture the launches.
@@ -73,7 +73,7 @@ class Rule(NamedTuple):
 
 # TINYLLM_QGEMV_BLOCKS="P,B,W,S,R" overrides the rule of every product (tuning on another GPU:
 # scripts/qgemv_sweep.py times each matrix alone, scripts/step_rules.py a rule inside the
-# compiled step). On the H200 (docs/BENCHMARKS.md, eleventh session), the 1.1B int8 step:
+# compiled step). On the H200 (docs/BENCHMARKS-LOG.md, eleventh session), the 1.1B int8 step:
 # 16 programs per SM 815 -> 772 us, at most 8 steps 772 -> 725-729; SmolLM2's int4 step (rows
 # of 288 and 768 bytes) with its short rows whole, two a program: 1,232 -> 1,398 tok/s. The
 # 1.1B's rows of 2 KB read that way ran slower (725 -> 737 us), so only rows up to 1 KB do.

@@ -20,7 +20,7 @@ Contract:
                tensor on the fly, as llama.cpp quantizes activations). Measured on a 2-core AVX2
                CPU for a (3072, 576) matrix, batch 1: fbgemm 96-137 us, fp32 sgemv 180-230 us,
                aten `_weight_int8pack_mm` 1,000-1,700 us. Without fbgemm: `_weight_int8pack_mm`.
-    CPU int4   aten `_weight_int4pack_mm_for_cpu` (exact; slow on AVX2, see docs/BENCHMARKS.md);
+    CPU int4   aten `_weight_int4pack_mm_for_cpu` (exact; slow on AVX2, see docs/BENCHMARKS-LOG.md);
                it needs N a multiple of 16, other matrices take the CUDA formulation.
     CUDA       up to tinyllm.qgemv.MAX_ROWS rows (decode), eager and compiled alike:
                tinyllm.qgemv's Triton kernels, which read the int8 / packed int4 bytes in

@@ -2,7 +2,7 @@
 
 Why: torch.compile's on-disk caches (Inductor's, AOTAutograd's) spare a relaunch the code
 generation, but not Dynamo's trace of the step, which runs again in the session's process and
-holds its GIL. Measured on the 2-core CPU (docs/BENCHMARKS.md, eighth session): a warm relaunch
+holds its GIL. Measured on the 2-core CPU (docs/BENCHMARKS-LOG.md, eighth session): a warm relaunch
 of the app had the compiled step 17 s after launch, and the first reply meanwhile ran at
 9 tok/s; loading a saved step took 3-5 s, most of it importing torch's compiler.
 

@@ -246,7 +246,7 @@ def test_compiled_int8_step_in_bf16_on_cpu():
 
 
 def test_cpu_activations_are_fp32_unless_only_torchs_int4_kernel_is_there(monkeypatch):
-    """build.default_dtype's rule, measured (docs/BENCHMARKS.md, eleventh session): bf16 on CUDA;
+    """build.default_dtype's rule, measured (docs/BENCHMARKS-LOG.md, eleventh session): bf16 on CUDA;
     on a CPU fp32, except bf16 for a model holding int4 matrices where the CPU has native bf16
     and the AVX2 kernel cannot be built. holds_int4 answers for a load: int4 asked for, or int4
     matrices kept."""
