@@ -440,7 +440,7 @@ def run(args: argparse.Namespace) -> Report:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    from tinyllm.build import default_dtype
+    from tinyllm.load_policy import default_dtype
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(args.dtype)
     if dtype is None and not args.model:  # a file's loader picks its own (what it holds decides)

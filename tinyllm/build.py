@@ -1,14 +1,10 @@
 """The layer below every model format: from a config and named tensors to a Transformer.
 
 checkpoint.py, hf.py and gguf.py each read their own files, map names to tinyllm's (the
-separate `attn.wq/wk/wv`, `ffn.w1/w3` names) and hand the tensors down here; none imports
-another format. This module owns what they share:
-- `resolve_device(name)`, `default_dtype(device, int4)`, `holds_int4(quant, tensors)`: bf16
-  on CUDA; on a CPU fp32, or bf16 for a model holding int4 matrices where the CPU computes
-  bf16 natively (AVX512-BF16 or AMX, read from /proc/cpuinfo at run time) and the AVX2 kernel
-  cannot be built.
-- `expected_shapes(cfg)`, `match_tensors(...)`, `check_tensors(...)`: every tensor a config
-  implies, present, with its shape; a quantized matrix may stand for a dense one (see quant.py).
+separate `attn.wq/wk/wv`, `ffn.w1/w3` names), check them (tinyllm.tensor_checks) and hand the
+tensors down here; none imports another format. The device, dtype and quant policy is
+tinyllm.load_policy; the chat template choice is tinyllm.jinja_template's `pick_template`.
+This module owns the assembly:
 - `build_transformer(cfg, state, device, dtype, quant)`: state values are dense tensors or
   `QTensor`s. `quant`: "none" dequantizes everything; "int8" / "int4" quantizes every matrix
   (embeddings and output included) to that form (int4 falls back to int8 for a matrix whose
@@ -16,87 +12,35 @@ another format. This module owns what they share:
   a CPU without the AVX2 kernel (tinyllm.cpu_qgemv) but with fbgemm int4 becomes int8
   (fbgemm's int8 kernel is then the fast one), and on CUDA everything is dense in `dtype`
   (measured on the H200, SmolLM2 Q4_1 in the app: int4 kept 459 tok/s compiled and 8.5 tok/s
-  on the plain step, which dequantizes whole matrices each token; docs/BENCHMARKS-LOG.md). A fused projection
-  (wq/wk/wv, w1/w3) whose parts differ in form is held as int8. A dense matrix keeps the
-  file's bf16 / fp16 on a CPU computing in fp32 under "auto" and "keep" (`matrix_dtype`).
+  on the plain step, which dequantizes whole matrices each token; docs/BENCHMARKS-LOG.md). A
+  fused projection (wq/wk/wv, w1/w3) whose parts differ in form is held as int8. A dense matrix
+  keeps the file's bf16 / fp16 on a CPU computing in fp32 under "auto" and "keep"
+  (`load_policy.matrix_dtype`). It runs `check_finite` first, so every format gets it.
 - `quantize_model(model, quant, group)`: the same, from a dense model in memory.
-- `pick_template(...)`: the chat template, from a name, the model's Jinja source or a guess.
 - `with_progress(items, progress)`: how each loader reports its reading: `progress(done,
   total)` in tensors, (0, total) before the first tensor is read and (total, total) after the
   last, from the loading thread (a UI shows it as a determinate bar).
-- `check_finite(state)`: every weight finite (the scales and zeros of a quantized matrix; its
-  integers cannot be anything else), by one reduction per tensor; build_transformer runs it
-  first, so every format gets it. A NaN or Inf loaded silently before: a model that then
-  printed "⁇ ⁇ ⁇" or empty tokens until the context was full.
-Refuses with one line (ValueError): an unknown quant or device, shapes that do not match, a
-weight that is not finite (naming the tensor).
+Refuses with one line (ValueError): an unknown quant, a weight that is not finite (naming the
+tensor).
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from functools import cache
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import torch
 
 from tinyllm import cpu_qgemv
-from tinyllm.chat_template import ChatTemplate, get_template
-from tinyllm.jinja_template import derive_template, guess_builtin
-from tinyllm.model import HALF, ModelConfig, Transformer
-from tinyllm.quant import GROUPS, QTensor, QuantEmbedding, QuantLinear, cat, fbgemm_available, fits, quantize
+from tinyllm.load_policy import check_quant, matrix_dtype
+from tinyllm.model import ModelConfig, Transformer
+from tinyllm.quant import QTensor, QuantEmbedding, QuantLinear, cat, fbgemm_available, fits, quantize
+from tinyllm.tensor_checks import check_finite
 
-QUANTS = ("auto", "keep", "none", "int8", "int4")
 Progress = Callable[[int, int], None]  # progress(tensors read, tensors in all)
 T = TypeVar("T")
 FUSED = {"attn.wqkv": ("attn.wq", "attn.wk", "attn.wv"), "ffn.w13": ("ffn.w1", "ffn.w3")}
 LINEARS = ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "ffn.w1", "ffn.w3", "ffn.w2")
-
-
-def resolve_device(device: str) -> torch.device:
-    """"auto" | "cpu" | "cuda" -> a device; a ValueError for CUDA where there is none."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available (use --device cpu)")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {device!r}: use auto, cpu or cuda")
-    return torch.device(device)
-
-
-@cache
-def cpu_has_bf16() -> bool:
-    """AVX512-BF16 or AMX-BF16 in /proc/cpuinfo (False where it cannot be read)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def default_dtype(device: torch.device, int4: bool = False) -> torch.dtype:
-    """bf16 on CUDA; fp32 on a CPU, except for a model holding int4 matrices on a CPU that
-    computes bf16 natively but cannot build the AVX2 kernel (tinyllm.cpu_qgemv): torch's int4
-    kernel, its fallback, is fast there in bf16. Measured on a 2-core AVX512-BF16 / AMX CPU
-    (docs/BENCHMARKS-LOG.md, eleventh session), compiled, tok/s fp32 against bf16: SmolLM2's Q4_1 at
-    W = 128 / 1,024 / 2,048 123 / 82 / 74 against 88 / 61 / 50 (the kernel's prefetch and its
-    decode attention); SmolLM2 all int4 109-113 against 104-105; only the 12.6 MB default
-    model's Q4_1 ran faster in bf16 at W = 128 (770 against 597), not past it. (In the tenth
-    session, before those two, bf16 won for int4 models and was the rule.)"""
-    if device.type == "cuda":
-        return torch.bfloat16
-    if int4 and cpu_has_bf16() and not cpu_qgemv.available():
-        return torch.bfloat16
-    return torch.float32
-
-
-def holds_int4(quant: str, tensors: Iterable[torch.Tensor | QTensor]) -> bool:
-    """Whether a model loaded with `quant` from these tensors holds int4 matrices (the
-    question default_dtype asks)."""
-    kept = quant in ("keep", "auto") and any(isinstance(t, QTensor) and t.kind == "int4" for t in tensors)
-    return quant == "int4" or kept
 
 
 def with_progress(items: Sequence[T], progress: Progress | None) -> Iterator[T]:
@@ -107,87 +51,6 @@ def with_progress(items: Sequence[T], progress: Progress | None) -> Iterator[T]:
         yield item
         if progress is not None:
             progress(done, len(items))
-
-
-def check_quant(quant: str, group: int = 32) -> None:
-    if quant not in QUANTS:
-        raise ValueError(f"unknown quantization {quant!r}: use {', '.join(QUANTS)}")
-    if group not in GROUPS:
-        raise ValueError(f"int4 group size {group} is not supported: use {' or '.join(map(str, GROUPS))}")
-
-
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every dense tensor a config implies (separate q/k/v, gate/up names); no lm_head when tied."""
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    if cfg.tie_embeddings:
-        del shapes["lm_head.weight"]
-    return shapes
-
-
-def quant_shapes(name: str, shape: tuple[int, ...], dtype: str) -> dict[str, tuple[int, ...]] | None:
-    """The tensors a quantized `<name>.weight` of `shape` is stored as, for the dtype of its
-    qweight ("I8" int8, "U8" int4), or None for another dtype. int4 group sizes: any listed."""
-    base = name.removesuffix(".weight")
-    n, k = shape
-    if dtype == "I8":
-        return {f"{base}.qweight": (n, k), f"{base}.scales": (n,)}
-    if dtype == "U8":
-        return {f"{base}.qweight": (n, k // 2)}  # scales/zeros: (n, k // g), checked by match_tensors
-    return None
-
-
-def match_tensors(want: dict[str, tuple[int, ...]], found: dict[str, tuple[tuple[int, ...], str]]
-                  ) -> tuple[list[str], list[str], list[str]]:
-    """(missing, unexpected, mis-shaped) names of `found` {name: (shape, safetensors dtype)}
-    against the dense `want`; a matrix may be stored quantized (qweight, scales[, zeros])."""
-    missing, wrong, used = [], [], set()
-    for name, shape in want.items():
-        base = name.removesuffix(".weight")
-        if name in found:
-            used.add(name)
-            if found[name][0] != shape:
-                wrong.append(f"{name}: file {found[name][0]} vs config {shape}")
-            continue
-        q = found.get(f"{base}.qweight")
-        if q is None or len(shape) != 2:
-            missing.append(name)
-            continue
-        parts = quant_shapes(name, shape, q[1]) or {}
-        if q[1] == "U8":
-            m = found.get(f"{base}.scales", ((0, 0),))[0][-1]  # K / g groups per row
-            g = shape[1] // m if m and shape[1] % m == 0 else 0
-            cols = shape[1] // g if g in GROUPS else "K/32 or K/64"
-            parts.update({f"{base}.scales": (shape[0], cols), f"{base}.zeros": (shape[0], cols)})
-        for k, s in parts.items():
-            used.add(k)
-            if k not in found:
-                missing.append(k)
-            elif found[k][0] != s:
-                wrong.append(f"{k}: file {found[k][0]} vs config {s}")
-        if not parts:
-            wrong.append(f"{base}.qweight: dtype {q[1]} (int8 is I8, int4 is U8)")
-    return sorted(missing), sorted(set(found) - used), wrong
-
-
-def check_tensors(lead: str, missing: list[str], unexpected: list[str], wrong: list[str]) -> None:
-    """One line naming the first few missing / unexpected / mis-shaped tensors, if any."""
-    for what, items in (("missing tensors", missing), ("unexpected tensors", unexpected),
-                        ("shape mismatch", wrong)):
-        if items:
-            more = f" (and {len(items) - 3} more)" if len(items) > 3 else ""
-            raise ValueError(f"{lead}: {what} {', '.join(items[:3])}{more}")
-
-
-def check_vocab(where: object, tokenizer_size: int, model_size: int) -> None:
-    """A tokenizer larger than the model encodes ids the model has no embedding for (the
-    prompt would fail): refused. A smaller one is a model whose embeddings are padded past
-    the tokenizer (common in fine-tunes); it loads, and ChatSession never samples the padded
-    ids (StepSampler's `n_valid`), so a reply cannot hold an id the tokenizer cannot decode."""
-    if tokenizer_size > model_size:
-        raise ValueError(f"{where}: the tokenizer has {tokenizer_size} tokens but the model only "
-                         f"{model_size} embeddings; use the tokenizer the model was trained with")
 
 
 # ---- building -------------------------------------------------------------------------------
@@ -212,18 +75,6 @@ def _fuse(parts: list[torch.Tensor | QTensor]) -> torch.Tensor | QTensor:
     if all(isinstance(p, QTensor) for p in parts) and len({(p.kind, p.group) for p in parts}) == 1:
         return cat(parts)
     return cat([_target(p, "int8", 32) for p in parts])
-
-
-def matrix_dtype(stored: torch.dtype, device: torch.device, dtype: torch.dtype, quant: str) -> torch.dtype:
-    """The dtype a dense matrix is held in: as stored where a CPU computes in fp32 from a file's
-    bf16 or fp16 matrix and `quant` keeps what the file holds ("auto", "keep"), else the
-    activations' `dtype`. Held at 16 bits, a decode step reads half the bytes, widened exactly
-    where it is read (tinyllm.model.linear): measured on the 2-core CPU, the default model's
-    compiled step 1.27x faster and the app 1.42x (docs/BENCHMARKS-LOG.md). "none" is the fp32
-    reference."""
-    if device.type == "cpu" and dtype == torch.float32 and quant in ("auto", "keep") and stored in HALF:
-        return stored
-    return dtype
 
 
 def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor], device: torch.device,
@@ -296,23 +147,6 @@ def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor]
     return model.eval()
 
 
-def check_finite(state: dict[str, torch.Tensor | QTensor]) -> None:
-    """ValueError naming the first tensor that holds a NaN or an infinity. The reduction is
-    aminmax (NaN propagates through min and max, an infinity is the min or the max): measured
-    on the 2-core CPU over the default model's 56 bf16 tensors (21 M values), 9 ms, against 148
-    ms for isfinite(x).all() (a bool tensor the size of each weight) and 25 ms for an fp32 sum."""
-    for name, t in state.items():
-        parts = {".scales": t.scales, ".zeros": t.zeros} if isinstance(t, QTensor) else {"": t}
-        for suffix, x in parts.items():
-            if x is None or not x.is_floating_point() or not x.numel():
-                continue
-            lo, hi = torch.aminmax(x)
-            if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
-                where = f"{name.removesuffix('.weight')}{suffix}" if suffix else name
-                raise ValueError(f"the weights are damaged: {where} holds NaN or infinite values; "
-                                 "download or convert the model again")
-
-
 def quantize_model(model: Transformer, quant: str, group: int = 32, forms: dict[str, str] | None = None,
                    half: bool = False) -> Transformer:
     """A dense model rebuilt with its matrices in `quant`'s form (`forms`' where a prefix names
@@ -328,21 +162,3 @@ def _rows(cfg: ModelConfig, part: str) -> int:
     return {"attn.wq": cfg.n_heads * cfg.head_dim, "attn.wk": kv, "attn.wv": kv}.get(part, cfg.ffn_dim)
 
 
-# ---- chat templates -------------------------------------------------------------------------
-
-def pick_template(source: str | None, tokenizer, add_bos: bool, template: str | None,
-                  name: str) -> ChatTemplate:
-    """`template` by name; else the model's own Jinja template when it splits per message;
-    else a built-in guessed from the template source or model name; else chatml."""
-    if template:
-        return get_template(template)
-    bos = tokenizer.id_to_piece(tokenizer.bos_id) if tokenizer.bos_id is not None else None
-    eos = tokenizer.id_to_piece(tokenizer.eos_id) if tokenizer.eos_id is not None else None
-    if source:
-        try:
-            return derive_template(source, bos, eos, add_bos, lambda p: tokenizer.piece_to_id(p) is not None)
-        except ValueError as e:
-            guess = guess_builtin(source) or "chatml"
-            warnings.warn(f"{name}: using the built-in {guess!r} chat template: {e}", stacklevel=2)
-            return get_template(guess)
-    return get_template(guess_builtin(name) or "chatml")

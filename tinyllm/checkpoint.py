@@ -32,21 +32,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from tinyllm.build import (
-    Progress,
-    build_transformer,
-    check_quant,
-    check_vocab,
-    default_dtype,
-    expected_shapes,
-    holds_int4,
-    match_tensors,
-    resolve_device,
-    with_progress,
-)
+from tinyllm.build import Progress, build_transformer, with_progress
+from tinyllm.load_policy import check_quant, default_dtype, holds_int4, resolve_device
 from tinyllm.model import ModelConfig, Transformer
 from tinyllm.model_files import INDEX, WEIGHTS, read_safetensors_header, weight_files
 from tinyllm.quant import QTensor, held_exactly
+from tinyllm.tensor_checks import check_vocab, expected_shapes, match_tensors
 from tinyllm.tokenizer import Tokenizer
 
 __all__ = ["Checkpoint", "CheckpointInfo", "default_dtype", "inspect_checkpoint", "load_checkpoint",

@@ -45,7 +45,7 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "auto", name: str | N
         raise ValueError("SRC and DST are the same path")
     if dst.exists() and any(dst.iterdir()) and not force:
         raise ValueError(f"{dst} exists and is not empty; pick another DST or pass --force")
-    from tinyllm.build import check_quant
+    from tinyllm.load_policy import check_quant
 
     check_quant(quant, group)
     if quant == "auto":

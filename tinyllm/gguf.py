@@ -39,22 +39,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tinyllm.build import (
-    Progress,
-    build_transformer,
-    check_quant,
-    check_tensors,
-    check_vocab,
-    default_dtype,
-    expected_shapes,
-    holds_int4,
-    pick_template,
-    with_progress,
-)
+from tinyllm.build import Progress, build_transformer, with_progress
 from tinyllm.gguf_quants import GGML_TYPES, dequantize, supported_types, to_qtensor
+from tinyllm.jinja_template import pick_template
+from tinyllm.load_policy import check_quant, default_dtype, holds_int4
 from tinyllm.model import ModelConfig
 from tinyllm.quant import QTensor
 from tinyllm.sp_proto import sentencepiece_proto
+from tinyllm.tensor_checks import check_tensors, check_vocab, expected_shapes
 from tinyllm.tokenizer import Tokenizer
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",

@@ -39,21 +39,14 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from tinyllm.build import (
-    Progress,
-    build_transformer,
-    check_quant,
-    check_tensors,
-    check_vocab,
-    default_dtype,
-    expected_shapes,
-    pick_template,
-    with_progress,
-)
+from tinyllm.build import Progress, build_transformer, with_progress
 from tinyllm.chat_template import ChatTemplate
+from tinyllm.jinja_template import pick_template
+from tinyllm.load_policy import check_quant, default_dtype
 from tinyllm.model import ModelConfig, Transformer
 from tinyllm.model_files import read_safetensors_header, weight_files
 from tinyllm.sp_proto import sentencepiece_piece
+from tinyllm.tensor_checks import check_tensors, check_vocab, expected_shapes
 from tinyllm.tokenizer import Tokenizer
 
 __all__ = ["hf_config", "inspect_hf", "load_hf"]

@@ -36,12 +36,13 @@ import json
 import re
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import datetime
 
-from tinyllm.chat_template import TEMPLATES, ChatTemplate
+from tinyllm.chat_template import TEMPLATES, ChatTemplate, get_template
 
 __all__ = ["JinjaChatTemplate", "derive_template", "guess_builtin", "template_from_dict"]
 
@@ -287,3 +288,21 @@ def _check(t: JinjaChatTemplate, render, lead: str, bos_text: str, with_system: 
                 got += t.assistant_prefix + lead + content + t.assistant_suffix
         if got != want:
             raise ValueError(f"the chat template does not split per message: {want!r} vs {got!r}")
+
+
+def pick_template(source: str | None, tokenizer, add_bos: bool, template: str | None,
+                  name: str) -> ChatTemplate:
+    """`template` by name; else the model's own Jinja template when it splits per message;
+    else a built-in guessed from the template source or model name; else chatml."""
+    if template:
+        return get_template(template)
+    bos = tokenizer.id_to_piece(tokenizer.bos_id) if tokenizer.bos_id is not None else None
+    eos = tokenizer.id_to_piece(tokenizer.eos_id) if tokenizer.eos_id is not None else None
+    if source:
+        try:
+            return derive_template(source, bos, eos, add_bos, lambda p: tokenizer.piece_to_id(p) is not None)
+        except ValueError as e:
+            guess = guess_builtin(source) or "chatml"
+            warnings.warn(f"{name}: using the built-in {guess!r} chat template: {e}", stacklevel=2)
+            return get_template(guess)
+    return get_template(guess_builtin(name) or "chatml")

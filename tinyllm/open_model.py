@@ -75,7 +75,7 @@ def inspect_any(path: str | Path, template: str | None = None) -> str:
 def open_any(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
              template: str | None = None, quant: str = "none", group: int = 32,
              progress: Progress | None = None) -> LoadedModel:
-    from tinyllm.build import check_quant
+    from tinyllm.load_policy import check_quant
 
     check_quant(quant, group)
     kind, path = classify(path)

@@ -236,7 +236,7 @@ def test_int8_bf16_rows_on_cpu_match_the_dequantized_product(k):
 @torch.no_grad()
 def test_compiled_int8_step_in_bf16_on_cpu():
     """A quantized model in bf16 on a CPU (a CPU with AVX512-BF16 picks bf16 for int4 models:
-    build.default_dtype; --dtype bf16 asks for it): the compiled int8 step failed in Inductor
+    load_policy.default_dtype; --dtype bf16 asks for it): the compiled int8 step failed in Inductor
     (AssertionError: Pointwise) while the scales were converted inside the graph. The compiled
     step must compile, and agree with the eager one."""
     model = quantize_model(tiny_model(ffn_dim=192).to(torch.bfloat16), "int8")
@@ -246,24 +246,25 @@ def test_compiled_int8_step_in_bf16_on_cpu():
 
 
 def test_cpu_activations_are_fp32_unless_only_torchs_int4_kernel_is_there(monkeypatch):
-    """build.default_dtype's rule, measured (docs/BENCHMARKS-LOG.md, eleventh session): bf16 on CUDA;
+    """load_policy.default_dtype's rule, measured (docs/BENCHMARKS-LOG.md, eleventh session): bf16 on CUDA;
     on a CPU fp32, except bf16 for a model holding int4 matrices where the CPU has native bf16
     and the AVX2 kernel cannot be built. holds_int4 answers for a load: int4 asked for, or int4
     matrices kept."""
-    from tinyllm import build, cpu_qgemv
+    from tinyllm import cpu_qgemv, load_policy
 
     cpu = torch.device("cpu")
     int4, int8 = quantize(torch.randn(8, 64), "int4", 32), quantize(torch.randn(8, 64), "int8")
-    assert build.holds_int4("int4", []) and build.holds_int4("keep", [int8, int4]) and build.holds_int4("auto", [int4])
-    assert not build.holds_int4("keep", [int8, torch.zeros(2)]) and not build.holds_int4("int8", [int4])
-    assert not build.holds_int4("none", [int4])
+    holds_int4 = load_policy.holds_int4
+    assert holds_int4("int4", []) and holds_int4("keep", [int8, int4]) and holds_int4("auto", [int4])
+    assert not holds_int4("keep", [int8, torch.zeros(2)]) and not holds_int4("int8", [int4])
+    assert not holds_int4("none", [int4])
     for native in (True, False):
         for kernel in (True, False):
-            monkeypatch.setattr(build, "cpu_has_bf16", lambda native=native: native)
+            monkeypatch.setattr(load_policy, "cpu_has_bf16", lambda native=native: native)
             monkeypatch.setattr(cpu_qgemv, "available", lambda kernel=kernel: kernel)
             want = torch.bfloat16 if native and not kernel else torch.float32
-            assert build.default_dtype(cpu, int4=True) == want, (native, kernel)
-            assert build.default_dtype(cpu, int4=False) == torch.float32
+            assert load_policy.default_dtype(cpu, int4=True) == want, (native, kernel)
+            assert load_policy.default_dtype(cpu, int4=False) == torch.float32
 
 def test_forms_and_half_scales_shape_a_mixed_checkpoint(tmp_path):
     """convert --quant int4 --form tok_emb=int8 --form blocks.1.=int8 --half-scales: the int4
