@@ -124,7 +124,11 @@ class ModelSwitching:
             self.say("A reply is still running: wait for it, or press Esc, then /model again.", "warning")
             return
         try:
-            name = arg if hub.is_hub(arg) and hub.parse(arg) else precheck(arg)
+            if hub.is_hub(arg):
+                hub.parse(arg)  # a malformed spec is refused here, before anything starts
+                name = arg
+            else:
+                name = precheck(arg)
         except (FileNotFoundError, ValueError) as e:
             self.say(str(e), "error")
             return
