@@ -147,6 +147,7 @@ class SlotKVCache:
         self.active = [False] * n_slots
         self._lens_dev = torch.zeros(n_slots, dtype=torch.long, device=self.device)
         self._active_dev = torch.zeros(n_slots, dtype=torch.long, device=self.device)
+        self._slot_ids = torch.arange(n_slots, device=self.device)  # the decode write's row index
         self.prefill_slots: list[int] | None = None
         self.prefill_lens: list[int] = []
         self.attn_kwargs: dict = {}
@@ -250,11 +251,13 @@ class _SlotDecode:
 
     def update(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         c, W = self.cache, self.window
-        B, H, _, D = k.shape  # (S, Hkv, 1, D)
         c.ensure(i, k)  # a capture before any admission decodes first
-        idx = c._lens_dev.clamp(max=c.max_len - 1)[:, None, None, None].expand(B, H, 1, D)
-        c.k[i].scatter_(2, idx, k)  # each slot writes at its own length
-        c.v[i].scatter_(2, idx, v)
+        # Each slot writes at its own length, as an index_put_ (k (S, Hkv, 1, D) -> (S, Hkv, D) at
+        # [slot, :, len]): Inductor keeps it in place. A scatter_ there became a functional
+        # scatter of the whole cache and a copy back into it, every layer, every step (issue 35).
+        pos = c._lens_dev.clamp(max=c.max_len - 1)  # (S,)
+        c.k[i][c._slot_ids, :, pos] = k[:, :, 0]
+        c.v[i][c._slot_ids, :, pos] = v[:, :, 0]
         return c.k[i][:, :, :W], c.v[i][:, :, :W]  # (S, Hkv, W, D)
 
     def end_step(self, T: int) -> None:

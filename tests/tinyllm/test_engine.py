@@ -208,3 +208,34 @@ def test_admission_prefills_groups_within_the_token_budget(model, monkeypatch):
     assert sorted(n for g in groups for n in g) == sorted(lens)
     for rid, (ids_, params, _) in zip(ids, reqs, strict=True):
         assert engine.result(rid) == reference(model, ids_, params), rid
+
+
+def test_the_compiled_slot_write_is_in_place():
+    """The slot decode step's cache write under Inductor (issue 35, cause 1): each slot's K/V go
+    straight into the cache. A scatter_ there compiled to a functional scatter of the whole
+    cache into a cache-sized buffer and a copy back, every layer, every step (seen in this
+    test's generated code before the fix: `empty_strided_cpu((8, 2, 65, 16)...)` and a
+    `copy_`-named kernel writing the cache input)."""
+    from torch._inductor.utils import run_and_get_code
+
+    from tinyllm.kv_cache import SlotKVCache
+
+    S, H, D, W = 8, 2, 16, 32
+    cache = SlotKVCache(n_layers=1, n_slots=S, max_len=64)
+    cache.ensure(0, torch.zeros(S, H, 1, D))
+    cache._lens_dev.copy_(torch.tensor([0, 3, 9, 31, 5, 0, 17, 30]))
+    k, v = torch.randn(S, H, 1, D), torch.randn(S, H, 1, D)
+
+    def step(k, v):
+        kk, vv = cache.decode(W).update(0, k, v)  # (S, H, W, D) each
+        return (kk * 2).sum() + vv.sum()
+
+    want_k, want_v = cache.k[0].clone(), cache.v[0].clone()
+    pos = cache._lens_dev
+    want_k[torch.arange(S), :, pos], want_v[torch.arange(S), :, pos] = k[:, :, 0], v[:, :, 0]
+    torch._dynamo.reset()
+    _, codes = run_and_get_code(torch.compile(step, fullgraph=True), k, v)
+    code = "\n".join(codes)
+    assert torch.equal(cache.k[0], want_k) and torch.equal(cache.v[0], want_v)
+    cache_shape = f"({S}, {H}, {cache.rows}, {D})"
+    assert f"empty_strided_cpu({cache_shape}" not in code and "copy_" not in code, code
