@@ -63,9 +63,14 @@ try:
 except ImportError:  # Windows: no AVX2 build is tried there anyway (no c++ on PATH as a rule)
     fcntl = None  # type: ignore[assignment]
 
-SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")
-# Built into the same library: the whole decode step (tinyllm.cpu_step) and the header between them.
-STEP_SOURCE, HEADER = SOURCE.with_name("cpu_step.cpp"), SOURCE.with_name("cpu_kernels.h")
+SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")  # the ops' torch side: checks, results, registration
+# Built into the same library: the whole decode step (tinyllm.cpu_step), and the kernels, files
+# with no torch header (each compiles in about a second; a torch header costs several per file).
+STEP_SOURCE = SOURCE.with_name("cpu_step.cpp")
+KERNELS = [SOURCE.with_name(f"cpu_{name}.cpp")
+           for name in ("quantize", "tiles", "vnni", "products", "pool", "ffn", "half", "dequant", "attention")]
+SOURCES = [SOURCE, STEP_SOURCE, *KERNELS]
+HEADERS = [SOURCE.with_name(name) for name in ("cpu_kernels.h", "cpu_simd.h", "cpu_matrix.h")]
 # From this many rows of x up (prefill), dequantize once and use the fp32 GEMM: the kernel costs
 # about one decode product per row, measured on the 2-core AVX2 CPU for (3072, 576), 1 thread:
 # M=16 kernel 2.8 ms vs fp32 GEMM 2.5 ms; M=128 27 ms vs 7.8 ms.
@@ -125,7 +130,7 @@ def available() -> bool:
 
 def build_folder() -> Path:
     """Where this source, these flags and this torch version build: one folder per combination."""
-    src = b"".join(p.read_bytes() for p in (SOURCE, STEP_SOURCE, HEADER))
+    src = b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in (*SOURCES, *HEADERS))
     tag = hashlib.sha256(src + torch.__version__.encode() + " ".join(CFLAGS).encode()).hexdigest()[:16]
     return cache_dir() / f"cpu_qgemv-{tag}"
 
@@ -148,7 +153,7 @@ def _build() -> None:
     folder = build_folder()
     folder.mkdir(parents=True, exist_ok=True)
     with _build_lock(folder):
-        cpp_extension.load("tinyllm_cpu_qgemv", [str(SOURCE), str(STEP_SOURCE)], extra_cflags=CFLAGS,
+        cpp_extension.load("tinyllm_cpu_qgemv", [str(p) for p in SOURCES], extra_cflags=CFLAGS,
                            extra_ldflags=["-fopenmp"], build_directory=str(folder),
                            is_python_module=False, verbose=False)
 
