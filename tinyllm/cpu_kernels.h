@@ -6,23 +6,20 @@
 //       make_qw checks the tensors and fills it): int8 q (N, K) with fp32 scales (N,), or int4
 //       q uint8 (N, K/2) with scales and zeros (N, ng) fp32 or fp16 (half), groups of bpg
 //       blocks of QK = 32.
-//   XQ / XBuf: rows of x quantized to int8 blocks of 32 (quantize_rows, cpu_quantize.cpp).
+//   XQ: rows of x quantized to int8 blocks of 32 (quantize_rows, cpu_quantize.cpp).
 //   product_rows (cpu_products.cpp): rows [n0, n1) of W against every row of a quantized x, the
 //       products' one entry: VNNI rows (cpu_vnni.cpp), AVX2 tiles (cpu_tiles.cpp) or exact x.
-//   qmm_rows, ffn_rows (cpu_products.cpp, cpu_ffn.cpp): y = x W^T, and the fused SwiGLU FFN.
+//   qmm_rows, ffn_rows (cpu_qmm.cpp): y = x W^T, and the fused SwiGLU FFN.
 //   half_rows (cpu_half.cpp): y = x W^T for fp32, bf16 or fp16 W, fp32 sums.
 //   dequantize_rows (cpu_dequant.cpp): rows of the fp32 W.
 //   attend_units (cpu_attention.cpp): decode attention over AttnArgs.
 //   run_chunks (cpu_pool.cpp): body(i) for i in [0, n) on the pool's threads.
-// One caller at a time gets the shared scratch (g_x, g_h); a concurrent one allocates its own.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <mutex>
-#include <vector>
 
 namespace tinyllm_cpu {
 
@@ -61,19 +58,6 @@ struct XQ {
   int64_t nb;
 };
 
-// A per-thread buffer for quantized activations (each thread of the pool keeps its own).
-struct XBuf {
-  std::vector<int8_t> q;
-  std::vector<float> d, s;
-  XQ take(const float* x, int64_t ldx, int64_t M, int64_t nb) {
-    if (static_cast<int64_t>(q.size()) < M * nb * QK) q.resize(M * nb * QK);
-    if (static_cast<int64_t>(d.size()) < M * nb) d.resize(M * nb), s.resize(M * nb);
-    return XQ{x, ldx, q.data(), d.data(), s.data(), nb};
-  }
-};
-
-extern XBuf g_x, g_h;  // the quantized x and hidden rows of the running product (one caller at a time)
-extern std::mutex g_mu;
 
 // Quantize blocks [b0, b1) of every row of x into xq (interleave: the order an int4 block unpacks).
 void quantize_rows(const XQ& xq, int64_t M, int64_t b0, int64_t b1, bool interleave);

@@ -9,7 +9,6 @@
 // go back to waiting, so nobody waits for a thread that has not started, where an OpenMP region
 // (or llama.cpp's barrier after every op) waits for all of its threads. The pool is made again
 // after a fork (its threads do not survive one).
-#include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
 
@@ -49,7 +48,7 @@ class Pool {
       cv_.notify_all();
     }
     work(gen);
-    while (done_.load(std::memory_order_acquire) < n) _mm_pause();  // chunks still running elsewhere
+    while (done_.load(std::memory_order_acquire) < n) __builtin_ia32_pause();  // chunks still running elsewhere
     next_.store(gen << 32 | CLOSED, std::memory_order_seq_cst);  // no claim on this job from now on
   }
 
@@ -89,7 +88,7 @@ class Pool {
       uint64_t gen = next_.load(std::memory_order_acquire) >> 32;
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; gen == seen; ++i) {
-        _mm_pause();
+        __builtin_ia32_pause();
         gen = next_.load(std::memory_order_acquire) >> 32;
         if ((i & 255) != 255) continue;
         const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

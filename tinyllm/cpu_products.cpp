@@ -1,13 +1,11 @@
-// The quantized products' entry points: which path a product's rows take, and y = x W^T for a
-// few rows of x (cpu_kernels.h).
+// Which path the rows of a quantized product take, and the exact-x path (cpu_kernels.h).
 //
 // Contract:
-//   product_rows(w, x, M, n0, n1, y, ldy, yc0): rows [n0, n1) of W against the M quantized rows
-//       of x: int8 W with use_exact_x on takes x as it is (fp32 sums of the widened weights);
-//       else one row of x goes through the VNNI rows where use_vnni is on (cpu_vnni.cpp), and
-//       everything else through the AVX2 tiles (cpu_tiles.cpp).
-//   qmm_rows(w, x, M, y): y (M, N) = x (M, K) W^T: x quantized once (into g_x where no other
-//       caller holds it), then chunks of rows on the pool.
+//   product_rows(w, x, M, n0, n1, y, ldy, yc0): rows [n0, n1) of W against the M rows of x: int8
+//       W with use_exact_x on takes x as it is (x.x: fp32 sums of the widened weights, AVX512
+//       where use_vnni is on, else AVX2); else one row of x goes through the VNNI rows where
+//       use_vnni is on (cpu_vnni.cpp), and everything else through the AVX2 tiles (cpu_tiles.cpp)
+//       on x quantized to int8 blocks.
 //   use_exact_x(on) -> bool: the exact-x switch (off unless TINYLLM_CPU_EXACT_X=1).
 #include <immintrin.h>
 
@@ -15,15 +13,11 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <mutex>
 
 #include "cpu_kernels.h"
 #include "cpu_simd.h"
 
 namespace tinyllm_cpu {
-
-XBuf g_x, g_h;  // the quantized x and hidden rows of the running product (one caller at a time)
-std::mutex g_mu;
 
 namespace {
 
@@ -99,20 +93,6 @@ void product_rows(const QW& w, const XQ& x, int64_t M, int64_t n0, int64_t n1, f
   // hardware's prefetcher alone left a cold matrix's product at half the memory's speed.
   if (M == 1 && g_vnni.load(std::memory_order_relaxed) && vnni_rows(w, x, n0, n1, y, yc0, prefetch_ahead(w))) return;
   tile_rows(w, x, M, n0, n1, y, ldy, yc0);
-}
-
-// y (M, N) = x (M, K) times W's transpose, x and y contiguous.
-void qmm_rows(const QW& w, const float* xp, int64_t M, float* yp) {
-  const int64_t N = w.N;
-  XBuf local;
-  std::unique_lock<std::mutex> lock(g_mu, std::try_to_lock);  // another caller: buffers of its own
-  XBuf& buf = lock.owns_lock() ? g_x : local;
-  const XQ xq = buf.take(xp, w.K, M, w.nb);
-  quantize_rows(xq, M, 0, w.nb, w.int4);
-  const int64_t rows = chunk_rows(w.nb, M);
-  run_chunks((N + rows - 1) / rows, M * N * std::max<int64_t>(w.nb, 1), [&](int64_t i) {
-    product_rows(w, xq, M, i * rows, std::min(N, (i + 1) * rows), yp, N, 0);
-  });
 }
 
 }  // namespace tinyllm_cpu

@@ -68,8 +68,10 @@ SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")  # the ops' torch side: check
 # with no torch header (each compiles in about a second; a torch header costs several per file).
 STEP_SOURCE = SOURCE.with_name("cpu_step.cpp")
 KERNELS = [SOURCE.with_name(f"cpu_{name}.cpp")
-           for name in ("quantize", "tiles", "vnni", "products", "pool", "ffn", "half", "dequant", "attention")]
-SOURCES = [SOURCE, STEP_SOURCE, *KERNELS]
+           for name in ("tiles", "attention", "qmm", "vnni", "half", "quantize", "products", "pool", "dequant")]
+# Longest compile first (ninja starts them in this order, as many at once as cores + 2): on 2
+# cores cpu_step.cpp is the build's critical path (about 13 s of CPU), the rest fills the other.
+SOURCES = [STEP_SOURCE, SOURCE, *KERNELS]
 HEADERS = [SOURCE.with_name(name) for name in ("cpu_kernels.h", "cpu_simd.h", "cpu_matrix.h")]
 # From this many rows of x up (prefill), dequantize once and use the fp32 GEMM: the kernel costs
 # about one decode product per row, measured on the 2-core AVX2 CPU for (3072, 576), 1 thread:

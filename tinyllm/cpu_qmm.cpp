@@ -1,23 +1,59 @@
-// The fused SwiGLU feed-forward of two quantized matrices, w2(silu(gate) * up) for a few rows of
-// x, as one pass over the pool (cpu_kernels.h: ffn_rows, silu_mul).
+// Quantized products of a few rows of x: one matrix (qmm_rows), and the fused SwiGLU
+// feed-forward of two (ffn_rows), each x quantized once, then chunks on the pool (cpu_kernels.h).
 //
-// Contract: ffn_rows(w13, w2, x, M, y, h, gu): y (M, D) = w2(silu(gate) * up), gate and up the
-// first and second halves of x @ w13.T (each matrix int8 or int4); h (M, F) and gu (2, M, F)
-// scratch. x is quantized once; then chunks of 32 hidden units compute their gate and up rows,
-// silu(gate) * up and their block of the quantized hidden row (a partial last block stays fp32,
-// the int8 tail); then chunks of w2's rows. The SiLU's exp is exp256 (about 1 ulp of torch's).
-// silu_mul(g, u, h, n): h = silu(g) * u = g / (1 + exp(-g)) * u.
+// Contract:
+//   qmm_rows(w, x, M, y): y (M, N) = x (M, K) W^T, chunks of rows of W.
+//   ffn_rows(w13, w2, x, M, y, h, gu): y (M, D) = w2(silu(gate) * up), gate and up the first and
+//       second halves of x @ w13.T (each matrix int8 or int4); h (M, F) and gu (2, M, F)
+//       scratch. Chunks of 32 hidden units compute their gate and up rows, silu(gate) * up and
+//       their block of the quantized hidden row (a partial last block stays fp32: the int8
+//       tail); then chunks of w2's rows. The SiLU's exp is exp256 (about 1 ulp of torch's).
+//   silu_mul(g, u, h, n): h = silu(g) * u = g / (1 + exp(-g)) * u.
+// The quantized rows go into this file's buffers (g_x, g_h) for one caller at a time; a
+// concurrent caller allocates its own.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <vector>
 
 #include "cpu_kernels.h"
 #include "cpu_simd.h"
 
 namespace tinyllm_cpu {
+namespace {
+
+// A buffer for quantized activations.
+struct XBuf {
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+  XQ take(const float* x, int64_t ldx, int64_t M, int64_t nb) {
+    if (static_cast<int64_t>(q.size()) < M * nb * QK) q.resize(M * nb * QK);
+    if (static_cast<int64_t>(d.size()) < M * nb) d.resize(M * nb), s.resize(M * nb);
+    return XQ{x, ldx, q.data(), d.data(), s.data(), nb};
+  }
+};
+
+XBuf g_x, g_h;  // the quantized x and hidden rows of the running product (one caller at a time)
+std::mutex g_mu;
+
+}  // namespace
+
+// y (M, N) = x (M, K) times W's transpose, x and y contiguous.
+void qmm_rows(const QW& w, const float* xp, int64_t M, float* yp) {
+  const int64_t N = w.N;
+  XBuf local;
+  std::unique_lock<std::mutex> lock(g_mu, std::try_to_lock);  // another caller: buffers of its own
+  XBuf& buf = lock.owns_lock() ? g_x : local;
+  const XQ xq = buf.take(xp, w.K, M, w.nb);
+  quantize_rows(xq, M, 0, w.nb, w.int4);
+  const int64_t rows = chunk_rows(w.nb, M);
+  run_chunks((N + rows - 1) / rows, M * N * std::max<int64_t>(w.nb, 1), [&](int64_t i) {
+    product_rows(w, xq, M, i * rows, std::min(N, (i + 1) * rows), yp, N, 0);
+  });
+}
 
 // h[j] = silu(g[j]) * u[j] = g / (1 + exp(-g)) * u, for n elements.
 void silu_mul(const float* g, const float* u, float* h, int64_t n) {
