@@ -1,10 +1,13 @@
-"""The AVX2 CPU kernel for quantized weights and decode attention (cpu_qgemv.cpp), built at first use.
+"""The AVX2 CPU kernel for quantized weights and decode attention, built at first use: the ops'
+torch side cpu_qgemv.cpp over kernel files that include no torch header (cpu_kernels.h names
+them: cpu_quantize, cpu_tiles, cpu_vnni, cpu_products, cpu_qmm, cpu_pool, cpu_half, cpu_dequant,
+cpu_attention .cpp), with the native decode step cpu_step.cpp in the same library.
 
 Contract:
-- `available() -> bool`: whether the ops below can run here. The first call builds the C++
-  source with the system compiler (torch.utils.cpp_extension, ninja; about 20 s on a 2-core
-  machine) into `cache_dir()`, or loads the build already there; a changed source or torch
-  version builds into a new folder. A build killed midway (Ctrl+C on a first launch) leaves
+- `available() -> bool`: whether the ops below can run here. The first call builds SOURCES
+  with the system compiler (torch.utils.cpp_extension, ninja, a file per job in parallel; about
+  20 s on a 2-core machine) into `cache_dir()`, or loads the build already there; a change to
+  any of SOURCES and HEADERS, or another torch version, builds into a new folder. A build killed midway (Ctrl+C on a first launch) leaves
   nothing that blocks the next one: processes take the folder in turn through an OS lock. False, with ONE warning saying why, where the CPU is not
   x86-64 with AVX2 + FMA, where there is no compiler or the build fails, or where the
   environment says TINYLLM_CPU_KERNEL=0 (then silently: a deliberate choice).
