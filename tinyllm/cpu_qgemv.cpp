@@ -41,10 +41,10 @@
 // This file is the ops' one torch side: it checks the tensors, allocates the results and hands
 // raw pointers to the kernels, which include no torch header (cpu_kernels.h: activation
 // quantization cpu_quantize.cpp, the AVX2 tiles cpu_tiles.cpp, the VNNI rows cpu_vnni.cpp, the
-// path a product takes cpu_products.cpp, the thread pool cpu_pool.cpp, the fused FFN cpu_ffn.cpp,
-// 16-bit matrices cpu_half.cpp, dequantization cpu_dequant.cpp, decode attention
-// cpu_attention.cpp); it also defines cpu_matrix.h's row kernels for cpu_step.cpp, and
-// registers the ops.
+// path a product takes cpu_products.cpp, the products of a few rows and the fused FFN
+// cpu_qmm.cpp, the thread pool cpu_pool.cpp, 16-bit matrices cpu_half.cpp, dequantization
+// cpu_dequant.cpp, decode attention cpu_attention.cpp); it also defines cpu_matrix.h's row
+// kernels for cpu_step.cpp, and registers the ops.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -153,7 +153,7 @@ at::Tensor mm_half(const at::Tensor& x_, const at::Tensor& w) {
   const int64_t N = w.size(0), K = w.size(1);
   check_x(x_, K);
   const at::Tensor x = x_.contiguous();
-  const int64_t M = x.size(0), nb = (K + QK - 1) / QK;
+  const int64_t M = x.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
