@@ -7,8 +7,9 @@ Contract:
 - `available() -> bool`: whether the ops below can run here. The first call builds SOURCES
   with the system compiler (torch.utils.cpp_extension, ninja, a file per job in parallel; about
   20 s on a 2-core machine) into `cache_dir()`, or loads the build already there; a change to
-  any of SOURCES and HEADERS, or another torch version, builds into a new folder. A build killed midway (Ctrl+C on a first launch) leaves
-  nothing that blocks the next one: processes take the folder in turn through an OS lock. False, with ONE warning saying why, where the CPU is not
+  any of SOURCES and HEADERS, or another torch version, builds into a new folder. A build
+  killed midway (Ctrl+C on a first launch) leaves nothing that blocks the next one: processes
+  take the folder in turn through an OS lock. False, with ONE warning saying why, where the CPU is not
   x86-64 with AVX2 + FMA, where there is no compiler or the build fails, or where the
   environment says TINYLLM_CPU_KERNEL=0 (then silently: a deliberate choice).
 - `qmm_int8(x, qweight, scales)` and `qmm_int4(x, qweight, scales, zeros)`: x fp32 (M, K) times
@@ -123,7 +124,8 @@ def available() -> bool:
         try:
             _build()
         except Exception as e:  # a failed build must not stop a model from loading
-            problem = f"building {SOURCE.name} failed: {str(e).strip().splitlines()[-1] if str(e).strip() else e!r}"
+            last = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+            problem = f"building the C++ kernels (cpu_*.cpp) failed: {last}"
     if problem is not None:
         warnings.warn(f"tinyllm: the AVX2 quantized kernel is off ({problem}); quantized CPU matrices use "
                       "PyTorch's kernels, which are several times slower here", RuntimeWarning, stacklevel=2)
