@@ -1,12 +1,15 @@
-"""The AVX2 CPU kernel for quantized weights and decode attention (cpu_qgemv.cpp), built at first use.
+"""The AVX2 CPU kernel for quantized weights and decode attention, built at first use: the ops'
+torch side cpu_qgemv.cpp over kernel files that include no torch header (cpu_kernels.h names
+them: cpu_quantize, cpu_tiles, cpu_vnni, cpu_products, cpu_qmm, cpu_pool, cpu_half, cpu_dequant,
+cpu_attention .cpp), with the native decode step cpu_step.cpp in the same library.
 
 Contract:
-- `available() -> bool`: whether the ops below can run here. The first call builds the C++
-  source with the system compiler (torch.utils.cpp_extension, ninja; about 20 s on a 2-core
-  machine) into `cache_dir()`, or loads the build already there; a changed source or torch
-  version builds into a new folder. A build killed midway (Ctrl+C on a first launch) leaves
-  nothing that blocks the next one: processes take the folder in turn through an OS lock.
-  False, with ONE warning saying why, where the CPU is not
+- `available() -> bool`: whether the ops below can run here. The first call builds SOURCES
+  with the system compiler (torch.utils.cpp_extension, ninja, a file per job in parallel; about
+  20 s on a 2-core machine) into `cache_dir()`, or loads the build already there; a change to
+  any of SOURCES and HEADERS, or another torch version, builds into a new folder. A build
+  killed midway (Ctrl+C on a first launch) leaves nothing that blocks the next one: processes
+  take the folder in turn through an OS lock. False, with ONE warning saying why, where the CPU is not
   x86-64 with AVX2 + FMA, where there is no compiler or the build fails, or where the
   environment says TINYLLM_CPU_KERNEL=0 (then silently: a deliberate choice).
 - `qmm_int8(x, qweight, scales)` and `qmm_int4(x, qweight, scales, zeros)`: x fp32 (M, K) times
@@ -64,9 +67,17 @@ try:
 except ImportError:  # Windows: no AVX2 build is tried there anyway (no c++ on PATH as a rule)
     fcntl = None  # type: ignore[assignment]
 
-SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")
-# Built into the same library: the whole decode step (tinyllm.cpu_step) and the header between them.
-STEP_SOURCE, HEADER = SOURCE.with_name("cpu_step.cpp"), SOURCE.with_name("cpu_kernels.h")
+SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")  # the ops' torch side: checks, results, registration
+# Built into the same library: the whole decode step (tinyllm.cpu_step), and the kernels, files
+# with no torch header (each compiles in about a second; a torch header costs several per file).
+STEP_SOURCE = SOURCE.with_name("cpu_step.cpp")
+KERNELS = [SOURCE.with_name(f"cpu_{name}.cpp")
+           for name in ("tiles", "attention", "qmm", "vnni", "half", "quantize", "products", "pool", "dequant")]
+# Longest compile first (ninja starts them in this order, cores + 2 at once): the two files with
+# torch's headers (measured on the 2-core CPU: cpu_step.cpp 9-11 s of CPU, cpu_qgemv.cpp 7-9),
+# then the kernels (0.2-3 s each).
+SOURCES = [STEP_SOURCE, SOURCE, *KERNELS]
+HEADERS = [SOURCE.with_name(name) for name in ("cpu_kernels.h", "cpu_simd.h", "cpu_matrix.h")]
 # From this many rows of x up (prefill), dequantize once and use the fp32 GEMM: the kernel costs
 # about one decode product per row, measured on the 2-core AVX2 CPU for (3072, 576), 1 thread:
 # M=16 kernel 2.8 ms vs fp32 GEMM 2.5 ms; M=128 27 ms vs 7.8 ms.
@@ -114,7 +125,8 @@ def available() -> bool:
         try:
             _build()
         except Exception as e:  # a failed build must not stop a model from loading
-            problem = f"building {SOURCE.name} failed: {str(e).strip().splitlines()[-1] if str(e).strip() else e!r}"
+            last = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+            problem = f"building the C++ kernels (cpu_*.cpp) failed: {last}"
     if problem is not None:
         warnings.warn(f"tinyllm: the AVX2 quantized kernel is off ({problem}); quantized CPU matrices use "
                       "PyTorch's kernels, which are several times slower here", RuntimeWarning, stacklevel=2)
@@ -126,7 +138,7 @@ def available() -> bool:
 
 def build_folder() -> Path:
     """Where this source, these flags and this torch version build: one folder per combination."""
-    src = b"".join(p.read_bytes() for p in (SOURCE, STEP_SOURCE, HEADER))
+    src = b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in (*SOURCES, *HEADERS))
     tag = hashlib.sha256(src + torch.__version__.encode() + " ".join(CFLAGS).encode()).hexdigest()[:16]
     return cache_dir() / f"cpu_qgemv-{tag}"
 
@@ -149,7 +161,7 @@ def _build() -> None:
     folder = build_folder()
     folder.mkdir(parents=True, exist_ok=True)
     with _build_lock(folder):
-        cpp_extension.load("tinyllm_cpu_qgemv", [str(SOURCE), str(STEP_SOURCE)], extra_cflags=CFLAGS,
+        cpp_extension.load("tinyllm_cpu_qgemv", [str(p) for p in SOURCES], extra_cflags=CFLAGS,
                            extra_ldflags=["-fopenmp"], build_directory=str(folder),
                            is_python_module=False, verbose=False)
 

@@ -6,7 +6,7 @@
 //   tensors  [tok_emb w, s, z | norm | lm_head w, s, z | rope cos, sin (L, Dh/2) fp32], then
 //            for each layer [attn_norm | wqkv w, s, z | wo w, s, z | ffn_norm | w13 w, s, z |
 //            w2 w, s, z | k cache, v cache (1, Hkv, rows, Dh) fp32]; a matrix's s and z are
-//            empty tensors where it has none (cpu_kernels.h, Matrix::of, says which forms).
+//            empty tensors where it has none (cpu_matrix.h, Matrix::of, says which forms).
 //   config   [n_layers, dim, n_heads, n_kv_heads, ffn_dim]
 //   tok (1, 1) int64, pos (1,) int64 and first_valid (1,) int64: the StaticKVCache's own
 //   tensors. The step embeds tok, runs every block (RMSNorm, the fused QKV product, RoPE in
@@ -31,7 +31,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cpu_kernels.h"
+#include "cpu_matrix.h"
 
 namespace {
 

@@ -172,3 +172,28 @@ def test_what_the_native_step_does_not_run():
     with torch.no_grad(), pytest.raises(ValueError, match="batch 2"):
         dec.prefill(torch.zeros(2, 4, dtype=torch.long))
         dec.run(1)
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=1.5, top_k=50), dict(temperature=1.2, top_p=0.95)])
+def test_sampled_draws_below_n_valid_equal_the_python_samplers(settings):
+    """Embeddings padded past the tokenizer (n_valid < V) in a sampled draw: the C++ draw drops
+    those ids before top-k (here more than the ids left) and top-p, as StepSampler.draw does."""
+    model = tiny_model(8)
+    prompt = prompt_of(model, 8)
+
+    def draws(backend):
+        dec = GraphDecoder(model, 1, max_len=96, use_graph=False, compile=backend)
+        dec.sampler.load(SamplingParams(seed=5, **settings), recent=prompt)
+        dec.sampler.n_valid = 40
+        with torch.no_grad():
+            dec.prefill(prompt)
+            dec.tok.copy_(prompt[:, -1:])
+            ids = []
+            for _ in range(48):
+                dec.run(1)
+                ids.append(int(dec.tok))
+        return ids
+
+    native = draws("native")
+    assert native == draws(None)
+    assert max(native) < 40 and len(set(native)) > 5  # sampled, from the ids below n_valid only

@@ -403,3 +403,21 @@ def test_a_build_killed_midway_leaves_no_lock_that_blocks_the_next(tmp_path):
     # The timeout only guards against the hang this test is about; a pass never comes near it.
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and "loaded" in out.stdout, out.stderr[-2000:]
+
+
+def test_every_cpp_file_is_built_and_each_one_names_the_build(tmp_path, monkeypatch):
+    """A C++ file the build misses fails at link time at best; one the cache tag misses keeps a
+    stale library after an edit. Every .cpp and .h beside cpu_qgemv.py is in both."""
+    here = Path(cpu_qgemv.__file__).parent
+    assert {p.name for p in cpu_qgemv.SOURCES} == {p.name for p in here.glob("*.cpp")}
+    assert {p.name for p in cpu_qgemv.HEADERS} == {p.name for p in here.glob("*.h")}
+    before = cpu_qgemv.build_folder()
+    for attr in ("SOURCES", "HEADERS"):
+        files = getattr(cpu_qgemv, attr)
+        for i, p in enumerate(files):
+            edited = tmp_path / p.name
+            edited.write_bytes(p.read_bytes() + b"\n// edited\n")
+            monkeypatch.setattr(cpu_qgemv, attr, [*files[:i], edited, *files[i + 1:]])
+            assert cpu_qgemv.build_folder() != before, f"an edit of {p.name} must build anew"
+        monkeypatch.setattr(cpu_qgemv, attr, files)
+    assert cpu_qgemv.build_folder() == before
