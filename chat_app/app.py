@@ -86,7 +86,8 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
         Binding("ctrl+n", "new_chat", "New chat", tooltip="start a new chat (the old one stays saved)"),
         Binding("ctrl+o", "chats", "Chats", tooltip="saved chats: open, rename (r), delete (d)"),
         Binding("ctrl+t", "copy_reply", "Copy reply", show=False, tooltip="copy the last reply (Markdown source)"),
-        Binding("ctrl+g", "toggle_graphs", "Graphs", tooltip="CUDA graphs on/off, from the next step"),
+        Binding("ctrl+g", "toggle_graphs", "Fast step", tooltip="the fast step on/off from the next step, "
+                "mid-reply too: CUDA graphs on a GPU, the native C++ step on a CPU"),
         Binding("f1", "help", "Help", tooltip="this help"),
         Binding("ctrl+q", "quit", "Quit", tooltip="quit", priority=True),
         Binding("ctrl+c", "help_quit", "Copy", show=False, tooltip="copy the selection or what is picked "
@@ -344,22 +345,29 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
         self.queue_job("new_chat", None)
 
     def action_toggle_graphs(self) -> None:
+        """Ctrl+G: the fast step on/off (ChatSession.set_graphs): CUDA graphs on a GPU, the
+        native C++ step against the plain step run eagerly on a CPU. Where a CPU session runs
+        no native step (--compile off or inductor, a model it cannot run), a notice says so."""
         s = self.session
         if s is None:
             self.say("The model is still loading.", "warning")
-        elif not s.graphs_available:
-            self.say("CUDA graphs are n/a on CPU: the decoder runs the same step eagerly.", "warning")
-        else:
+        elif s.graphs_available:
             s.set_graphs(not s.use_graph)
             self.status.show(graphs=s.use_graph)
             self.say(f"CUDA graphs {'ON' if s.use_graph else 'OFF'} from the next step.")
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Ctrl+G is not offered (footer, F1) where there are no CUDA graphs, nor before the model
-        has loaded (whether there are is known then)."""
-        if action == "toggle_graphs" and (self.session is None or not self.session.graphs_available):
-            return False
-        return True
+        elif s.step_kind in ("native", "eager"):
+            try:
+                s.set_graphs(not s.use_graph)
+            except ValueError as e:
+                self.say(f"Could not switch the step: {e}", "error")
+                return
+            self.status.show(step=s.step_kind)
+            self.say("The native CPU step from the next step." if s.use_graph else
+                     "The plain step, run eagerly, from the next step (Ctrl+G: the native step again).")
+        else:
+            why = {"plain": "--compile off", "compile failed": "its compile failed"}.get(s.step_kind, "--compile inductor")
+            self.say(f"No fast step to switch here: this CPU session runs the {s.step_kind} step ({why}); "
+                     "the native C++ step runs with --compile on, where the model allows it.", "warning")
 
     def action_help(self) -> None:
         keys = INPUT_KEYS + READING_KEYS + [(key_name(b.key), b.tooltip) for b in self.BINDINGS
