@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import secrets
 import signal
 import time
 from collections.abc import Callable
@@ -81,7 +82,8 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
     ENABLE_COMMAND_PALETTE = False  # slash commands and F1 instead
     BINDINGS = [
         Binding("escape", "stop", "Stop", tooltip="stop the reply (its text stays, marked stopped)"),
-        Binding("ctrl+r", "regenerate", "Regenerate", tooltip="replace the last reply with a new one"),
+        Binding("ctrl+r", "regenerate", "Regenerate", tooltip="replace the last reply with a new one (a new "
+                "seed; a greedy chat samples at regen_temperature)"),
         Binding("ctrl+f", "continue", "Continue", tooltip="continue the last reply where it ended (/continue)"),
         Binding("ctrl+n", "new_chat", "New chat", tooltip="start a new chat (the old one stays saved)"),
         Binding("ctrl+o", "chats", "Chats", tooltip="saved chats: open, rename (r), delete (d)"),
@@ -116,6 +118,7 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
         self._store_told: str | None = None  # the store error shown since the user last acted
         self.farewell: str | None = None  # one line for main() to print after the app ends (an unsaved chat)
         self._compile_failure_said = False
+        self._regen_told: object = None  # the store's chat that Ctrl+R's greedy notice was shown for
 
     def compose(self):
         yield Conversation()
@@ -327,10 +330,26 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
             self.session.stop()
 
     def action_regenerate(self) -> None:
+        """Ctrl+R: the last reply written again, as a new sample (SamplingParams.regenerating: a
+        fresh seed; a greedy chat samples at regen_temperature, and says so once per chat). The
+        chat's settings stay for its next message. A last user turn with no reply (a resumed
+        chat) gets its reply with the chat's own settings."""
         self.user_acted()
-        if self._ready_for_reply():
-            self._busy = True
+        if not self._ready_for_reply():
+            return
+        self._busy = True
+        s = self.session
+        assert s is not None
+        if not (s.messages and s.messages[-1].role == "assistant"):
             self.queue_job("regenerate", None)
+            return
+        self.queue_job("regenerate", s.params.regenerating(secrets.randbits(63)))
+        if s.params.greedy and self._regen_told is not self.store.chat:
+            self._regen_told = self.store.chat  # once per chat (Ctrl+N and opening a chat make another)
+            t = s.params.regen_temperature
+            self.say(f"The chat is greedy: Ctrl+R samples at temperature {t}; /set regen_temperature to change."
+                     if t else "The chat is greedy and regen_temperature is 0: Ctrl+R writes the same reply "
+                     "again; /set regen_temperature 0.8 to sample a new one.")
 
     def action_continue(self) -> None:
         self.user_acted()

@@ -134,3 +134,46 @@ async def test_a_model_that_fails_to_load_is_an_error_not_a_crash(tmp_path):
         await send(pilot, "Hello?", wait=False)
         await pilot.press("ctrl+r", "ctrl+g")
         assert app.prompt.text == "Hello?" and app.session is None
+
+
+async def test_ctrl_r_in_a_greedy_chat_samples_at_regen_temperature_and_says_so_once(make_app):
+    app = make_app("--max-tokens", "12")  # temperature 0: greedy
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hello")
+        greedy = app.session.messages[-1].content
+        calls: list[tuple] = []  # what the app's worker hands the session
+        for name in ("regenerate", "send"):
+            method = getattr(app.session, name)
+            setattr(app.session, name, lambda *a, method=method, name=name: calls.append((name, *a)) or method(*a))
+        for _ in range(2):
+            await pilot.press("ctrl+r")
+            await wait_until(pilot, lambda: not app.busy, what="the regenerated reply")
+        regens = [c[1] for c in calls]
+        assert [c[0] for c in calls] == ["regenerate"] * 2
+        assert all(p.temperature == 0.8 and isinstance(p.seed, int) for p in regens), regens
+        assert regens[0].seed != regens[1].seed  # a fresh seed each time
+        told = [n for n in notices(app) if "the chat is greedy" in n.lower()]
+        assert told == ["The chat is greedy: Ctrl+R samples at temperature 0.8; /set regen_temperature to change."]
+        assert app.session.params.temperature == 0 and app.session.params.seed is None  # the chat's stay
+        assert [m.role for m in app.session.messages] == ["user", "assistant"]
+        await send(pilot, "Hello again")
+        assert calls[-1] == ("send", "Hello again")  # the next message: the chat's own (greedy) settings
+        await send(pilot, "/set regen_temperature 1.5")
+        await send(pilot, "/show")
+        assert any("regen_temperature 1.5" in n for n in notices(app))
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: not app.busy)
+        assert calls[-1][1].temperature == 1.5
+        await pilot.press("ctrl+n")
+        await wait_until(pilot, lambda: not app.session.messages)
+        await send(pilot, "Hello")
+        assert app.session.messages[-1].content == greedy
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: not app.busy)
+        assert len([n for n in notices(app) if "the chat is greedy" in n.lower()]) == 2  # once per chat
+        await send(pilot, "/set temperature 0.7")
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: not app.busy)
+        assert calls[-1][1].temperature == 0.7 and calls[-1][1].seed != calls[-2][1].seed  # sampling: its own
+        assert len([n for n in notices(app) if "the chat is greedy" in n.lower()]) == 2
