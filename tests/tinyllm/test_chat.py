@@ -138,8 +138,10 @@ def test_sampling_settings_and_seed(ckpt):
 def test_graphs_unavailable_on_cpu(ckpt):
     s = open_session(ckpt, "cpu")
     assert not s.graphs_available and reply(s, "Hi")[-1].stats.graphs is None
-    with pytest.raises(ValueError, match="not available on the CPU"):
+    # on a CPU the switch is the native step's, which this session (no compile asked) has not
+    with pytest.raises(ValueError, match="the native CPU step does not run this session"):
         s.set_graphs(True)
+    assert not s.use_graph
 
 
 def test_new_chat_and_resume(ckpt):
