@@ -384,9 +384,10 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
             self.say("The native CPU step from the next step." if s.use_graph else
                      "The plain step, run eagerly, from the next step (Ctrl+G: the native step again).")
         else:
-            why = {"plain": "--compile off", "compile failed": "its compile failed"}.get(s.step_kind, "--compile inductor")
-            self.say(f"No fast step to switch here: this CPU session runs the {s.step_kind} step ({why}); "
-                     "the native C++ step runs with --compile on, where the model allows it.", "warning")
+            why = ("it was started with --compile off" if s.step_kind == "plain" else
+                   "--compile inductor, or a model the native C++ step cannot run")
+            self.say(f"No fast step to switch here: this CPU session has no native C++ step ({why}); "
+                     "--compile on runs it where the model allows.", "warning")
 
     def action_help(self) -> None:
         keys = INPUT_KEYS + READING_KEYS + [(key_name(b.key), b.tooltip) for b in self.BINDINGS

@@ -117,7 +117,8 @@ async def test_ctrl_g_says_why_where_a_cpu_session_runs_no_native_step(make_app)
         await pilot.pause()
         assert "Fast step" in [k.description for k in app.query("FooterKey")]  # offered on every machine
         await pilot.press("ctrl+g")
-        assert any("No fast step to switch here" in n and "--compile off" in n for n in notices(app)), notices(app)
+        said = notices(app)
+        assert any("No fast step to switch here" in n and "started with --compile off" in n for n in said), said
         await pilot.press("f1")
         assert "native C++ step on a CPU" in " ".join(str(w.render()) for w in app.screen.query("Static"))
 
