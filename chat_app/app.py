@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import secrets
 import signal
 import time
 from collections.abc import Callable
@@ -81,12 +82,14 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
     ENABLE_COMMAND_PALETTE = False  # slash commands and F1 instead
     BINDINGS = [
         Binding("escape", "stop", "Stop", tooltip="stop the reply (its text stays, marked stopped)"),
-        Binding("ctrl+r", "regenerate", "Regenerate", tooltip="replace the last reply with a new one"),
+        Binding("ctrl+r", "regenerate", "Regenerate", tooltip="replace the last reply with a new one (a new "
+                "seed; a greedy chat samples at regen_temperature)"),
         Binding("ctrl+f", "continue", "Continue", tooltip="continue the last reply where it ended (/continue)"),
         Binding("ctrl+n", "new_chat", "New chat", tooltip="start a new chat (the old one stays saved)"),
         Binding("ctrl+o", "chats", "Chats", tooltip="saved chats: open, rename (r), delete (d)"),
         Binding("ctrl+t", "copy_reply", "Copy reply", show=False, tooltip="copy the last reply (Markdown source)"),
-        Binding("ctrl+g", "toggle_graphs", "Graphs", tooltip="CUDA graphs on/off, from the next step"),
+        Binding("ctrl+g", "toggle_graphs", "Fast step", tooltip="the fast step on/off from the next step, "
+                "mid-reply too: CUDA graphs on a GPU, the native C++ step on a CPU"),
         Binding("f1", "help", "Help", tooltip="this help"),
         Binding("ctrl+q", "quit", "Quit", tooltip="quit", priority=True),
         Binding("ctrl+c", "help_quit", "Copy", show=False, tooltip="copy the selection or what is picked "
@@ -115,6 +118,7 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
         self._store_told: str | None = None  # the store error shown since the user last acted
         self.farewell: str | None = None  # one line for main() to print after the app ends (an unsaved chat)
         self._compile_failure_said = False
+        self._regen_told: object = None  # the store's chat that Ctrl+R's greedy notice was shown for
 
     def compose(self):
         yield Conversation()
@@ -326,10 +330,26 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
             self.session.stop()
 
     def action_regenerate(self) -> None:
+        """Ctrl+R: the last reply written again, as a new sample (SamplingParams.regenerating: a
+        fresh seed; a greedy chat samples at regen_temperature, and says so once per chat). The
+        chat's settings stay for its next message. A last user turn with no reply (a resumed
+        chat) gets its reply with the chat's own settings."""
         self.user_acted()
-        if self._ready_for_reply():
-            self._busy = True
+        if not self._ready_for_reply():
+            return
+        self._busy = True
+        s = self.session
+        assert s is not None
+        if not (s.messages and s.messages[-1].role == "assistant"):
             self.queue_job("regenerate", None)
+            return
+        self.queue_job("regenerate", s.params.regenerating(secrets.randbits(63)))
+        if s.params.greedy and self._regen_told is not self.store.chat:
+            self._regen_told = self.store.chat  # once per chat (Ctrl+N and opening a chat make another)
+            t = s.params.regen_temperature
+            self.say(f"The chat is greedy: Ctrl+R samples at temperature {t}; /set regen_temperature to change."
+                     if t else "The chat is greedy and regen_temperature is 0: Ctrl+R writes the same reply "
+                     "again; /set regen_temperature 0.8 to sample a new one.")
 
     def action_continue(self) -> None:
         self.user_acted()
@@ -344,22 +364,30 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
         self.queue_job("new_chat", None)
 
     def action_toggle_graphs(self) -> None:
+        """Ctrl+G: the fast step on/off (ChatSession.set_graphs): CUDA graphs on a GPU, the
+        native C++ step against the plain step run eagerly on a CPU. Where a CPU session runs
+        no native step (--compile off or inductor, a model it cannot run), a notice says so."""
         s = self.session
         if s is None:
             self.say("The model is still loading.", "warning")
-        elif not s.graphs_available:
-            self.say("CUDA graphs are n/a on CPU: the decoder runs the same step eagerly.", "warning")
-        else:
+        elif s.graphs_available:
             s.set_graphs(not s.use_graph)
             self.status.show(graphs=s.use_graph)
             self.say(f"CUDA graphs {'ON' if s.use_graph else 'OFF'} from the next step.")
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Ctrl+G is not offered (footer, F1) where there are no CUDA graphs, nor before the model
-        has loaded (whether there are is known then)."""
-        if action == "toggle_graphs" and (self.session is None or not self.session.graphs_available):
-            return False
-        return True
+        elif s.step_kind in ("native", "eager"):
+            try:
+                s.set_graphs(not s.use_graph)
+            except ValueError as e:
+                self.say(f"Could not switch the step: {e}", "error")
+                return
+            self.status.show(step=s.step_kind)
+            self.say("The native CPU step from the next step." if s.use_graph else
+                     "The plain step, run eagerly, from the next step (Ctrl+G: the native step again).")
+        else:
+            why = ("it was started with --compile off" if s.step_kind == "plain" else
+                   "--compile inductor, or a model the native C++ step cannot run")
+            self.say(f"No fast step to switch here: this CPU session has no native C++ step ({why}); "
+                     "--compile on runs it where the model allows.", "warning")
 
     def action_help(self) -> None:
         keys = INPUT_KEYS + READING_KEYS + [(key_name(b.key), b.tooltip) for b in self.BINDINGS

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from chat_app.app import ChatApp
 
 COMMANDS = {  # name: (arguments, what it does)
-    "set": ("NAME VALUE", "sampling: temperature, top_p, top_k, repeat_penalty, max_tokens, seed"),
+    "set": ("NAME VALUE", "sampling: temperature, top_p, top_k, repeat_penalty, max_tokens, seed, regen_temperature"),
     "system": ("TEXT", "set the system prompt (no TEXT: none); used from the next turn"),
     "export": ("PATH", "write the conversation to PATH as Markdown (/export! PATH overwrites)"),
     "continue": ("", "continue the last reply where it ended (like Ctrl+F)"),
@@ -108,7 +108,8 @@ class SlashCommands:
         self.say(f"Model: {s.name} on {s.device} ({s.dtype}), context {s.max_len:,} positions.\n"
                  f"System prompt: {s.system or '(none)'}\n"
                  f"Sampling: temperature {p.temperature}, top_p {p.top_p}, top_k {p.top_k}, "
-                 f"repeat_penalty {p.repeat_penalty}, max_tokens {p.max_tokens:,}, seed {seed}.\n"
+                 f"repeat_penalty {p.repeat_penalty}, max_tokens {p.max_tokens:,}, seed {seed}; Ctrl+R when greedy: "
+                 f"regen_temperature {p.regen_temperature}.\n"
                  f"Set in this chat: {', '.join(f'{k} {v}' for k, v in chat.items()) or 'nothing'}. "
                  f"Theme: {self.theme}.")
 

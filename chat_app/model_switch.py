@@ -151,7 +151,7 @@ class ModelSwitching:
         self.session, self._switching_from = s, None
         self.model_name = self.store.model = self.sub_title = s.name
         self.load_progress.finish()
-        self.refresh_bindings()  # Ctrl+G only where there are graphs
+        self.refresh_bindings()
         self.status.show(state="ready", name=s.name, device=s.device, dtype=s.dtype,
                          graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
                          position=len(s.context), step=s.step_kind, capped=s.max_len < s.model_max_len)

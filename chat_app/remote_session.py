@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
+from tinyllm.sampling_params import SamplingParams
 from tinyllm.session_protocol import (
     DONE_COMPILING,
     JOBS,
@@ -163,7 +164,7 @@ class RemoteSession:
         self._start(progress)
         for name, value in params.items():
             self.set_param(name, value)
-        if self.graphs_available and self.use_graph != use_graph:
+        if self.use_graph != use_graph:  # graphs, or on a CPU the native step
             self.set_graphs(use_graph)
         self.load_messages(messages)
 
@@ -244,8 +245,9 @@ class RemoteSession:
     def send(self, text: str) -> Iterator[Event]:
         return self._run("send", text)
 
-    def regenerate(self) -> Iterator[Event]:
-        return self._run("regenerate")
+    def regenerate(self, params: SamplingParams | None = None) -> Iterator[Event]:
+        """A new last reply; `params`: its settings, where given (the chat's stay)."""
+        return self._run("regenerate", *(() if params is None else (params,)))
 
     def continue_reply(self) -> Iterator[Event]:
         """Extend the last reply (its Finished carries the whole reply's text)."""

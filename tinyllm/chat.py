@@ -25,8 +25,10 @@ run the model), "auto" (what the app asks for: "native" on a CPU where it runs t
 Contract:
 - `send(text)` / `regenerate()` / `continue_reply()` return generators; run them on ONE worker
   thread. `stop()`, `set_graphs(on)` and the setters may be called from any thread: they take
-  effect between two tokens (a reply reads its settings once, at its start). Graphs toggled
-  mid-reply change no token.
+  effect between two tokens (a reply reads its settings once, at its start). `set_graphs` is
+  the fast step's switch: CUDA graphs on a GPU, the native step on a CPU (`use_graph` says
+  whether it is on). Graphs toggled mid-reply change no token; the native step, none but a
+  near-tie that fp32 rounding decides.
 - Context full: when the next turn plus a reply reserve would not fit, the oldest whole
   turns are dropped from what the model sees (the system prompt stays), the rest is
   re-prefilled once, and Prefilled.dropped says how many messages went. `messages` still
@@ -205,11 +207,18 @@ class ChatSession:
 
     @property
     def use_graph(self) -> bool:
-        return self.runner.use_graph
+        """The fast step is on: CUDA graphs on a GPU; on a CPU the native step (False where
+        none runs)."""
+        return self.runner.use_graph if self.graphs_available else self.policy.native_on
 
     def set_graphs(self, on: bool) -> None:
-        """Graphs on/off from the next step on. On a CPU: ValueError."""
-        self.runner.set_graphs(on)
+        """The fast step on/off from the next step on, mid-reply too, changing no greedy token:
+        CUDA graphs on a GPU; on a CPU the native step against the plain step run eagerly
+        (StepPolicy.set_native). ValueError on a CPU where the native step does not run."""
+        if self.graphs_available:
+            self.runner.set_graphs(on)
+        else:
+            self.policy.set_native(on)
 
     def stop(self) -> None:
         """Ask the running reply to finish after the current token."""
@@ -241,12 +250,14 @@ class ChatSession:
         dropped, undo = self.conversation.add_user(text, self.params.max_tokens)
         return or_restore(self._reply(dropped), undo)
 
-    def regenerate(self) -> Events:
+    def regenerate(self, params: SamplingParams | None = None) -> Events:
         """Replace the last reply with a new one (the cache is rewound to before it); after a
-        last user turn with no reply (a resumed chat), generate its reply. All or nothing: if
-        the new reply fails before its first event, the old one is put back."""
+        last user turn with no reply (a resumed chat), generate its reply. `params`: the new
+        reply's settings, where given (the app's Ctrl+R: SamplingParams.regenerating); the
+        session's stay as they are for the next reply. All or nothing: if the new reply fails
+        before its first event, the old one is put back."""
         undo = self.conversation.take_back_reply()
-        return self._reply(0) if undo is None else or_restore(self._reply(0), undo)
+        return self._reply(0, params) if undo is None else or_restore(self._reply(0, params), undo)
 
     def continue_reply(self) -> Events:
         """Extend the last reply from where it ended (a limit, Esc, a full context): the model
@@ -256,12 +267,13 @@ class ChatSession:
         old, body, undo = self.conversation.reopen_reply()
         return self.conversation.joined(old, body, or_restore(self._reply(0), undo))
 
-    def _reply(self, dropped: int) -> Events:
-        """The reply to the context as it stands at the first next(), with the settings then."""
+    def _reply(self, dropped: int, params: SamplingParams | None = None) -> Events:
+        """The reply to the context as it stands at the first next(), with the settings then
+        (`params` where given)."""
         def record(ids: list[int], text: str, reason: str) -> None:
             self.conversation.add_reply(ids, text, stopped=reason == "stopped")
 
-        yield from self.runner.reply(self.context, self.params, dropped, self.policy, record)
+        yield from self.runner.reply(self.context, params or self.params, dropped, self.policy, record)
 
 
 def default_cpu_threads() -> int:

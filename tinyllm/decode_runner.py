@@ -24,7 +24,9 @@ runs (then nothing is captured: a run with no graph runs eagerly, the same steps
 and for the stats' step kind. The settings are read once, at the reply's start.
 
 `stop()`, `set_graphs(on)` and `stop_ids` may be set from any thread: they take effect between
-two tokens. Graphs toggled mid-reply change no token. `set_graphs(True)` on a CPU is a ValueError.
+two tokens. Graphs toggled mid-reply change no token. `set_graphs(True)` on a CPU is a ValueError
+(there the session's switch turns the native step on and off: StepPolicy.set_native, applied
+before each launch too).
 """
 
 from __future__ import annotations
@@ -162,6 +164,7 @@ class DecodeRunner:
                 return
             assert steps_left > 0 and room > 0, "launch asked past the reply's end"
             self._apply_graph_toggle()
+            policy.apply()  # the native step on or off (StepPolicy.set_native), as graphs
             to_bucket = dec.bucket(dec.n + 1) - dec.n  # steps left in this bucket
             # No capture while a compile runs (step_policy): a run with no graph yet (the other
             # sampler variant's) runs eagerly then, the same steps bit for bit.

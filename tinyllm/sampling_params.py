@@ -8,7 +8,9 @@ its range. The bounds keep every value one a reply can use: the decode step hold
 as float32 and top_k as int64, so `temperature 1e308` or `top_k 10**30` failed every reply,
 and a temperature, top_p or penalty that rounds to 0 there made every reply NaN noise.
 Making a SamplingParams checks each field; `with_value(name, text)` parses one field from
-text (for `/set NAME VALUE`). tinyllm.sampling re-exports it beside `sample`, which uses it.
+text (for `/set NAME VALUE`). `regen_temperature` is not a reply's setting but the one a
+regenerate of a greedy chat samples at (`regenerating`), so it is checked and stored the same
+way. tinyllm.sampling re-exports it beside `sample`, which uses it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ LIMITS: dict[str, tuple[type, Callable[[float], bool], str]] = {
     "repeat_penalty": (float, lambda v: 0.01 <= v <= 100, "from 0.01 to 100 (1 = off)"),
     "max_tokens": (int, lambda v: 1 <= v <= 1_000_000, "from 1 to 1,000,000"),
     "seed": (int, lambda v: -2**63 <= v < 2**64, "a 64-bit integer (-2**63 to 2**64-1), or none for random"),
+    "regen_temperature": (float, lambda v: v == 0 or 0.001 <= v <= 100, "0 (greedy) or from 0.001 to 100"),
 }
 
 
@@ -51,6 +54,7 @@ class SamplingParams:
     repeat_penalty: float = 1.0  # > 1 discourages tokens already in the context; 1 = off
     max_tokens: int = 256  # reply length limit
     seed: int | None = None  # for a torch.Generator; None = nondeterministic
+    regen_temperature: float = 0.8  # a greedy chat's regenerate samples at this (`regenerating`); 0 = greedy too
 
     def __post_init__(self) -> None:
         for name in LIMITS:
@@ -69,3 +73,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def regenerating(self, seed: int) -> SamplingParams:
+        """The settings a regenerated reply samples with (the app's Ctrl+R; the chat's stay as
+        they are for its next reply): a new `seed`, so that a reply written again is a new one
+        (with the chat's own seed it would be the same sample again), and where the chat is
+        greedy, `regen_temperature` (0: greedy again, the same reply)."""
+        return replace(self, seed=seed, temperature=self.regen_temperature if self.greedy else self.temperature)

@@ -55,7 +55,7 @@ JOBS: dict[Job, Runs] = {
     "new_chat": Runs.TASK, "set_system": Runs.TASK, "load_messages": Runs.TASK,
     "set_param": Runs.CALL, "set_graphs": Runs.CALL, "stop": Runs.CALL,
 }
-DONE_COMPILING = ("compiled", "native", "compile failed", "plain")  # step kinds with no compile to wait for
+DONE_COMPILING = ("compiled", "native", "eager", "compile failed", "plain")  # step kinds with no compile to wait for
 
 
 class Session(Protocol):
@@ -72,7 +72,7 @@ class Session(Protocol):
     @property
     def graphs_available(self) -> bool: ...
     @property
-    def use_graph(self) -> bool: ...
+    def use_graph(self) -> bool: ...  # the fast step is on: CUDA graphs, or on a CPU the native step
     @property
     def max_len(self) -> int: ...
     @property
@@ -95,7 +95,7 @@ class Session(Protocol):
     def last_stats(self) -> StepStats | None: ...
 
     def send(self, text: str) -> Iterator[Event]: ...
-    def regenerate(self) -> Iterator[Event]: ...
+    def regenerate(self, params: SamplingParams | None = None) -> Iterator[Event]: ...
     def continue_reply(self) -> Iterator[Event]: ...
     def new_chat(self) -> None: ...
     def set_system(self, text: str | None) -> None: ...
@@ -133,7 +133,7 @@ class SessionState:
     first_message: int  # the first message the context holds (older ones were dropped)
     system: str | None
     params: SamplingParams
-    step_kind: str  # "plain" | "compiling" | "compiled" | "native" | "compile failed"
+    step_kind: str  # "plain" | "compiling" | "compiled" | "native" | "eager" | "compile failed"
     compile_error: str
     timeline: dict[str, float]  # time.time() of each start-up step
     last_stats: StepStats | None  # the last reply's

@@ -4,6 +4,11 @@ It owns the choice of step and the background compiles. `compile` says what is a
 - None: the plain step (step kind "plain").
 - "native": the CPU step as one C++ call (tinyllm.cpu_step) from the first reply on, with
   nothing to compile (kind "native"); a ValueError where it cannot run the model.
+  `set_native(on)` switches it off for the plain step run eagerly (kind "eager") and on again,
+  from the next launch (`apply`), mid-reply too: the app's Ctrl+G on a CPU, the switch that
+  turns CUDA graphs on and off on a GPU. Both steps draw with the same sampler state, so a
+  greedy reply reads the same either way (the products agree up to fp32 rounding; only a
+  near-tie that rounding decides could differ).
 - "inductor" (or any torch.compile backend): the step is compiled on a background thread
   (`BackgroundCompile`) while replies run on the plain step; the compiled step takes over at
   the start of the next reply (`prepare`) once it is ready. Kinds: "compiling", "compiled",
@@ -20,8 +25,9 @@ With graphs, the plain step's graphs (every bucket, runs of 1 and `chunk` steps)
 ahead, before the first compile starts (`capture_ahead`).
 
 It drives the decoder through its public methods only (set_compile, capture, greedy, append,
-truncate). Every method runs on the session's worker thread, except the read-only ones
-(`step_kind`, `compile_error`, `compiled_at`, `wait_compiled`), which any thread may call.
+truncate). Every method runs on the session's worker thread, except `set_native` and the
+read-only ones (`step_kind`, `compile_error`, `compiled_at`, `wait_compiled`), which any
+thread may call.
 """
 
 from __future__ import annotations
@@ -49,7 +55,8 @@ class StepPolicy:
             if compile == "native" and why is not None:
                 raise ValueError(f"the native CPU step cannot run this model: {why}")
             compile = "native" if why is None else "inductor"
-        self.native = compile == "native"
+        self.native = compile == "native"  # the native step runs this model (set_native switches it)
+        self.native_on = self.native  # ... and is wanted: it runs from the next launch (`apply`)
         if self.native:  # nothing to compile: the step runs as it is from the first reply on
             decoder.set_compile("native")
             compile = None
@@ -105,12 +112,26 @@ class StepPolicy:
 
     # ---- what runs --------------------------------------------------------------------
 
+    def set_native(self, on: bool) -> None:
+        """The native step on, or off for the eager plain step, from the next launch (any
+        thread). ValueError where the native step does not run this session."""
+        if not self.native:
+            raise ValueError("the native CPU step does not run this session "
+                             f"(it runs the {self.step_kind(True)} step)")
+        self.native_on = on
+
+    def apply(self) -> None:
+        """Before a launch (worker thread): the step `set_native` asked for takes over."""
+        if self.native and self.native_on != (self.decoder.compile == "native"):
+            self.decoder.set_compile("native" if self.native_on else None)
+
     def step_kind(self, greedy: bool) -> str:
         """The step the next reply with the `greedy` variant runs: "native", "plain" (no compile
         asked), "compiling" (a compile runs, or that variant is not compiled yet), "compiled", or
-        "compile failed" (see compile_error; the plain step stays)."""
+        "compile failed" (see compile_error; the plain step stays), "eager" (the plain step in place
+        of the native one: `set_native(False)`)."""
         if self.native:
-            return "native"
+            return "native" if self.native_on else "eager"
         c = self.background
         if c is None:
             return "plain"
@@ -122,8 +143,10 @@ class StepPolicy:
 
     def step_running(self, greedy: bool) -> str:
         """The step the current reply runs (the compiled one takes over between replies)."""
+        if self.native:
+            return "native" if self.decoder.compile == "native" else "eager"
         if self.decoder.compile:
-            return "native" if self.native else "compiled"
+            return "compiled"
         kind = self.step_kind(greedy)
         return "compiling" if kind == "compiled" else kind
 

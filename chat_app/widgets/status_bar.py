@@ -3,7 +3,7 @@
 Shows, in this order: decode tokens/s, the attention bucket W, position / max_len ("cap" when
 the context is less than the model's: --max-len lifts it), the state (loading / ready /
 generating), the model name, time to first token, which decode step runs ("compiling…" while
-the compiled step is built in the background, then "compiled"; "native" for the CPU's C++ step), CUDA graphs (ON / OFF; left
+the compiled step is built in the background, then "compiled"; "native" / "eager" on a CPU), CUDA graphs (ON / OFF; left
 out on a CPU, where there are none) and device and dtype. The live numbers come first: they
 are what a narrow terminal keeps, and notices (shown above the bar) never cover them. When the
 line does not fit, the model name is shortened ("Smollm2 135M 8k…") and the fields at the end
@@ -18,7 +18,7 @@ from textual.widgets import Static
 
 from chat_app.labels import plain
 
-STEPS = {"plain": "", "compiling": "compiling…", "compiled": "compiled", "native": "native",
+STEPS = {"plain": "", "compiling": "compiling…", "compiled": "compiled", "native": "native", "eager": "eager",
          "compile failed": "plain step"}
 NAME_MIN = 12  # a long model name is cut to no less than this
 NAME_NARROW = 20  # ... and to this below NARROW columns, so growing numbers do not push it around

@@ -91,8 +91,8 @@ class Held:
     def send(self, text: str) -> Iterator:
         return self._hold(self._session.send(text))
 
-    def regenerate(self) -> Iterator:
-        return self._hold(self._session.regenerate())
+    def regenerate(self, *params) -> Iterator:
+        return self._hold(self._session.regenerate(*params))
 
     def _hold(self, events: Iterator) -> Iterator:
         for event in events:

@@ -4,8 +4,9 @@ stop arrives, so a test that stops it mid-way (Esc, Ctrl+N) cannot see it end fi
 `held_in_child(app, replies)` makes the app open HeldInChild sessions: RemoteSessions whose
 child runs `serve_held(replies)` instead of tinyllm.chat_server.main. That wraps the child's
 ChatSession so each of its first `replies` replies (send, regenerate, continue_reply; a
-refused one counts too) waits after each token with text until stop() is called. A stop that
-came before the reply still counts; quitting stops, so it releases the reply too. The server
+refused one counts too) waits after each token with text until stop() is called, or set_graphs()
+(Ctrl+G), which lets it go on to its end. A stop that came before the reply still counts;
+quitting stops, so it releases the reply too. The server
 sends the batch holding a reply's first text at once, so the app sees that text while the
 reply waits. `session.replies = 0` before a restart: the next child holds nothing.
 Production code knows nothing of this but `RemoteSession._command`, the child's command line.
@@ -74,7 +75,12 @@ def hold(session, replies: int):
             return held(events) if left[0] >= 0 else events
         return start
 
-    session.stop = stopped
+    def switched(on: bool) -> None:  # the switch (Ctrl+G) lets a held reply go on
+        switch(on)
+        gate.set()
+
+    switch = session.set_graphs
+    session.stop, session.set_graphs = stopped, switched
     for name in ("send", "regenerate", "continue_reply"):
         setattr(session, name, holding(getattr(session, name)))
     return session

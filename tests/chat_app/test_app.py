@@ -80,182 +80,47 @@ async def test_prompt_keys_newline_and_history(make_app):
         assert app.prompt.text == "x"
 
 
-async def test_ctrl_g_is_not_offered_on_cpu(make_held_app):
-    app, held = make_held_app("--max-tokens", "300")
+async def test_ctrl_g_on_a_cpu_switches_the_native_step_mid_reply_and_changes_no_greedy_token(make_app):
+    # the child holds the first reply after its first text until Ctrl+G (held_in_child): the
+    # switch lands mid-reply, on any CPU
+    app = held_in_child(make_app("--compile", "on", "--max-tokens", "120", "--ignore-eos"))
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await pilot.pause()
         footer = [k.description for k in app.query("FooterKey")]
-        assert "Graphs" not in footer and "Help" in footer, footer
+        assert "Fast step" in footer and "Help" in footer, footer
+        assert "native" in app.status.line.split(" · ")
+        await send(pilot, "Hello", wait=False)
+        await reply_streaming(pilot, app)
+        await pilot.press("ctrl+g")  # mid-reply: the plain step, eagerly, from the next launch
+        assert "eager" in app.status.line.split(" · ") and "native" not in app.status.line, app.status.line
+        await wait_until(pilot, lambda: not app.busy, what="the reply to finish")
+        flipped = app.session.messages[-1].content
+        assert app.session.last_stats.step == "eager" and app.session.last_stats.tokens == 120
+        assert "eager" in app.status.line.split(" · ")
+        assert any("plain step, run eagerly" in n for n in notices(app))
         await pilot.press("ctrl+g")
-        await send(pilot, "Hello", wait=False)
-        gate = await held_streaming(pilot, app, held)
-        await pilot.press("ctrl+g")  # mid-reply too
-        gate.release()
-        await wait_until(pilot, lambda: not app.busy)
-        assert not any("graphs" in n.lower() for n in notices(app))  # the key does nothing here
-        assert not [n for n in app._notifications if n.severity == "error"]
-        assert app.query_one(Reply).text == printable(app.session.messages[-1].content)
-        assert "graphs" not in app.status.line
-
-
-async def test_escape_stops_mid_reply_and_next_message_works(make_app, data_dir):
-    app = held_in_child(make_app("--max-tokens", "100000", "--ignore-eos"))  # ends only at Esc
-    async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot)
-        await send(pilot, "Tell me a long story", wait=False)
-        await reply_streaming(pilot, app)
-        await send(pilot, "Too soon", wait=False)  # refused while the reply runs; the text stays
-        assert app.prompt.text == "Too soon" and any("still running" in n for n in notices(app))
-        await pilot.press("escape")
-        await wait_until(pilot, lambda: not app.busy, what="the reply to stop")
-        stopped = app.session.messages[-1]
-        assert stopped.stopped and stopped.role == "assistant"
-        assert app.session.last_stats.tokens <= 2  # held at its first token until Esc
-        reply = app.query_one(Reply)
-        assert reply.text == printable(stopped.content) and reply.has_class("-noted")
-        await app.run_command("/set max_tokens 20")
-        await pilot.press("enter")  # "Too soon" is still in the input: send it now
-        await wait_until(pilot, lambda: not app.busy and len(app.session.messages) == 4)
-        assert [w.text for w in app.query(UserMessage)] == ["Tell me a long story", "Too soon"]
-        assert len(app.query(Reply)) == 2 and app.session.messages[-1].content
-    saved = saved_chat(data_dir)
-    assert [m.stopped for m in saved] == [False, True, False, False]
-
-
-async def test_ctrl_r_regenerates(make_app, data_dir):
-    app = make_app("--max-tokens", "30", "--temperature", "1")
-    async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot)
-        await send(pilot, "Hello")
-        old_widget, old_message = app.query_one(Reply), app.session.messages[-1]
-        await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: not app.busy and app.session.messages[-1] is not old_message,
-                         what="the regenerated reply")
-        await pilot.pause()
-        assert app.query_one(Reply) is not old_widget
-        assert [m.role for m in app.session.messages] == ["user", "assistant"]
-        assert len(app.query(Reply)) == 1
-        assert app.query_one(Reply).text == printable(app.session.messages[-1].content)
-    saved = saved_chat(data_dir)
-    assert [(m.role, m.content) for m in saved] == [("user", "Hello"),
-                                                    ("assistant", app.session.messages[-1].content)]
-
-
-async def test_conversation_longer_than_context_keeps_working(make_app):
-    app = make_app("--max-len", "128", "--max-tokens", "40")
-    async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot)
-        prompts = [f"Question number {i}: what is the capital of France?" for i in range(5)]
-        for text in prompts:
-            await send(pilot, text)
-        assert any("Context full" in n for n in notices(app))
-        assert [w.text for w in app.query(UserMessage)] == prompts  # everything stays on screen
-        assert len(app.query(Reply)) == 5 and len(app.session.messages) == 10
-        assert app.session.first_message > 0
-        await send(pilot, "word " * 300, wait=False)  # too long for any context: an error, the chat is kept
-        # a notice reaches app._notifications as a message of its own, after the handler that
-        # freed the app: wait for both
-        await wait_until(pilot, lambda: not app.busy and any(
-            n.severity == "error" and "too long" in n.message for n in app._notifications), what="the error notice")
-        assert app.prompt.text.startswith("word word")  # given back to edit
-        assert len(app.query(UserMessage)) == 5 and len(app.session.messages) == 10
-        app.prompt.clear()
-        await send(pilot, "Still there?")
-        assert len(app.session.messages) == 12
-    app = make_app("--max-len", "128", "--max-tokens", "40", "--resume")  # more than fits, resumed
-    async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot)
-        await wait_until(pilot, lambda: len(app.session.messages) == 12, what="the resumed chat")
-        assert len(app.query(UserMessage)) == 6
-        await send(pilot, "And after a restart?")
-        assert len(app.session.messages) == 14 and app.session.messages[-1].role == "assistant"
-
-
-async def test_set_changes_sampling(make_app):
-    app = make_app()
-    async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot)
-        for command in ["/set temperature 0.7", "/set top_p 0.9", "/set top-k 5", "/set seed 3",
-                        "/set repeat_penalty 1.1", "/set max_tokens 12"]:
-            await send(pilot, command)
-        p = app.session.params
-        assert (p.temperature, p.top_p, p.top_k, p.seed, p.repeat_penalty, p.max_tokens) == (
-            0.7, 0.9, 5, 3, 1.1, 12)
-        for bad in ["/set temperature -1", "/set top_k lots", "/set colour blue", "/frobnicate"]:
-            await send(pilot, bad)
-        assert app.session.params == p
-        errors = [n.message for n in app._notifications if n.severity == "error"]
-        assert len(errors) == 4, errors
-        await send(pilot, "Hi")
-        assert app.session.last_stats.tokens <= 12
-
-
-async def test_export_and_commands(make_app, tmp_path):
-    app = make_app("--max-tokens", "20")
-    async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot)
-        await send(pilot, "/system You are terse.")
-        await wait_until(pilot, lambda: app.session.system == "You are terse.")
-        await send(pilot, "Hello export")
-        await send(pilot, "Second turn")
-        out = tmp_path / "chat.md"
-        await send(pilot, f"/export {out}")
-        await wait_until(pilot, lambda: any("Exported" in n for n in notices(app)), what="the export (a worker writes it)")
-        text = out.read_bytes().decode()
-        assert "# Chat with tiny-test" in text and "You are terse." in text
-        assert "## You\n\nHello export" in text and "## You\n\nSecond turn" in text
-        for m in app.session.messages[1::2]:
-            assert m.content.strip() in text
-        await send(pilot, "/stats")
-        assert any("tok/s" in n and "first token after" in n for n in notices(app))
-        await send(pilot, "/help")
-        assert type(app.screen).__name__ == "HelpScreen"
-        await pilot.press("escape")
-        await send(pilot, "/clear")
-        await wait_until(pilot, lambda: not app.query(UserMessage) and not app.session.messages)
-        await send(pilot, "Fresh start")
-        assert len(app.session.messages) == 2
-
-
-async def test_resume_restores_the_last_chat(make_app):
-    app = make_app("--max-tokens", "20")
-    async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot)
-        await send(pilot, "Remember me")
-        first = [(m.role, m.content) for m in app.session.messages]
-    app = make_app("--resume", "--max-tokens", "20")
-    async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot)
-        await wait_until(pilot, lambda: len(app.session.messages) == 2, what="the resumed chat")
-        assert [(m.role, m.content) for m in app.session.messages] == first
-        assert [w.text for w in app.query(UserMessage)] == ["Remember me"]
-        assert app.query_one(Reply).text == printable(first[1][1])
-        await send(pilot, "And now?")
-        assert len(app.session.messages) == 4 and len(app.query(Reply)) == 2
-
-
-async def test_new_chat_mid_reply(make_app, data_dir):
-    app = held_in_child(make_app("--max-tokens", "100000", "--ignore-eos"))  # ends only at Ctrl+N
-    async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot)
-        await send(pilot, "Go on and on", wait=False)
-        await reply_streaming(pilot, app)
+        assert "native" in app.status.line.split(" · ") and "eager" not in app.status.line, app.status.line
         await pilot.press("ctrl+n")
-        await wait_until(pilot, lambda: not app.busy and not app.query(Reply))
-        assert app.session.messages == [] and app.store.conversation is None
-    saved = saved_chat(data_dir)  # the stopped chat was kept in full
-    assert [(m.role, m.stopped) for m in saved] == [("user", False), ("assistant", True)]
+        await wait_until(pilot, lambda: not app.session.messages)
+        await send(pilot, "Hello")
+        assert app.session.last_stats.step == "native"
+        assert app.session.messages[-1].content == flipped  # the same greedy tokens
+        assert not [n for n in app._notifications if n.severity == "error"]
+        assert "graphs" not in app.status.line  # no CUDA graphs on a CPU
 
 
-async def test_escape_before_the_reply_begins_still_stops_it(make_app):
-    app = held_in_child(make_app("--max-tokens", "100000", "--ignore-eos"))
+async def test_ctrl_g_says_why_where_a_cpu_session_runs_no_native_step(make_app):
+    app = make_app("--max-tokens", "5")  # --compile off: the plain step
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
-        await send(pilot, "Hello", wait=False)
-        app.action_stop()  # the worker may not have started the reply yet
-        await wait_until(pilot, lambda: not app.busy)
-        assert app.session.messages[-1].stopped and app.session.last_stats.tokens <= 2
+        await pilot.pause()
+        assert "Fast step" in [k.description for k in app.query("FooterKey")]  # offered on every machine
+        await pilot.press("ctrl+g")
+        said = notices(app)
+        assert any("No fast step to switch here" in n and "started with --compile off" in n for n in said), said
+        await pilot.press("f1")
+        assert "native C++ step on a CPU" in " ".join(str(w.render()) for w in app.screen.query("Static"))
 
 
 async def test_a_model_that_fails_to_load_is_an_error_not_a_crash(tmp_path):
@@ -270,3 +135,46 @@ async def test_a_model_that_fails_to_load_is_an_error_not_a_crash(tmp_path):
         await send(pilot, "Hello?", wait=False)
         await pilot.press("ctrl+r", "ctrl+g")
         assert app.prompt.text == "Hello?" and app.session is None
+
+
+async def test_ctrl_r_in_a_greedy_chat_samples_at_regen_temperature_and_says_so_once(make_app):
+    app = make_app("--max-tokens", "12")  # temperature 0: greedy
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hello")
+        greedy = app.session.messages[-1].content
+        calls: list[tuple] = []  # what the app's worker hands the session
+        for name in ("regenerate", "send"):
+            method = getattr(app.session, name)
+            setattr(app.session, name, lambda *a, method=method, name=name: calls.append((name, *a)) or method(*a))
+        for _ in range(2):
+            await pilot.press("ctrl+r")
+            await wait_until(pilot, lambda: not app.busy, what="the regenerated reply")
+        regens = [c[1] for c in calls]
+        assert [c[0] for c in calls] == ["regenerate"] * 2
+        assert all(p.temperature == 0.8 and isinstance(p.seed, int) for p in regens), regens
+        assert regens[0].seed != regens[1].seed  # a fresh seed each time
+        told = [n for n in notices(app) if "the chat is greedy" in n.lower()]
+        assert told == ["The chat is greedy: Ctrl+R samples at temperature 0.8; /set regen_temperature to change."]
+        assert app.session.params.temperature == 0 and app.session.params.seed is None  # the chat's stay
+        assert [m.role for m in app.session.messages] == ["user", "assistant"]
+        await send(pilot, "Hello again")
+        assert calls[-1] == ("send", "Hello again")  # the next message: the chat's own (greedy) settings
+        await send(pilot, "/set regen_temperature 1.5")
+        await send(pilot, "/show")
+        assert any("regen_temperature 1.5" in n for n in notices(app))
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: not app.busy)
+        assert calls[-1][1].temperature == 1.5
+        await pilot.press("ctrl+n")
+        await wait_until(pilot, lambda: not app.session.messages)
+        await send(pilot, "Hello")
+        assert app.session.messages[-1].content == greedy
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: not app.busy)
+        assert len([n for n in notices(app) if "the chat is greedy" in n.lower()]) == 2  # once per chat
+        await send(pilot, "/set temperature 0.7")
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: not app.busy)
+        assert calls[-1][1].temperature == 0.7 and calls[-1][1].seed != calls[-2][1].seed  # sampling: its own
+        assert len([n for n in notices(app) if "the chat is greedy" in n.lower()]) == 2

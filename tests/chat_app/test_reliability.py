@@ -117,7 +117,7 @@ async def test_failed_regenerate_keeps_the_previous_reply(make_app, data_dir, mo
         await send(pilot, "Hello")
         before = [(m.role, m.content) for m in app.session.messages]
 
-        def refused():  # what the RemoteSession raises when the child's regenerate fails first
+        def refused(*params):  # what the RemoteSession raises when the child's regenerate fails first
             raise ValueError("OverflowError: Overflow when unpacking long")
 
         # The session is in the child process: the failure is made at the interface the app

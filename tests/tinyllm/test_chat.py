@@ -103,6 +103,25 @@ def test_regenerate_greedy_gives_the_same_reply(ckpt):
     assert again[-1].text == first and s.context == context and len(s.messages) == 2
 
 
+def test_regenerate_with_its_own_settings_leaves_the_chats_as_they_were(ckpt):
+    """The app's Ctrl+R in a greedy chat: regenerate(params.regenerating(seed)) samples at
+    regen_temperature with that seed, and the chat stays greedy."""
+    s = open_session(ckpt, "cpu", max_len=1024)
+    s.set_param("max_tokens", "30")
+    greedy = reply(s, "Hello!")[-1].text
+    assert s.params.regen_temperature == 0.8
+    sampled = {seed: list(s.regenerate(s.params.regenerating(seed)))[-1].text for seed in (1, 2)}
+    assert s.params.greedy and s.params.seed is None  # the chat's settings stay
+    assert sampled[1] != greedy and sampled[2] != greedy and sampled[1] != sampled[2]
+    assert list(s.regenerate(s.params.regenerating(1)))[-1].text == sampled[1]  # seeded: the same sample
+    assert list(s.regenerate())[-1].text == greedy  # greedy again without
+    assert len(s.messages) == 2
+    s.set_param("regen_temperature", "0")
+    assert list(s.regenerate(s.params.regenerating(3)))[-1].text == greedy  # 0: greedy, the same reply
+    with pytest.raises(ValueError, match=r"regen_temperature must be 0 \(greedy\) or from 0.001 to 100"):
+        s.set_param("regen_temperature", "200")
+
+
 def test_sampling_settings_and_seed(ckpt):
     s = open_session(ckpt, "cpu", max_len=1024)
     for k, v in [("temperature", "0.9"), ("top_p", "0.9"), ("top_k", "40"), ("seed", "7"), ("max_tokens", "20")]:
@@ -119,8 +138,10 @@ def test_sampling_settings_and_seed(ckpt):
 def test_graphs_unavailable_on_cpu(ckpt):
     s = open_session(ckpt, "cpu")
     assert not s.graphs_available and reply(s, "Hi")[-1].stats.graphs is None
-    with pytest.raises(ValueError, match="not available on the CPU"):
+    # on a CPU the switch is the native step's, which this session (no compile asked) has not
+    with pytest.raises(ValueError, match="the native CPU step does not run this session"):
         s.set_graphs(True)
+    assert not s.use_graph
 
 
 def test_new_chat_and_resume(ckpt):

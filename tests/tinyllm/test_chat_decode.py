@@ -233,3 +233,36 @@ def test_no_graph_is_captured_mid_reply_or_while_a_compile_runs(ckpt):
     s.set_param("max_tokens", "300")  # crosses the 128 and 256 buckets' ends
     fin = talk(s, "More?")
     assert fin.stats.step == "compiled" and set(s.decoder.graphs) == captured
+
+
+def test_the_native_step_switched_off_and_on_mid_reply_reads_the_same_greedy_reply(ckpt):
+    """The fast step's switch on a CPU (the app's Ctrl+G): the native step against the plain
+    step run eagerly, from the next launch, mid-reply too; a greedy reply reads the same."""
+    ref = session(ckpt, K, compile="native")
+    ref.set_param("max_tokens", "60")
+    ref.stop_ids = set()
+    want = talk(ref, "Hello!").text
+    assert ref.step_kind == "native" and ref.last_stats.step == "native" and ref.use_graph
+    s = session(ckpt, K, compile="native")
+    s.set_param("max_tokens", "60")
+    s.stop_ids = set()
+    steps, text = [], []
+    for i, event in enumerate(s.send("Hello!")):
+        if isinstance(event, Token):
+            text.append(event.text)
+            steps.append(event.stats.step)
+            if i in (10, 30):
+                s.set_graphs(i == 30)  # off at the tenth token, on again at the thirtieth
+                assert s.step_kind == ("native" if i == 30 else "eager")
+    assert "".join(text) == want
+    assert steps[0] == "native" and "eager" in steps and steps[-1] == "native"
+    s.set_graphs(False)
+    s.new_chat()
+    assert talk(s, "Hello!").text == want and s.last_stats.step == "eager" and not s.use_graph
+
+
+def test_the_native_switch_is_refused_where_no_native_step_runs(ckpt):
+    s = session(ckpt, K)
+    with pytest.raises(ValueError, match="native CPU step does not run"):
+        s.set_graphs(False)
+    assert s.step_kind == "plain" and not s.use_graph
