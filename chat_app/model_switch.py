@@ -148,7 +148,7 @@ class ModelSwitching:
         self.model_name = self.store.model = self.sub_title = s.name
         self.load_progress.finish()
         self.refresh_bindings()  # Ctrl+G only where there are graphs
-        self.status.show(state="ready", name=s.name, device=s.device, dtype=s.dtype,
+        self.status.show(state="ready", name=s.name, device=s.device, weights=s.weights,
                          graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
                          position=len(s.context), step=s.step_kind, capped=s.max_len < s.model_max_len)
         if s.log_error and not self._log_error_said:

@@ -114,6 +114,19 @@ class ChatSession:
         return str(self.model.dtype).removeprefix("torch.")
 
     @property
+    def weights(self) -> str:
+        """How the matrices are held: "int4", "int8" (both: "int4+int8", the more common first),
+        else the float dtype ("bf16", "fp16", "fp32")."""
+        from collections import Counter
+
+        from tinyllm.quant import QuantLinear
+
+        kinds = Counter(m.kind for m in self.model.modules() if isinstance(m, QuantLinear))
+        if kinds:
+            return "+".join(k for k, _ in kinds.most_common())
+        return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(self.dtype, self.dtype)
+
+    @property
     def messages(self) -> list[Message]:
         """Everything said (the model sees messages[first_message:])."""
         return self.conversation.messages
