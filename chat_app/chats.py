@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from chat_app.store import Saved, StoreError
+from chat_app.store import Resumed, Saved, StoreError
 from chat_app.widgets.chat_list import ChatList
 from tinyllm.sampling_params import SamplingParams
 
@@ -55,14 +55,15 @@ class ChatSwitching:
         self.status.show(tok_s=None, ttft_ms=None, window=None)  # the last reply's numbers were another chat's
         self.say(f"Opened a saved chat ({sum(m.role != 'system' for m in saved)} messages).")
 
-    async def resume_last_chat(self: ChatApp) -> None:
-        try:
-            saved, held = self.store.resume_last()
-        except StoreError as e:
-            self._store_failed(f"could not resume: {e}")
+    async def resume_last_chat(self: ChatApp, resumed: Resumed) -> None:
+        """Show what --resume found: main() opened the chat in the store, and its model."""
+        saved, held = resumed.saved, resumed.held
+        self.store_notices()
+        if resumed.error:
+            self._store_failed(resumed.error)
             return
-        finally:
-            self.store_notices()
+        if resumed.notice:
+            self.say(resumed.notice, "warning")
         if held:
             self.say("The last chat is open in another tinyllm-chat; "
                      + ("this is the one before it." if saved else "this is a new one."), "warning")

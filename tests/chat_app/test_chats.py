@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 
+from chat_app.__main__ import build_app, build_parser
+from chat_app.app import ChatApp
 from chat_app.store import Saved, Store
 from chat_app.widgets.chat_list import ChatList
 from chat_app.widgets.conversation import UserMessage
 from chat_app.widgets.reply import Reply
 from tests.chat_app.conftest import loaded, notices, send, wait_until
+from tinyllm.testing import make_tiny_checkpoint
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)
@@ -83,3 +89,47 @@ async def test_each_reply_keeps_its_model_on_resume_and_in_export(make_app, data
     assert text.count("## SmolLM2") == 2 and text.count("## tiny-test") == 1
     # the system prompt where it was set: after the first answer, before the next question
     assert text.index("Newer answer") < text.index("**System:** Be brief.") < text.index("After the system")
+
+
+def other_model(tmp_path, name: str = "other-tiny"):
+    """A second model, with its own name and weights."""
+    path = make_tiny_checkpoint(tmp_path / name, seed=1)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "name": name}))
+    return path
+
+
+def app_of(*argv: str, default) -> ChatApp:
+    """The app as main() builds it, `default` the model config.toml names (what --resume falls back on)."""
+    args = build_parser({"model": str(default)}).parse_args(["--device", "cpu", "--compile", "off",
+                                                            "--max-tokens", "5", *argv])
+    app = build_app(args)
+    app.NOTIFICATION_TIMEOUT = 3600
+    return app
+
+
+async def test_resume_reopens_the_chats_model_or_says_it_is_gone(ckpt, tmp_path):
+    """Issue 34, item 4: a chat comes back with the model that wrote it; its model deleted: one
+    notice, and the chat goes on with the default model."""
+    other = other_model(tmp_path)
+    app = app_of("--model", str(other), default=ckpt)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hello other")
+    app = app_of("--resume", default=ckpt)
+    assert app.model_name == "other-tiny"  # decided before the model's process starts
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await wait_until(pilot, lambda: len(app.session.messages) == 2, what="the resumed chat")
+        assert app.session.name == "other-tiny" and app.session.path == str(other.resolve())
+        assert "other-tiny" in app.status.line and not [n for n in notices(app) if "cannot be opened" in n]
+        await send(pilot, "Still other?")
+        assert [r.border_title for r in app.query(Reply)] == ["other-tiny", "other-tiny"]
+    shutil.rmtree(other)
+    app = app_of("--resume", default=ckpt)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await wait_until(pilot, lambda: len(app.session.messages) == 4, what="the resumed chat")
+        assert app.session.name == "tiny-test" and "tiny-test" in app.status.line
+        said = [n for n in notices(app) if "other-tiny" in n]
+        assert len(said) == 1 and "does not exist" in said[0] and "goes on with tiny-test" in said[0], said
