@@ -3,7 +3,8 @@ chat; a mixin of ChatApp.
 
 Contract: opening a chat stops the reply that runs (its text is saved first, into the chat it
 belongs to) and then, in order on the worker: the store opens the chosen conversation (a
-barrier job "open", so every write of the old chat lands before), the screen shows it (each
+barrier job "open", so every write of the old chat lands before), its own model is opened
+where another is open (chat_app.model_switch), the screen shows it (each
 reply under the model that wrote it, system prompts where they were set), the session loads
 its messages and system prompt, and its /set values apply over the launch's settings (the
 launch's settings come back for a chat that has none). A saved value that is not one a reply
@@ -51,6 +52,7 @@ class ChatSwitching:
         finally:
             self.store_notices()
         await self.conversation.clear()
+        self.reopen_chat_model()  # first: the chat's messages then load into its model
         await self.show_saved(saved)
         self.status.show(tok_s=None, ttft_ms=None, window=None)  # the last reply's numbers were another chat's
         self.say(f"Opened a saved chat ({sum(m.role != 'system' for m in saved)} messages).")

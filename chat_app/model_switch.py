@@ -24,6 +24,11 @@ Contract:
 - `/model hf:OWNER/REPO[:FILE]` downloads the model first, on the worker (tinyllm.hub, the
   Hub's cache; no byte progress in the app, the load bar waits), then opens it as above; a
   spec the Hub refuses is the same kind of notice, and the old model goes on answering.
+- A saved chat opened from the chat list (Ctrl+O, Enter) brings its own model back the same
+  way (chat_app.chat_model: its path, else its hf: spec), in that chat rather than a new one,
+  said in one notice; a chat whose model cannot be opened stays with the model that is open,
+  said in one notice (its model's name, why, and the model it goes on with). The store keeps
+  the open model's path and hf: spec for the chats it saves from then on.
 - `/model` alone shows the model's name and path.
 - A model process whose log (session.log) cannot be written runs without one: one notice a run.
 - A model process that ends on its own (killed, crashed) is said once, mid-reply or not, and
@@ -39,6 +44,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from chat_app.chat_model import gone, locate
 from chat_app.events import Failed, Loaded, Progress
 from chat_app.widgets.load_progress import LoadProgress
 from tinyllm import hub  # no torch, as the next
@@ -56,6 +62,7 @@ class ModelSwitching:
     _switching_from: ModelProcess | None = None  # the session that answers again if /model fails
     _log_error_said = False  # a log that cannot be written is said once a run
     _restarting = False  # a new model process is being started in place of one that ended
+    _opening_spec: str | None = None  # the hf: spec of the model being opened (None: a path)
 
     @property
     def load_progress(self: ChatApp) -> LoadProgress:
@@ -71,9 +78,9 @@ class ModelSwitching:
 
     # ---- the worker ------------------------------------------------------------------------
 
-    def switch_model(self: ChatApp, old: ModelProcess, job: tuple[str, str | None]) -> ModelProcess:
+    def switch_model(self: ChatApp, old: ModelProcess, job: tuple[str, str | None, bool]) -> ModelProcess:
         """Open the job's model beside the old one; the session that serves from now on."""
-        path, system = job
+        path, system, keep_chat = job
         try:
             if hub.is_hub(path):  # downloaded here, on the worker: the UI stays live meanwhile
                 path = str(hub.fetch(path, progress=False))  # (its bars would write on the screen)
@@ -82,7 +89,7 @@ class ModelSwitching:
         except Exception as e:
             self._outbox.put(Failed("model", path, f"could not open {path}: {e} (still chatting with {old.name})"))
             return old
-        self._outbox.put(Loaded(new, switched=True))
+        self._outbox.put(Loaded(new, switched=True, keep_chat=keep_chat))
         old.close()
         return new
 
@@ -128,22 +135,43 @@ class ModelSwitching:
         except (FileNotFoundError, ValueError) as e:
             self.say(str(e), "error")
             return
+        self.open_model(arg, name, keep_chat=False)
+
+    def open_model(self: ChatApp, arg: str, name: str, keep_chat: bool) -> None:
+        """Queue the switch to `arg` (a path, or an hf: spec fetched on the worker)."""
         self._switching_from, self.session = self.session, None
         self.show_loading(name)
         if hub.is_hub(arg):
             self.say(f"Getting {arg} from the Hugging Face Hub (or its cache).")
+        self._opening_spec = arg if hub.is_hub(arg) else None
         path = arg if hub.is_hub(arg) else str(Path(arg).expanduser().resolve())
-        self.queue_job("model", (path, self.store.system))
+        self.queue_job("model", (path, self.store.system, keep_chat))
 
-    async def model_loaded(self: ChatApp, s: ModelProcess, switched: bool) -> None:
+    def reopen_chat_model(self: ChatApp) -> None:
+        """A saved chat was opened (the chat list): its own model, where that is not the one open."""
+        store, s = self.store, self.session
+        assert s is not None, "a chat is opened only while a model is"
+        where, why = locate(store.chat_model_path, store.chat_model_spec)
+        if where is None:
+            if store.chat_model_path is not None or store.chat_model != s.name:
+                self.say(gone(store.chat_model, why, s.name), "warning")
+            return
+        if hub.is_hub(where) and where == store.model_spec or Path(where).resolve() == Path(s.path).resolve():
+            return  # the model open already
+        self.open_model(where, store.chat_model, keep_chat=True)
+
+    async def model_loaded(self: ChatApp, s: ModelProcess, switched: bool, keep_chat: bool = False) -> None:
         if switched:
-            await self.conversation.clear()
-            self.store.new_chat()  # keeps its /set values and system prompt, as the new session does
-            if self.store.settings:
-                self.queue_job("params", self.store.settings)
+            if not keep_chat:
+                await self.conversation.clear()
+                self.store.new_chat()  # keeps its /set values and system prompt, as the new session does
+                if self.store.settings:
+                    self.queue_job("params", self.store.settings)
             self.last_stats, self._compile_failure_said = None, False
             self.status.show(tok_s=None, ttft_ms=None, window=None)
-            self.say(f"Now chatting with {s.name}, in a new chat (the last one is saved: Ctrl+O).")
+            self.store.model_path, self.store.model_spec = s.path, self._opening_spec
+            self.say(f"This chat's own model, {s.name}, is open again." if keep_chat else
+                     f"Now chatting with {s.name}, in a new chat (the last one is saved: Ctrl+O).")
         self.session, self._switching_from = s, None
         self.model_name = self.store.model = self.sub_title = s.name
         self.load_progress.finish()

@@ -133,3 +133,34 @@ async def test_resume_reopens_the_chats_model_or_says_it_is_gone(ckpt, tmp_path)
         assert app.session.name == "tiny-test" and "tiny-test" in app.status.line
         said = [n for n in notices(app) if "other-tiny" in n]
         assert len(said) == 1 and "does not exist" in said[0] and "goes on with tiny-test" in said[0], said
+
+
+async def test_a_chat_from_the_list_comes_back_with_its_model(make_app, data_dir, tmp_path):
+    """Issue 34, item 4: Ctrl+O, Enter reopens the chat's model (in that chat, not a new one);
+    a chat whose model is gone: one notice, and the model open stays."""
+    other = other_model(tmp_path)
+    for model, path in (("other-tiny", other), ("gone-model", tmp_path / "gone")):
+        store = Store.open(data_dir, model=model)
+        store.model_path = str(path)
+        store.add(Saved("user", f"A question for {model}"))
+        store.add(Saved("assistant", "An answer", model=model))
+        store.close()
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        first = app.session
+        await pilot.press("ctrl+o", "down", "enter")  # the older chat: other-tiny's
+        await wait_until(pilot, lambda: app.session is not None and app.session is not first
+                         and len(app.session.messages) == 2, what="the chat in its own model")
+        assert app.session.name == "other-tiny" and app.session.path == str(other.resolve())
+        assert "other-tiny" in app.status.line and app.store.chat_model_path == str(other)
+        cid = app.store.conversation
+        await send(pilot, "More")
+        assert app.store.conversation == cid and app.query(Reply).last().border_title == "other-tiny"
+        assert any("other-tiny, is open again" in n for n in notices(app))
+        await pilot.press("ctrl+o", "down", "enter")  # gone-model's chat
+        await wait_until(pilot, lambda: [m.content for m in app.session.messages][:1] == ["A question for gone-model"],
+                         what="the chat whose model is gone")
+        said = [n for n in notices(app) if "gone-model" in n]
+        assert len(said) == 1 and "does not exist" in said[0] and "goes on with other-tiny" in said[0], said
+        assert app.session.name == "other-tiny"
