@@ -13,7 +13,7 @@ from __future__ import annotations
 from tinyllm import hub
 from tinyllm.model_files import precheck
 
-NO_PATH = "its chat was saved before chats kept their model's path"
+NO_PATH = "chat.db kept no model paths when it was saved"
 
 
 def locate(path: str | None, spec: str | None) -> tuple[str | None, str]:

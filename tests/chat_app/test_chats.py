@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 
 import pytest
 
 from chat_app.__main__ import build_app, build_parser
 from chat_app.app import ChatApp
+from chat_app.chat_model import NO_PATH, locate
 from chat_app.store import Saved, Store
 from chat_app.widgets.chat_list import ChatList
 from chat_app.widgets.conversation import UserMessage
@@ -164,3 +166,22 @@ async def test_a_chat_from_the_list_comes_back_with_its_model(make_app, data_dir
         said = [n for n in notices(app) if "gone-model" in n]
         assert len(said) == 1 and "does not exist" in said[0] and "goes on with other-tiny" in said[0], said
         assert app.session.name == "other-tiny"
+
+
+def test_an_older_chat_db_gains_the_model_columns(tmp_path):
+    """A chat.db from before chats kept their model's path: opened, its chats have none, and
+    chat_app.chat_model says why such a chat cannot reopen its model."""
+    with sqlite3.connect(tmp_path / "chat.db") as db:
+        db.executescript(
+            "CREATE TABLE conversations (id INTEGER PRIMARY KEY, created REAL NOT NULL, model TEXT NOT NULL, "
+            "system TEXT); CREATE TABLE messages (id INTEGER PRIMARY KEY, conversation INTEGER NOT NULL, "
+            "role TEXT NOT NULL, content TEXT NOT NULL, stopped INTEGER NOT NULL DEFAULT 0);"
+            "INSERT INTO conversations VALUES (1, 0, 'SmolLM2', NULL);"
+            "INSERT INTO messages (conversation, role, content) VALUES (1, 'user', 'hi');")
+    store = Store.open(tmp_path)
+    saved, held = store.resume_last()
+    assert [m.content for m in saved] == ["hi"] and not held
+    assert store.chat_model == "SmolLM2" and store.chat_model_path is None and store.chat_model_spec is None
+    assert locate(store.chat_model_path, store.chat_model_spec) == (None, NO_PATH)
+    assert locate(None, "hf:me/one") == ("hf:me/one", "")  # a Hub model: fetched (or the cache) when opened
+    store.close()
