@@ -40,6 +40,7 @@ Contract:
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -113,10 +114,10 @@ class ChatSession:
     def dtype(self) -> str:
         return str(self.model.dtype).removeprefix("torch.")
 
-    @property
+    @functools.cached_property
     def weights(self) -> str:
         """How the matrices are held: "int4", "int8" (both: "int4+int8", the more common first),
-        else the float dtype ("bf16", "fp16", "fp32")."""
+        else the float dtype ("bf16", "fp16", "fp32"). Once: every state the child sends has it."""
         from collections import Counter
 
         from tinyllm.quant import QuantLinear
