@@ -241,10 +241,10 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
     # ---- the worker ---------------------------------------------------------------------
 
     @work(thread=True, exclusive=True, group="session", name="session")
-    def _serve(self) -> None:
+    def _serve(self, **changes: Any) -> None:
         worker = get_current_worker()
         try:
-            session = self.open_session(progress=self.report_progress)
+            session = self.open_session(progress=self.report_progress, **changes)
         except Exception as e:  # shown once (bad input: by main()); the app stays up
             self._outbox.put(Failed("load", e, f"could not load the model: {e}"))
             return

@@ -28,7 +28,9 @@ Contract:
   way (chat_app.chat_model: its path, else its hf: spec), in that chat rather than a new one,
   said in one notice; a chat whose model cannot be opened stays with the model that is open,
   said in one notice (its model's name, why, and the model it goes on with). The store keeps
-  the open model's path and hf: spec for the chats it saves from then on.
+  the open model's path and hf: spec for the chats it saves from then on. A model --resume
+  opened for its chat that the child refuses (`fallback` set) is the same kind of notice, and
+  the model it would have had without --resume opens instead.
 - `/model` alone shows the model's name and path.
 - A model process whose log (session.log) cannot be written runs without one: one notice a run.
 - A model process that ends on its own (killed, crashed) is said once, mid-reply or not, and
@@ -63,6 +65,7 @@ class ModelSwitching:
     _log_error_said = False  # a log that cannot be written is said once a run
     _restarting = False  # a new model process is being started in place of one that ended
     _opening_spec: str | None = None  # the hf: spec of the model being opened (None: a path)
+    fallback: str | None = None  # --resume opened the chat's model: the one to open if it is refused
 
     @property
     def load_progress(self: ChatApp) -> LoadProgress:
@@ -186,6 +189,17 @@ class ModelSwitching:
             self.say(f"The context is capped at {s.max_len} of the model's {s.model_max_len} positions "
                      f"to keep memory low; --max-len {s.model_max_len} lifts the cap.")
 
+    def fall_back(self: ChatApp, error: ValueError) -> None:
+        """--resume's model (the chat's own) passed the quick checks but not the loader's: the
+        model it would have had without --resume, said in one notice."""
+        path, self.fallback = str(self.fallback), None
+        name = precheck(path)
+        self.say(gone(self.store.chat_model, str(error), name), "warning")
+        self.store.model_path, self.store.model_spec = str(Path(path).resolve()), None
+        self.model_name = name
+        self.show_loading(name)
+        self._serve(path=path)
+
     def model_failed(self: ChatApp, item: Failed) -> None:
         self.load_progress.finish()
         if item.kind == "restart":
@@ -197,6 +211,9 @@ class ModelSwitching:
             self.session, self._switching_from = self._switching_from, None
             assert self.session is not None, "a model switch fails only from a model that was open"
             self.status.show(state="ready", name=self.session.name)
+        elif isinstance(item.arg, ValueError) and self.fallback:  # a resumed chat's model the child refused
+            self.fall_back(item.arg)
+            return
         elif isinstance(item.arg, ValueError):  # the first model: bad input, as before the TUI
             self.bad_input = str(item.arg)
             self.exit(return_code=2)

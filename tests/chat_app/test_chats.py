@@ -185,3 +185,23 @@ def test_an_older_chat_db_gains_the_model_columns(tmp_path):
     assert locate(store.chat_model_path, store.chat_model_spec) == (None, NO_PATH)
     assert locate(None, "hf:me/one") == ("hf:me/one", "")  # a Hub model: fetched (or the cache) when opened
     store.close()
+
+
+async def test_resume_with_a_model_the_loader_refuses_goes_on_with_the_default(ckpt, data_dir, tmp_path):
+    """The chat's model passes the quick checks but not the loader's (a junk tokenizer): one
+    notice, and the default model opens instead of the app ending."""
+    broken = other_model(tmp_path, "broken-tiny")
+    (broken / "tokenizer.model").write_bytes(b"junk")
+    store = Store.open(data_dir, model="broken-tiny")
+    store.model_path = str(broken)
+    store.add(Saved("user", "Q"))
+    store.add(Saved("assistant", "A", model="broken-tiny"))
+    store.close()
+    app = app_of("--resume", default=ckpt)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.session is not None and app.session.name == "tiny-test",
+                         what="the default model")
+        await wait_until(pilot, lambda: len(app.session.messages) == 2, what="the resumed chat")
+        said = [n for n in notices(app) if "broken-tiny" in n]
+        assert len(said) == 1 and "goes on with tiny-test" in said[0] and app.bad_input is None, said
+        assert "tiny-test" in app.status.line
