@@ -11,9 +11,13 @@ headers: tinyllm.model_files.precheck); what needs torch (shapes against the con
 tokenizer, the chat template, --device cuda without a GPU) is found by the child while the
 TUI shows the load's progress, and ends the app the same way (ChatApp.bad_input). Without
 --model the default model, models/tinychat, is opened (a wheel installs it as the package
-tinyllm_models). Anything else that goes wrong after that is fatal: one line on stderr
-naming the log, exit code 1, and the traceback appended to `tinyllm-chat.log` in the data
-folder. The session's child process writes its own stdout/stderr to `session.log` beside it.
+tinyllm_models), or config.toml's model. `--resume` reopens the last chat with
+the model it was written with (chat_app.chat_model), unless --model is on the command line:
+decided here, before the session's child process starts; a chat whose model is gone goes on
+with the model it would have had without --resume, said in one notice.
+Anything else that goes wrong after that is fatal: one line on stderr naming the log, exit
+code 1, and the traceback appended to `tinyllm-chat.log` in the data folder.
+The session's child process writes its own stdout/stderr to `session.log` beside it.
 SIGTERM and SIGHUP quit the app as Ctrl+Q does (the terminal restored, the reply so far
 saved), and exit with code 128 + the signal's number (143, 129), saying nothing.
 A chat that chat.db could not take by the time the app ends is one line on stderr naming the
@@ -31,6 +35,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from chat_app.app import ChatApp
+    from chat_app.store import Store
 
 PROG = "tinyllm-chat"
 LOG_NAME = "tinyllm-chat.log"
@@ -103,8 +108,9 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
                                                  "(/theme lists them; default: textual-dark)")
     p.epilog = ("Defaults for these options can be set in config.toml in the user config folder "
                 "(see docs/USING.md); the command line wins.")
-    if defaults:
-        p.set_defaults(**defaults)
+    if defaults:  # config.toml's model is a default --resume may replace: kept apart from --model
+        defaults = dict(defaults)
+        p.set_defaults(config_model=defaults.pop("model", None), **defaults)
     return p
 
 
@@ -121,7 +127,7 @@ def resolve_model(spec: str | Path) -> str | Path:
 
 def build_app(args: argparse.Namespace) -> ChatApp:
     """Check everything the command line says; FileNotFoundError/ValueError when it's wrong."""
-    if args.model is None and not DEFAULT_MODEL.exists():
+    if args.model is None and getattr(args, "config_model", None) is None and not DEFAULT_MODEL.exists():
         raise FileNotFoundError(f"the default model {DEFAULT_MODEL} is not there yet; "
                                 "pass --model PATH (a checkpoint folder, Hugging Face folder or .gguf file)")
     from functools import partial
@@ -129,12 +135,21 @@ def build_app(args: argparse.Namespace) -> ChatApp:
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
     use_compile_cache()
+    from chat_app.store import Store
+    from tinyllm import hub
     from tinyllm.chat_template import get_template  # none of these imports torch
     from tinyllm.model_files import precheck
     from tinyllm.sampling_params import SamplingParams
 
-    path = resolve_model(args.model) if args.model else DEFAULT_MODEL
+    store = Store.open(system=args.system)
+    resumed = store.resume() if args.resume else None
+    spec = args.model or getattr(args, "config_model", None)
+    if resumed and resumed.saved and not args.model:  # the chat's own model, where it still is
+        spec, resumed.notice = chat_model(store, spec)
+    path = resolve_model(spec) if spec else DEFAULT_MODEL
     name = precheck(path)  # the rest of open_session's checks run in the child
+    store.model, store.model_path = name, str(Path(path).expanduser().resolve())
+    store.model_spec = str(spec) if spec and hub.is_hub(spec) else None
     if args.max_len is not None and args.max_len < 16:
         raise ValueError(f"--max-len must be at least 16, got {args.max_len}")
     max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
@@ -151,9 +166,7 @@ def build_app(args: argparse.Namespace) -> ChatApp:
 
     from chat_app.app import ChatApp
     from chat_app.remote_session import RemoteSession
-    from chat_app.store import Store
 
-    store = Store.open(model=name, system=args.system)
     # The session runs in a child process: its decoding never waits for the UI's GIL.
     opener = partial(RemoteSession, dict(
         path=str(path), device=args.device, max_len=args.max_len, params=params, system=args.system,
@@ -161,7 +174,32 @@ def build_app(args: argparse.Namespace) -> ChatApp:
         compile=COMPILE[args.compile], threads=args.threads, ignore_eos=args.ignore_eos,
         quant=args.quant, cap_max_tokens=args.max_tokens is None,
         log=str(store.folder / "session.log")))
-    return ChatApp(opener, store, model_name=name, resume=args.resume, theme=args.theme)
+    app = ChatApp(opener, store, model_name=name, resume=resumed, theme=args.theme)
+    fallback = args.model or getattr(args, "config_model", None)
+    if spec != fallback and not (fallback and hub.is_hub(fallback)):  # the chat's own model: if the
+        app.fallback = str(fallback or DEFAULT_MODEL)  # child refuses it, the one it would have had
+    return app
+
+
+def chat_model(store: Store, fallback: str | Path | None) -> tuple[str | Path | None, str | None]:
+    """The model a resumed chat reopens with (its path, or its hf: spec, fetched now), or
+    `fallback` and the notice that says why not."""
+    from chat_app.chat_model import gone, locate
+    from tinyllm import hub
+    from tinyllm.model_files import precheck
+
+    where, why = locate(store.chat_model_path, store.chat_model_spec)
+    if where is not None and hub.is_hub(where):
+        try:
+            return resolve_model(where), None
+        except ValueError as e:
+            where, why = None, str(e)
+    if where is not None:
+        return where, None
+    current = precheck(resolve_model(fallback) if fallback else DEFAULT_MODEL)
+    if store.chat_model_path is None and store.chat_model == current:
+        return fallback, None  # a chat saved before paths were kept, with this very model
+    return fallback, gone(store.chat_model, why, current)
 
 
 def fatal(error: BaseException, data_dir: Path | None = None) -> NoReturn:

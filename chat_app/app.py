@@ -54,7 +54,7 @@ from chat_app.events import Done, Failed, Loaded, Started
 from chat_app.labels import printable
 from chat_app.model_switch import ModelSwitching
 from chat_app.reading import READING_KEYS, Reading
-from chat_app.store import Saved, Store, StoreError
+from chat_app.store import Resumed, Saved, Store, StoreError
 from chat_app.terminal import driver_class
 from chat_app.widgets.conversation import Conversation
 from chat_app.widgets.help_screen import HelpScreen
@@ -97,7 +97,7 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
     ]
 
     def __init__(self, open_session: Callable[..., ModelProcess], store: Store, model_name: str = "model",
-                 resume: bool = False, theme: str | None = None) -> None:
+                 resume: Resumed | None = None, theme: str | None = None) -> None:
         super().__init__(driver_class=driver_class())
         self.chosen_theme = theme
         self.open_session, self.store, self.model_name, self.resume = open_session, store, model_name, resume
@@ -159,8 +159,8 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
         if self.store.error:
             self._store_failed(self.store.error)
         self.store_notices()
-        if self.resume:
-            await self.resume_last_chat()
+        if self.resume is not None:  # what --resume found (Store.resume, in main())
+            await self.resume_last_chat(self.resume)
 
     def _catch_signals(self, on: bool) -> None:
         """SIGTERM and SIGHUP quit as Ctrl+Q does (the terminal restored, what streamed saved);
@@ -245,10 +245,10 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
     # ---- the worker ---------------------------------------------------------------------
 
     @work(thread=True, exclusive=True, group="session", name="session")
-    def _serve(self) -> None:
+    def _serve(self, **changes: Any) -> None:
         worker = get_current_worker()
         try:
-            session = self.open_session(progress=self.report_progress)
+            session = self.open_session(progress=self.report_progress, **changes)
         except Exception as e:  # shown once (bad input: by main()); the app stays up
             self._outbox.put(Failed("load", e, f"could not load the model: {e}"))
             return

@@ -3,7 +3,8 @@ chat; a mixin of ChatApp.
 
 Contract: opening a chat stops the reply that runs (its text is saved first, into the chat it
 belongs to) and then, in order on the worker: the store opens the chosen conversation (a
-barrier job "open", so every write of the old chat lands before), the screen shows it (each
+barrier job "open", so every write of the old chat lands before), its own model is opened
+where another is open (chat_app.model_switch), the screen shows it (each
 reply under the model that wrote it, system prompts where they were set), the session loads
 its messages and system prompt, and its /set values apply over the launch's settings (the
 launch's settings come back for a chat that has none). A saved value that is not one a reply
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from chat_app.store import Saved, StoreError
+from chat_app.store import Resumed, Saved, StoreError
 from chat_app.widgets.chat_list import ChatList
 from tinyllm.sampling_params import SamplingParams
 
@@ -51,18 +52,20 @@ class ChatSwitching:
         finally:
             self.store_notices()
         await self.conversation.clear()
+        self.reopen_chat_model()  # first: the chat's messages then load into its model
         await self.show_saved(saved)
         self.status.show(tok_s=None, ttft_ms=None, window=None)  # the last reply's numbers were another chat's
         self.say(f"Opened a saved chat ({sum(m.role != 'system' for m in saved)} messages).")
 
-    async def resume_last_chat(self: ChatApp) -> None:
-        try:
-            saved, held = self.store.resume_last()
-        except StoreError as e:
-            self._store_failed(f"could not resume: {e}")
+    async def resume_last_chat(self: ChatApp, resumed: Resumed) -> None:
+        """Show what --resume found: main() opened the chat in the store, and its model."""
+        saved, held = resumed.saved, resumed.held
+        self.store_notices()
+        if resumed.error:
+            self._store_failed(resumed.error)
             return
-        finally:
-            self.store_notices()
+        if resumed.notice:
+            self.say(resumed.notice, "warning")
         if held:
             self.say("The last chat is open in another tinyllm-chat; "
                      + ("this is the one before it." if saved else "this is a new one."), "warning")

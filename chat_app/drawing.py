@@ -96,8 +96,8 @@ class Drawing:
 
     async def _handle(self: ChatApp, item: Loaded | Progress | Started | Done | Failed) -> None:
         match item:
-            case Loaded(session=s, switched=switched):
-                await self.model_loaded(s, switched)
+            case Loaded(session=s, switched=switched, keep_chat=keep_chat):
+                await self.model_loaded(s, switched, keep_chat)
             case Progress(done=done, total=total):
                 self.load_progress.advance(done, total)
             case Started():

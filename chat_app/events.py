@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 class Loaded:
     session: ModelProcess
     switched: bool = False  # it replaces the model that was open (/model PATH)
+    keep_chat: bool = False  # ... in the chat that is open (a saved chat's own model), not a new one
 
 
 @dataclass

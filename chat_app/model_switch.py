@@ -24,6 +24,13 @@ Contract:
 - `/model hf:OWNER/REPO[:FILE]` downloads the model first, on the worker (tinyllm.hub, the
   Hub's cache; no byte progress in the app, the load bar waits), then opens it as above; a
   spec the Hub refuses is the same kind of notice, and the old model goes on answering.
+- A saved chat opened from the chat list (Ctrl+O, Enter) brings its own model back the same
+  way (chat_app.chat_model: its path, else its hf: spec), in that chat rather than a new one,
+  said in one notice; a chat whose model cannot be opened stays with the model that is open,
+  said in one notice (its model's name, why, and the model it goes on with). The store keeps
+  the open model's path and hf: spec for the chats it saves from then on. A model --resume
+  opened for its chat that the child refuses (`fallback` set) is the same kind of notice, and
+  the model it would have had without --resume opens instead.
 - `/model` alone shows the model's name and path.
 - A model process whose log (session.log) cannot be written runs without one: one notice a run.
 - A model process that ends on its own (killed, crashed) is said once, mid-reply or not, and
@@ -39,6 +46,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from chat_app.chat_model import gone, locate
 from chat_app.events import Failed, Loaded, Progress
 from chat_app.widgets.load_progress import LoadProgress
 from tinyllm import hub  # no torch, as the next
@@ -56,6 +64,8 @@ class ModelSwitching:
     _switching_from: ModelProcess | None = None  # the session that answers again if /model fails
     _log_error_said = False  # a log that cannot be written is said once a run
     _restarting = False  # a new model process is being started in place of one that ended
+    _opening_spec: str | None = None  # the hf: spec of the model being opened (None: a path)
+    fallback: str | None = None  # --resume opened the chat's model: the one to open if it is refused
 
     @property
     def load_progress(self: ChatApp) -> LoadProgress:
@@ -71,9 +81,9 @@ class ModelSwitching:
 
     # ---- the worker ------------------------------------------------------------------------
 
-    def switch_model(self: ChatApp, old: ModelProcess, job: tuple[str, str | None]) -> ModelProcess:
+    def switch_model(self: ChatApp, old: ModelProcess, job: tuple[str, str | None, bool]) -> ModelProcess:
         """Open the job's model beside the old one; the session that serves from now on."""
-        path, system = job
+        path, system, keep_chat = job
         try:
             if hub.is_hub(path):  # downloaded here, on the worker: the UI stays live meanwhile
                 path = str(hub.fetch(path, progress=False))  # (its bars would write on the screen)
@@ -82,7 +92,7 @@ class ModelSwitching:
         except Exception as e:
             self._outbox.put(Failed("model", path, f"could not open {path}: {e} (still chatting with {old.name})"))
             return old
-        self._outbox.put(Loaded(new, switched=True))
+        self._outbox.put(Loaded(new, switched=True, keep_chat=keep_chat))
         old.close()
         return new
 
@@ -132,27 +142,48 @@ class ModelSwitching:
         except (FileNotFoundError, ValueError) as e:
             self.say(str(e), "error")
             return
+        self.open_model(arg, name, keep_chat=False)
+
+    def open_model(self: ChatApp, arg: str, name: str, keep_chat: bool) -> None:
+        """Queue the switch to `arg` (a path, or an hf: spec fetched on the worker)."""
         self._switching_from, self.session = self.session, None
         self.show_loading(name)
         if hub.is_hub(arg):
             self.say(f"Getting {arg} from the Hugging Face Hub (or its cache).")
+        self._opening_spec = arg if hub.is_hub(arg) else None
         path = arg if hub.is_hub(arg) else str(Path(arg).expanduser().resolve())
-        self.queue_job("model", (path, self.store.system))
+        self.queue_job("model", (path, self.store.system, keep_chat))
 
-    async def model_loaded(self: ChatApp, s: ModelProcess, switched: bool) -> None:
+    def reopen_chat_model(self: ChatApp) -> None:
+        """A saved chat was opened (the chat list): its own model, where that is not the one open."""
+        store, s = self.store, self.session
+        assert s is not None, "a chat is opened only while a model is"
+        where, why = locate(store.chat_model_path, store.chat_model_spec)
+        if where is None:
+            if store.chat_model_path is not None or store.chat_model != s.name:
+                self.say(gone(store.chat_model, why, s.name), "warning")
+            return
+        if hub.is_hub(where) and where == store.model_spec or Path(where).resolve() == Path(s.path).resolve():
+            return  # the model open already
+        self.open_model(where, store.chat_model, keep_chat=True)
+
+    async def model_loaded(self: ChatApp, s: ModelProcess, switched: bool, keep_chat: bool = False) -> None:
         if switched:
-            await self.conversation.clear()
-            self.store.new_chat()  # keeps its /set values and system prompt, as the new session does
-            if self.store.settings:
-                self.queue_job("params", self.store.settings)
+            if not keep_chat:
+                await self.conversation.clear()
+                self.store.new_chat()  # keeps its /set values and system prompt, as the new session does
+                if self.store.settings:
+                    self.queue_job("params", self.store.settings)
             self.last_stats, self._compile_failure_said = None, False
             self.status.show(tok_s=None, ttft_ms=None, window=None)
-            self.say(f"Now chatting with {s.name}, in a new chat (the last one is saved: Ctrl+O).")
+            self.store.model_path, self.store.model_spec = s.path, self._opening_spec
+            self.say(f"This chat's own model, {s.name}, is open again." if keep_chat else
+                     f"Now chatting with {s.name}, in a new chat (the last one is saved: Ctrl+O).")
         self.session, self._switching_from = s, None
         self.model_name = self.store.model = self.sub_title = s.name
         self.load_progress.finish()
         self.refresh_bindings()
-        self.status.show(state="ready", name=s.name, device=s.device, dtype=s.dtype,
+        self.status.show(state="ready", name=s.name, device=s.device, weights=s.weights,
                          graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
                          position=len(s.context), step=s.step_kind, capped=s.max_len < s.model_max_len)
         if s.log_error and not self._log_error_said:
@@ -161,6 +192,17 @@ class ModelSwitching:
         if s.max_len < s.model_max_len:
             self.say(f"The context is capped at {s.max_len} of the model's {s.model_max_len} positions "
                      f"to keep memory low; --max-len {s.model_max_len} lifts the cap.")
+
+    def fall_back(self: ChatApp, error: ValueError) -> None:
+        """--resume's model (the chat's own) passed the quick checks but not the loader's: the
+        model it would have had without --resume, said in one notice."""
+        path, self.fallback = str(self.fallback), None
+        name = precheck(path)
+        self.say(gone(self.store.chat_model, str(error), name), "warning")
+        self.store.model_path, self.store.model_spec = str(Path(path).resolve()), None
+        self.model_name = name
+        self.show_loading(name)
+        self._serve(path=path)
 
     def model_failed(self: ChatApp, item: Failed) -> None:
         self.load_progress.finish()
@@ -173,6 +215,9 @@ class ModelSwitching:
             self.session, self._switching_from = self._switching_from, None
             assert self.session is not None, "a model switch fails only from a model that was open"
             self.status.show(state="ready", name=self.session.name)
+        elif isinstance(item.arg, ValueError) and self.fallback:  # a resumed chat's model the child refused
+            self.fall_back(item.arg)
+            return
         elif isinstance(item.arg, ValueError):  # the first model: bad input, as before the TUI
             self.bad_input = str(item.arg)
             self.exit(return_code=2)

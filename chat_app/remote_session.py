@@ -77,6 +77,7 @@ class RemoteSession:
     name = _mirrored("name")
     device = _mirrored("device")
     dtype = _mirrored("dtype")
+    weights = _mirrored("weights")
     graphs_available = _mirrored("graphs_available")
     use_graph = _mirrored("use_graph")
     max_len = _mirrored("max_len")

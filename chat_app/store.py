@@ -5,7 +5,10 @@ Where: `$TINYLLM_CHAT_DATA_DIR` if set (tests point it at a tmp dir), else
 
 Contract:
 - One row per conversation (model name, the system prompt it started with, created and
-  updated times, a title the user gave it or none, the /set values it was given) and one per
+  updated times, a title the user gave it or none, the /set values it was given, and where
+  its model is: `model_path`, the model's resolved local path, and `model_spec`, the
+  `hf:OWNER/REPO[:FILE]` it was named by where it came from the Hub; set on the store by the
+  app for the model open, read back as `chat_model_path` / `chat_model_spec`) and one per
   message (role, content, stopped, partial, and for a reply the model that wrote it). A system
   prompt set after the first message is a message of role "system" where it was set (text ""
   clears it); `system` is the one in force. A conversation row is written with its first
@@ -24,6 +27,8 @@ Contract:
 - A chat.db deleted or replaced while open (its device and inode changed) is found at the
   next read or write: it is opened again (made anew, the data folder too) and every chat this
   store holds is written into it whole. What the app should say about it is in `notices`.
+- `resume()`: `resume_last` as a `Resumed` (its messages, whether a newer chat is held, the
+  error that stopped it), for --resume to see the chat's model before the app opens it.
 - A row that is not text where text belongs (a BLOB put there by hand) is skipped when a chat
   is opened (`skipped` counts them) and read as empty in the chat list; never a crash.
 - A reply is added as `partial` when it starts and updated while it streams, so a crash
@@ -59,7 +64,9 @@ CREATE TABLE IF NOT EXISTS conversations (
     system TEXT,
     title TEXT,
     settings TEXT,
-    updated REAL
+    updated REAL,
+    model_path TEXT,
+    model_spec TEXT
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY,
@@ -76,7 +83,8 @@ CREATE TABLE IF NOT EXISTS prompts (
 );
 """
 ADDED = {"messages": {"partial": "INTEGER NOT NULL DEFAULT 0", "model": "TEXT"},  # columns newer than
-         "conversations": {"title": "TEXT", "settings": "TEXT", "updated": "REAL"}}  # the first chat.db
+         "conversations": {"title": "TEXT", "settings": "TEXT", "updated": "REAL",  # the first chat.db
+                           "model_path": "TEXT", "model_spec": "TEXT"}}
 
 
 class StoreError(Exception):
@@ -101,6 +109,8 @@ class _Chat:
     id: int | None = None
     settings: dict[str, str] = field(default_factory=dict)  # /set NAME VALUE, in the order given
     model: str | None = None  # the model it was started with (a saved chat's)
+    model_path: str | None = None  # ... its local path (None: a chat.db from before it was kept)
+    model_spec: str | None = None  # ... the hf: spec it came by, where it came from the Hub
     deleted: list[int] = field(default_factory=list)  # rows to delete at the next write
     meta_dirty: bool = False  # system (before the first message) or settings changed
     lock: IO | None = None
@@ -121,10 +131,21 @@ def default_data_dir() -> Path:
     return Path(user_data_dir("tinyllm-chat"))
 
 
+@dataclass
+class Resumed:
+    """What --resume found (Store.resume), before the app opens it."""
+    saved: list[Saved]  # the chat's messages ([]: none to resume)
+    held: bool = False  # a newer chat was skipped: another instance holds it
+    error: str | None = None  # chat.db could not be read
+    notice: str | None = None  # about its model (gone: the chat goes on with another)
+
+
 class Store(History):
     def __init__(self, path: str | Path, model: str = "model", system: str | None = None):
         self.path = Path(path)
-        self.model = model
+        self.model = model  # the open model's name, path and Hub spec: what a new chat is saved with
+        self.model_path: str | None = None
+        self.model_spec: str | None = None
         self.chat = _Chat(system=system)
         self._older: list[_Chat] = []  # earlier chats of this run with writes still pending
         self.db: sqlite3.Connection | None = None
@@ -213,6 +234,16 @@ class Store(History):
         """The model the open conversation started with (replies saved before each reply
         kept its own)."""
         return self.chat.model or self.model
+
+    @property
+    def chat_model_path(self) -> str | None:
+        """Where the open conversation's model is (None: a chat.db from before this was kept)."""
+        return self.chat.model_path if self.chat.id is not None else self.model_path
+
+    @property
+    def chat_model_spec(self) -> str | None:
+        """The hf: spec the open conversation's model came by (None: not from the Hub)."""
+        return self.chat.model_spec if self.chat.id is not None else self.model_spec
 
     @property
     def settings(self) -> dict[str, str]:
@@ -309,8 +340,9 @@ class Store(History):
         db.execute("BEGIN IMMEDIATE")
         try:
             if chat.id is None:
-                cur = db.execute("INSERT INTO conversations (created, model, system) VALUES (?, ?, ?)",
-                                 (time.time(), self.model, chat.system))
+                cur = db.execute("INSERT INTO conversations (created, model, system, model_path, model_spec) "
+                                 "VALUES (?, ?, ?, ?, ?)",
+                                 (time.time(), self.model, chat.system, self.model_path, self.model_spec))
                 new_id = cur.lastrowid
                 assert new_id is not None
                 chat.lock = self._claim(new_id)  # held before anyone else can see it
@@ -392,6 +424,13 @@ class Store(History):
             return [], held
         return self._read(work)
 
+    def resume(self) -> Resumed:
+        """resume_last, its StoreError as `error`."""
+        try:
+            return Resumed(*self.resume_last())
+        except StoreError as e:
+            return Resumed([], error=f"could not resume: {e}")
+
     def open_chat(self, cid: int) -> list[Saved]:
         """Make conversation `cid` the open one (the current one stays saved): its messages.
         ValueError when another instance holds it or it is gone; StoreError when unreadable."""
@@ -411,8 +450,8 @@ class Store(History):
     def _load(self, db: sqlite3.Connection, cid: int, lock: IO | None) -> list[Saved]:
         """Conversation `cid` becomes the open one; a row that is not text (a BLOB, a number,
         NULL: a chat.db edited by hand) is skipped and counted in `skipped`."""
-        system, settings, model = db.execute("SELECT system, settings, model FROM conversations WHERE id = ?",
-                                             (cid,)).fetchone()
+        system, settings, model, path, spec = db.execute(
+            "SELECT system, settings, model, model_path, model_spec FROM conversations WHERE id = ?", (cid,)).fetchone()
         found = db.execute("SELECT id, role, content, stopped, partial, model FROM messages "
                            "WHERE conversation = ? ORDER BY id", (cid,)).fetchall()
         good = [(row, role, content, stopped, partial, _text(who)) for row, role, content, stopped, partial, who
@@ -421,7 +460,8 @@ class Store(History):
         self._release(self.chat)
         self.chat = _Chat([Saved(role, content, bool(stopped), bool(partial), who, row, dirty=False)
                            for row, role, content, stopped, partial, who in good],
-                          _text(system), cid, _settings(_text(settings)), _text(model), lock=lock)
+                          _text(system), cid, _settings(_text(settings)), _text(model), _text(path), _text(spec),
+                          lock=lock)
         return self.messages()
 
     def messages(self) -> list[Saved]:

@@ -42,6 +42,7 @@ Contract:
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -114,6 +115,19 @@ class ChatSession:
     @property
     def dtype(self) -> str:
         return str(self.model.dtype).removeprefix("torch.")
+
+    @functools.cached_property
+    def weights(self) -> str:
+        """How the matrices are held: "int4", "int8" (both: "int4+int8", the more common first),
+        else the float dtype ("bf16", "fp16", "fp32"). Once: every state the child sends has it."""
+        from collections import Counter
+
+        from tinyllm.quant import QuantLinear
+
+        kinds = Counter(m.kind for m in self.model.modules() if isinstance(m, QuantLinear))
+        if kinds:
+            return "+".join(k for k, _ in kinds.most_common())
+        return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(self.dtype, self.dtype)
 
     @property
     def messages(self) -> list[Message]:

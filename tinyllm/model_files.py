@@ -11,8 +11,11 @@ Contract:
 - `precheck(path) -> name`: the checks a CLI can make before its UI opens, in milliseconds and
   without torch: the path is one of the three kinds, config.json parses, every weight file is
   there and as long as its header says, a tokenizer file is there (a GGUF file: its magic).
-  The name is the one the files give (config.json's "name" or "_name_or_path", else the
-  folder's or file's name); the loaded model may report a better one (a GGUF's general.name).
+  The name is `model_name`'s, the one the app shows everywhere (open_any reports the same).
+- `model_name(path) -> str`: a tinyllm checkpoint's config.json "name"; for any other model
+  its file's or folder's name ("SmolLM2-135M-Instruct.Q4_1"), never a GGUF's general.name
+  nor a config's _name_or_path (often a build tag or another machine's path), and for a
+  folder in the Hugging Face Hub's cache (models--OWNER--REPO/snapshots/HASH) the repo's name.
   What needs the model code (shapes against the config, the tokenizer itself, the chat
   template) is left to the loader (tinyllm.open_model), which runs every check again.
 Refuses with one line: FileNotFoundError for what is missing, ValueError for the rest (a file
@@ -151,11 +154,30 @@ def _precheck(path: str | Path) -> str:
             if f.read(4) != b"GGUF":  # named .gguf, but not one: refused before the TUI opens
                 raise ValueError(f"{path} is not a GGUF file (no GGUF magic)")
         return path.stem
-    raw = json.loads((path / "config.json").read_text())  # classify parsed it
     hint = f"{path} holds config.json, model.safetensors (or shards) and a tokenizer"
     for f in weight_files(path, hint):
         read_safetensors_header(f)
     if not any((path / t).is_file() for t in TOKENIZERS):
         raise FileNotFoundError(f"{path} has no tokenizer ({' nor '.join(TOKENIZERS)}): {hint}")
-    name = raw.get("name") if kind == "tinyllm" else raw.get("_name_or_path")
-    return name if isinstance(name, str) and name else path.name
+    return named(kind, path)
+
+
+def model_name(path: str | Path) -> str:
+    """The name the app shows for the model at `path` (see the module docstring)."""
+    return named(*classify(path))
+
+
+def named(kind: str, path: Path) -> str:
+    """model_name of a path classify() has sorted."""
+    if kind == "gguf":
+        return path.stem
+    if kind == "tinyllm":
+        try:
+            name = json.loads((path / "config.json").read_text()).get("name")
+        except (OSError, ValueError, AttributeError):
+            name = None
+        if isinstance(name, str) and name:
+            return name
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+        return path.parent.parent.name.split("--")[-1]  # the Hub's cache: the repo, not the commit
+    return path.name

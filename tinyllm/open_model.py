@@ -6,7 +6,7 @@
 
 Contract: `open_any(path, device="cpu", dtype=None, template=None, quant="none",
 progress=None) -> LoadedModel(model, tokenizer, template, name)` (a NamedTuple: it unpacks as
-the four); `progress(done, total)` hears
+the four; the name is tinyllm.model_files.model_name's); `progress(done, total)` hears
 each tensor read (tinyllm.build.with_progress); the model is in eval mode on `device` in `dtype` (bf16 on
 CUDA, fp32 on the CPU by default); `quant` ("auto", "keep", "none", "int8", "int4") is how
 its matrices are held (tinyllm.build; "none", the default, dequantizes; "keep" keeps a GGUF's
@@ -35,7 +35,7 @@ from tinyllm.build import Progress
 from tinyllm.chat_template import ChatTemplate, get_template
 from tinyllm.jinja_template import template_from_dict
 from tinyllm.model import Transformer
-from tinyllm.model_files import classify
+from tinyllm.model_files import classify, named
 
 __all__ = ["LoadedModel", "classify", "inspect_any", "open_any"]
 
@@ -58,18 +58,19 @@ def inspect_any(path: str | Path, template: str | None = None) -> str:
 
         info = inspect_checkpoint(path)
         _tinyllm_template(info.chat, template)  # an unknown name or a bad spec fails here, before any UI
-        return info.name
-    if kind == "hf":
+    elif kind == "hf":
         from tinyllm.hf import inspect_hf
 
-        return inspect_hf(path, template)[3]
-    from tinyllm.gguf import inspect_gguf, read_gguf
+        inspect_hf(path, template)
+    else:
+        from tinyllm.gguf import inspect_gguf, read_gguf
 
-    g = read_gguf(path)
-    try:
-        return inspect_gguf(g, template)[3]
-    finally:
-        g.close()
+        g = read_gguf(path)
+        try:
+            inspect_gguf(g, template)
+        finally:
+            g.close()
+    return named(kind, path)
 
 
 def open_any(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
@@ -80,14 +81,16 @@ def open_any(path: str | Path, device: str | torch.device = "cpu", dtype: torch.
     check_quant(quant, group)
     kind, path = classify(path)
     if kind == "tinyllm":
-        return LoadedModel(*_open_tinyllm(path, device, dtype, template, quant, group, progress))
-    if kind == "hf":
+        loaded = _open_tinyllm(path, device, dtype, template, quant, group, progress)
+    elif kind == "hf":
         from tinyllm.hf import load_hf
 
-        return LoadedModel(*load_hf(path, device, dtype, template, quant, group, progress))
-    from tinyllm.gguf import load_gguf
+        loaded = load_hf(path, device, dtype, template, quant, group, progress)
+    else:
+        from tinyllm.gguf import load_gguf
 
-    return LoadedModel(*load_gguf(path, device, dtype, template, quant, group, progress))
+        loaded = load_gguf(path, device, dtype, template, quant, group, progress)
+    return LoadedModel(*loaded[:3], named(kind, path))  # the loaders' own names pick templates only
 
 
 def _open_tinyllm(path: Path, device, dtype, template: str | None, quant: str, group: int,

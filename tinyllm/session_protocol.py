@@ -68,7 +68,9 @@ class Session(Protocol):
     @property
     def device(self) -> str: ...
     @property
-    def dtype(self) -> str: ...
+    def dtype(self) -> str: ...  # the activations'
+    @property
+    def weights(self) -> str: ...  # how the matrices are held: "int4", "int8", "bf16", "fp32"...
     @property
     def graphs_available(self) -> bool: ...
     @property
@@ -138,6 +140,7 @@ class SessionState:
     timeline: dict[str, float]  # time.time() of each start-up step
     last_stats: StepStats | None  # the last reply's
     messages: list[Message] = field(default_factory=list)  # without their ids
+    weights: str = ""  # how the matrices are held ("int4", "int8", "bf16", ...)
 
     @classmethod
     def of(cls, s: Any) -> SessionState:
@@ -146,7 +149,8 @@ class SessionState:
                    use_graph=s.use_graph, max_len=s.max_len, model_max_len=s.model_max_len,
                    context_len=len(s.context), first_message=s.first_message, system=s.system, params=s.params,
                    step_kind=s.step_kind, compile_error=s.compile_error, timeline=s.timeline,
-                   last_stats=s.last_stats, messages=[Message(m.role, m.content, stopped=m.stopped) for m in s.messages])
+                   last_stats=s.last_stats, messages=[Message(m.role, m.content, stopped=m.stopped) for m in s.messages],
+                   weights=s.weights)
 
 
 # ---- parent -> child -------------------------------------------------------------------------

@@ -3,11 +3,15 @@
 Shows, in this order: decode tokens/s, the attention bucket W, position / max_len ("cap" when
 the context is less than the model's: --max-len lifts it), the state (loading / ready /
 generating), the model name, time to first token, which decode step runs ("compiling…" while
-the compiled step is built in the background, then "compiled"; "native" / "eager" on a CPU), CUDA graphs (ON / OFF; left
-out on a CPU, where there are none) and device and dtype. The live numbers come first: they
-are what a narrow terminal keeps, and notices (shown above the bar) never cover them. When the
-line does not fit, the model name is shortened ("Smollm2 135M 8k…") and the fields at the end
-are left out, last first. The app calls `show(**fields)` at most once per drained batch;
+the compiled step is built in the background, then "compiled"; "native" / "eager" on a CPU),
+CUDA graphs (ON / OFF; left out on a CPU, where there are none) and the device with the
+weights as held ("cpu int4", "cuda bf16": a quantized model's matrices, not the activations'
+float32). The live numbers come first: they are what a narrow terminal keeps, and notices
+(shown above the bar) never cover them. When the line does not fit, the model name is
+shortened ("Smollm2 135M 8k…") and the fields after it are left out, the least useful first:
+the decode step, then CUDA graphs, then TTFT; the device and weights go last: the name is
+shortened (to 12 characters at least) to keep them, so at 80 and 100 columns they stay. The
+app calls `show(**fields)` at most once per drained batch;
 fields not known yet render as "-". `line` holds the whole plain text, `shown` what fits. The
 model's name is shown as plain text, its control characters visible (chat_app.labels).
 """
@@ -23,6 +27,7 @@ STEPS = {"plain": "", "compiling": "compiling…", "compiled": "compiled", "nati
 NAME_MIN = 12  # a long model name is cut to no less than this
 NAME_NARROW = 20  # ... and to this below NARROW columns, so growing numbers do not push it around
 NARROW = 100
+KEEP = ("device", "ttft", "graphs", "step")  # the fields after the name, the most useful first
 
 
 def shorten(name: str, width: int) -> str:
@@ -55,34 +60,42 @@ class StatusBar(Static):
         name = str(f.get("name", ""))
         if f["state"] in ("starting", "loading", "failed"):
             return [str(f["state"])], name
-        tok_s, ttft = f.get("tok_s"), f.get("ttft_ms")
-        graphs = f.get("graphs")
-        parts = [
+        tok_s = f.get("tok_s")
+        live = [
             f"{tok_s:.0f} tok/s" if tok_s is not None else "- tok/s",
             f"W {f.get('window') or '-'}",
             f"pos {f.get('position', '-')}/{f.get('max_len', '-')}{' cap' if f.get('capped') else ''}",
             str(f["state"]),
-            f"TTFT {ttft:.0f} ms" if ttft is not None else "TTFT -",
-            STEPS.get(str(f.get("step", "plain")), ""),
-            "" if graphs is None else f"graphs {'ON' if graphs else 'OFF'}",
-            f"{f.get('device', '-')} {f.get('dtype', '-')}",
         ]
-        return [p for p in parts if p], name
+        return live + [p for p in self._optional().values() if p], name
 
-    @staticmethod
-    def _fit(parts: list[str], name: str, width: int) -> str:
-        """The live fields, the state, the name (shortened) and as many others as fit."""
+    def _optional(self) -> dict[str, str]:
+        """The fields after the name, in the order shown ("" for one not shown)."""
+        f = self.fields
+        ttft, graphs = f.get("ttft_ms"), f.get("graphs")
+        return {"ttft": f"TTFT {ttft:.0f} ms" if ttft is not None else "TTFT -",
+                "step": STEPS.get(str(f.get("step", "plain")), ""),
+                "graphs": "" if graphs is None else f"graphs {'ON' if graphs else 'OFF'}",
+                "device": f"{f.get('device', '-')} {f.get('weights', '-')}"}
+
+    def _fit(self, parts: list[str], name: str, width: int) -> str:
+        """The live fields, the state, the name (shortened) and as many others as fit, the
+        least useful (KEEP's last) left out first."""
         if len(parts) == 1:  # starting / loading / failed: the state, then the name
             return shorten(f"{parts[0]} {name}", width)
-        live, extra = parts[:4], parts[4:]
-        line = " · ".join(live)
+        line = " · ".join(parts[:4])
         room = width - len(line) - 3
         if room < NAME_MIN:
             return shorten(line, width)
-        short = shorten(name, max(NAME_MIN, min(len(name), room, NAME_NARROW if width < NARROW else room)))
-        line += " · " + short
-        for part in extra:
-            if len(line) + 3 + len(part) > width:
-                break
-            line += " · " + part
-        return line
+        optional = {k: p for k, p in self._optional().items() if p}
+        cap = NAME_NARROW if width < NARROW else room
+        if room - 3 - len(optional["device"]) >= NAME_MIN:  # the name gives way to the device
+            cap = min(cap, room - 3 - len(optional["device"]))
+        line += " · " + shorten(name, max(NAME_MIN, min(len(name), room, cap)))
+        kept: set[str] = set()
+        used = len(line)
+        for key in KEEP:
+            if key in optional and used + 3 + len(optional[key]) <= width:
+                kept.add(key)
+                used += 3 + len(optional[key])
+        return " · ".join([line] + [p for k, p in optional.items() if k in kept])

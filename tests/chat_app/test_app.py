@@ -57,7 +57,7 @@ async def test_message_streams_a_reply_in_batches(make_held_app, data_dir, monke
         assert len(writes) <= DRAIN_HZ * elapsed + 3
         assert re.search(r"\d+ tok/s", app.status.line), app.status.line
         assert re.search(r"W \d+ ", app.status.line) and "TTFT" in app.status.line, app.status.line
-        assert "graphs" not in app.status.line and "cpu float32" in app.status.line  # no graphs on a CPU
+        assert "graphs" not in app.status.line and "cpu fp32" in app.status.line  # no graphs on a CPU
     saved = saved_chat(data_dir)
     assert [(m.role, m.content) for m in saved] == [("user", "Hello there"), ("assistant", reply.content)]
 

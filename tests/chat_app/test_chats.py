@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import sqlite3
+
 import pytest
 
+from chat_app.__main__ import build_app, build_parser
+from chat_app.app import ChatApp
+from chat_app.chat_model import NO_PATH, locate
 from chat_app.store import Saved, Store
 from chat_app.widgets.chat_list import ChatList
 from chat_app.widgets.conversation import UserMessage
 from chat_app.widgets.reply import Reply
 from tests.chat_app.conftest import loaded, notices, send, wait_until
+from tinyllm.testing import make_tiny_checkpoint
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)
@@ -83,3 +91,117 @@ async def test_each_reply_keeps_its_model_on_resume_and_in_export(make_app, data
     assert text.count("## SmolLM2") == 2 and text.count("## tiny-test") == 1
     # the system prompt where it was set: after the first answer, before the next question
     assert text.index("Newer answer") < text.index("**System:** Be brief.") < text.index("After the system")
+
+
+def other_model(tmp_path, name: str = "other-tiny"):
+    """A second model, with its own name and weights."""
+    path = make_tiny_checkpoint(tmp_path / name, seed=1)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "name": name}))
+    return path
+
+
+def app_of(*argv: str, default) -> ChatApp:
+    """The app as main() builds it, `default` the model config.toml names (what --resume falls back on)."""
+    args = build_parser({"model": str(default)}).parse_args(["--device", "cpu", "--compile", "off",
+                                                            "--max-tokens", "5", *argv])
+    app = build_app(args)
+    app.NOTIFICATION_TIMEOUT = 3600
+    return app
+
+
+async def test_resume_reopens_the_chats_model_or_says_it_is_gone(ckpt, tmp_path):
+    """Issue 34, item 4: a chat comes back with the model that wrote it; its model deleted: one
+    notice, and the chat goes on with the default model."""
+    other = other_model(tmp_path)
+    app = app_of("--model", str(other), default=ckpt)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hello other")
+    app = app_of("--resume", default=ckpt)
+    assert app.model_name == "other-tiny"  # decided before the model's process starts
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await wait_until(pilot, lambda: len(app.session.messages) == 2, what="the resumed chat")
+        assert app.session.name == "other-tiny" and app.session.path == str(other.resolve())
+        assert "other-tiny" in app.status.line and not [n for n in notices(app) if "cannot be opened" in n]
+        await send(pilot, "Still other?")
+        assert [r.border_title for r in app.query(Reply)] == ["other-tiny", "other-tiny"]
+    shutil.rmtree(other)
+    app = app_of("--resume", default=ckpt)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await wait_until(pilot, lambda: len(app.session.messages) == 4, what="the resumed chat")
+        assert app.session.name == "tiny-test" and "tiny-test" in app.status.line
+        said = [n for n in notices(app) if "other-tiny" in n]
+        assert len(said) == 1 and "does not exist" in said[0] and "goes on with tiny-test" in said[0], said
+
+
+async def test_a_chat_from_the_list_comes_back_with_its_model(make_app, data_dir, tmp_path):
+    """Issue 34, item 4: Ctrl+O, Enter reopens the chat's model (in that chat, not a new one);
+    a chat whose model is gone: one notice, and the model open stays."""
+    other = other_model(tmp_path)
+    for model, path in (("other-tiny", other), ("gone-model", tmp_path / "gone")):
+        store = Store.open(data_dir, model=model)
+        store.model_path = str(path)
+        store.add(Saved("user", f"A question for {model}"))
+        store.add(Saved("assistant", "An answer", model=model))
+        store.close()
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        first = app.session
+        await pilot.press("ctrl+o", "down", "enter")  # the older chat: other-tiny's
+        await wait_until(pilot, lambda: app.session is not None and app.session is not first
+                         and len(app.session.messages) == 2, what="the chat in its own model")
+        assert app.session.name == "other-tiny" and app.session.path == str(other.resolve())
+        assert "other-tiny" in app.status.line and app.store.chat_model_path == str(other)
+        cid = app.store.conversation
+        await send(pilot, "More")
+        assert app.store.conversation == cid and app.query(Reply).last().border_title == "other-tiny"
+        assert any("other-tiny, is open again" in n for n in notices(app))
+        await pilot.press("ctrl+o", "down", "enter")  # gone-model's chat
+        await wait_until(pilot, lambda: [m.content for m in app.session.messages][:1] == ["A question for gone-model"],
+                         what="the chat whose model is gone")
+        said = [n for n in notices(app) if "gone-model" in n]
+        assert len(said) == 1 and "does not exist" in said[0] and "goes on with other-tiny" in said[0], said
+        assert app.session.name == "other-tiny"
+
+
+def test_an_older_chat_db_gains_the_model_columns(tmp_path):
+    """A chat.db from before chats kept their model's path: opened, its chats have none, and
+    chat_app.chat_model says why such a chat cannot reopen its model."""
+    with sqlite3.connect(tmp_path / "chat.db") as db:
+        db.executescript(
+            "CREATE TABLE conversations (id INTEGER PRIMARY KEY, created REAL NOT NULL, model TEXT NOT NULL, "
+            "system TEXT); CREATE TABLE messages (id INTEGER PRIMARY KEY, conversation INTEGER NOT NULL, "
+            "role TEXT NOT NULL, content TEXT NOT NULL, stopped INTEGER NOT NULL DEFAULT 0);"
+            "INSERT INTO conversations VALUES (1, 0, 'SmolLM2', NULL);"
+            "INSERT INTO messages (conversation, role, content) VALUES (1, 'user', 'hi');")
+    store = Store.open(tmp_path)
+    saved, held = store.resume_last()
+    assert [m.content for m in saved] == ["hi"] and not held
+    assert store.chat_model == "SmolLM2" and store.chat_model_path is None and store.chat_model_spec is None
+    assert locate(store.chat_model_path, store.chat_model_spec) == (None, NO_PATH)
+    assert locate(None, "hf:me/one") == ("hf:me/one", "")  # a Hub model: fetched (or the cache) when opened
+    store.close()
+
+
+async def test_resume_with_a_model_the_loader_refuses_goes_on_with_the_default(ckpt, data_dir, tmp_path):
+    """The chat's model passes the quick checks but not the loader's (a junk tokenizer): one
+    notice, and the default model opens instead of the app ending."""
+    broken = other_model(tmp_path, "broken-tiny")
+    (broken / "tokenizer.model").write_bytes(b"junk")
+    store = Store.open(data_dir, model="broken-tiny")
+    store.model_path = str(broken)
+    store.add(Saved("user", "Q"))
+    store.add(Saved("assistant", "A", model="broken-tiny"))
+    store.close()
+    app = app_of("--resume", default=ckpt)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.session is not None and app.session.name == "tiny-test",
+                         what="the default model")
+        await wait_until(pilot, lambda: len(app.session.messages) == 2, what="the resumed chat")
+        said = [n for n in notices(app) if "broken-tiny" in n]
+        assert len(said) == 1 and "goes on with tiny-test" in said[0] and app.bad_input is None, said
+        assert "tiny-test" in app.status.line

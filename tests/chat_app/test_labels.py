@@ -26,6 +26,8 @@ SIZE = (120, 40)
 ESCAPES = "\x1b]0;PWNED\x07\x1b]52;c;SGVsbG8=\x07\x1b[2J"  # OSC 0 (title), OSC 52 (clipboard), CSI 2J (clear)
 HOSTILE = f"[bold]x[/b] {ESCAPES}"
 SHOWN = printable(HOSTILE)  # "[bold]x[/b] ␛]0;PWNED␇␛]52;c;SGVsbG8=␇␛[2J"
+FILE = "g" + HOSTILE.replace("/", "|")  # as a file's name: a GGUF is named by its file (issue 34, item 9)
+FILE_SHOWN = printable(FILE)
 CONTROLS = {chr(c) for c in [*range(32), *range(0x7F, 0xA0)]} - {"\n"}
 
 
@@ -117,10 +119,10 @@ async def test_titles_first_messages_and_saved_chats_are_plain_text(make_app, da
 
 
 async def test_model_names_are_plain_text(make_app, ckpt, tmp_path):
-    """A config.json "name" and a GGUF's general.name: the load's progress, the status bar, the
+    """A config.json "name" and a GGUF's file name: the load's progress, the status bar, the
     reply's border title (was: MarkupError on the first reply), the chat list and notices."""
     app = make_app("--model", str(named_checkpoint(ckpt, tmp_path, HOSTILE)), "--max-tokens", "3")
-    gguf = named_gguf(tmp_path / "gguf" / "tiny.gguf", f"g{HOSTILE}")
+    gguf = named_gguf(tmp_path / "gguf" / f"{FILE}.gguf", f"g{HOSTILE}")  # general.name is not shown
     async with app.run_test(size=SIZE, notifications=True) as pilot:  # toasts on screen too
         await loaded(pilot)
         assert str(app.load_progress.label.render()).startswith(f"Loading {SHOWN}: ")
@@ -142,14 +144,14 @@ async def test_model_names_are_plain_text(make_app, ckpt, tmp_path):
         app.clear_notifications()
         await shows(pilot, f"system prompt: Be {SHOWN}")
         await send(pilot, f"/model {gguf}")
-        await wait_until(pilot, lambda: app.session is not None and app.session.name == f"g{HOSTILE}",
+        await wait_until(pilot, lambda: app.session is not None and app.session.name == FILE,
                          what="the GGUF to load")
-        assert any(n.startswith(f"Now chatting with g{SHOWN}, in a new chat") for n in notices(app))
+        assert any(n.startswith(f"Now chatting with {FILE_SHOWN}, in a new chat") for n in notices(app))
         await send(pilot, "hi")
         await pilot.press("ctrl+o")
         await pilot.pause()
-        await shows(pilot, f"g{SHOWN}"[:19] + "…", SHOWN[:19] + "…")  # the chat list's model column
+        await shows(pilot, FILE_SHOWN[:19] + "…", SHOWN[:19] + "…")  # the chat list's model column
         await pilot.press("escape")
         app.clear_notifications()
         await pilot.pause()
-        await shows(pilot, f"╭─ g{SHOWN} ─", "· ready · g[bold]x[/b] ␛]0;PWNE")
+        await shows(pilot, f"╭─ {FILE_SHOWN} ─", "· ready · g[bold]x[|b] ␛]0;PWNE")

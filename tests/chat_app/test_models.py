@@ -131,3 +131,6 @@ async def test_a_model_by_name_from_the_hub(make_app, endpoint):
         assert app.session.path.endswith("m.Q8_0.gguf") and endpoint.requests > 0
         await send(pilot, "Hi there")
         assert app.session.last_stats.tokens > 0
+        # one name everywhere (issue 34, item 9): the file's, not the GGUF's general.name
+        assert app.session.name == "m.Q8_0" and app.query_one(Reply).border_title == "m.Q8_0"
+        assert "m.Q8_0" in app.status.line and app.sub_title == "m.Q8_0"

@@ -62,7 +62,7 @@ def stub_app(data_dir):
     from chat_app.store import Store
 
     session = SimpleNamespace(
-        name=LONG_NAME, device="cpu", dtype="float32", graphs_available=False, use_graph=False, max_len=2048,
+        name=LONG_NAME, device="cpu", dtype="float32", weights="int4", graphs_available=False, use_graph=False, max_len=2048,
         model_max_len=2048, context=range(0), step_kind="compiled", messages=[], system=None,
         params=SimpleNamespace(temperature=0.0, top_k=0, top_p=1.0, repeat_penalty=1.1, max_tokens=1024, seed=None),
         set_param=lambda name, value: None, stop=lambda: None, set_system=print, new_chat=print,

@@ -26,6 +26,13 @@ async def test_status_bar_fits_80_columns_and_notices_stay_above_it(make_app):
             assert field in shown, (field, shown)
         assert LONG not in shown and "…" in shown  # the long name is shortened
         assert LONG in bar.line  # the whole line is still there for a wider terminal
+        # issue 34, item 9: the least useful field goes first; the device and weights stay
+        assert "cpu fp32" in shown and "compiled" not in shown and "compiled" in bar.line, shown
+        await pilot.resize_terminal(100, 24)
+        await pilot.pause()
+        assert "cpu fp32" in bar.shown and len(bar.shown) <= bar.content_size.width, bar.shown
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
         app.say("A notice that would have covered the bar")
         await wait_until(pilot, lambda: app.screen.query("Toast"), what="the notice")
         await pilot.pause()
@@ -40,3 +47,12 @@ async def test_status_bar_fits_80_columns_and_notices_stay_above_it(make_app):
 
 def test_shorten():
     assert shorten(LONG, 16) == "Smollm2 135M 8k…" and shorten("tiny", 16) == "tiny"
+
+
+@pytest.mark.parametrize("quant, held", [("int8", "cpu int8"), ("int4", "cpu int4"), ("none", "cpu fp32")])
+async def test_status_bar_shows_the_weights_as_held(make_app, quant, held):
+    """Issue 34, item 9: a quantized model's matrices ("int4", "int8"), not its activations' float32."""
+    app = make_app("--quant", quant)
+    async with app.run_test(size=(100, 24)) as pilot:
+        await loaded(pilot)
+        assert held in app.status.shown, app.status.shown  # a tiny model: "int4+int8" (rows int4 cannot take)

@@ -241,7 +241,7 @@ def test_dequantizers_match_the_reference_bit_for_bit():
 def test_weights_round_trip_within_quantization_error(llama_file):
     path, model, expected = llama_file
     loaded, tok, tmpl, name = open_any(path, "cpu", torch.float32)
-    assert name == "tiny-gguf" and not loaded.cfg.tie_embeddings and loaded.cfg.rope_theta == 50000.0
+    assert name == path.stem and not loaded.cfg.tie_embeddings and loaded.cfg.rope_theta == 50000.0
     state, orig = loaded.state_dict(), model.state_dict()
     for k, (ref, qtype) in expected.items():
         assert torch.equal(state[k], ref), k  # exactly the reference dequantization, un-permuted
@@ -307,7 +307,7 @@ def test_convert_gguf_to_tinyllm_folder(tmp_path, llama_file):
     assert convert_main([str(path), str(tmp_path / "out")]) == 0
     a, tok_a, tmpl_a, _ = open_any(path)
     b, tok_b, tmpl_b, name = open_any(tmp_path / "out")
-    assert name == "tiny-gguf" and tmpl_a == tmpl_b and tok_a.encode(TEXTS[2]) == tok_b.encode(TEXTS[2])
+    assert name == path.stem and tmpl_a == tmpl_b and tok_a.encode(TEXTS[2]) == tok_b.encode(TEXTS[2])
     idx = torch.randint(0, a.cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert torch.equal(a(idx)[0], b(idx)[0])

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tinyllm.model_files import precheck
+from tinyllm.model_files import model_name, precheck
 from tinyllm.testing import make_tiny_checkpoint
 
 
@@ -35,6 +35,21 @@ def test_precheck_names_a_good_model_without_importing_torch(ckpt, tmp_path):
     assert out.stdout.strip() == "tiny-test"
     hf = copy_with(ckpt, tmp_path / "hf", "config.json", json.dumps({"model_type": "llama"}).encode())
     assert precheck(hf) == "hf"  # no _name_or_path: the folder's name
+
+
+def test_one_name_for_a_model_its_file_or_folder(ckpt, tmp_path):
+    """Issue 34, item 9: the file's or folder's name, not general.name nor _name_or_path; a
+    tinyllm checkpoint's config name; the repo's name for a folder in the Hub's cache."""
+    config = json.dumps({"model_type": "llama", "_name_or_path": "/home/someone/run7"}).encode()
+    hf = copy_with(ckpt, tmp_path / "SmolLM2-135M-Instruct", "config.json", config)
+    assert precheck(hf) == model_name(hf) == "SmolLM2-135M-Instruct"
+    cached = tmp_path / "hub" / "models--HuggingFaceTB--SmolLM2-135M-Instruct" / "snapshots"
+    cached.mkdir(parents=True)
+    hf.rename(cached / "0123abcd")
+    assert precheck(cached / "0123abcd") == "SmolLM2-135M-Instruct"
+    gguf = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    assert model_name(gguf) == "SmolLM2-135M-Instruct.Q4_1" and model_name(ckpt) == "tiny-test"
 
 
 @pytest.mark.parametrize("name, data, message", [
