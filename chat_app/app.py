@@ -185,8 +185,14 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
             self.session.close()
 
     def say(self, message: str, severity: str = "information") -> None:
-        """A notice. It may echo a model's name, a path, what was typed: plain text (chat_app.labels)."""
+        """A notice that passes (a toast: a file exported, a model loaded). It may echo a model's
+        name, a path, what was typed: plain text (chat_app.labels)."""
         self.notify(printable(message), severity=severity, markup=False)  # type: ignore[arg-type]
+
+    def note(self, message: str, severity: str = "information") -> None:
+        """What a command says back (its output, or why it refused): a note in the conversation
+        that stays and scrolls with it; never saved with the chat nor seen by the model."""
+        self.conversation.add_system_note(message, severity)
 
     def queue_job(self, kind: str, arg: Any) -> None:
         if kind != "model":  # another model replaces the process anyway

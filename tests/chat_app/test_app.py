@@ -11,7 +11,8 @@ from chat_app.app import DRAIN_HZ, ChatApp
 from chat_app.store import Store
 from chat_app.widgets.conversation import UserMessage
 from chat_app.widgets.reply import Reply, printable
-from tests.chat_app.conftest import Held, held_in_child, loaded, notices, saved_chat, send, wait_until
+from chat_app.widgets.system_note import SystemNote
+from tests.chat_app.conftest import Held, held_in_child, loaded, notes, notices, saved_chat, send, wait_until
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)
@@ -185,8 +186,8 @@ async def test_set_changes_sampling(make_app):
         for bad in ["/set temperature -1", "/set top_k lots", "/set colour blue", "/frobnicate"]:
             await send(pilot, bad)
         assert app.session.params == p
-        errors = [n.message for n in app._notifications if n.severity == "error"]
-        assert len(errors) == 4, errors
+        errors = [n.text for n in app.query(SystemNote) if n.severity == "error"]  # notes, not toasts
+        assert len(errors) == 4 and not notices(app), errors
         await send(pilot, "Hi")
         assert app.session.last_stats.tokens <= 12
 
@@ -208,7 +209,7 @@ async def test_export_and_commands(make_app, tmp_path):
         for m in app.session.messages[1::2]:
             assert m.content.strip() in text
         await send(pilot, "/stats")
-        assert any("tok/s" in n and "first token after" in n for n in notices(app))
+        assert any("tok/s" in n and "first token after" in n for n in notes(app))
         await send(pilot, "/help")
         assert type(app.screen).__name__ == "HelpScreen"
         await pilot.press("escape")
@@ -270,3 +271,39 @@ async def test_a_model_that_fails_to_load_is_an_error_not_a_crash(tmp_path):
         await send(pilot, "Hello?", wait=False)
         await pilot.press("ctrl+r", "ctrl+g")
         assert app.prompt.text == "Hello?" and app.session is None
+
+
+async def test_command_output_is_a_note_in_the_conversation(make_app, data_dir):
+    """Issue 34, item 5: /show's output was a toast that vanished and covered the reply. Now a
+    note in the conversation (plain text), not a toast, not in the store, not seen by the model;
+    a reply after it streams as before, under it."""
+    app = make_app("--max-tokens", "5")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "/system Be [b]brief[/b].")
+        await wait_until(pilot, lambda: notes(app) == ["System prompt set: Be [b]brief[/b]."], what="/system's note")
+        await send(pilot, "/show")
+        await send(pilot, "/nope")
+        shown = app.query(SystemNote)
+        assert len(shown) == 3 and shown[1].text.startswith("Model: tiny-test on cpu")
+        assert "System prompt: Be [b]brief[/b]." in str(shown[1].render())  # as typed, never markup
+        assert shown[2].severity == "error" and shown[2].has_class("-error")
+        assert not notices(app)  # no toasts
+        await send(pilot, "Hello after show")
+        assert [m.role for m in app.session.messages] == ["user", "assistant"]  # the model never saw them
+        assert [m.role for m in app.store.messages() if m.role != "system"] == ["user", "assistant"]
+        assert not any("Model:" in m.content for m in app.store.messages())
+        order = [type(w).__name__ for w in app.conversation.children]
+        assert order == ["SystemNote", "SystemNote", "SystemNote", "UserMessage", "Reply"], order
+        assert app.query_one(Reply).text == printable(app.session.messages[-1].content)
+        for _ in range(3):
+            await send(pilot, "/show")  # more than the screen holds
+        await send(pilot, "/stats")  # a note at the bottom, in view
+        await pilot.pause()
+        last, view = app.conversation.children[-1], app.conversation.region
+        assert last.text.startswith("Last reply:") and view.y <= last.region.y < last.region.bottom <= view.bottom
+        app.conversation.focus()
+        await pilot.press("end")
+        assert app.conversation.picked_text() == ("note", notes(app)[-1])  # pickable, copyable
+    saved = saved_chat(data_dir)
+    assert [(m.role, m.content) for m in saved if m.role != "system"][0] == ("user", "Hello after show")
