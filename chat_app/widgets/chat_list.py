@@ -2,7 +2,9 @@
 
 Contract: a modal screen over the app's Store (UI thread, as every store call). One row per
 conversation: its title (the user's, else its first message), when it was last written, its
-model and how many messages it has; the open one is marked. Enter opens the chat under the
+model and how many messages it has; the open one is marked. The title column gives way (long
+titles end in "…") so the model and message count fit at 80 columns. Home/End go to the first/last
+row (not the first/last column: End then Enter opened the first chat). Enter opens the chat under the
 cursor: the screen is dismissed with its id, and the app switches to it (None: nothing to
 open). `r` renames it in place (Enter keeps the title, Esc drops the edit, an empty title
 goes back to the first message); `d` asks, and `y` deletes it. A chat another instance holds
@@ -26,10 +28,22 @@ from chat_app.store import Store, StoreError
 from chat_app.widgets.status_bar import shorten
 
 HINT = "Enter opens · r renames · d deletes · Esc closes"
+BOX = 100  # the list's width, at most (chat.tcss: ChatList #chats)
+MODEL = 20  # the model column's width
+# What is not the title: the mark, "YYYY-MM-DD HH:MM", the model, "msgs"; a cell's padding (2
+# each, 5 columns); the box's borders (2) and a scrollbar (2).
+OTHERS = 1 + 16 + MODEL + 5 + 5 * 2 + 2 + 2
 
 
 def when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+class ChatTable(DataTable):
+    """The rows: Home and End move the cursor to the first and last row (a DataTable's own
+    scroll sideways, leaving the cursor where it was)."""
+
+    BINDINGS = [Binding("home", "scroll_top", show=False), Binding("end", "scroll_bottom", show=False)]
 
 
 class ChatList(ModalScreen[int | None]):
@@ -46,19 +60,28 @@ class ChatList(ModalScreen[int | None]):
         with Vertical(id="chats") as box:
             box.border_title = "Chats"
             box.border_subtitle = HINT
-            yield DataTable(cursor_type="row", zebra_stripes=True)
+            yield ChatTable(cursor_type="row", zebra_stripes=True)
             yield Input(id="rename", placeholder="a title (empty: its first message)")
             yield Static("", id="chats-note", markup=False)
 
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        table.add_columns("", "title", "when", "model", "msgs")
         self.refill()
-        table.focus()
+        self.query_one(DataTable).focus()
+
+    def on_resize(self) -> None:
+        row = self.query_one(DataTable).cursor_row
+        self.refill()
+        self.query_one(DataTable).move_cursor(row=row)
+
+    @property
+    def title_width(self) -> int:
+        return max(10, min(BOX, self.app.size.width) - OTHERS)
 
     def refill(self) -> None:
-        table = self.query_one(DataTable)
-        table.clear()
+        table, width = self.query_one(DataTable), self.title_width
+        table.clear(columns=True)
+        for label, cells in (("", 1), ("title", width), ("when", 16), ("model", MODEL), ("msgs", 5)):
+            table.add_column(label, width=cells)
         try:
             chats = self.store.chats()
         except StoreError as e:
@@ -66,7 +89,9 @@ class ChatList(ModalScreen[int | None]):
             chats = []
         self.chats = chats
         for c in chats:
-            table.add_row("▶" if c.here else "", plain(c.title), when(c.updated), plain(shorten(c.model, 20)),
+            title = plain(c.title)
+            title.truncate(width, overflow="ellipsis")  # in cells: a wide character counts two
+            table.add_row("▶" if c.here else "", title, when(c.updated), plain(shorten(c.model, MODEL)),
                           str(c.n_messages), key=str(c.id))
         self.note("" if chats else "No saved chats yet: the first message of a chat saves it.")
 

@@ -9,6 +9,7 @@ from chat_app.widgets.chat_list import ChatList
 from chat_app.widgets.conversation import UserMessage
 from chat_app.widgets.reply import Reply
 from tests.chat_app.conftest import loaded, notices, send, wait_until
+from tests.chat_app.test_labels import screen_text
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)
@@ -83,3 +84,30 @@ async def test_each_reply_keeps_its_model_on_resume_and_in_export(make_app, data
     assert text.count("## SmolLM2") == 2 and text.count("## tiny-test") == 1
     # the system prompt where it was set: after the first answer, before the next question
     assert text.index("Newer answer") < text.index("**System:** Be brief.") < text.index("After the system")
+
+
+async def test_chat_list_end_picks_the_last_row_and_every_column_fits_at_80x24(make_app, data_dir):
+    """Issue 34, item 10: End then Enter opened the first chat (End scrolled sideways); at 80x24
+    the model and message-count columns were off the right edge (the title took them)."""
+    seed_chats(data_dir)
+    store = Store.open(data_dir, model="SmolLM2")
+    store.new_chat()
+    store.add(Saved("user", "A very long first message " * 6))
+    store.close()
+    app = make_app("--max-tokens", "5")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        table = app.screen.query_one("DataTable")
+        screen = screen_text(app)
+        assert table.virtual_size.width <= table.scrollable_content_region.width  # nothing off the edge
+        assert "msgs" in screen and "SmolLM2" in screen and "A very long first messa…  " in screen
+        assert "…" in str(table.get_row_at(0)[1])  # the long title gave way
+        await pilot.press("end")
+        assert table.cursor_row == table.row_count - 1 == 2
+        await pilot.press("home")
+        assert table.cursor_row == 0
+        await pilot.press("end", "enter")  # the oldest chat
+        await wait_until(pilot, lambda: [m.content for m in app.session.messages][:1] == ["Old question"],
+                         what="the last row's chat")
