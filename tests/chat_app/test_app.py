@@ -307,3 +307,33 @@ async def test_command_output_is_a_note_in_the_conversation(make_app, data_dir):
         assert app.conversation.picked_text() == ("note", notes(app)[-1])  # pickable, copyable
     saved = saved_chat(data_dir)
     assert [(m.role, m.content) for m in saved if m.role != "system"][0] == ("user", "Hello after show")
+
+
+@pytest.mark.parametrize("width", [80, 100])
+async def test_help_descriptions_wrap_under_themselves(make_app, width):
+    """Issue 34, item 10: at 80 and 100 columns a long description went on at column 0, under
+    the keys. Each line of F1 now starts with a key or command, or is indented to the
+    descriptions' column."""
+    from chat_app.widgets.help_screen import HelpScreen
+    from tests.chat_app.test_labels import screen_text
+
+    app = make_app()
+    async with app.run_test(size=(width, 60)) as pilot:
+        await loaded(pilot)
+        await pilot.press("f1")
+        await pilot.pause()
+        help_screen = app.screen
+        assert isinstance(help_screen, HelpScreen)
+        names = [name for name, _ in help_screen.keys + help_screen.commands]
+        column = max(len(n) for n in names) + 3
+        left = help_screen.query_one("#help").content_region.x
+        screen = screen_text(app).splitlines()
+        top = next(i for i, line in enumerate(screen) if "tinyllm-chat help" in line)
+        bottom = next(i for i, line in enumerate(screen) if "Esc, F1 or q closes" in line)
+        lines = [line[left:].rstrip("█ ") for line in screen[top + 1:bottom]]
+        rows = [line for line in lines if line[:column].rstrip() in names]
+        wrapped = [line for line in lines if line.startswith(" ") and line.strip()]
+        assert len(rows) == len(names), (rows, names)
+        assert wrapped, "nothing wrapped at this width: the test shows nothing"
+        assert all(line[:column].strip() == "" and line[column] != " " for line in wrapped), wrapped
+        assert not set(lines) - set(rows) - set(wrapped) - {"", "Keys", "Commands"}, lines
