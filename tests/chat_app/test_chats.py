@@ -111,3 +111,28 @@ async def test_chat_list_end_picks_the_last_row_and_every_column_fits_at_80x24(m
         await pilot.press("end", "enter")  # the oldest chat
         await wait_until(pilot, lambda: [m.content for m in app.session.messages][:1] == ["Old question"],
                          what="the last row's chat")
+
+
+async def test_a_reply_box_does_not_end_with_an_empty_line(make_app, data_dir):
+    """Issue 34, item 10: the last paragraph's (list's, code block's) margin left an empty line
+    above each reply's bottom border."""
+    from tests.chat_app.test_labels import screen_text
+
+    endings = ["One paragraph.\n\nThe last paragraph.", "A list:\n\n- one\n- two", "Code:\n\n```\nx = 1\n```"]
+    store = Store.open(data_dir, model="SmolLM2")
+    for n, text in enumerate(endings):
+        store.add(Saved("user", f"Question {n}"))
+        store.add(Saved("assistant", text, model="SmolLM2"))
+    store.close()
+    app = make_app("--resume")
+    async with app.run_test(size=(100, 60)) as pilot:
+        await loaded(pilot)
+        await wait_until(pilot, lambda: len(app.query(Reply)) == 3, what="the resumed chat")
+        await pilot.pause()
+        screen = screen_text(app).splitlines()
+        for reply in app.query(Reply):
+            region, last = reply.region, reply.query_one("Markdown").children[-1]
+            assert screen[region.bottom - 1][region.x] == "╰"
+            assert last.region.bottom == region.bottom - 1, f"an empty last line in {reply.text!r}"  # its last block
+            if "```" not in reply.text:  # (a code block's own shaded padding is its last line)
+                assert screen[region.bottom - 2][region.x + 1:region.right - 1].strip(), reply.text
