@@ -41,7 +41,7 @@ async def test_chat_list_opens_renames_and_deletes(make_app, data_dir):
         rows = [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
         assert [r[1] for r in rows] == ["A chat of this run", "Newer question", "Old question"]
         assert rows[0][0] == "▶" and rows[1][3] == "SmolLM2" and rows[1][4] == "4"
-        await pilot.press("down", "r")  # rename "Newer question"
+        await pilot.press("down", "f2")  # rename "Newer question"
         app.screen.query_one("#rename").value = ""
         await pilot.press(*"Trip", "enter")
         assert str(table.get_row_at(1)[1]) == "Trip"
@@ -57,11 +57,11 @@ async def test_chat_list_opens_renames_and_deletes(make_app, data_dir):
             app.query_one(".chat-note").render())
         await send(pilot, "One more")
         assert app.query(Reply).last().border_title == "tiny-test"
-        await pilot.press("ctrl+o", "down", "down", "d", "n")  # d asks; any key but y keeps it
+        await pilot.press("ctrl+o", "down", "down", "ctrl+d", "n")  # Ctrl+D asks; any key but y keeps it
         assert app.screen.query_one("DataTable").row_count == 3
-        await pilot.press("d", "y")
+        await pilot.press("ctrl+d", "y")
         assert app.screen.query_one("DataTable").row_count == 2
-        await pilot.press("home", "d", "y")  # the open chat: deleted, and a new chat begins
+        await pilot.press("tab", "home", "d", "y")  # in the list itself, d: the open chat, deleted; a new chat begins
         await pilot.press("escape")
         await wait_until(pilot, lambda: not app.session.messages and not app.query(Reply), what="a new chat")
         assert not [n for n in notices(app) if "rror" in n]
@@ -136,3 +136,35 @@ async def test_a_reply_box_does_not_end_with_an_empty_line(make_app, data_dir):
             assert last.region.bottom == region.bottom - 1, f"an empty last line in {reply.text!r}"  # its last block
             if "```" not in reply.text:  # (a code block's own shaded padding is its last line)
                 assert screen[region.bottom - 2][region.x + 1:region.right - 1].strip(), reply.text
+
+
+async def test_chat_list_filters_as_you_type(make_app, data_dir):
+    """Issue 34, item 10: typing in the chat list keeps the chats whose title or text holds it
+    (case aside); the keys that move in the list still move in it, Enter opens the pick."""
+    seed_chats(data_dir)
+    store = Store.open(data_dir, model="SmolLM2")
+    store.new_chat()
+    store.add(Saved("user", "Plan a trip"))
+    store.add(Saved("assistant", "Pack 100% wool_socks.", model="SmolLM2"))
+    store.close()
+    app = make_app("--max-tokens", "5")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        await pilot.press("ctrl+o")
+        table = app.screen.query_one("DataTable")
+
+        def titles() -> list[str]:
+            return [str(table.get_row_at(i)[1]) for i in range(table.row_count)]
+
+        assert titles() == ["Plan a trip", "Newer question", "Old question"]
+        await pilot.press(*"question")  # titles (first messages)
+        assert titles() == ["Newer question", "Old question"]
+        await pilot.press(*["backspace"] * 8, *"ANSWER")  # text of the replies, case aside
+        assert titles() == ["Newer question", "Old question"]
+        await pilot.press(*["backspace"] * 6, *"100% wool_")  # % and _ are what they are, not wildcards
+        assert titles() == ["Plan a trip"]
+        await pilot.press(*["backspace"] * 10, *"brief")  # a system prompt is not the chat's text
+        assert titles() == [] and "No saved chat holds “brief”." in str(app.screen.query_one("#chats-note").render())
+        await pilot.press(*["backspace"] * 5, *"old", "end", "enter")
+        await wait_until(pilot, lambda: [m.content for m in app.session.messages][:1] == ["Old question"],
+                         what="the filtered chat")

@@ -92,16 +92,16 @@ async def test_titles_first_messages_and_saved_chats_are_plain_text(make_app, da
         assert isinstance(app.screen, ChatList)
         await pilot.pause()
         await shows(pilot, "In BBCode, what does [/b] do?", printable(f"t {ESCAPES}"), SHOWN[:19] + "…")
-        await pilot.press("r")  # the rename shows the title's controls as symbols, too
+        await pilot.press("f2")  # the rename shows the title's controls as symbols, too
         assert app.screen.query_one("#rename").value == printable(f"t {ESCAPES}")
         await shows(pilot)
         await pilot.press("enter")  # unchanged: the title stays as stored
         assert app.store.chats()[0].title == f"t {ESCAPES}"
-        await pilot.press("r")
+        await pilot.press("f2")
         app.screen.query_one("#rename").value = "my notes [/]"
         await pilot.press("enter")  # was: MarkupError
         await shows(pilot, "my notes [/]")
-        await pilot.press("d")
+        await pilot.press("ctrl+d")
         await shows(pilot, "Delete “my notes [/]”?")
         await pilot.press("n", "down", "enter")  # open the BBCode chat
         await wait_until(pilot, lambda: not isinstance(app.screen, ChatList) and len(app.query(Reply)) == 2,
