@@ -17,7 +17,8 @@ Policy: a message (or Ctrl+R) while a reply runs is refused with a notice and th
 stays in the input; Ctrl+N and /clear stop the running reply first, /system waits for it.
 A reply replaces what is on screen only once it has begun (`Started` follows the session's
 first event), so a send or regenerate that fails before that changes nothing. Errors are
-caught once, in the worker, shown with notify(severity="error"), and the conversation is
+caught once, in the worker, shown with notify(severity="error") (a command's refusal, /system's
+too, is a note in the conversation instead: chat_app.commands), and the conversation is
 kept. A store that cannot write is a notice too (again for each message or command that
 fails to save, never per token): the chat stays in memory and on screen, the next write
 retries (see chat_app.store), and at quit what chat.db still lacks goes to an unsaved-*.md file

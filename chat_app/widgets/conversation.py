@@ -7,8 +7,8 @@ scrolls up; a command's note (`add_system_note`, chat_app.widgets.system_note) b
 to the bottom, where the note is. An empty conversation shows a one-line hint.
 
 Reading and copying: the conversation takes focus (Tab from the input). Focused, Up/Down
-pick a message, a command's note or one code block of a reply (marked, and scrolled into view), Home/End the
-first/last, PgUp/PgDn scroll; `c` or Enter copies what is picked (`copy_to_clipboard`,
+pick a message, a command's note or one code block of a reply (marked, and scrolled into
+view), Home/End the first/last, PgUp/PgDn scroll; `c` or Enter copies what is picked (`copy_to_clipboard`,
 OSC 52: works over SSH and in tmux). `picked_text()` is what would be copied (None: nothing).
 """
 
