@@ -17,7 +17,8 @@ Policy: a message (or Ctrl+R) while a reply runs is refused with a notice and th
 stays in the input; Ctrl+N and /clear stop the running reply first, /system waits for it.
 A reply replaces what is on screen only once it has begun (`Started` follows the session's
 first event), so a send or regenerate that fails before that changes nothing. Errors are
-caught once, in the worker, shown with notify(severity="error"), and the conversation is
+caught once, in the worker, shown with notify(severity="error") (a command's refusal, /system's
+too, is a note in the conversation instead: chat_app.commands), and the conversation is
 kept. A store that cannot write is a notice too (again for each message or command that
 fails to save, never per token): the chat stays in memory and on screen, the next write
 retries (see chat_app.store), and at quit what chat.db still lacks goes to an unsaved-*.md file
@@ -189,8 +190,14 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
             self.session.close()
 
     def say(self, message: str, severity: str = "information") -> None:
-        """A notice. It may echo a model's name, a path, what was typed: plain text (chat_app.labels)."""
+        """A notice that passes (a toast: a file exported, a model loaded). It may echo a model's
+        name, a path, what was typed: plain text (chat_app.labels)."""
         self.notify(printable(message), severity=severity, markup=False)  # type: ignore[arg-type]
+
+    def note(self, message: str, severity: str = "information") -> None:
+        """What a command says back (its output, or why it refused): a note in the conversation
+        that stays and scrolls with it; never saved with the chat nor seen by the model."""
+        self.conversation.add_system_note(message, severity)
 
     def queue_job(self, kind: str, arg: Any) -> None:
         if kind != "model":  # another model replaces the process anyway

@@ -1,10 +1,12 @@
 """Slash commands: the `/name ARGS` lines typed into the prompt, as a mixin of ChatApp.
 
-Contract: `COMMANDS` is the table the help screen shows; `run_command(text)` runs one, and
-every refusal is a notice (severity "error"), never an exception. `/export PATH` refuses
-to replace an existing file; `/export! PATH` overwrites it; either writes only a regular file
-(a FIFO, a device or a folder is refused) and writes it on a worker thread, with a notice when
-done. This module never imports torch (nor tinyllm).
+Contract: `COMMANDS` is the table the help screen shows; `run_command(text)` runs one. What a
+command says back (its output, and every refusal: severity "error", never an exception) is a
+note in the conversation (`ChatApp.note`: it stays, scrolls with the chat, and is neither saved
+with it nor seen by the model); only what passes is a toast (`ChatApp.say`: "Exported").
+`/export PATH` refuses to replace an existing file; `/export! PATH` overwrites it; either
+writes only a regular file (a FIFO, a device or a folder is refused) and writes it on a
+worker thread, with a toast when done (a note when it could not). This module never imports torch (nor tinyllm).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class SlashCommands:
         overwrite = name == "export!"
         name = "export" if overwrite else name
         if name not in COMMANDS:
-            self.say(f"Unknown command /{name}; /help lists them.", "error")
+            self.note(f"Unknown command /{name}; /help lists them.", "error")
             return
         if name == "export":
             await self.command_export(arg.strip(), overwrite)
@@ -48,24 +50,24 @@ class SlashCommands:
         name, _, value = arg.partition(" ")
         name = name.replace("-", "_")
         if self.session is None or not value.strip():
-            self.say("usage: /set NAME VALUE (after the model has loaded)", "error")
+            self.note("usage: /set NAME VALUE (after the model has loaded)", "error")
             return
         try:
             self.session.set_param(name, value.strip())
         except ValueError as e:
-            self.say(str(e), "error")
+            self.note(str(e), "error")
             return
         self._save(self.store.set_setting, name, value.strip())  # kept with the chat
-        self.say(f"{name} = {getattr(self.session.params, name)} (from the next reply)")
+        self.note(f"{name} = {getattr(self.session.params, name)} (from the next reply)")
 
     async def command_system(self: ChatApp, arg: str) -> None:
         self.queue_job("set_system", arg)
         if self.busy:
-            self.say("The system prompt changes after this reply.")
+            self.note("The system prompt changes after this reply.")
 
     async def command_export(self: ChatApp, arg: str, overwrite: bool = False) -> None:
         if not arg:
-            self.say("usage: /export PATH (/export! PATH overwrites)", "error")
+            self.note("usage: /export PATH (/export! PATH overwrites)", "error")
             return
         self.save_partial()  # the reply streaming now goes in as far as it got
         text, n = self.store.as_markdown()  # taken now, on the UI thread; written by a worker
@@ -84,15 +86,15 @@ class SlashCommands:
             message, severity = f"could not export: {e}", "error"
         except OSError as e:
             message, severity = f"could not export to {path}: {e}", "error"
-        self.call_from_thread(self.say, message, severity)
+        self.call_from_thread(self.say if severity == "information" else self.note, message, severity)
 
     async def command_stats(self: ChatApp, arg: str) -> None:
         stats = self.last_stats
         if self.session is None or stats is None:
-            self.say("No reply yet.")
+            self.note("No reply yet.")
             return
         graphs = {True: "on", False: "off", None: "n/a on CPU"}[stats.graphs]
-        self.say(f"Last reply: {plural(stats.tokens, 'token')} at {stats.tok_per_s:.1f} tok/s; "
+        self.note(f"Last reply: {plural(stats.tokens, 'token')} at {stats.tok_per_s:.1f} tok/s; "
                  f"first token after {stats.ttft_ms:.0f} ms (prefill of {plural(self.prefill_tokens, 'token')}).\n"
                  f"Context: {stats.position:,} of {stats.max_len:,} positions used; attention bucket W {stats.window}; "
                  f"CUDA graphs {graphs}; decode step {stats.step}.")
@@ -100,12 +102,12 @@ class SlashCommands:
     async def command_show(self: ChatApp, arg: str) -> None:
         s = self.session
         if s is None:
-            self.say("The model is still loading.")
+            self.note("The model is still loading.")
             return
         p = s.params
         seed = "random" if p.seed is None else p.seed
         chat = self.store.settings
-        self.say(f"Model: {s.name} on {s.device} ({s.dtype}), context {s.max_len:,} positions.\n"
+        self.note(f"Model: {s.name} on {s.device} ({s.dtype}), context {s.max_len:,} positions.\n"
                  f"System prompt: {s.system or '(none)'}\n"
                  f"Sampling: temperature {p.temperature}, top_p {p.top_p}, top_k {p.top_k}, "
                  f"repeat_penalty {p.repeat_penalty}, max_tokens {p.max_tokens:,}, seed {seed}; Ctrl+R when greedy: "
@@ -118,16 +120,16 @@ class SlashCommands:
 
         if arg not in self.available_themes:
             names = ", ".join(sorted(self.available_themes))
-            self.say(f"Themes: {names}." if not arg else f"Unknown theme {arg!r}; one of {names}.",
+            self.note(f"Themes: {names}." if not arg else f"Unknown theme {arg!r}; one of {names}.",
                      "information" if not arg else "error")
             return
         self.theme = arg
         try:
             where = config.save("theme", arg)
         except OSError as e:
-            self.say(f"Theme {arg} for now; could not keep it in the config file: {e}", "warning")
+            self.note(f"Theme {arg} for now; could not keep it in the config file: {e}", "warning")
             return
-        self.say(f"Theme {arg} (kept in {where}).")
+        self.note(f"Theme {arg} (kept in {where}).")
 
     async def command_clear(self: ChatApp, arg: str) -> None:
         self.action_new_chat()

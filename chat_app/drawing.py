@@ -154,7 +154,8 @@ class Drawing:
             self.model_failed(item)
             return
         ended = self.ended()  # a reply cut short by it, or a job refused after it: said once, with what comes next
-        self.say(f"{item.message}; the next message starts it again" if ended else item.message, "error")
+        said = self.note if item.kind == "set_system" else self.say  # /system's refusal is the command's answer
+        said(f"{item.message}; the next message starts it again" if ended else item.message, "error")
         if streams(item.kind):
             if self._reply is not None:  # it failed mid-reply: keep what streamed, marked
                 await self._reply.finish("error")
@@ -174,9 +175,10 @@ class Drawing:
         elif item.kind == "set_system":
             system = self.session.system
             self._save(self.store.set_system, system)
-            if self.session.messages:
+            if self.session.messages:  # where it was set, as the saved chat shows it again
                 await self.conversation.add_note(system_note(system or ""))
-            self.say(f"System prompt set: {echo(system)}" if system else "System prompt cleared.")
+            else:  # /system's answer (a command's note: chat_app.commands)
+                self.note(f"System prompt set: {echo(system)}" if system else "System prompt cleared.")
         elif item.kind == "load_messages":
             self.status.show(position=len(self.session.context))
         elif item.kind == "restart":

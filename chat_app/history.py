@@ -1,7 +1,8 @@
 """History: the store's other conversations, its prompt history and its Markdown export
 (a mixin of chat_app.store.Store, which owns the connection, the locks and the open chat).
 
-Contract: `chats()` lists the saved conversations, newest first; `rename` and `delete`
+Contract: `chats(matching)` lists the saved conversations, newest first (those whose title or
+any message holds `matching`, case aside for ASCII letters, when it is given); `rename` and `delete`
 change any conversation no other instance holds (ValueError names the one that does);
 `add_prompt` / `prompts()` keep what was typed, for the input's Up across runs (the newest
 PROMPTS_KEPT); `export_markdown` writes the open conversation from memory, each reply under
@@ -39,14 +40,19 @@ class ChatInfo:
 
 
 class History:
-    def chats(self: Store) -> list[ChatInfo]:
-        """Every saved conversation with messages, the most recently written first."""
+    def chats(self: Store, matching: str = "") -> list[ChatInfo]:
+        """Every saved conversation with messages, the most recently written first; with
+        `matching`, only those whose title or a message (not a system prompt) holds it."""
+        like = "%" + matching.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
         def work(db):
             return db.execute(
                 "SELECT c.id, c.title, COALESCE(c.updated, c.created), c.model, COUNT(m.id), "
                 "(SELECT content FROM messages WHERE conversation = c.id AND role = 'user' ORDER BY id LIMIT 1) "
                 "FROM conversations c JOIN messages m ON m.conversation = c.id "
-                "WHERE m.role != 'system' GROUP BY c.id ORDER BY MAX(m.id) DESC").fetchall()
+                "WHERE m.role != 'system' AND (? = '' OR c.title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages x "
+                "WHERE x.conversation = c.id AND x.role != 'system' AND x.content LIKE ? ESCAPE '\\')) "
+                "GROUP BY c.id ORDER BY MAX(m.id) DESC", (matching, like, like)).fetchall()
         return [ChatInfo(cid, _str(title) or _first_line(_str(first)), updated if isinstance(updated, int | float) else 0.0,
                          _str(model) or "?", n, cid == self.chat.id, bool(_str(title)))
                 for cid, title, updated, model, n, first in self._read(work)]

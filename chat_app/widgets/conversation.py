@@ -3,11 +3,12 @@
 Contract: everything shown stays shown (when the session drops old turns from the model's
 context, they stay here); `clear()` is the only way messages leave, plus `drop_last_reply()`
 for a regenerated reply. The view follows new text (anchored to the bottom) until the user
-scrolls up. An empty conversation shows a one-line hint.
+scrolls up; a command's note (`add_system_note`, chat_app.widgets.system_note) brings it back
+to the bottom, where the note is. An empty conversation shows a one-line hint.
 
 Reading and copying: the conversation takes focus (Tab from the input). Focused, Up/Down
-pick a message or one code block of a reply (marked, and scrolled into view), Home/End the
-first/last, PgUp/PgDn scroll; `c` or Enter copies what is picked (`copy_to_clipboard`,
+pick a message, a command's note or one code block of a reply (marked, and scrolled into
+view), Home/End the first/last, PgUp/PgDn scroll; `c` or Enter copies what is picked (`copy_to_clipboard`,
 OSC 52: works over SSH and in tmux). `picked_text()` is what would be copied (None: nothing).
 """
 
@@ -20,6 +21,7 @@ from textual.widgets import Static
 
 from chat_app.labels import plain, printable
 from chat_app.widgets.reply import Reply
+from chat_app.widgets.system_note import SystemNote
 
 HINT = "Type a message and press Enter. Ctrl+J adds a line; F1 lists every key and command."
 
@@ -68,6 +70,17 @@ class Conversation(VerticalScroll, can_focus=True):
         await self.mount(widget)
         return widget
 
+    def add_system_note(self, text: str, severity: str = "information") -> SystemNote:
+        """What a command says back, at the bottom, in view (mounted on the next idle: callable
+        from sync code; no part of the chat, chat_app.widgets.system_note)."""
+        for hint in self.query("#hint"):
+            hint.remove()
+        widget = SystemNote(text, severity)
+        self.mount(widget)
+        self.anchor()  # the user just typed a command: show its answer even if they had scrolled up
+        self.call_after_refresh(self.scroll_end, animate=False)  # once it has its height
+        return widget
+
     async def drop_last_reply(self) -> None:
         replies = self.query(Reply)
         if replies:
@@ -77,7 +90,7 @@ class Conversation(VerticalScroll, can_focus=True):
 
     def items(self) -> list[Widget]:
         """What can be picked, top to bottom: messages, and each code block after its reply."""
-        return list(self.query("UserMessage, Reply, MarkdownFence"))
+        return list(self.query("UserMessage, Reply, SystemNote, MarkdownFence"))
 
     def _pick(self, item: Widget | None) -> None:
         if self.picked is not None:
@@ -112,6 +125,8 @@ class Conversation(VerticalScroll, can_focus=True):
             return "code block", item.code
         if isinstance(item, UserMessage):
             return "message", item.text
+        if isinstance(item, SystemNote):
+            return "note", item.text
         if item is not None and item.is_attached:
             return "reply", item.text  # a Reply: its Markdown source
         return None

@@ -1,11 +1,14 @@
 """HelpScreen: every key and every slash command, in one modal table (F1 or /help).
 
 The rows come from the app (its bindings and command table), so the help cannot drift from
-what the app does. Esc, F1 or q closes it.
+what the app does. Esc, F1 or q closes it. Two columns: a description that wraps goes on under
+itself (indented), never back at the left edge under the keys.
 """
 
 from __future__ import annotations
 
+from rich.table import Table
+from rich.text import Text
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
@@ -26,4 +29,14 @@ class HelpScreen(ModalScreen[None]):
             scroll.border_subtitle = "Esc, F1 or q closes"
             for title, rows in (("Keys", self.keys), ("Commands", self.commands)):
                 yield Static(title, classes="section", markup=False)
-                yield Static("\n".join(f"{name:<{width}}{does}" for name, does in rows), markup=False)
+                yield Static(two_columns(rows, width))
+
+
+def two_columns(rows: list[tuple[str, str]], width: int) -> Table:
+    """Names in a column `width` wide (never wrapped), what they do wrapping beside them."""
+    grid = Table.grid()
+    grid.add_column(width=width, no_wrap=True)
+    grid.add_column(ratio=1)
+    for name, does in rows:
+        grid.add_row(Text(name), Text(does))
+    return grid

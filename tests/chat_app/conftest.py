@@ -172,3 +172,10 @@ async def send(pilot, text: str, wait: bool = True) -> None:
 
 def notices(app: ChatApp) -> list[str]:
     return [n.message for n in app._notifications]
+
+
+def notes(app: ChatApp) -> list[str]:
+    """What commands said back: the notes in the conversation (chat_app.widgets.system_note)."""
+    from chat_app.widgets.system_note import SystemNote
+
+    return [n.text for n in app.query(SystemNote)]

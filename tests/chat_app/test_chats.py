@@ -16,6 +16,7 @@ from chat_app.widgets.chat_list import ChatList
 from chat_app.widgets.conversation import UserMessage
 from chat_app.widgets.reply import Reply
 from tests.chat_app.conftest import loaded, notices, send, wait_until
+from tests.chat_app.test_labels import screen_text
 from tinyllm.testing import make_tiny_checkpoint
 
 pytestmark = pytest.mark.anyio
@@ -48,7 +49,7 @@ async def test_chat_list_opens_renames_and_deletes(make_app, data_dir):
         rows = [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
         assert [r[1] for r in rows] == ["A chat of this run", "Newer question", "Old question"]
         assert rows[0][0] == "▶" and rows[1][3] == "SmolLM2" and rows[1][4] == "4"
-        await pilot.press("down", "r")  # rename "Newer question"
+        await pilot.press("down", "f2")  # rename "Newer question"
         app.screen.query_one("#rename").value = ""
         await pilot.press(*"Trip", "enter")
         assert str(table.get_row_at(1)[1]) == "Trip"
@@ -64,11 +65,11 @@ async def test_chat_list_opens_renames_and_deletes(make_app, data_dir):
             app.query_one(".chat-note").render())
         await send(pilot, "One more")
         assert app.query(Reply).last().border_title == "tiny-test"
-        await pilot.press("ctrl+o", "down", "down", "d", "n")  # d asks; any key but y keeps it
+        await pilot.press("ctrl+o", "down", "down", "ctrl+d", "n")  # Ctrl+D asks; any key but y keeps it
         assert app.screen.query_one("DataTable").row_count == 3
-        await pilot.press("d", "y")
+        await pilot.press("ctrl+d", "y")
         assert app.screen.query_one("DataTable").row_count == 2
-        await pilot.press("home", "d", "y")  # the open chat: deleted, and a new chat begins
+        await pilot.press("tab", "home", "d", "y")  # in the list itself, d: the open chat, deleted; a new chat begins
         await pilot.press("escape")
         await wait_until(pilot, lambda: not app.session.messages and not app.query(Reply), what="a new chat")
         assert not [n for n in notices(app) if "rror" in n]
@@ -91,6 +92,90 @@ async def test_each_reply_keeps_its_model_on_resume_and_in_export(make_app, data
     assert text.count("## SmolLM2") == 2 and text.count("## tiny-test") == 1
     # the system prompt where it was set: after the first answer, before the next question
     assert text.index("Newer answer") < text.index("**System:** Be brief.") < text.index("After the system")
+
+
+async def test_chat_list_end_picks_the_last_row_and_every_column_fits_at_80x24(make_app, data_dir):
+    """Issue 34, item 10: End then Enter opened the first chat (End scrolled sideways); at 80x24
+    the model and message-count columns were off the right edge (the title took them)."""
+    seed_chats(data_dir)
+    store = Store.open(data_dir, model="SmolLM2")
+    store.new_chat()
+    store.add(Saved("user", "A very long first message " * 6))
+    store.close()
+    app = make_app("--max-tokens", "5")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        table = app.screen.query_one("DataTable")
+        screen = screen_text(app)
+        assert table.virtual_size.width <= table.scrollable_content_region.width  # nothing off the edge
+        assert "msgs" in screen and "SmolLM2" in screen and "A very long first messa…  " in screen
+        assert "…" in str(table.get_row_at(0)[1])  # the long title gave way
+        await pilot.press("end")
+        assert table.cursor_row == table.row_count - 1 == 2
+        await pilot.press("home")
+        assert table.cursor_row == 0
+        await pilot.press("end", "enter")  # the oldest chat
+        await wait_until(pilot, lambda: [m.content for m in app.session.messages][:1] == ["Old question"],
+                         what="the last row's chat")
+
+
+async def test_a_reply_box_does_not_end_with_an_empty_line(make_app, data_dir):
+    """Issue 34, item 10: the last paragraph's (list's, code block's) margin left an empty line
+    above each reply's bottom border."""
+    from tests.chat_app.test_labels import screen_text
+
+    endings = ["One paragraph.\n\nThe last paragraph.", "A list:\n\n- one\n- two", "Code:\n\n```\nx = 1\n```"]
+    store = Store.open(data_dir, model="SmolLM2")
+    for n, text in enumerate(endings):
+        store.add(Saved("user", f"Question {n}"))
+        store.add(Saved("assistant", text, model="SmolLM2"))
+    store.close()
+    app = make_app("--resume")
+    async with app.run_test(size=(100, 60)) as pilot:
+        await loaded(pilot)
+        await wait_until(pilot, lambda: len(app.query(Reply)) == 3, what="the resumed chat")
+        await pilot.pause()
+        screen = screen_text(app).splitlines()
+        for reply in app.query(Reply):
+            region, last = reply.region, reply.query_one("Markdown").children[-1]
+            assert screen[region.bottom - 1][region.x] == "╰"
+            assert last.region.bottom == region.bottom - 1, f"an empty last line in {reply.text!r}"  # its last block
+            if "```" not in reply.text:  # (a code block's own shaded padding is its last line)
+                assert screen[region.bottom - 2][region.x + 1:region.right - 1].strip(), reply.text
+
+
+async def test_chat_list_filters_as_you_type(make_app, data_dir):
+    """Issue 34, item 10: typing in the chat list keeps the chats whose title or text holds it
+    (case aside); the keys that move in the list still move in it, Enter opens the pick."""
+    seed_chats(data_dir)
+    store = Store.open(data_dir, model="SmolLM2")
+    store.new_chat()
+    store.add(Saved("user", "Plan a trip"))
+    store.add(Saved("assistant", "Pack 100% wool_socks.", model="SmolLM2"))
+    store.close()
+    app = make_app("--max-tokens", "5")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        await pilot.press("ctrl+o")
+        table = app.screen.query_one("DataTable")
+
+        def titles() -> list[str]:
+            return [str(table.get_row_at(i)[1]) for i in range(table.row_count)]
+
+        assert titles() == ["Plan a trip", "Newer question", "Old question"]
+        await pilot.press(*"question")  # titles (first messages)
+        assert titles() == ["Newer question", "Old question"]
+        await pilot.press(*["backspace"] * 8, *"ANSWER")  # text of the replies, case aside
+        assert titles() == ["Newer question", "Old question"]
+        await pilot.press(*["backspace"] * 6, *"100% wool_")  # % and _ are what they are, not wildcards
+        assert titles() == ["Plan a trip"]
+        await pilot.press(*["backspace"] * 10, *"brief")  # a system prompt is not the chat's text
+        assert titles() == [] and "No saved chat holds “brief”." in str(app.screen.query_one("#chats-note").render())
+        await pilot.press(*["backspace"] * 5, *"old", "end", "enter")
+        await wait_until(pilot, lambda: [m.content for m in app.session.messages][:1] == ["Old question"],
+                         what="the filtered chat")
 
 
 def other_model(tmp_path, name: str = "other-tiny"):

@@ -19,7 +19,7 @@ from chat_app.labels import printable
 from chat_app.store import Saved, Store
 from chat_app.widgets.chat_list import ChatList
 from chat_app.widgets.reply import Reply
-from tests.chat_app.conftest import loaded, notices, send, wait_until
+from tests.chat_app.conftest import loaded, notes, notices, send, wait_until
 
 pytestmark = pytest.mark.anyio
 SIZE = (120, 40)
@@ -94,16 +94,16 @@ async def test_titles_first_messages_and_saved_chats_are_plain_text(make_app, da
         assert isinstance(app.screen, ChatList)
         await pilot.pause()
         await shows(pilot, "In BBCode, what does [/b] do?", printable(f"t {ESCAPES}"), SHOWN[:19] + "…")
-        await pilot.press("r")  # the rename shows the title's controls as symbols, too
+        await pilot.press("f2")  # the rename shows the title's controls as symbols, too
         assert app.screen.query_one("#rename").value == printable(f"t {ESCAPES}")
         await shows(pilot)
         await pilot.press("enter")  # unchanged: the title stays as stored
         assert app.store.chats()[0].title == f"t {ESCAPES}"
-        await pilot.press("r")
+        await pilot.press("f2")
         app.screen.query_one("#rename").value = "my notes [/]"
         await pilot.press("enter")  # was: MarkupError
         await shows(pilot, "my notes [/]")
-        await pilot.press("d")
+        await pilot.press("ctrl+d")
         await shows(pilot, "Delete “my notes [/]”?")
         await pilot.press("n", "down", "enter")  # open the BBCode chat
         await wait_until(pilot, lambda: not isinstance(app.screen, ChatList) and len(app.query(Reply)) == 2,
@@ -112,9 +112,9 @@ async def test_titles_first_messages_and_saved_chats_are_plain_text(make_app, da
         app.clear_notifications()
         await pilot.pause()
         await shows(pilot, "In BBCode, what does [/b] do?", SHOWN, f"It ends bold. {SHOWN}", f"system prompt: Be {SHOWN}")
-        await send(pilot, "/show")  # the system prompt in a notice
-        assert f"System prompt: Be {SHOWN}" in notices(app)[-1]
-        await shows(pilot, "System prompt: Be [bold]x[/b]", "␛]0;PWNED␇␛]52;c;SGVsbG8=␇␛[2J")  # the toast
+        await send(pilot, "/show")  # the system prompt in a command's note
+        assert f"System prompt: Be {SHOWN}" in notes(app)[-1]
+        await shows(pilot, "System prompt: Be [bold]x[/b]", "␛]0;PWNED␇␛]52;c;SGVsbG8=␇␛[2J")  # the note
     assert not [n for n in notices(app) if "rror" in n]
 
 
@@ -136,11 +136,11 @@ async def test_model_names_are_plain_text(make_app, ckpt, tmp_path):
         await send(pilot, f"/export {tmp_path / HOSTILE.replace('/', '|')}.md")
         await wait_until(pilot, lambda: any("Exported" in n for n in notices(app)), what="the export (a worker writes it)")
         await send(pilot, f"/{HOSTILE.replace(' ', '')}")
-        show = notices(app)[-3]
+        show = notes(app)[-2]
         assert show.startswith(f"Model: {SHOWN} on cpu") and f"\nSystem prompt: Be {SHOWN}\n" in show, show
-        assert notices(app)[-2] == f"Exported 2 messages to {tmp_path / SHOWN.replace('/', '|')}.md."
-        assert notices(app)[-1] == f"Unknown command /{SHOWN.replace(' ', '')}; /help lists them."
-        await shows(pilot, "Exported 2 messages to", "Unknown command")  # the toasts (wrapped)
+        assert notices(app)[-1] == f"Exported 2 messages to {tmp_path / SHOWN.replace('/', '|')}.md."
+        assert notes(app)[-1] == f"Unknown command /{SHOWN.replace(' ', '')}; /help lists them."
+        await shows(pilot, "Exported 2 messages to", "Unknown command")  # the toast, the note (wrapped)
         app.clear_notifications()
         await shows(pilot, f"system prompt: Be {SHOWN}")
         await send(pilot, f"/model {gguf}")

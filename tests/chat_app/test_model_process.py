@@ -9,14 +9,18 @@ import signal
 import pytest
 
 from chat_app.widgets.reply import Reply
-from tests.chat_app.conftest import held_in_child, loaded, notices, send, wait_until
+from tests.chat_app.conftest import held_in_child, loaded, notes, notices, send, wait_until
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)
 
 
 def errors(app) -> list[str]:
-    return [n.message for n in app._notifications if n.severity == "error"]
+    """Error toasts, and the notes of refused commands (/system's)."""
+    from chat_app.widgets.system_note import SystemNote
+
+    return [n.message for n in app._notifications if n.severity == "error"] + [
+        n.text for n in app.query(SystemNote) if n.severity == "error"]
 
 
 async def test_a_system_prompt_too_long_is_named_and_long_echoes_are_cut(make_app):
@@ -30,9 +34,11 @@ async def test_a_system_prompt_too_long_is_named_and_long_echoes_are_cut(make_ap
         assert errors(app)[0].startswith("the system prompt is too long") and len(errors(app)[0]) < 200
         await send(pilot, "Hi")  # the message is not blamed: the system prompt was never set
         assert len(app.session.messages) == 2 and len(errors(app)) == 1
+        await send(pilot, "/clear")  # in a chat with messages the prompt is shown where it was set, whole
+        await wait_until(pilot, lambda: not app.session.messages)
         await send(pilot, "/system " + "Short. " * 8 + "x" * 200)  # fits, but is long on one line
-        await wait_until(pilot, lambda: any(n.startswith("System prompt set") for n in notices(app)))
-        said = next(n for n in notices(app) if n.startswith("System prompt set"))
+        await wait_until(pilot, lambda: any(n.startswith("System prompt set") for n in notes(app)))
+        said = next(n for n in notes(app) if n.startswith("System prompt set"))
         assert len(said) < 140 and said.endswith("(256 characters)"), said
 
 

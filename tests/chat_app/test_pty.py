@@ -170,7 +170,7 @@ def test_a_model_name_and_a_chat_title_never_reach_the_terminal(ckpt, tmp_path):
         nothing_reached_the_terminal()  # the name is on screen with "ready" (the status bar)
         term.wait(f"· ready · {printable(name)[:12]}")  # cut to fit
         term.send(CTRL_O)
-        term.wait("In BBCode, what does [/b] do? ␛]0;PWNED␇␛]52;c;SGVsbG8=␇␛[2J")  # was: MarkupError, exit 1
+        term.wait("In BBCode, what does [/b] do? ␛]0;PWNED␇␛]")  # was: MarkupError, exit 1 (the rest: cut to fit)
         term.send(ESC)
         term.wait(lambda: "Esc closes" not in term.text(), "the chat list to close")
         term.send("hi\r")

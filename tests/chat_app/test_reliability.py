@@ -23,7 +23,11 @@ SIZE = (100, 30)
 
 
 def errors(app) -> list[str]:
-    return [n.message for n in app._notifications if n.severity == "error"]
+    """Error toasts, and the notes of refused commands (/set's, /export's)."""
+    from chat_app.widgets.system_note import SystemNote
+
+    return [n.message for n in app._notifications if n.severity == "error"] + [
+        n.text for n in app.query(SystemNote) if n.severity == "error"]
 
 
 def corrupt(path) -> None:

@@ -9,7 +9,7 @@ from chat_app import config
 from chat_app.__main__ import build_parser, main
 from chat_app.commands import plural
 from chat_app.store import Saved, Store
-from tests.chat_app.conftest import loaded, notices, send, wait_until
+from tests.chat_app.conftest import loaded, notes, notices, send, wait_until
 from tinyllm.sampling_params import LIMITS
 
 pytestmark = pytest.mark.anyio
@@ -25,10 +25,10 @@ async def test_settings_history_and_theme_come_back_after_a_restart(make_app, tm
         await wait_until(pilot, lambda: app.session.system == "Be kind.")
         await send(pilot, "first prompt")
         await send(pilot, "/stats")
-        assert any(n.startswith("Last reply: 1 token at") for n in notices(app)), notices(app)
+        assert any(n.startswith("Last reply: 1 token at") for n in notes(app)), notes(app)
         await send(pilot, "/theme nord")
         await send(pilot, "/theme no-such-theme")
-        assert app.theme == "nord" and any("Unknown theme" in n for n in notices(app))
+        assert app.theme == "nord" and any("Unknown theme" in n for n in notes(app))
     assert config.load()["theme"] == "nord"
     app = make_app("--resume", "--theme", config.load()["theme"])  # as main() would, from the file
     async with app.run_test(size=SIZE) as pilot:
@@ -37,7 +37,7 @@ async def test_settings_history_and_theme_come_back_after_a_restart(make_app, tm
                          what="the chat and its settings")
         assert app.session.system == "Be kind." and app.theme == "nord"
         await send(pilot, "/show")
-        shown = notices(app)[-1]
+        shown = notes(app)[-1]
         assert "System prompt: Be kind." in shown and "Set in this chat: temperature 0.5" in shown
         await pilot.press("up")  # earlier runs' prompts, from the store
         assert app.prompt.text == "/show"
@@ -70,7 +70,10 @@ def test_config_file_gives_defaults_the_command_line_wins(tmp_path, monkeypatch,
 # ---- issue 31, section 4: values that made every reply fail, refused where they are set -------
 
 def errors(app) -> list[str]:
-    return [n.message for n in app._notifications if n.severity == "error"]
+    """The refusals of commands: error notes in the conversation."""
+    from chat_app.widgets.system_note import SystemNote
+
+    return [n.text for n in app.query(SystemNote) if n.severity == "error"]
 
 
 @pytest.mark.parametrize("line, says", [

@@ -26,7 +26,11 @@ SIZE = (100, 30)
 
 
 def errors(app) -> list[str]:
-    return [n.message for n in app._notifications if n.severity == "error"]
+    """Error toasts (a store that cannot write), and the notes of refused commands (/export's)."""
+    from chat_app.widgets.system_note import SystemNote
+
+    return [n.message for n in app._notifications if n.severity == "error"] + [
+        n.text for n in app.query(SystemNote) if n.severity == "error"]
 
 
 def warnings(app) -> list[str]:
