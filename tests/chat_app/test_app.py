@@ -121,7 +121,7 @@ async def test_ctrl_g_says_why_where_a_cpu_session_runs_no_native_step(make_app)
         said = notices(app)
         assert any("No fast step to switch here" in n and "started with --compile off" in n for n in said), said
         await pilot.press("f1")
-        assert "native C++ step on a CPU" in " ".join(str(w.render()) for w in app.screen.query("Static"))
+        assert any("native C++ step on a CPU" in text for _, text in app.screen.keys)  # F1's key table
 
 
 async def test_escape_stops_mid_reply_and_next_message_works(make_app, data_dir):
@@ -388,7 +388,7 @@ async def test_ctrl_r_in_a_greedy_chat_samples_at_regen_temperature_and_says_so_
         assert calls[-1] == ("send", "Hello again")  # the next message: the chat's own (greedy) settings
         await send(pilot, "/set regen_temperature 1.5")
         await send(pilot, "/show")
-        assert any("regen_temperature 1.5" in n for n in notices(app))
+        assert any("regen_temperature 1.5" in n for n in notes(app))  # /show: a note (item 5)
         await pilot.press("ctrl+r")
         await wait_until(pilot, lambda: not app.busy)
         assert calls[-1][1].temperature == 1.5
