@@ -187,8 +187,9 @@ def ship() -> None:
     (OUT / "evals.json").write_text(json.dumps(evals, indent=1))
 
 
-def export(start: int) -> None:
-    files = sorted(Path("runs/ship").iterdir())
+def export(start: int, ship: Path = Path("runs/ship")) -> None:
+    """ship's small files (from shard 0 only) and its shards from `start`, as many as $OUT takes."""
+    files = sorted(ship.iterdir())
     shards = [f for f in files if f.name.startswith("model-")]
     small = [f for f in files if f not in shards]
     room = 8 - len(list(OUT.iterdir()))
@@ -199,7 +200,8 @@ def export(start: int) -> None:
             break
         shutil.copy(f, OUT / f.name)
         size, room = size + f.stat().st_size, room - 1
-    print(json.dumps({"event": "export", "files": sorted(p.name for p in OUT.iterdir())}), flush=True)
+    print(json.dumps({"event": "export", "ship": ship.name, "files": sorted(p.name for p in OUT.iterdir())}),
+          flush=True)
 
 
 def main() -> None:

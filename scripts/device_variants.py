@@ -33,6 +33,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import device_transfer
 from device_transfer import DEVDATA, DEVICE, EVAL_ARGS, OUT, PY, TEACHER, TOK, TRAIN_ARGS, run
 
 KEEP = Path(os.environ.get("KEEP", "/root/keep"))  # a dry run on a CPU: KEEP=/tmp/keep
@@ -128,17 +129,7 @@ def pack_report() -> None:
 
 
 def export(start_shard: int) -> None:
-    ship = KEEP / f"ship-{(KEEP / 'winner').read_text().strip()}"
-    files = sorted(ship.iterdir())
-    shards = [f for f in files if f.name.startswith("model-")]
-    pick = ([f for f in files if f not in shards] if start_shard == 0 else []) + shards[start_shard:]
-    size, room = 0, 8 - len(list(OUT.iterdir()))
-    for f in pick:
-        if room <= 0 or size + f.stat().st_size > 60 * 2**20:
-            break
-        shutil.copy(f, OUT / f.name)
-        size, room = size + f.stat().st_size, room - 1
-    print(json.dumps({"event": "export", "ship": ship.name, "files": sorted(p.name for p in OUT.iterdir())}))
+    device_transfer.export(start_shard, KEEP / f"ship-{(KEEP / 'winner').read_text().strip()}")
 
 
 def main() -> None:
