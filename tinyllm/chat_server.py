@@ -83,7 +83,13 @@ def serve(conn: Connection, open_kwargs: dict) -> None:
             sent[0] = time.perf_counter()
             send(Progress(done, total))
 
-    cpu_qgemv.on_build(lambda b: send(Progress(b.done, b.total, KERNEL_STEPS[b.state], b.seconds)))
+    def kernels(b) -> None:  # the CPU kernels' build, from the loading thread or the build's own
+        try:
+            send(Progress(b.done, b.total, KERNEL_STEPS[b.state], b.seconds))
+        except OSError:  # the parent is gone: the build goes on, the load ends at its next message
+            pass
+
+    cpu_qgemv.on_build(kernels)
     try:
         session = open_session(**open_kwargs, progress=progress)
     except (ValueError, FileNotFoundError, PermissionError) as e:  # the parent shows it; nothing else to do here

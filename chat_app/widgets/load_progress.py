@@ -30,10 +30,12 @@ class LoadProgress(Horizontal):
         padding: 0 1;
         display: none;
     }
-    LoadProgress Label {
+    LoadProgress > Label {  /* not the bar's own percentage, whose width stays 5 */
         width: auto;
         max-width: 60%;
         margin-right: 2;
+    }
+    LoadProgress #step {
         text-wrap: nowrap;
         text-overflow: ellipsis;
     }
@@ -55,7 +57,7 @@ class LoadProgress(Horizontal):
     def __init__(self) -> None:
         super().__init__()
         self.name_shown = ""
-        self.label = Label("")
+        self.label = Label("", id="step")
         self.bar = ProgressBar(total=None, show_eta=False)
         self.detail = Label("", id="detail")
 
