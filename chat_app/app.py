@@ -15,6 +15,7 @@ set_param().
 
 Policy: a message (or Ctrl+R) while a reply runs is refused with a notice and the typed text
 stays in the input; Ctrl+N and /clear stop the running reply first, /system waits for it.
+A message sent while the first model loads waits for it instead (chat_app.model_switch).
 A reply replaces what is on screen only once it has begun (`Started` follows the session's
 first event), so a send or regenerate that fails before that changes nothing. Errors are
 caught once, in the worker, shown with notify(severity="error") (a command's refusal, /system's
@@ -313,6 +314,8 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
         if text.startswith("/"):
             self._accept(event)
             await self.run_command(text)
+        elif self.loading_first:  # it waits for the model (chat_app.model_switch)
+            await self.send_when_loaded(event)
         elif self._ready_for_reply():
             self._accept(event)
             self._busy = True

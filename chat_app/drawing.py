@@ -98,8 +98,10 @@ class Drawing:
         match item:
             case Loaded(session=s, switched=switched, keep_chat=keep_chat):
                 await self.model_loaded(s, switched, keep_chat)
-            case Progress(done=done, total=total):
+            case Progress(step="tensors", done=done, total=total):
                 self.load_progress.advance(done, total)
+            case Progress(step=step, done=done, total=total, seconds=seconds):
+                self.load_progress.kernels(step, done, total, seconds)
             case Started():
                 await self._started(item)
             case Failed():
@@ -122,7 +124,8 @@ class Drawing:
             self.status.show(state="generating")
             return
         else:
-            await conversation.add_user(item.text)
+            if not await self.waiting_began():  # (a message sent while the model loaded is shown already)
+                await conversation.add_user(item.text)
             self._save(self.store.add, Saved("user", item.text))
         self._reply = await conversation.add_reply(self.model_name)
         self._row, self._text, self._saved_at = Saved("assistant", "", partial=True, model=self.model_name), [], 0.0
@@ -162,7 +165,8 @@ class Drawing:
                 if self._row is not None:
                     self._save(self.store.update, self._row, "".join(self._text), partial=False, stopped=True)
             elif item.kind == "send":
-                self.prompt.give_back(item.arg)  # refused before it was shown
+                await self.waiting_refused()
+                self.prompt.give_back(item.arg)  # refused before it was shown (or while it waited)
             self._reply, self._row, self._busy, self._stop_wanted = None, None, False, False
             self.status.show(state=ENDED if ended else "ready")
 

@@ -1,8 +1,10 @@
 """What the app's worker tells the UI thread, besides the session's own events.
 
-Loaded, Progress, Started, Done and Failed are the app's; Prefilled, Token and Finished are the
+Loaded, Started, Done and Failed are the app's; Prefilled, Token and Finished are the
 session's, re-exported from tinyllm.chat_events (plain dataclasses that import no torch, the
-same the session's child process sends), so importing the app stays torch-free.
+same the session's child process sends), so importing the app stays torch-free; Progress (the
+load's steps: tensors read, the CPU kernels' build) is the one the child sends, from
+tinyllm.session_protocol (torch-free too).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tinyllm.chat_events import Finished, Prefilled, Token
+from tinyllm.session_protocol import Progress
 
 __all__ = ["Done", "Failed", "Finished", "Loaded", "Prefilled", "Progress", "Started", "Token"]
 
@@ -23,12 +26,6 @@ class Loaded:
     session: ModelProcess
     switched: bool = False  # it replaces the model that was open (/model PATH)
     keep_chat: bool = False  # ... in the chat that is open (a saved chat's own model), not a new one
-
-
-@dataclass
-class Progress:  # the model being opened has read `done` of its `total` tensors
-    done: int
-    total: int
 
 
 @dataclass

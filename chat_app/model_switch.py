@@ -2,8 +2,9 @@
 another; a mixin of ChatApp.
 
 Contract:
-- While a model opens, LoadProgress (above the status bar) shows the tensors read, as the
-  session's child process reports them (RemoteSession's `progress`). The first model is
+- While a model opens, LoadProgress (above the status bar) shows the tensors read and the CPU
+  kernels' step (their first build, or that they were found built), as the session's child
+  process reports them (RemoteSession's `progress`). The first model is
   opened by the app's worker; if the child refuses it as bad input (a ValueError: a path, file
   or option that is wrong, found by the checks that need torch), the app ends with return code
   2 and `bad_input` set, which main() prints as its usual one line. Any other failure (out of
@@ -31,6 +32,11 @@ Contract:
   the open model's path and hf: spec for the chats it saves from then on. A model --resume
   opened for its chat that the child refuses (`fallback` set) is the same kind of notice, and
   the model it would have had without --resume opens instead.
+- A message sent while the first model opens waits for it: shown at once in the conversation,
+  marked "waiting for the model to load", and sent (the mark gone) once the model has loaded.
+  One message waits at a time: another one sent meanwhile is refused with a notice and stays
+  in the input. If the model does not load, the waiting message is marked "not sent" and
+  comes back to the input. (While /model opens another model, messages are refused.)
 - `/model` alone shows the model's name and path.
 - A model process whose log (session.log) cannot be written runs without one: one notice a run.
 - A model process that ends on its own (killed, crashed) is said once, mid-reply or not, and
@@ -48,15 +54,19 @@ from typing import TYPE_CHECKING
 
 from chat_app.chat_model import gone, locate
 from chat_app.events import Failed, Loaded, Progress
+from chat_app.widgets.conversation import UserMessage
 from chat_app.widgets.load_progress import LoadProgress
 from tinyllm import hub  # no torch, as the next
 from tinyllm.model_files import precheck
 
 if TYPE_CHECKING:
     from chat_app.app import ChatApp
+    from chat_app.widgets.prompt_input import PromptInput
     from tinyllm.session_protocol import ModelProcess
 
 ENDED = "model process ended"  # the status bar's state once it has
+WAITING = "waiting for the model to load"  # the mark of a message sent while it does
+NOT_SENT = "not sent: the model did not load (the text is back in the input)"
 
 
 class ModelSwitching:
@@ -66,6 +76,8 @@ class ModelSwitching:
     _restarting = False  # a new model process is being started in place of one that ended
     _opening_spec: str | None = None  # the hf: spec of the model being opened (None: a path)
     fallback: str | None = None  # --resume opened the chat's model: the one to open if it is refused
+    opening_first = True  # the first model is opening (until it has loaded, or failed to)
+    waiting: UserMessage | None = None  # a message sent while it opens, not yet begun as a reply
 
     @property
     def load_progress(self: ChatApp) -> LoadProgress:
@@ -75,9 +87,54 @@ class ModelSwitching:
         self.load_progress.start(name)
         self.status.show(state="loading", name=name)
 
-    def report_progress(self: ChatApp, done: int, total: int) -> None:
+    def report_progress(self: ChatApp, progress: Progress) -> None:
         """The loader's progress callback (the worker thread)."""
-        self._outbox.put(Progress(done, total))
+        self._outbox.put(progress)
+
+    # ---- a message sent while the first model opens ---------------------------------------
+
+    @property
+    def loading_first(self: ChatApp) -> bool:
+        """The first model is opening: a message waits for it instead of being refused."""
+        return self.session is None and self.opening_first
+
+    async def send_when_loaded(self: ChatApp, event: PromptInput.Submitted) -> None:
+        if self.waiting is not None:
+            self.say("A message is already waiting for the model to load; send this one after its reply.",
+                     "warning")
+            return
+        self._accept(event)
+        self.waiting = await self.conversation.add_user(event.text)
+        self.waiting.mark(WAITING)
+
+    def send_waiting(self: ChatApp) -> None:
+        """The model has loaded: the waiting message goes (after the jobs queued before it)."""
+        if self.waiting is not None:
+            self._busy = True
+            self.queue_job("send", self.waiting.text)
+
+    async def waiting_began(self: ChatApp) -> bool:
+        """The send that began was the waiting message: unmarked where it is shown. False when
+        there was none, or it is no longer shown (Ctrl+N cleared the conversation meanwhile)."""
+        waiting, self.waiting = self.waiting, None
+        if waiting is None or not waiting.is_attached:
+            return False
+        waiting.mark("")
+        return True
+
+    async def waiting_refused(self: ChatApp) -> None:
+        """The waiting message's send was refused before it began: it leaves the conversation
+        (the caller gives its text back to the input)."""
+        waiting, self.waiting = self.waiting, None
+        if waiting is not None and waiting.is_attached:
+            await waiting.remove()
+
+    def waiting_not_sent(self: ChatApp) -> None:
+        """The model did not load: the waiting message stays shown, marked, its text back in the input."""
+        waiting, self.waiting = self.waiting, None
+        if waiting is not None:
+            waiting.mark(NOT_SENT)
+            self.prompt.give_back(waiting.text)
 
     # ---- the worker ------------------------------------------------------------------------
 
@@ -179,7 +236,7 @@ class ModelSwitching:
             self.store.model_path, self.store.model_spec = s.path, self._opening_spec
             self.say(f"This chat's own model, {s.name}, is open again." if keep_chat else
                      f"Now chatting with {s.name}, in a new chat (the last one is saved: Ctrl+O).")
-        self.session, self._switching_from = s, None
+        self.session, self._switching_from, self.opening_first = s, None, False
         self.model_name = self.store.model = self.sub_title = s.name
         self.load_progress.finish()
         self.refresh_bindings()
@@ -192,6 +249,7 @@ class ModelSwitching:
         if s.max_len < s.model_max_len:
             self.say(f"The context is capped at {s.max_len} of the model's {s.model_max_len} positions "
                      f"to keep memory low; --max-len {s.model_max_len} lifts the cap.")
+        self.send_waiting()
 
     def fall_back(self: ChatApp, error: ValueError) -> None:
         """--resume's model (the chat's own) passed the quick checks but not the loader's: the
@@ -223,6 +281,8 @@ class ModelSwitching:
             self.exit(return_code=2)
             return
         else:
+            self.opening_first = False
             self.status.show(state="failed")
+            self.waiting_not_sent()
         self.say(item.message, "error")
 

@@ -21,7 +21,8 @@ with ValueError: quitting never waits on a reply, even a hung one.
 
 `RemoteSession(open_kwargs, progress=None, **changes)` opens the session with open_kwargs
 updated by `changes` (another path, say) and returns once it is loaded, calling
-`progress(done, total)` (tensors read) meanwhile from the opening thread. A model that cannot
+`progress(Progress)` (tensors read, the CPU kernels' build: tinyllm.session_protocol) meanwhile
+from the opening thread. A model that cannot
 be opened raises ValueError when the path, files or options are wrong (the child's one-line
 message) and RuntimeError when the machine is (out of memory, the process died). `path` is
 the model's path, `pid` the child's process id. `ended` says why the child is gone (killed,
@@ -91,7 +92,7 @@ class RemoteSession:
     timeline = _mirrored("timeline")
     last_stats = _mirrored("last_stats")
 
-    def __init__(self, open_kwargs: dict[str, Any], progress: Callable[[int, int], None] | None = None,
+    def __init__(self, open_kwargs: dict[str, Any], progress: Callable[[Progress], None] | None = None,
                  **changes: Any):
         self.open_kwargs = {**open_kwargs, **changes}
         self.path = str(self.open_kwargs["path"])
@@ -103,7 +104,7 @@ class RemoteSession:
         """The child's command line."""
         return python("from tinyllm.chat_server import main; main()", fd)
 
-    def _start(self, progress: Callable[[int, int], None] | None) -> None:
+    def _start(self, progress: Callable[[Progress], None] | None) -> None:
         """Start the child, wait until its session is loaded, then read what it sends."""
         kwargs = dict(self.open_kwargs)
         log = kwargs.pop("log", None)
@@ -129,7 +130,7 @@ class RemoteSession:
         self._send(kwargs)
         while isinstance(first := _recv(self._conn, self._proc), Progress):
             if progress is not None:
-                progress(first.done, first.total)
+                progress(first)
         if isinstance(first, LoadFailed | Ended):
             self.close()
             bad = isinstance(first, LoadFailed) and first.bad_input
@@ -157,7 +158,7 @@ class RemoteSession:
         """Why the child is gone ("the model process ended (exit code -9)"); "" while it runs."""
         return self._ended
 
-    def restart(self, messages: list[tuple[str, str]], progress: Callable[[int, int], None] | None = None) -> None:
+    def restart(self, messages: list[tuple[str, str]], progress: Callable[[Progress], None] | None = None) -> None:
         """After the child ended: a new one with the same options and the old one's settings
         and graphs switch (as last mirrored), the conversation `messages` loaded into it."""
         params, use_graph = {k: "none" if v is None else str(v) for k, v in vars(self.params).items()}, self.use_graph

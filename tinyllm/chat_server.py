@@ -10,9 +10,11 @@ Contract: `main()` is the child's program (the connection's descriptor is argv[1
 parent gave it (chat_app.remote_session: session.log or /dev/null, never the terminal). It
 opens the session (`open_session(**open_kwargs)`; `ignore_eos=True` makes replies run to
 max_tokens, for benchmarks; `cap_max_tokens` (the app's default limit) lowers max_tokens to
-the context's length), then answers the messages of tinyllm.session_protocol, dispatching each
-Call through its JOBS table: REPLY and TASK jobs run in order on the main thread, CALL jobs at
-once on the reader thread (ChatSession allows those from any thread). A reply's events go in
+the context's length), telling the parent how the load goes (Progress: the tensors read,
+and the CPU kernels' build, or that it was found built: tinyllm.cpu_qgemv.on_build), then
+answers the messages of tinyllm.session_protocol, dispatching each Call through its JOBS
+table: REPLY and TASK jobs run in order on the main thread, CALL jobs at once on the reader
+thread (ChatSession allows those from any thread). A reply's events go in
 batches, at most every BATCH_S, except the batch holding its first text, which goes at once
 (time to first token is what the user waits on). Quit, or the parent gone, stops the reply
 under way and ends the child. When a compile ends, the job loop also runs `session.prepare()`
@@ -38,6 +40,7 @@ from tinyllm.session_protocol import (
     Events,
     Loaded,
     LoadFailed,
+    LoadStep,
     Progress,
     Quit,
     Runs,
@@ -49,6 +52,8 @@ from tinyllm.session_protocol import (
 BATCH_S = 0.005  # events go to the parent at most every 5 ms (and at the end of a reply)
 PROGRESS_S = 0.05  # load progress goes to the parent at most every 50 ms (and its last step)
 PREPARE = "prepare"  # the server's own job, queued when a compile ends: no answer
+KERNEL_STEPS: dict[str, LoadStep] = {"building": "kernels", "cached": "kernels cached", "built": "kernels built",
+                                     "failed": "kernels failed"}  # tinyllm.kernel_build's states as load steps
 
 
 def main() -> None:
@@ -60,37 +65,46 @@ def main() -> None:
 
 def serve(conn: Connection, open_kwargs: dict) -> None:
     started = time.time()
+    from tinyllm import cpu_qgemv
     from tinyllm.chat import open_session
 
     imported = time.time()
     ignore_eos = open_kwargs.pop("ignore_eos", False)
     cap = open_kwargs.pop("cap_max_tokens", False)
     sent = [0.0]
-
-    def progress(done: int, total: int) -> None:
-        if done in (0, total) or time.perf_counter() - sent[0] >= PROGRESS_S:
-            sent[0] = time.perf_counter()
-            conn.send(Progress(done, total))
-
-    try:
-        session = open_session(**open_kwargs, progress=progress)
-    except (ValueError, FileNotFoundError, PermissionError) as e:  # the parent shows it; nothing else to do here
-        conn.send(LoadFailed(str(e), True))
-        return
-    except Exception as e:
-        conn.send(LoadFailed(f"{type(e).__name__}: {e}", False))
-        return
-    if ignore_eos:
-        session.stop_ids = set()
-    session.marks.update(child_started=started, torch_imported=imported)
-    if cap and session.params.max_tokens > session.max_len:
-        session.set_param("max_tokens", str(session.max_len))
-    send_lock = threading.Lock()
+    send_lock = threading.Lock()  # the kernels' build reports from a thread of its own
 
     def send(msg) -> None:
         with send_lock:
             conn.send(msg)
 
+    def progress(done: int, total: int) -> None:
+        if done in (0, total) or time.perf_counter() - sent[0] >= PROGRESS_S:
+            sent[0] = time.perf_counter()
+            send(Progress(done, total))
+
+    def kernels(b) -> None:  # the CPU kernels' build, from the loading thread or the build's own
+        try:
+            send(Progress(b.done, b.total, KERNEL_STEPS[b.state], b.seconds))
+        except OSError:  # the parent is gone: the build goes on, the load ends at its next message
+            pass
+
+    cpu_qgemv.on_build(kernels)
+    try:
+        session = open_session(**open_kwargs, progress=progress)
+    except (ValueError, FileNotFoundError, PermissionError) as e:  # the parent shows it; nothing else to do here
+        send(LoadFailed(str(e), True))
+        return
+    except Exception as e:
+        send(LoadFailed(f"{type(e).__name__}: {e}", False))
+        return
+    finally:
+        cpu_qgemv.on_build(None)
+    if ignore_eos:
+        session.stop_ids = set()
+    session.marks.update(child_started=started, torch_imported=imported)
+    if cap and session.params.max_tokens > session.max_len:
+        session.set_param("max_tokens", str(session.max_len))
     send(Loaded(SessionState.of(session)))
     jobs: queue.Queue[Call | str | None] = queue.Queue()
     threading.Thread(target=_read, args=(conn, session, jobs, send), daemon=True).start()

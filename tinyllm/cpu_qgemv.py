@@ -6,12 +6,17 @@ cpu_attention .cpp), with the native decode step cpu_step.cpp in the same librar
 Contract:
 - `available() -> bool`: whether the ops below can run here. The first call builds SOURCES
   with the system compiler (torch.utils.cpp_extension, ninja, a file per job in parallel; about
-  20 s on a 2-core machine) into `cache_dir()`, or loads the build already there; a change to
+  20 s on a 2-core machine) into `build_folder()` under `cache_dir()`, or loads the build already
+  there without running ninja (tinyllm.kernel_build: one folder per source, torch version and
+  flags, shared by every install of that source, a clone's and a wheel's alike); a change to
   any of SOURCES and HEADERS, or another torch version, builds into a new folder. A build
   killed midway (Ctrl+C on a first launch) leaves nothing that blocks the next one: processes
   take the folder in turn through an OS lock. False, with ONE warning saying why, where the CPU is not
   x86-64 with AVX2 + FMA, where there is no compiler or the build fails, or where the
   environment says TINYLLM_CPU_KERNEL=0 (then silently: a deliberate choice).
+- `on_build(listener)`: `listener(kernel_build.BuildStatus)` hears the first `available()`'s
+  build as it goes ("cached", or "building" with the sources compiled so far, then "built" or
+  "failed"); None stops it. The app's model process tells the app (tinyllm.chat_server).
 - `qmm_int8(x, qweight, scales)` and `qmm_int4(x, qweight, scales, zeros)`: x fp32 (M, K) times
   a canonical tinyllm.quant QTensor's transpose -> (M, N) fp32, read in place (no copy of the
   weights). They are torch ops (`torch.ops.tinyllm_cpu.*`) with fake implementations, so a
@@ -50,22 +55,17 @@ Contract:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import shutil
 import warnings
-from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-try:
-    import fcntl
-except ImportError:  # Windows: no AVX2 build is tried there anyway (no c++ on PATH as a rule)
-    fcntl = None  # type: ignore[assignment]
+from tinyllm import kernel_build
 
 SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")  # the ops' torch side: checks, results, registration
 # Built into the same library: the whole decode step (tinyllm.cpu_step), and the kernels, files
@@ -85,6 +85,8 @@ PREFILL_M = 16
 # -fopenmp: at::parallel_for (dequantize) is inline code that threads only under OpenMP; the
 # library links the libgomp.so.1 torch has already loaded. The products use their own pool.
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fopenmp"]
+LDFLAGS = ["-fopenmp"]
+NAME = "tinyllm_cpu_qgemv"
 
 
 def cache_dir() -> Path:
@@ -137,33 +139,28 @@ def available() -> bool:
 
 
 def build_folder() -> Path:
-    """Where this source, these flags and this torch version build: one folder per combination."""
-    src = b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in (*SOURCES, *HEADERS))
-    tag = hashlib.sha256(src + torch.__version__.encode() + " ".join(CFLAGS).encode()).hexdigest()[:16]
-    return cache_dir() / f"cpu_qgemv-{tag}"
+    """Where this source, these flags and this torch version build: one folder per combination,
+    whatever folder the sources were installed in."""
+    return kernel_build.build_folder(NAME, SOURCES, HEADERS, (CFLAGS, LDFLAGS), cache_dir())
 
 
-@contextmanager
-def _build_lock(folder: Path):
-    """Hold the build folder against other tinyllm processes, with a lock the OS releases when
-    its holder dies (kill -9, Ctrl+C mid-build). cpp_extension's own `lock` file is a plain file
-    it waits on forever: one left by a killed build is stale once we hold this, so it goes."""
-    with open(folder / "tinyllm-build.lock", "a") as f:
-        if fcntl is not None:
-            fcntl.flock(f, fcntl.LOCK_EX)  # waits while another process builds or loads
-        (folder / "lock").unlink(missing_ok=True)
-        yield
+_listener: kernel_build.Report | None = None
+
+
+def on_build(listener: kernel_build.Report | None) -> None:
+    """`listener` hears the build (or the cached build) of the first available() from now on."""
+    global _listener
+    _listener = listener
+
+
+def _report(status: kernel_build.BuildStatus) -> None:
+    if _listener is not None:
+        _listener(status)
 
 
 def _build() -> None:
-    from torch.utils import cpp_extension
-
-    folder = build_folder()
-    folder.mkdir(parents=True, exist_ok=True)
-    with _build_lock(folder):
-        cpp_extension.load("tinyllm_cpu_qgemv", [str(p) for p in SOURCES], extra_cflags=CFLAGS,
-                           extra_ldflags=["-fopenmp"], build_directory=str(folder),
-                           is_python_module=False, verbose=False)
+    build = kernel_build.ensure_built(NAME, SOURCES, HEADERS, (CFLAGS, LDFLAGS), cache_dir(), _report)
+    torch.ops.load_library(str(build.library))  # (the process that built it has it already: no-op)
 
     @torch.library.register_fake("tinyllm_cpu::qmm_int8")
     def _(x: Tensor, qweight: Tensor, scales: Tensor) -> Tensor:

@@ -15,7 +15,13 @@ Contract:
   Adding a job is its Session method (ChatSession's, RemoteSession's one line) and its entry here.
 - Messages, all plain picklable dataclasses:
     parent -> child  the open_kwargs dict first, then Call(id, job, args) | Quit()
-    child -> parent  Progress(done, total) while the model loads (tensors read)
+    child -> parent  Progress(done, total, step, seconds) while the model loads, by step:
+                       "tensors"         tensors read of all
+                       "kernels"         the CPU kernels' first build: C++ files compiled of
+                                         all, `seconds` since it began (at least every second)
+                       "kernels cached"  the CPU kernels were built before: loaded, no build
+                       "kernels built"   the build ended (`seconds`: how long it took)
+                       "kernels failed"  the build failed: PyTorch's kernels instead (slower)
                      Loaded(state) | LoadFailed(message, bad_input)   bad_input: the path, files
                        or options are wrong (one line for the user), not the machine
                      Started(id, state)     a reply was accepted; Events follow
@@ -118,7 +124,7 @@ class ModelProcess(Session, Protocol):
     @property
     def ended(self) -> str: ...  # why the child is gone; "" while it runs
 
-    def restart(self, messages: list[tuple[str, str]], progress: Callable[[int, int], None] | None = None) -> None: ...
+    def restart(self, messages: list[tuple[str, str]], progress: Callable[[Progress], None] | None = None) -> None: ...
     def close(self) -> None: ...
 
 
@@ -169,10 +175,15 @@ class Quit:  # the reply under way stops, then the child ends
 
 # ---- child -> parent -------------------------------------------------------------------------
 
+LoadStep = Literal["tensors", "kernels", "kernels cached", "kernels built", "kernels failed"]
+
+
 @dataclass(frozen=True)
 class Progress:
     done: int
     total: int
+    step: LoadStep = "tensors"
+    seconds: float = 0.0  # how long the step has taken so far (the kernels' build)
 
 
 @dataclass(frozen=True)

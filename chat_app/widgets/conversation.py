@@ -27,12 +27,17 @@ HINT = "Type a message and press Enter. Ctrl+J adds a line; F1 lists every key a
 
 
 class UserMessage(Static):
-    """A user prompt, shown as typed (no Markdown)."""
+    """A user prompt, shown as typed (no Markdown). `mark(note)` says under it what became of
+    it ("waiting for the model to load"); `mark("")` takes the note away."""
 
     def __init__(self, text: str) -> None:
         super().__init__(printable(text), markup=False)
         self.text = text
         self.border_title = "you"
+
+    def mark(self, note: str) -> None:
+        self.border_subtitle = note
+        self.set_class(bool(note), "-marked")
 
 
 class Conversation(VerticalScroll, can_focus=True):

@@ -9,14 +9,25 @@ refused one counts too) waits after each token with text until stop() is called,
 quitting stops, so it releases the reply too. The server
 sends the batch holding a reply's first text at once, so the app sees that text while the
 reply waits. `session.replies = 0` before a restart: the next child holds nothing.
+
+`held_load(app, gate, kernels="", fail=False)` makes the app open HeldLoad sessions, whose child
+holds its model's load until the file `gate` exists: the app is still loading by construction.
+First it goes through the CPU kernels' step as `kernels` says: "" none; "real":
+tinyllm.cpu_qgemv.available() as it is (the session's build: cached once built); "fake build":
+available() with a compile that writes the first FAKE_OBJECTS object files, waits for the gate,
+then fails (the build's progress and its failure as the app sees them, without a compiler's
+minute; $TINYLLM_CACHE_DIR should be an empty folder of the test's). `fail`: after the gate,
+the load fails as a machine's fault would (not bad input).
 Production code knows nothing of this but `RemoteSession._command`, the child's command line.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from chat_app.remote_session import RemoteSession, python
@@ -39,7 +50,61 @@ def held_in_child(app, replies: int = 1):
     return app
 
 
+class HeldLoad(RemoteSession):
+    def __init__(self, open_kwargs: dict[str, Any], progress=None, *, gate: Path, kernels: str = "",
+                 fail: bool = False, **changes: Any):
+        self.gate, self.kernels, self.fail = gate, kernels, fail
+        super().__init__(open_kwargs, progress, **changes)
+
+    def _command(self, fd: int) -> list[str]:
+        args = f"{str(self.gate)!r}, {self.kernels!r}, {self.fail!r}"
+        return python(f"from tests.chat_app.held_child import serve_held_load; serve_held_load({args})", fd)
+
+
+def held_load(app, gate: Path, kernels: str = "", fail: bool = False):
+    """The app, whose model processes hold their load until `gate` exists."""
+    opener = app.open_session
+    app.open_session = partial(HeldLoad, *opener.args, **opener.keywords, gate=gate, kernels=kernels, fail=fail)
+    return app
+
+
 # ---- in the child ----------------------------------------------------------------------------
+
+FAKE_OBJECTS = 3  # the object files a "fake build" writes before it waits
+
+
+def wait_for(gate: Path) -> None:
+    while not gate.exists():  # the test's state, not a time: the loop ends when the test says
+        time.sleep(0.01)
+
+
+def serve_held_load(gate: str, kernels: str, fail: bool) -> None:
+    import tinyllm.chat as chat
+    from tinyllm import chat_server, cpu_qgemv, kernel_build
+
+    open_session = chat.open_session
+
+    def fake_compile(name, sources, flags, folder: Path) -> Path:
+        for p in sources[:FAKE_OBJECTS]:
+            (folder / f"{p.stem}.o").write_bytes(b"")
+        wait_for(Path(gate))
+        raise RuntimeError("no compiler in this test")
+
+    def held(*args, **kwargs):
+        if kernels == "fake build":
+            kernel_build._compile = fake_compile
+            cpu_qgemv._cpu_problem = lambda: None  # nothing runs on the CPU's AVX2 here
+        if kernels:
+            cpu_qgemv.available()
+        wait_for(Path(gate))
+        if fail:
+            raise RuntimeError("the machine is out of memory (a test's fault)")
+        return open_session(*args, **kwargs)
+
+    chat.open_session = held
+    chat_server.main()
+
+
 
 def serve_held(replies: int) -> None:
     import tinyllm.chat as chat

@@ -1,0 +1,137 @@
+"""tinyllm.kernel_build: one build per source, torch version and flags, whatever folder the
+source is installed in; a finished build is loaded without compiling; two processes building
+at once compile once; the build reports its progress. One real build at most: the session's
+(tinyllm.cpu_qgemv.available()); the rest compile with a stand-in."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tinyllm import cpu_qgemv, kernel_build
+from tinyllm.kernel_build import BuildStatus, ensure_built
+
+FLAGS = (cpu_qgemv.CFLAGS, cpu_qgemv.LDFLAGS)
+
+
+def install(folder: Path) -> tuple[list[Path], list[Path]]:
+    """A copy of the package's C++ files, as another install (a wheel's venv, a clone) has them."""
+    folder.mkdir(parents=True)
+    for p in (*cpu_qgemv.SOURCES, *cpu_qgemv.HEADERS):
+        shutil.copy2(p, folder / p.name)
+    return [folder / p.name for p in cpu_qgemv.SOURCES], [folder / p.name for p in cpu_qgemv.HEADERS]
+
+
+@pytest.mark.skipif(not cpu_qgemv.available(), reason="the CPU kernels cannot be built here")
+def test_two_installs_of_one_source_share_the_build_and_compile_nothing(tmp_path):
+    """available() built the package's own files (or found them built) in the session's cache;
+    two other installs of the same files, anywhere, find that build, and leave it as it is."""
+    library = kernel_build.finished(cpu_qgemv.build_folder())
+    assert library is not None and library.parent == cpu_qgemv.build_folder()
+    before = library.stat()
+    for name in ("wheel-venv", "clone"):
+        sources, headers = install(tmp_path / name / "tinyllm")
+        assert kernel_build.build_folder(cpu_qgemv.NAME, sources, headers, FLAGS, cpu_qgemv.cache_dir()) \
+            == cpu_qgemv.build_folder()
+        seen: list[BuildStatus] = []
+        build = ensure_built(cpu_qgemv.NAME, sources, headers, FLAGS, cpu_qgemv.cache_dir(), seen.append)
+        assert build == kernel_build.Build(library, cached=True) and seen == [BuildStatus("cached")]
+    after = library.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    # What ninja was given: the cache folder's own copies, not any install's files.
+    ninja = (cpu_qgemv.build_folder() / "build.ninja").read_text()
+    assert str(cpu_qgemv.build_folder() / "src" / "cpu_step.cpp") in ninja and str(cpu_qgemv.SOURCE.parent) not in ninja
+
+
+class StandIn:
+    """A compile that writes one object file per source, each once the build's report has seen
+    the one before (so every count is reported), and then a library; or waits at `gate` first."""
+
+    def __init__(self, seen: list[BuildStatus] | None = None, gate: threading.Event | None = None) -> None:
+        self.seen, self.gate, self.calls = seen, gate, 0
+        self.entered = threading.Event()
+
+    def __call__(self, name: str, sources: list[Path], flags, folder: Path) -> Path:
+        self.calls += 1
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(300), "the test never opened the gate"
+        assert all(p.parent == folder / "src" and p.is_file() for p in sources)  # built from the copies
+        for i, p in enumerate(sources, 1):
+            (folder / f"{p.stem}.o").write_bytes(b"")
+            while self.seen is not None and not any(s.done >= i for s in self.seen):
+                time.sleep(0.01)  # until the reporting thread has seen it (state, not time, ends it)
+        library = folder / f"{name}.so"
+        library.write_bytes(b"a library")
+        return library
+
+
+def test_a_build_reports_each_file_compiled_then_built_then_cached(tmp_path, monkeypatch):
+    seen: list[BuildStatus] = []
+    monkeypatch.setattr(kernel_build, "_compile", StandIn(seen))
+    sources, headers = install(tmp_path / "install")
+    build = ensure_built("k", sources, headers, FLAGS, tmp_path / "cache", seen.append)
+    n = len(sources)
+    assert not build.cached and build.library.read_bytes() == b"a library"
+    assert seen[0] == BuildStatus("building", 0, n, 0.0) and seen[-1].state == "built"
+    assert {s.done for s in seen if s.state == "building"} == set(range(n + 1))  # every count, in order
+    assert [s.done for s in seen] == sorted(s.done for s in seen)
+    assert (build.library.parent / "built").read_text() == build.library.name
+    again: list[BuildStatus] = []
+    assert ensure_built("k", sources, headers, FLAGS, tmp_path / "cache", again.append) == \
+        kernel_build.Build(build.library, cached=True)
+    assert again == [BuildStatus("cached")]
+
+
+def test_a_failed_build_says_so_and_leaves_no_finished_build(tmp_path, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("c++: internal compiler error")
+
+    monkeypatch.setattr(kernel_build, "_compile", broken)
+    sources, headers = install(tmp_path / "install")
+    seen: list[BuildStatus] = []
+    with pytest.raises(RuntimeError, match="internal compiler error"):
+        ensure_built("k", sources, headers, FLAGS, tmp_path / "cache", seen.append)
+    assert [s.state for s in seen] == ["building", "failed"]
+    assert kernel_build.finished(kernel_build.build_folder("k", sources, headers, FLAGS, tmp_path / "cache")) is None
+
+
+def test_two_builds_at_once_compile_once_and_both_get_the_library(tmp_path, monkeypatch):
+    """The second waits on the folder's lock while the first compiles, then finds its build.
+    (flock: two opens of the lock file exclude each other, threads of one process too.)"""
+    gate = threading.Event()
+    compile = StandIn(gate=gate)
+    monkeypatch.setattr(kernel_build, "_compile", compile)
+    a, b = install(tmp_path / "a"), install(tmp_path / "b")  # two installs of one source
+    results: dict[str, kernel_build.Build] = {}
+    second_started = threading.Event()
+
+    def build(key: str, files, said=None) -> None:
+        results[key] = ensure_built("k", *files, FLAGS, tmp_path / "cache", said)
+
+    first = threading.Thread(target=build, args=("first", a))
+    first.start()
+    assert compile.entered.wait(300)  # the first holds the lock, compiling
+    second = threading.Thread(target=build, args=("second", b, lambda s: second_started.set()))
+    second.start()
+    assert second_started.wait(300)  # it reported "building": it is at the lock (or past it)
+    gate.set()
+    first.join(300)
+    second.join(300)
+    assert compile.calls == 1
+    assert not results["first"].cached and results["second"] == kernel_build.Build(results["first"].library, True)
+
+
+def test_the_key_is_the_content_not_the_place(tmp_path):
+    a, b = install(tmp_path / "a"), install(tmp_path / "b")
+    root = tmp_path / "cache"
+    assert kernel_build.build_folder("k", *a, FLAGS, root) == kernel_build.build_folder("k", *b, FLAGS, root)
+    assert kernel_build.build_folder("k", *a, (FLAGS[0] + ["-DX"], FLAGS[1]), root) != \
+        kernel_build.build_folder("k", *a, FLAGS, root)
+    os.utime(a[0][0], (0, 0))  # a file's time is no part of it
+    assert kernel_build.build_folder("k", *a, FLAGS, root) == kernel_build.build_folder("k", *b, FLAGS, root)
