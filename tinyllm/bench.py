@@ -52,10 +52,10 @@ from collections.abc import Callable
 import torch
 
 from tinyllm import cpu_step
-from tinyllm.checkpoint import resolve_device
 from tinyllm.cuda_graph import GraphDecoder, StaticKVCache
 from tinyllm.engine import Engine
 from tinyllm.generate import generate
+from tinyllm.load_policy import resolve_device
 from tinyllm.model import PRESETS, ModelConfig, Transformer
 from tinyllm.quant import logical_params, quantized_bytes
 from tinyllm.sampling import SamplingParams
