@@ -25,9 +25,9 @@ Contract:
   (tinyllm.model_format.load_model). llama architecture only. llama.cpp's converter permutes
   the Q/K rows of each head from the Hugging Face "rotate half" layout into the interleaved
   one; `tensors` undoes it (on either form), so our rotate-half RoPE sees what the model was
-  trained with. The tokenizer comes from the metadata: `llama` (SentencePiece) vocabularies become a sentencepiece model proto (built
-  here, no protobuf needed) for `Tokenizer`; `gpt2` BPE vocabularies a `BPETokenizer`
-  (needs the `tokenizers` extra). The chat template is the file's own Jinja template when
+  trained with. The tokenizer comes from the metadata: `llama` (SentencePiece) vocabularies
+  become a sentencepiece model proto (built here, no protobuf needed) for `Tokenizer`; `gpt2`
+  BPE vocabularies a `BPETokenizer` (needs the `tokenizers` extra). The chat template is the file's own Jinja template when
   it splits per message, else a built-in one named by `template` or guessed.
 Refuses (ValueError, one line): other architectures, rope scaling, MoE, missing tokenizer
 metadata, unknown tensor types, tensors that do not match the metadata.
