@@ -43,6 +43,7 @@ LOG_NAME = "tinyllm-chat.log"
 # it runs the model, else Inductor's compile in the background.
 COMPILE = {"on": "auto", "off": None, "inductor": "inductor"}
 DEFAULT_MAX_TOKENS = 1024  # a reply's limit unless set: long answers end, /continue goes on
+QUANT_CHOICES = ("auto", "none", "int8", "int4")  # "keep" is what auto is on a CPU: not offered
 
 
 def find_default_model() -> Path:
@@ -68,6 +69,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(defaults: dict[str, object] | None = None) -> argparse.ArgumentParser:
     """The options; `defaults` (the config file's) replace the built-in defaults."""
+    from tinyllm.quant_rule import DEFAULT, quant_help  # imports no torch
+
     p = _Parser(prog=PROG, description="Chat with a small local language model in the terminal.")
     p.add_argument("--model", type=Path, default=None,
                    help="tinyllm checkpoint folder, Hugging Face folder (llama/mistral) or .gguf file, "
@@ -85,11 +88,7 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
                    help="keep generating past the end-of-reply token, up to --max-tokens (for benchmarks)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: one per core, less one for the UI, at most 8)")
-    p.add_argument("--quant", default="auto", choices=["auto", "none", "int8", "int4"],
-                   help="weights: auto (default) holds them as is fastest here: on a CPU a GGUF's / "
-                        "checkpoint's int4 and int8 matrices stay quantized (int4 as int8 where the AVX2 "
-                        "kernel cannot build), on CUDA every matrix is dequantized to bf16; none "
-                        "dequantizes; int8 (per channel) or int4 (groups of 32) quantizes any model")
+    p.add_argument("--quant", default=DEFAULT, choices=QUANT_CHOICES, help=quant_help(QUANT_CHOICES))
     g = p.add_argument_group("sampling (change them later with /set)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0, help="1 = off (default)")

@@ -30,10 +30,12 @@ Metrics (batch 1, greedy, unless said):
   replay_us        with --profile (instead of the above, CUDA): one step's graph replay, plain
                    and compiled, first and last bucket; kernels_per_step, and the top kernels
                    on stderr (tinyllm.bench_profile)
-  weights_mib      with --quant: bytes of the weights as held; rss_load_mib (CPU):
+  weights_mib      with --model (unless --quant none) or a preset under --quant int8 / int4:
+                   bytes of the weights as held; rss_load_mib (CPU):
                    resident memory growth over the load
 Models: --preset NAME (random weights) or --model PATH (any format open_any reads); --quant
-none | keep | auto | int8 | int4 holds the matrices quantized (tinyllm.quant). bf16 on CUDA,
+auto (the default, as the app) | keep | none | int8 | int4 holds the matrices as
+tinyllm.quant_rule states (a preset's random weights are dense but for int8 / int4). bf16 on CUDA,
 fp32 on a CPU (--dtype picks), where the defaults are small (few steps, no peers) so a run
 takes seconds.
 Refuses (one line on stderr, exit code 2): an unknown preset, a bad checkpoint folder,
@@ -52,12 +54,13 @@ from collections.abc import Callable
 import torch
 
 from tinyllm import cpu_step
-from tinyllm.checkpoint import resolve_device
 from tinyllm.cuda_graph import GraphDecoder, StaticKVCache
 from tinyllm.engine import Engine
 from tinyllm.generate import generate
+from tinyllm.load_policy import resolve_device
 from tinyllm.model import PRESETS, ModelConfig, Transformer
 from tinyllm.quant import logical_params, quantized_bytes
+from tinyllm.quant_rule import DEFAULT, QUANTS, quant_help
 from tinyllm.sampling import SamplingParams
 
 DECODE_START = 32  # prompt tokens before a decode run
@@ -413,9 +416,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-buckets", action="store_true",
                    help="skip decode inside each bucket (bucket_tok_s, bw_fraction): minutes on a CPU")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--quant", default="none", choices=("none", "keep", "auto", "int8", "int4"),
-                   help="weights: none (dense), keep (a GGUF's / checkpoint's quantized form), auto (that, "
-                        "in the form fastest on the device), int8 (per channel), int4 (groups of 32)")
+    p.add_argument("--quant", default=DEFAULT, choices=QUANTS, help=quant_help())
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"),
                    help="activations (auto: bf16 on CUDA; on a CPU fp32, or bf16 for a model holding int4 "
                         "matrices where the CPU has AVX512-BF16/AMX and the AVX2 kernel cannot be built)")
@@ -440,21 +441,23 @@ def run(args: argparse.Namespace) -> Report:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    from tinyllm.load_policy import default_dtype
+    from tinyllm.load_policy import holding
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(args.dtype)
     if dtype is None and not args.model:  # a file's loader picks its own (what it holds decides)
-        dtype = default_dtype(device, args.quant == "int4")
+        dtype = holding(device, args.quant, frozenset()).dtype  # random weights store no quantized form
     rss0 = rss_mib()
     model, name, tok_template = load_model(args, device, dtype)
     dtype = model.dtype
-    report = Report(model=name, device=device.type, dtype=str(dtype).removeprefix("torch."), quant=args.quant)
-    if args.quant != "none":
+    # A preset's random weights are dense: auto and keep hold them as none does.
+    quant = args.quant if args.model or args.quant in ("int8", "int4") else "none"
+    report = Report(model=name, device=device.type, dtype=str(dtype).removeprefix("torch."), quant=quant)
+    if quant != "none":
         report("weights_mib", quantized_bytes(model) / 2**20, "MiB", params=logical_params(model))
         if not cuda:
             report("rss_load_mib", rss_mib() - rss0, "MiB", kind="VmRSS growth over the load")
     print(f"tinyllm-bench: {name}, {logical_params(model) / 1e6:.1f}M params, {device.type} {dtype}, "
-          f"quant {args.quant}", file=sys.stderr)
+          f"quant {quant}", file=sys.stderr)
     if args.chat_turns:
         bench_chat(model, tok_template, args.chat_turns, report)
         return report

@@ -51,14 +51,15 @@ from pathlib import Path
 
 import torch
 
-from tinyllm.build import Progress
 from tinyllm.chat_events import Finished, Message, Prefilled, StepStats, Token
 from tinyllm.chat_template import ChatTemplate
-from tinyllm.checkpoint import resolve_device
 from tinyllm.conversation import Conversation, or_restore, stop_ids
 from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.decode_runner import CHUNK, DecodeRunner
+from tinyllm.load_policy import resolve_device
 from tinyllm.model import Transformer
+from tinyllm.model_format import Progress
+from tinyllm.quant_rule import DEFAULT
 from tinyllm.sampling import SamplingParams
 from tinyllm.step_policy import StepPolicy
 from tinyllm.tokenizer import Tokenizer
@@ -301,12 +302,12 @@ def open_session(path: str | Path, device: str = "auto", max_len: int | None = N
                  params: SamplingParams = SamplingParams(), system: str | None = None,
                  use_graph: bool | None = None, template: str | None = None,
                  compile: str | None = "inductor", threads: int | None = None,
-                 quant: str = "none", progress: Progress | None = None) -> ChatSession:
+                 quant: str = DEFAULT, progress: Progress | None = None) -> ChatSession:
     """Open a model (tinyllm checkpoint folder, Hugging Face folder or .gguf file; see
-    tinyllm.open_model) in a ChatSession, its matrices held as `quant` says (tinyllm.build).
+    tinyllm.open_model) in a ChatSession, its matrices held as `quant` says (tinyllm.quant_rule).
     On a CPU, torch uses `threads` threads (default: default_cpu_threads()). Without a system
     prompt, the model's own default one (what its Jinja chat template writes when there is
-    none) is used. `progress(done, total)` hears each tensor read (tinyllm.build.with_progress)."""
+    none) is used. `progress(done, total)` hears each tensor read (tinyllm.model_format.with_progress)."""
     from tinyllm.open_model import open_any
 
     started = time.time()

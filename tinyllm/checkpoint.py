@@ -1,4 +1,4 @@
-"""tinyllm checkpoint folders: save, validate, load.
+"""tinyllm checkpoint folders: save, validate, load (the tinyllm format of tinyllm.model_format).
 
 A checkpoint folder holds:
   config.json        {"format": "tinyllm", "model": ModelConfig fields, "chat": {...}, "name": str}
@@ -7,18 +7,20 @@ A checkpoint folder holds:
   tokenizer.model    the sentencepiece model, or tokenizer.json + tokenizer_config.json for a
                      byte-level BPE tokenizer (tinyllm.bpe_tokenizer; needs the `tokenizers` extra)
 
-Contract: `inspect_checkpoint(path)` validates everything it can without allocating a tensor
-(files present, config parses, each safetensors header parses and its file is as long as the
-header says, every expected tensor present with the shape the config implies, tokenizer
-fits the vocabulary) and raises FileNotFoundError/ValueError with a message that says what is
-wrong and what to do. `load_checkpoint(path, device, dtype, quant="auto", progress=None)`
-inspects first, then reads the tensors one by one (telling `progress(done, total)`, see
-tinyllm.build.with_progress) and hands them to `tinyllm.build` (bf16 by default on CUDA, fp32
-on the CPU). With tied
-embeddings only `tok_emb.*` is stored. A quantized matrix is stored in its canonical form
-(tinyllm.quant): `<name>.qweight` (I8 for int8, U8 for packed int4), `<name>.scales` (F32)
-and for int4 `<name>.zeros` (F32), and loads back bit for bit.
-Other formats (Hugging Face folders, GGUF) have importers beside this module.
+Contract: `inspect_checkpoint(path) -> CheckpointInfo` validates everything it can without
+allocating a tensor (files present, config parses, each safetensors header parses and its file
+is as long as the header says, every expected tensor present with the shape the config implies,
+tokenizer fits the vocabulary) and raises FileNotFoundError/ValueError with a message that
+says what is wrong and what to do. The format's `inspect(path, template=None) -> ModelSpec`
+adds the tokenizer and the chat template (`template`, else config.json's chat.spec, the full
+spec `tinyllm.convert` writes for a template taken from Jinja, else its chat.template name);
+`tensors(spec, quant, dtype, progress)` reads the weights as stored (tinyllm.build decides
+each one's form and dtype in memory). `load_checkpoint(path, device, dtype, quant="auto",
+group=32, progress=None) -> Checkpoint` runs both and builds (tinyllm.model_format.load_model;
+`quant` as tinyllm.quant_rule states it). With tied embeddings only `tok_emb.*` is stored. A
+quantized matrix is stored in its canonical form (tinyllm.quant): `<name>.qweight` (I8 for
+int8, U8 for packed int4), `<name>.scales` (F32, or F16 where every value is exact in fp16)
+and for int4 `<name>.zeros`, and loads back bit for bit under "keep".
 """
 
 from __future__ import annotations
@@ -32,19 +34,23 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from tinyllm.build import Progress, build_transformer, with_progress
-from tinyllm.load_policy import check_quant, default_dtype, holds_int4, resolve_device
+from tinyllm.chat_template import ChatTemplate, get_template
+from tinyllm.jinja_template import template_from_dict
+from tinyllm.load_policy import check_quant
 from tinyllm.model import ModelConfig, Transformer
 from tinyllm.model_files import INDEX, WEIGHTS, read_safetensors_header, weight_files
+from tinyllm.model_format import ModelSpec, Progress, Tensors, load_model, with_progress
 from tinyllm.quant import QTensor, held_exactly
+from tinyllm.quant_rule import DEFAULT
 from tinyllm.tensor_checks import check_vocab, expected_shapes, match_tensors
 from tinyllm.tokenizer import Tokenizer
 
-__all__ = ["Checkpoint", "CheckpointInfo", "default_dtype", "inspect_checkpoint", "load_checkpoint",
-           "read_safetensors_header", "resolve_device", "save_checkpoint", "weight_files"]
+__all__ = ["Checkpoint", "CheckpointInfo", "inspect", "inspect_checkpoint", "load_checkpoint", "save_checkpoint",
+           "tensors"]
 
 CONFIG, TOKENIZER = "config.json", "tokenizer.model"
 TOKENIZER_JSON = "tokenizer.json"  # a BPETokenizer, with its tokenizer_config.json
+_FORMS = {"I8": "int8", "U8": "int4"}  # a qweight's dtype -> its form (tensor_checks.match_tensors checked it)
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I8": torch.int8,
               "U8": torch.uint8}
 _HINT = ("a tinyllm checkpoint folder holds config.json, model.safetensors (or shards) and tokenizer.model "
@@ -70,6 +76,12 @@ class Checkpoint:
 
 
 def inspect_checkpoint(path: str | Path) -> CheckpointInfo:
+    """Validate a checkpoint folder without reading a weight (the module docstring)."""
+    return _inspect(path)[0]
+
+
+def _inspect(path: str | Path) -> tuple[CheckpointInfo, object, frozenset[str]]:
+    """(CheckpointInfo, tokenizer, the quantized forms stored)."""
     path = Path(path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
@@ -103,9 +115,11 @@ def inspect_checkpoint(path: str | Path) -> CheckpointInfo:
             more = f" (and {len(items) - 3} more)" if len(items) > 3 else ""
             raise ValueError(f"{path}: config.json does not match the weights: {what} "
                              f"{', '.join(items[:3])}{more}")
-    return CheckpointInfo(path=path, config=cfg, name=raw.get("name") or path.name,
+    info = CheckpointInfo(path=path, config=cfg, name=raw.get("name") or path.name,
                           chat=raw.get("chat") or {}, weight_files=files,
                           n_params=sum(_numel(s) for s in want.values()))
+    stored = frozenset(_FORMS[t["dtype"]] for k, t in found.items() if k.endswith(".qweight"))
+    return info, tok, stored
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -115,31 +129,52 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                    quant: str = "keep", group: int = 32, progress: Progress | None = None) -> Checkpoint:
-    """Inspect, then load; `quant` as tinyllm.build reads it ("keep": as stored)."""
-    check_quant(quant, group)
-    info = inspect_checkpoint(path)
-    device = torch.device(device)
-    tokenizer = load_tokenizer(info.path)
+def inspect(path: str | Path, template: str | None = None) -> ModelSpec:
+    """The checkpoint's ModelSpec (tinyllm.model_format): inspect_checkpoint's checks, its
+    tokenizer and its chat template."""
+    info, tokenizer, stored = _inspect(path)
+    return ModelSpec(info.path, info.config, tokenizer, chat_template(info.chat, template), info.name, stored,
+                     source=info)
+
+
+def tensors(spec: ModelSpec, quant: str, dtype: torch.dtype, progress: Progress | None = None) -> Tensors:
+    """Every weight as stored, quantized matrices as QTensors (`quant` and `dtype` change nothing
+    here: tinyllm.build decides each tensor's form and dtype in memory)."""
+    info: CheckpointInfo = spec.source
     state: dict[str, torch.Tensor] = {}
     with ExitStack() as files:
         opened = [files.enter_context(safe_open(str(f), framework="pt")) for f in info.weight_files]
         reads = [(st, name) for st in opened for name in st.keys()]  # noqa: SIM118 (not a dict)
         for st, name in with_progress(reads, progress):
             state[name] = st.get_tensor(name)
-    tensors: dict[str, torch.Tensor | QTensor] = {}
+    out: Tensors = {}
     for k, v in state.items():
         if k.endswith(".qweight"):
             base = k.removesuffix(".qweight")
             kind = "int8" if v.dtype == torch.int8 else "int4"
-            tensors[f"{base}.weight"] = QTensor(kind, v, state[f"{base}.scales"].float(),
-                                                state[f"{base}.zeros"].float() if kind == "int4" else None)
+            out[f"{base}.weight"] = QTensor(kind, v, state[f"{base}.scales"].float(),
+                                            state[f"{base}.zeros"].float() if kind == "int4" else None)
         elif not k.endswith((".scales", ".zeros")):
-            tensors[k] = v  # as stored: tinyllm.build decides each tensor's dtype in memory
-    dtype = dtype or default_dtype(device, holds_int4(quant, tensors.values()))
-    model = build_transformer(info.config, tensors, device, dtype, quant, group)
-    return Checkpoint(info=info, model=model, tokenizer=tokenizer)
+            out[k] = v
+    return out
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                    quant: str = DEFAULT, group: int = 32, progress: Progress | None = None) -> Checkpoint:
+    """Inspect, then load (tinyllm.model_format.load_model); `quant` as tinyllm.quant_rule states it."""
+    check_quant(quant, group)  # before the path: a bad option is named first
+    with inspect(path) as spec:
+        model = load_model(spec, tensors, device, dtype, quant, group, progress)
+    return Checkpoint(info=spec.source, model=model, tokenizer=spec.tokenizer)
+
+
+def chat_template(chat: dict, template: str | None) -> ChatTemplate:
+    """--template, else config.json's chat.spec, else its chat.template name (ValueError if bad)."""
+    if template:
+        return get_template(template)
+    if isinstance(chat.get("spec"), dict):
+        return template_from_dict(chat["spec"])
+    return get_template(chat.get("template", "chatml"))
 
 
 def load_tokenizer(path: Path):

@@ -13,16 +13,21 @@ Contract:
 - `GGUFFile.tensor(name) -> fp32 tensor` in PyTorch order (GGUF lists dims fastest first),
   dequantized by `gguf_quants.dequantize` (the types it lists; another is a ValueError).
 - `GGUFFile.quantized(name)`: a matrix kept quantized (Q4_0/Q4_1/Q4_K -> int4 exactly, other
-  block types -> int8 per row; tinyllm.quant), for `load_gguf(quant="auto")`.
-- `load_gguf(path, device, dtype, template=None, quant="auto", progress=None) -> (model,
-  tokenizer, chat_template, name)` (telling `progress(done, total)` per tensor read,
-  tinyllm.build.with_progress):
-  llama architecture only. llama.cpp's converter permutes the Q/K rows of each head from
-  the Hugging Face "rotate half" layout into the interleaved one; this undoes it, so our
-  rotate-half RoPE sees what the model was trained with. The tokenizer comes from the
-  metadata: `llama` (SentencePiece) vocabularies become a sentencepiece model proto (built
-  here, no protobuf needed) for `Tokenizer`; `gpt2` BPE vocabularies a `BPETokenizer`
-  (needs the `tokenizers` extra). The chat template is the file's own Jinja template when
+  block types -> int8 per row; tinyllm.quant), what every quant but "none" reads.
+- The format's two functions (tinyllm.model_format): `inspect(path, template=None) ->
+  ModelSpec` reads the header and validates it (config, tensor names, shapes and types,
+  tokenizer, chat template) without reading tensor data, its `stored` forms the ones
+  `quantized` gives (gguf_quants.held_form); leaving the spec closes the file.
+  `tensors(spec, quant, dtype, progress)`: under quant "none" every tensor dequantized, in
+  `dtype`; under any other each matrix in its quantized form (`quantized`), tinyllm.build
+  turning it into the form `quant` asks for. `load_gguf(path, device, dtype, template=None,
+  quant="auto", group=32, progress=None) -> LoadedModel` runs both and builds
+  (tinyllm.model_format.load_model). llama architecture only. llama.cpp's converter permutes
+  the Q/K rows of each head from the Hugging Face "rotate half" layout into the interleaved
+  one; `tensors` undoes it (on either form), so our rotate-half RoPE sees what the model was
+  trained with. The tokenizer comes from the metadata: `llama` (SentencePiece) vocabularies
+  become a sentencepiece model proto (built here, no protobuf needed) for `Tokenizer`; `gpt2`
+  BPE vocabularies a `BPETokenizer` (needs the `tokenizers` extra). The chat template is the file's own Jinja template when
   it splits per message, else a built-in one named by `template` or guessed.
 Refuses (ValueError, one line): other architectures, rope scaling, MoE, missing tokenizer
 metadata, unknown tensor types, tensors that do not match the metadata.
@@ -39,12 +44,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tinyllm.build import Progress, build_transformer, with_progress
-from tinyllm.gguf_quants import GGML_TYPES, dequantize, supported_types, to_qtensor
+from tinyllm.gguf_quants import GGML_TYPES, dequantize, held_form, supported_types, to_qtensor
 from tinyllm.jinja_template import pick_template
-from tinyllm.load_policy import check_quant, default_dtype, holds_int4
+from tinyllm.load_policy import check_quant
 from tinyllm.model import ModelConfig
+from tinyllm.model_format import LoadedModel, ModelSpec, Progress, Tensors, load_model, with_progress
 from tinyllm.quant import QTensor
+from tinyllm.quant_rule import DEFAULT
 from tinyllm.sp_proto import sentencepiece_proto
 from tinyllm.tensor_checks import check_tensors, check_vocab, expected_shapes
 from tinyllm.tokenizer import Tokenizer
@@ -315,10 +321,9 @@ def gguf_tokenizer(g: GGUFFile):
     raise ValueError(f"{g.path}: GGUF tokenizer model {_short(kind)} is not supported (llama or gpt2)")
 
 
-def inspect_gguf(g: GGUFFile, template: str | None = None):
+def inspect_gguf(g: GGUFFile, template: str | None = None) -> ModelSpec:
     """Validate a read GGUF header (no tensor data): config, tensor names, shapes and types,
-    tokenizer, chat template. Returns (config, tokenizer, chat_template, name, {gguf name:
-    tinyllm name})."""
+    tokenizer, chat template. The spec's source: (g, {gguf name: tinyllm name})."""
     cfg = gguf_config(g)
     want = expected_shapes(cfg)
     names = {n: _tinyllm_name(n) for n in g.tensors}
@@ -336,33 +341,42 @@ def inspect_gguf(g: GGUFFile, template: str | None = None):
     name = meta(g, "general.name", str) or g.path.stem
     add_bos = meta(g, "tokenizer.ggml.add_bos_token", bool, g.metadata["tokenizer.ggml.model"] == "llama")
     chat = pick_template(meta(g, "tokenizer.chat_template", str), tokenizer, bool(add_bos), template, name)
-    return cfg, tokenizer, chat, name, names
+    stored = frozenset(f for t in g.tensors.values() if (f := held_form(t.type, t.shape)))
+    return ModelSpec(g.path, cfg, tokenizer, chat, name, stored, source=(g, names), close=g.close)
+
+
+def inspect(path: str | Path, template: str | None = None) -> ModelSpec:
+    """Read the header and validate it (inspect_gguf); the spec holds the file open until it is left."""
+    g = read_gguf(path)
+    try:
+        return inspect_gguf(g, template)
+    except BaseException:
+        g.close()
+        raise
+
+
+def tensors(spec: ModelSpec, quant: str, dtype: torch.dtype, progress: Progress | None = None) -> Tensors:
+    """Every tensor under tinyllm's names, Q/K rows un-permuted: dequantized in `dtype` under
+    quant "none", else each matrix in its quantized form."""
+    g, names = spec.source
+    heads = {"attn.wq.weight": spec.config.n_heads, "attn.wk.weight": spec.config.n_kv_heads}
+    state: Tensors = {}
+    for n, t in with_progress(list(names.items()), progress):
+        w = g.tensor(n) if quant == "none" else g.quantized(n)
+        h = next((v for k, v in heads.items() if t.endswith(k)), None)
+        if h is not None and isinstance(w, QTensor):
+            w = w.map(lambda x, h=h: unpermute_qk(x.reshape(x.shape[0], -1), h).reshape(x.shape))
+        elif h is not None:
+            w = unpermute_qk(w, h)
+        state[t] = w.to(dtype) if quant == "none" else w
+    return state
 
 
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-              template: str | None = None, quant: str = "none", group: int = 32,
-              progress: Progress | None = None):
-    """(model, tokenizer, chat_template, name) from a llama-architecture GGUF file. quant
-    "auto" / "keep" keep each quantized matrix quantized (gguf_quants.to_qtensor), the embedding and
-    output matrices included; "none" dequantizes to `dtype`; "int8" / "int4" converts to that."""
-    check_quant(quant, group)
-    g = read_gguf(path)
-    try:
-        cfg, tokenizer, chat, name, names = inspect_gguf(g, template)
-        device = torch.device(device)
-        if quant == "none":
-            dtype = dtype or default_dtype(device)
-        heads = {"attn.wq.weight": cfg.n_heads, "attn.wk.weight": cfg.n_kv_heads}
-        state: dict[str, torch.Tensor | QTensor] = {}
-        for n, t in with_progress(list(names.items()), progress):
-            w = g.tensor(n) if quant == "none" else g.quantized(n)
-            h = next((v for k, v in heads.items() if t.endswith(k)), None)
-            if h is not None and isinstance(w, QTensor):
-                w = w.map(lambda x, h=h: unpermute_qk(x.reshape(x.shape[0], -1), h).reshape(x.shape))
-            elif h is not None:
-                w = unpermute_qk(w, h)
-            state[t] = w if isinstance(w, QTensor) or quant != "none" else w.to(dtype)
-        dtype = dtype or default_dtype(device, holds_int4(quant, state.values()))
-        return build_transformer(cfg, state, device, dtype, quant, group), tokenizer, chat, name
-    finally:
-        g.close()
+              template: str | None = None, quant: str = DEFAULT, group: int = 32,
+              progress: Progress | None = None) -> LoadedModel:
+    """Inspect, then load (tinyllm.model_format.load_model); the name is the file's general.name."""
+    check_quant(quant, group)  # before the path: a bad option is named first
+    with inspect(path, template) as spec:
+        model = load_model(spec, tensors, device, dtype, quant, group, progress)
+    return LoadedModel(model, spec.tokenizer, spec.template, spec.name)

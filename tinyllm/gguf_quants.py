@@ -5,7 +5,8 @@ into an fp32 tensor of `shape`: F32, F16, BF16, F64, Q4_0, Q4_1, Q5_0, Q5_1, Q8_
 Q4_K, Q5_K, Q6_K, each with vectorized torch ops over all blocks (in chunks, so temporaries
 stay bounded). Another type is a ValueError naming it. Bit layouts follow llama.cpp's ggml.
 `to_qtensor(raw, typ, shape)` keeps a matrix quantized instead (tinyllm.quant's forms; its
-docstring states each type's error).
+docstring states each type's error); `held_form(typ, shape)` names the form it gives, read
+from the header alone.
 """
 
 from __future__ import annotations
@@ -178,6 +179,13 @@ def _int4_q4_k(b):  # eight sub-blocks of 32: w = q (d sc) - dmin mn
 _INT4 = {2: _int4_q4_0, 3: _int4_q4_1, 12: _int4_q4_k}  # 4-bit types held exactly as int4, groups of 32
 
 
+def held_form(typ: int, shape: tuple[int, ...]) -> str | None:
+    """The form to_qtensor gives a tensor of this type and shape: "int4", "int8", or None (dense)."""
+    if typ in _PLAIN or len(shape) != 2:
+        return None
+    return "int4" if typ in _INT4 else "int8"
+
+
 def to_qtensor(raw: torch.Tensor, typ: int, shape: tuple[int, ...]) -> QTensor | torch.Tensor:
     """Raw GGUF bytes of one 2-D tensor -> its quantized form, block by block, no bf16 copy:
     Q4_0, Q4_1, Q4_K -> int4 in groups of 32, exactly (the same 4-bit values; scales and
@@ -185,11 +193,12 @@ def to_qtensor(raw: torch.Tensor, typ: int, shape: tuple[int, ...]) -> QTensor |
     row, from its fp32 values (Q8_0 too: its per-block scales become one per row), at most
     max|row| / 254 from the file's values. Plain types: an F16 / BF16 matrix as it is stored
     (tinyllm.build decides its dtype in memory), F32, F64 and vectors -> fp32 tensor."""
-    if typ in (1, 30) and len(shape) == 2:
+    form = held_form(typ, shape)
+    if form is None and typ in (1, 30) and len(shape) == 2:
         return raw.view(_PLAIN[typ]).reshape(shape)
-    if typ in _PLAIN or len(shape) != 2:
+    if form is None:
         return dequantize(raw, typ, shape)
-    if typ not in _INT4:
+    if form == "int8":
         return quantize(dequantize(raw, typ, shape), "int8")
     _, block, size = GGML_TYPES[typ]
     n, k = shape

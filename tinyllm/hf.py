@@ -12,19 +12,19 @@ Contract:
   rms_norm_eps, max_position_embeddings, tie_word_embeddings. HF Llama q/k weights already
   use the rotate-half layout, so no permutation. Mistral's sliding window caps max_seq_len
   (within the window attention is exact).
-- `inspect_hf(path, template=None)` validates config, every tensor's name, shape and dtype
-  (safetensors headers), the tokenizer and the chat template without reading a weight;
-  `load_hf(path, device, dtype, template=None, progress=None) -> (model, tokenizer,
-  chat_template, name)` inspects first, then loads (telling `progress(done, total)` per tensor
-  read, tinyllm.build.with_progress). The tokenizer is tokenizer.model when present (tokens that
+- The format's two functions (tinyllm.model_format): `inspect(path, template=None) ->
+  ModelSpec` validates config, every tensor's name, shape and dtype (safetensors headers),
+  the tokenizer and the chat template without reading a weight; `tensors(spec, quant, dtype,
+  progress)` reads the weights as stored (dense: tinyllm.build decides each one's form and
+  dtype in memory, so "int8" / "int4" quantize there, from fp32). `load_hf(path, device, dtype,
+  template=None, quant="auto", group=32, progress=None) -> LoadedModel` runs both and builds
+  (tinyllm.model_format.load_model). The tokenizer is tokenizer.model when present (tokens that
   tokenizer.json or tokenizer_config.json add past its vocab are appended to it), else
   tokenizer.json; BOS/EOS are the tokenizer's (tokenizer_config.json names them for
   tokenizer.json, config.json's ids are the fallback). The chat template (`pick_template`):
   the built-in named by `template`; else the folder's Jinja template when it splits per
   message (jinja_template.py); else a built-in guessed from the template or the model name
   (with a warning when a Jinja template did not split); else chatml.
-- `load_hf(..., quant="auto")`: the tensors go down to tinyllm.build; "int8" / "int4"
-  quantizes them there (from fp32), "auto" and "none" keep the folder's dense weights.
 Refuses (ValueError/FileNotFoundError, one line): other model types, a head_dim that is not
 hidden_size / heads, rope scaling, attention/MLP biases, activations other than silu,
 quantized (GPTQ/AWQ/bitsandbytes) weights, .bin-only weights, a missing tokenizer.
@@ -39,17 +39,17 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from tinyllm.build import Progress, build_transformer, with_progress
-from tinyllm.chat_template import ChatTemplate
 from tinyllm.jinja_template import pick_template
-from tinyllm.load_policy import check_quant, default_dtype
-from tinyllm.model import ModelConfig, Transformer
+from tinyllm.load_policy import check_quant
+from tinyllm.model import ModelConfig
 from tinyllm.model_files import read_safetensors_header, weight_files
+from tinyllm.model_format import LoadedModel, ModelSpec, Progress, Tensors, load_model, with_progress
+from tinyllm.quant_rule import DEFAULT
 from tinyllm.sp_proto import sentencepiece_piece
 from tinyllm.tensor_checks import check_tensors, check_vocab, expected_shapes
 from tinyllm.tokenizer import Tokenizer
 
-__all__ = ["hf_config", "inspect_hf", "load_hf"]
+__all__ = ["hf_config", "inspect", "load_hf", "tensors"]
 
 SUPPORTED = ("llama", "mistral")
 _HINT = "a Hugging Face folder holds config.json, model.safetensors (or shards) and a tokenizer"
@@ -129,10 +129,10 @@ def _read_json(path: Path) -> dict:
     return out if isinstance(out, dict) else {}
 
 
-def inspect_hf(path: str | Path, template: str | None = None):
+def inspect(path: str | Path, template: str | None = None) -> ModelSpec:
     """Validate a folder without reading a weight: config, every tensor's name, shape and
-    dtype (safetensors headers), tokenizer, chat template. Returns (config, tokenizer,
-    chat_template, name, {file: {hf name: tinyllm name}})."""
+    dtype (safetensors headers), tokenizer, chat template. The spec's source: {file: {hf name:
+    tinyllm name}}."""
     path = Path(path).expanduser()
     raw = _read_json(path / "config.json")
     if not raw:
@@ -164,23 +164,29 @@ def inspect_hf(path: str | Path, template: str | None = None):
     plan: dict[Path, dict[str, str]] = {}
     for tl, hf in found.items():
         plan.setdefault(where[hf], {})[hf] = tl
-    return cfg, tokenizer, chat, name, plan
+    return ModelSpec(path, cfg, tokenizer, chat, name, frozenset(), source=plan)
 
 
-def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-            template: str | None = None, quant: str = "none", group: int = 32,
-            progress: Progress | None = None) -> tuple[Transformer, object, ChatTemplate, str]:
-    check_quant(quant, group)
-    cfg, tokenizer, chat, name, plan = inspect_hf(path, template)
-    device = torch.device(device)
-    dtype = dtype or default_dtype(device, quant == "int4")
-    state = {}
+def tensors(spec: ModelSpec, quant: str, dtype: torch.dtype, progress: Progress | None = None) -> Tensors:
+    """Every weight as stored, under tinyllm's names (`quant` and `dtype` change nothing here)."""
+    plan: dict[Path, dict[str, str]] = spec.source
+    state: Tensors = {}
     with ExitStack() as files:
         opened = {f: files.enter_context(safe_open(str(f), framework="pt")) for f in plan}
         reads = [(opened[f], hf, tl) for f, names in plan.items() for hf, tl in names.items()]
         for st, hf, tl in with_progress(reads, progress):
-            state[tl] = st.get_tensor(hf)  # as stored: tinyllm.build decides its dtype in memory
-    return build_transformer(cfg, state, device, dtype, quant, group), tokenizer, chat, name
+            state[tl] = st.get_tensor(hf)
+    return state
+
+
+def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+            template: str | None = None, quant: str = DEFAULT, group: int = 32,
+            progress: Progress | None = None) -> LoadedModel:
+    """Inspect, then load (tinyllm.model_format.load_model); the name is the folder's own."""
+    check_quant(quant, group)  # before the path: a bad option is named first
+    with inspect(path, template) as spec:
+        model = load_model(spec, tensors, device, dtype, quant, group, progress)
+    return LoadedModel(model, spec.tokenizer, spec.template, spec.name)
 
 
 def _jinja_source(path: Path, tok_cfg: dict) -> str | None:

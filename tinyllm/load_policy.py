@@ -1,18 +1,26 @@
 """How a model is held where it runs: the device, the dtype and the quantization a load uses.
+One rule for every format; tinyllm.quant_rule holds its table (and every --help's words).
 
 - `resolve_device(name)`: "auto" | "cpu" | "cuda" -> a device.
-- `default_dtype(device, int4)`, `holds_int4(quant, tensors)`: bf16 on CUDA; on a CPU fp32, or
+- `holding(device, quant, stored, dtype=None) -> Holding(quant, dtype, int4_as)`: the rule a
+  load follows, decided before a weight is read from the forms its file stores (`stored`,
+  a set of "int8" / "int4"; `stored_forms(tensors)` for tensors in memory). `quant` "auto"
+  becomes what quant_rule.AUTO says for the device (`resolve_quant`: "none" on CUDA, "keep" on
+  a CPU); the dtype is `dtype`, else `default_dtype(device, holds_int4(...))`; `int4_as` is
+  "int8" under "auto" on a CPU computing in fp32 where fbgemm is there and the AVX2 kernel
+  (tinyllm.cpu_qgemv) cannot be built (fbgemm's int8 kernel is then the fast one), else "int4".
+- `default_dtype(device, int4)`, `holds_int4(quant, stored)`: bf16 on CUDA; on a CPU fp32, or
   bf16 for a model holding int4 matrices where the CPU computes bf16 natively (AVX512-BF16 or
   AMX, read from /proc/cpuinfo at run time, `cpu_has_bf16`) and the AVX2 kernel cannot be built.
-- `check_quant(quant, group)`: one of QUANTS ("auto", "keep", "none", "int8", "int4"; what
-  each means: tinyllm.build) and a supported int4 group size.
+- `check_quant(quant, group)`: one of QUANTS and a supported int4 group size.
 - `matrix_dtype(stored, device, dtype, quant)`: the dtype a dense matrix is held in.
 Refuses with one line (ValueError): an unknown quant, group or device; CUDA where there is none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -20,9 +28,11 @@ import torch
 
 from tinyllm import cpu_qgemv
 from tinyllm.model import HALF
-from tinyllm.quant import GROUPS, QTensor
+from tinyllm.quant import GROUPS, QTensor, fbgemm_available
+from tinyllm.quant_rule import AUTO, QUANTS
 
-QUANTS = ("auto", "keep", "none", "int8", "int4")
+__all__ = ["QUANTS", "Holding", "check_quant", "cpu_has_bf16", "default_dtype", "holding", "holds_int4",
+           "matrix_dtype", "resolve_device", "resolve_quant", "stored_forms"]
 
 
 def resolve_device(device: str) -> torch.device:
@@ -50,11 +60,10 @@ def default_dtype(device: torch.device, int4: bool = False) -> torch.dtype:
     """bf16 on CUDA; fp32 on a CPU, except for a model holding int4 matrices on a CPU that
     computes bf16 natively but cannot build the AVX2 kernel (tinyllm.cpu_qgemv): torch's int4
     kernel, its fallback, is fast there in bf16. Measured on a 2-core AVX512-BF16 / AMX CPU
-    (docs/BENCHMARKS-LOG.md, eleventh session), compiled, tok/s fp32 against bf16: SmolLM2's Q4_1 at
+    (docs/BENCHMARKS-LOG.md), compiled, tok/s fp32 against bf16: SmolLM2's Q4_1 at
     W = 128 / 1,024 / 2,048 123 / 82 / 74 against 88 / 61 / 50 (the kernel's prefetch and its
     decode attention); SmolLM2 all int4 109-113 against 104-105; only the 12.6 MB default
-    model's Q4_1 ran faster in bf16 at W = 128 (770 against 597), not past it. (In the tenth
-    session, before those two, bf16 won for int4 models and was the rule.)"""
+    model's Q4_1 ran faster in bf16 at W = 128 (770 against 597), not past it."""
     if device.type == "cuda":
         return torch.bfloat16
     if int4 and cpu_has_bf16() and not cpu_qgemv.available():
@@ -62,14 +71,47 @@ def default_dtype(device: torch.device, int4: bool = False) -> torch.dtype:
     return torch.float32
 
 
-def holds_int4(quant: str, tensors: Iterable[torch.Tensor | QTensor]) -> bool:
-    """Whether a model loaded with `quant` from these tensors holds int4 matrices (the
-    question default_dtype asks)."""
-    kept = quant in ("keep", "auto") and any(isinstance(t, QTensor) and t.kind == "int4" for t in tensors)
-    return quant == "int4" or kept
+def stored_forms(tensors: Iterable[torch.Tensor | QTensor]) -> frozenset[str]:
+    """The quantized forms ("int8", "int4") among these tensors."""
+    return frozenset(t.kind for t in tensors if isinstance(t, QTensor))
+
+
+def holds_int4(quant: str, stored: Collection[str]) -> bool:
+    """Whether a model loaded with `quant` from a file storing the forms `stored` holds int4
+    matrices (the question default_dtype asks)."""
+    return quant == "int4" or (quant in ("keep", "auto") and "int4" in stored)
+
+
+def resolve_quant(quant: str, device: torch.device) -> str:
+    """"auto" as quant_rule.AUTO says for the device; any other quant as it is."""
+    return AUTO.get(device.type, AUTO["cpu"]) if quant == "auto" else quant
+
+
+@dataclass(frozen=True)
+class Holding:
+    """How one load holds its model."""
+    quant: str  # "none" | "keep" | "int8" | "int4": the quant asked for, "auto" resolved for the device
+    dtype: torch.dtype  # the activations' (and the dense matrices': matrix_dtype)
+    int4_as: str  # "int4", or "int8": the form a kept int4 matrix takes
+
+
+def holding(device: torch.device, quant: str, stored: Collection[str], dtype: torch.dtype | None = None
+            ) -> Holding:
+    """The one rule (the module docstring): how a load with `quant` holds a model on `device`
+    whose file stores the quantized forms `stored`; `dtype` None picks default_dtype's."""
+    check_quant(quant)
+    resolved = resolve_quant(quant, device)
+    dtype = dtype or default_dtype(device, holds_int4(resolved, stored))
+    # Asked only where an int4 matrix is there: the question builds the AVX2 kernel (about 20 s
+    # of CPU the first time), which a dense model never uses (the default model's first load
+    # took 16.6 s instead of 0.2 s).
+    as_int8 = (quant == "auto" and resolved == "keep" and "int4" in stored and device.type == "cpu"
+               and fbgemm_available() and dtype == torch.float32 and not cpu_qgemv.available())
+    return Holding(resolved, dtype, "int8" if as_int8 else "int4")
 
 
 def check_quant(quant: str, group: int = 32) -> None:
+    """One of QUANTS (what each means: tinyllm.quant_rule) and an int4 group size of GROUPS."""
     if quant not in QUANTS:
         raise ValueError(f"unknown quantization {quant!r}: use {', '.join(QUANTS)}")
     if group not in GROUPS:

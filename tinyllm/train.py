@@ -42,7 +42,8 @@ import torch
 
 from tinyllm import data
 from tinyllm.chat_template import get_template
-from tinyllm.checkpoint import resolve_device, save_checkpoint
+from tinyllm.checkpoint import save_checkpoint
+from tinyllm.load_policy import resolve_device
 from tinyllm.model import ModelConfig, Transformer
 from tinyllm.tokenizer import Tokenizer
 

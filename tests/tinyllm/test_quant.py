@@ -139,11 +139,11 @@ def test_quantized_checkpoint_saves_and_loads_unchanged(tmp_path, quant):
     # offsets are still the file's: they were held in bf16 once, and a checkpoint saved from
     # such a model was no longer the one loaded.
     for dtype in (None, torch.bfloat16):
-        b = load_checkpoint(path, dtype=dtype).model.state_dict()
+        b = load_checkpoint(path, dtype=dtype, quant="keep").model.state_dict()
         assert a.keys() == b.keys()
         for k in a:
             assert torch.equal(a[k], b[k]), (dtype, k)
-    back = load_checkpoint(path, dtype=model.dtype).model
+    back = load_checkpoint(path, dtype=model.dtype, quant="keep").model
     ids = torch.randint(0, 512, (1, 16))
     with torch.no_grad():
         assert torch.equal(model(ids)[0], back(ids)[0])
@@ -254,10 +254,12 @@ def test_cpu_activations_are_fp32_unless_only_torchs_int4_kernel_is_there(monkey
 
     cpu = torch.device("cpu")
     int4, int8 = quantize(torch.randn(8, 64), "int4", 32), quantize(torch.randn(8, 64), "int8")
-    holds_int4 = load_policy.holds_int4
-    assert holds_int4("int4", []) and holds_int4("keep", [int8, int4]) and holds_int4("auto", [int4])
-    assert not holds_int4("keep", [int8, torch.zeros(2)]) and not holds_int4("int8", [int4])
-    assert not holds_int4("none", [int4])
+    holds_int4, forms = load_policy.holds_int4, load_policy.stored_forms
+    assert forms([int8, int4, torch.zeros(2)]) == {"int8", "int4"} and forms([torch.zeros(2)]) == set()
+    assert holds_int4("int4", forms([])) and holds_int4("keep", forms([int8, int4]))
+    assert holds_int4("auto", forms([int4]))
+    assert not holds_int4("keep", forms([int8, torch.zeros(2)])) and not holds_int4("int8", forms([int4]))
+    assert not holds_int4("none", forms([int4]))
     for native in (True, False):
         for kernel in (True, False):
             monkeypatch.setattr(load_policy, "cpu_has_bf16", lambda native=native: native)
@@ -288,5 +290,5 @@ def test_forms_and_half_scales_shape_a_mixed_checkpoint(tmp_path):
     qt = quantize(w, "int4", 32, half=True)
     step = qt.scales.repeat_interleave(32, 1)
     assert ((qt.dequantize() - w).abs() <= 0.5 * step + 1e-3 * w.abs().amax()).all()
-    back = load_checkpoint(path).model.state_dict()
+    back = load_checkpoint(path, quant="keep").model.state_dict()
     assert all(torch.equal(v, back[k]) for k, v in model.state_dict().items())

@@ -53,7 +53,7 @@ def test_plain_types_stay_dense():
 
 def test_gguf_file_loads_quantized_and_follows_the_file(llama_file, monkeypatch):  # noqa: F811
     path, _model, expected = llama_file
-    dense = open_any(path, "cpu", torch.float32)[0]
+    dense = open_any(path, "cpu", torch.float32, quant="none")[0]
     fast = open_any(path, "cpu", torch.float32, quant="keep")[0]  # fbgemm for int8 where present
     monkeypatch.setattr("tinyllm.quant.fbgemm_available", lambda: False)
     model = open_any(path, "cpu", torch.float32, quant="keep")[0]  # weight-only kernels

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(GGUF is None, reason="SmolLM2 GGUF not present (
 
 @pytest.fixture(scope="module")
 def smollm2():
-    return open_any(GGUF, "cpu", torch.float32)
+    return open_any(GGUF, "cpu", torch.float32, quant="none")  # dense, as transformers reads it
 
 
 def test_smollm2_opens_as_its_metadata_says(smollm2):

@@ -145,7 +145,7 @@ class Teacher:
         if model is None:
             from tinyllm.open_model import open_any
 
-            model, tokenizer, template, _ = open_any(path, device)
+            model, tokenizer, template, _ = open_any(path, device, quant="none")  # dense: the reference
         self.model, self.tok, self.template = model, tokenizer, template
         self.n_slots, self.compile = n_slots, compile
         self.max_len = min(max_len, model.cfg.max_seq_len)

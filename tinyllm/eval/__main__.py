@@ -29,6 +29,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from tinyllm.eval.prompts import load_prompts
+from tinyllm.quant_rule import DEFAULT, quant_help
 from tinyllm.textcheck import check_reply, has_loop
 
 
@@ -103,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="models/tinychat", help="tinyllm folder, Hugging Face folder or .gguf")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: the app's)")
-    ap.add_argument("--quant", default="auto", help="how the matrices are held (default auto: the app's; "
-                                                   "a CPU keeps a checkpoint's int4/int8, CUDA dequantizes)")
+    ap.add_argument("--quant", default=DEFAULT, help=quant_help())
     ap.add_argument("--repeat-penalty", type=float, default=1.1, help="the app's default: 1.1")
     ap.add_argument("--max-tokens", type=int, default=256, help="the app's default: 256")
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts (0: all)")
