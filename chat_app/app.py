@@ -128,6 +128,15 @@ class ChatApp(App[None]):
         return self.models.session
 
     @property
+    def open_session(self) -> Callable[..., ModelProcess]:
+        """What opens a session (the worker calls it); tests put a held or failing one here."""
+        return self.session_worker.open_session
+
+    @open_session.setter
+    def open_session(self, opener: Callable[..., ModelProcess]) -> None:
+        self.session_worker.open_session = opener
+
+    @property
     def busy(self) -> bool:
         """A send, regenerate or continue is queued or running."""
         return self.drawer.busy
