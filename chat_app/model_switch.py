@@ -257,11 +257,13 @@ class ModelSwitcher:
             app.status.show(state=ENDED)
             app.say(f"Could not start the model process again: {item.message}", "error")
             return
-        if item.kind == "model":  # the old model answers again
+        if item.kind == "model":  # the old model answers again; why is /model's answer, a note
             self.session, self._switching_from = self._switching_from, None
             assert self.session is not None, "a model switch fails only from a model that was open"
             app.status.show(state="ready", name=self.session.name)
-        elif isinstance(item.arg, ValueError) and self.fallback:  # a resumed chat's model the child refused
+            app.note(item.message, "error")
+            return
+        if isinstance(item.arg, ValueError) and self.fallback:  # a resumed chat's model the child refused
             self._fall_back(item.arg)
             return
         elif isinstance(item.arg, ValueError):  # the first model: bad input, as before the TUI
