@@ -173,11 +173,12 @@ def build_app(args: argparse.Namespace) -> ChatApp:
         compile=COMPILE[args.compile], threads=args.threads, ignore_eos=args.ignore_eos,
         quant=args.quant, cap_max_tokens=args.max_tokens is None,
         log=str(store.folder / "session.log")))
-    app = ChatApp(opener, store, model_name=name, resume=resumed, theme=args.theme)
     fallback = args.model or getattr(args, "config_model", None)
-    if spec != fallback and not (fallback and hub.is_hub(fallback)):  # the chat's own model: if the
-        app.fallback = str(fallback or DEFAULT_MODEL)  # child refuses it, the one it would have had
-    return app
+    if spec == fallback or fallback and hub.is_hub(fallback):
+        fallback = None
+    else:  # the chat's own model: if the child refuses it, the one it would have had
+        fallback = str(fallback or DEFAULT_MODEL)
+    return ChatApp(opener, store, model_name=name, resume=resumed, theme=args.theme, fallback=fallback)
 
 
 def chat_model(store: Store, fallback: str | Path | None) -> tuple[str | Path | None, str | None]:

@@ -1,17 +1,21 @@
-"""ChatApp: the Textual app around one session (bindings, one worker, the store).
+"""ChatApp: the Textual app around one session: its widgets, bindings and actions, and the
+parts it is made of, each owning its own state.
 
-Threads: the UI thread owns every widget and the Store. ONE long-lived worker thread
-(`_serve`) opens the session (a progress bar meanwhile) and then owns it: the UI hands it
-jobs through a queue, and it runs them in order. A job is (kind, arg): a session job
-(tinyllm.session_protocol's JOBS: the Session method of that name, called with arg, none
-when arg is None; a REPLY streams) or one of the app's own ("params": a chat's /set values,
-"open": a saved chat, "restart": a new model process in place of one that ended, "model":
-another model, chat_app.model_switch). Everything the worker learns (the session's
-Prefilled / Token / Finished events, plus Loaded / Progress / Started / Done / Failed from
-chat_app.events) goes into an outbox that a timer drains (chat_app.drawing) at most 30 times a second: one
-Markdown update per drained batch, never one per token, and nothing is dropped. From the UI
-thread only the session's thread-safe calls are made directly: stop(), set_graphs(),
-set_param().
+Parts (each a plain object holding the app, called through its public methods):
+- `session_worker` (chat_app.worker.SessionWorker): the ONE long-lived worker thread that opens
+  the session (a progress bar meanwhile) and then owns it, running the jobs the UI queues in
+  order; everything it learns comes back as typed events (chat_app.events) in its outbox.
+- `drawer` (chat_app.drawing.Drawer): a timer drains that outbox at most 30 times a second
+  (one Markdown update per drained batch, never one per token, nothing dropped) and sends each
+  event to its owner; it owns the reply in flight and `busy`.
+- `models` (chat_app.model_switch.ModelSwitcher): owns the open session; the first load,
+  /model, a saved chat's own model, a model process that ended, a message sent while loading.
+- `chats` (chat_app.chats.ChatSwitcher): --resume, the chat list, showing a saved chat.
+- `commands` (chat_app.commands.CommandRunner): the /commands.
+- `reader` (chat_app.reading.Reader): keys for reading and copying.
+- `saver` (chat_app.saving.StoreWriter): every store write, and its failures as notices.
+From the UI thread only the session's thread-safe calls are made directly: stop(),
+set_graphs(), set_param().
 
 Policy: a message (or Ctrl+R) while a reply runs is refused with a notice and the typed text
 stays in the input; Ctrl+N and /clear stop the running reply first, /system waits for it.
@@ -20,53 +24,48 @@ A reply replaces what is on screen only once it has begun (`Started` follows the
 first event), so a send or regenerate that fails before that changes nothing. Errors are
 caught once, in the worker, shown with notify(severity="error") (a command's refusal, /system's
 too, is a note in the conversation instead: chat_app.commands), and the conversation is
-kept. A store that cannot write is a notice too (again for each message or command that
-fails to save, never per token): the chat stays in memory and on screen, the next write
-retries (see chat_app.store), and at quit what chat.db still lacks goes to an unsaved-*.md file
-that `farewell` names for main() to print. A streaming reply is saved as partial at its
-first text and then at most once a second. An exception that escapes anyway is kept in
-`crash` for main() to report (one line, traceback in the data folder's log). SIGTERM and
-SIGHUP quit as Ctrl+Q does; `quit_signal` names the signal (main() exits with 128 + it). This module
-never imports torch (of tinyllm only the torch-free chat_events and session_protocol): __main__
-passes a function that opens the session (a ModelProcess: a RemoteSession, whose ChatSession
-runs in a child process), called as `open_session(progress=callback, **changes)` (changes:
-another path, for /model).
+kept. A store that cannot write is a notice too (chat_app.saving): the chat stays in memory
+and on screen, the next write retries (see chat_app.store), and at quit what chat.db still lacks
+goes to an unsaved-*.md file that `farewell` names for main() to print. A streaming reply is
+saved as partial at its first text and then at most once a second. An exception that escapes
+anyway is kept in `crash` for main() to report (one line, traceback in the data folder's log).
+SIGTERM and SIGHUP quit as Ctrl+Q does; `quit_signal` names the signal (main() exits with
+128 + it). This module never imports torch (of tinyllm only the torch-free chat_events and
+session_protocol): __main__ passes a function that opens the session (a ModelProcess: a
+RemoteSession, whose ChatSession runs in a child process), called as
+`open_session(progress=callback, **changes)` (changes: another path, for /model).
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
 import secrets
 import signal
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from textual import on, work
+from textual import on
 from textual.app import App
 from textual.binding import Binding
 from textual.widgets import Footer
-from textual.worker import get_current_worker
 
-from chat_app.chats import ChatSwitching
-from chat_app.commands import COMMANDS, SlashCommands
-from chat_app.drawing import DRAIN_HZ, Drawing, streams
-from chat_app.events import Done, Failed, Loaded, Started
+from chat_app.chats import ChatSwitcher
+from chat_app.commands import COMMANDS, CommandRunner
+from chat_app.drawing import DRAIN_HZ, Drawer
 from chat_app.labels import printable
-from chat_app.model_switch import ModelSwitching
-from chat_app.reading import READING_KEYS, Reading
-from chat_app.store import Resumed, Saved, Store, StoreError
+from chat_app.model_switch import ModelSwitcher
+from chat_app.reading import READING_KEYS, Reader
+from chat_app.saving import StoreWriter
+from chat_app.store import Resumed, Store, StoreError
 from chat_app.terminal import driver_class
 from chat_app.widgets.conversation import Conversation
 from chat_app.widgets.help_screen import HelpScreen
 from chat_app.widgets.load_progress import LoadProgress
 from chat_app.widgets.prompt_input import PromptInput
-from chat_app.widgets.reply import Reply
 from chat_app.widgets.status_bar import StatusBar
+from chat_app.worker import SessionWorker
 
 if TYPE_CHECKING:
-    from tinyllm.chat_events import StepStats
     from tinyllm.session_protocol import ModelProcess
 
 INPUT_KEYS = [("Enter", "send the message (or run a /command)"),
@@ -78,7 +77,7 @@ def key_name(key: str) -> str:
     return "+".join(part.upper() if len(part) == 1 else part.capitalize() for part in key.split("+"))
 
 
-class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, App[None]):
+class ChatApp(App[None]):
     CSS_PATH = "chat.tcss"
     TITLE = "tinyllm-chat"
     ENABLE_COMMAND_PALETTE = False  # slash commands and F1 instead
@@ -99,28 +98,22 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
     ]
 
     def __init__(self, open_session: Callable[..., ModelProcess], store: Store, model_name: str = "model",
-                 resume: Resumed | None = None, theme: str | None = None) -> None:
+                 resume: Resumed | None = None, theme: str | None = None, fallback: str | None = None) -> None:
         super().__init__(driver_class=driver_class())
         self.chosen_theme = theme
-        self.open_session, self.store, self.model_name, self.resume = open_session, store, model_name, resume
-        self.session: ModelProcess | None = None
+        self.store, self.model_name, self.resume = store, model_name, resume
         self.crash: BaseException | None = None  # an exception nothing else caught (main() reports it)
         self.quit_signal: int | None = None  # the signal that ended the app (SIGTERM, SIGHUP)
-        self.last_stats: StepStats | None = None
-        self.prefill_tokens = 0
-        self._jobs: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._reply: Reply | None = None  # the reply streaming now
-        self._row: Saved | None = None  # ... and its row in the store
-        self._text: list[str] = []  # ... and its text as the session gave it
-        self._saved_at = 0.0
-        self._busy = False  # a send/regenerate is queued or running
-        self._stop_wanted = False  # Esc was pressed for the reply in flight
-        self._store_failing = False  # the last store write failed
-        self._store_told: str | None = None  # the store error shown since the user last acted
         self.farewell: str | None = None  # one line for main() to print after the app ends (an unsaved chat)
-        self._compile_failure_said = False
         self._regen_told: object = None  # the store's chat that Ctrl+R's greedy notice was shown for
+        self.session_worker = SessionWorker(self, open_session)
+        self.saver = StoreWriter(store, self.say)
+        self.drawer = Drawer(self)
+        self.models = ModelSwitcher(self)
+        self.models.fallback = fallback  # --resume opened the chat's model: the one to open if it is refused
+        self.chats = ChatSwitcher(self)
+        self.commands = CommandRunner(self)
+        self.reader = Reader(self)
 
     def compose(self):
         yield Conversation()
@@ -130,9 +123,32 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
         yield Footer()
 
     @property
+    def session(self) -> ModelProcess | None:
+        """The model that answers (None while one opens: chat_app.model_switch)."""
+        return self.models.session
+
+    @property
+    def open_session(self) -> Callable[..., ModelProcess]:
+        """What opens a session (the worker calls it); tests put a held or failing one here."""
+        return self.session_worker.open_session
+
+    @open_session.setter
+    def open_session(self, opener: Callable[..., ModelProcess]) -> None:
+        self.session_worker.open_session = opener
+
+    @property
     def busy(self) -> bool:
-        """A send or regenerate is queued or running."""
-        return self._busy
+        """A send, regenerate or continue is queued or running."""
+        return self.drawer.busy
+
+    @property
+    def bad_input(self) -> str | None:
+        """Why the first model was refused (main() prints it, exit code 2)."""
+        return self.models.bad_input
+
+    @property
+    def load_progress(self) -> LoadProgress:
+        return self.query_one(LoadProgress)
 
     @property
     def conversation(self) -> Conversation:
@@ -154,15 +170,15 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
             self.prompt.prompts = [printable(p) for p in self.store.prompts()]  # Up recalls earlier runs' too
         except StoreError:
             pass  # said below (store.error)
-        self.show_loading(self.model_name)
+        self.models.show_loading(self.model_name)
         self.prompt.focus()
-        self.set_interval(1 / DRAIN_HZ, self._drain)
-        self.call_after_refresh(self._serve)  # the first frame first: the child competes for the CPU
+        self.set_interval(1 / DRAIN_HZ, self.drawer.drain)
+        self.call_after_refresh(self.session_worker.start)  # the first frame first: the child competes for the CPU
         if self.store.error:
-            self._store_failed(self.store.error)
-        self.store_notices()
+            self.saver.failed(self.store.error)
+        self.saver.notices()
         if self.resume is not None:  # what --resume found (Store.resume, in main())
-            await self.resume_last_chat(self.resume)
+            await self.chats.resume_last_chat(self.resume)
 
     def _catch_signals(self, on: bool) -> None:
         """SIGTERM and SIGHUP quit as Ctrl+Q does (the terminal restored, what streamed saved);
@@ -184,7 +200,7 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
 
     def on_unmount(self) -> None:
         self._catch_signals(False)
-        self.save_partial()  # quitting mid-reply keeps what streamed (still marked partial)
+        self.drawer.save_partial()  # quitting mid-reply keeps what streamed (still marked partial)
         self.farewell = self.store.rescue()  # what chat.db still lacks goes to an unsaved-*.md file
         self.store.close()  # the conversation is free for the next instance
         if self.session is not None:  # the worker, even one waiting on a reply, ends now (it closes it too)
@@ -201,9 +217,15 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
         self.conversation.add_system_note(message, severity)
 
     def queue_job(self, kind: str, arg: Any) -> None:
-        if kind != "model":  # another model replaces the process anyway
-            self.restart_if_ended()
-        self._jobs.put((kind, arg))
+        """A job for the session's worker (chat_app.worker); a model process that ended is
+        started again first (not for another model, which replaces the process anyway)."""
+        if kind != "model":
+            self.models.restart_if_ended()
+        self.session_worker.put(kind, arg)
+
+    def save(self, write: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        """One store write (chat_app.saving): a failure is a notice, never a crash."""
+        self.saver.save(write, *args, **kwargs)
 
     def _handle_exception(self, error: Exception) -> None:
         """Textual's hook for an exception no handler caught: the app exits with code 1.
@@ -212,148 +234,60 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
         super()._handle_exception(error)
         self._exit_renderables.clear()  # no traceback over the terminal: main() reports it
 
-    # ---- the store: every write goes through here ---------------------------------------
-
-    def _save(self, write: Callable[..., None], *args: Any, **kwargs: Any) -> None:
-        """One store write; a failure is a notice, never a crash: shown again for each thing the
-        user does (a message, a command, Ctrl+R) that fails to save, or when the error changes,
-        never once per streamed token."""
-        try:
-            write(*args, **kwargs)
-        except StoreError as e:
-            self._store_failed(str(e))
-            return
-        finally:
-            self.store_notices()
-        if self._store_failing:
-            self._store_failing, self._store_told = False, None
-            self.say("The chat history is saved again.")
-
-    def _store_failed(self, message: str) -> None:
-        self._store_failing = True
-        if message != self._store_told:
-            self._store_told = message
-            self.say(message, "error")
-
-    def store_notices(self) -> None:
-        """Say what the store has to say (chat.db deleted and written again, no locks)."""
-        while self.store.notices:
-            self.say(self.store.notices.pop(0), "warning")
-
-    def user_acted(self) -> None:
-        """A message, command or key that writes: a store failure is worth showing again."""
-        self._store_told = None
-
-    def save_partial(self) -> None:
-        """Write the streaming reply's text so far to the store (marked partial)."""
-        if self._row is not None:
-            self._saved_at = time.monotonic()
-            self._save(self.store.update, self._row, "".join(self._text), partial=True)
-
-    # ---- the worker ---------------------------------------------------------------------
-
-    @work(thread=True, exclusive=True, group="session", name="session")
-    def _serve(self, **changes: Any) -> None:
-        worker = get_current_worker()
-        try:
-            session = self.open_session(progress=self.report_progress, **changes)
-        except Exception as e:  # shown once (bad input: by main()); the app stays up
-            self._outbox.put(Failed("load", e, f"could not load the model: {e}"))
-            return
-        self._outbox.put(Loaded(session))
-        try:
-            while (model := self._run_jobs(session, worker)) is not None:
-                session = self.switch_model(session, model)
-        finally:
-            session.close()
-
-    def _run_jobs(self, session: ModelProcess, worker) -> Any:
-        """Run jobs until cancelled (None) or until a "model" job (its argument)."""
-        launch = {k: "none" if v is None else str(v) for k, v in vars(session.params).items()}
-
-        def set_params(settings: dict[str, str]) -> None:  # a chat's /set values over the launch's
-            for name, value in {**launch, **settings}.items():
-                session.set_param(name, value)
-
-        own: dict[str, Callable[[Any], None]] = {"params": set_params, "open": lambda _: None,
-                                                 "restart": lambda pairs: session.restart(pairs, self.report_progress)}
-        while not worker.is_cancelled:
-            try:
-                kind, arg = self._jobs.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if kind == "model":
-                return arg
-            try:
-                if kind in own:
-                    own[kind](arg)
-                    self._outbox.put(Done(kind, arg))
-                    continue
-                result = getattr(session, kind)(*(() if arg is None else (arg,)))
-                if streams(kind):
-                    started = False
-                    for event in result:
-                        if not started:  # only now may the UI replace what it shows
-                            self._outbox.put(Started(kind, arg))
-                            started = True
-                        self._outbox.put(event)
-                        if worker.is_cancelled:
-                            session.stop()
-                else:
-                    self._outbox.put(Done(kind, arg))
-            except Exception as e:
-                message = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
-                self._outbox.put(Failed(kind, arg, message))
-
     # ---- input --------------------------------------------------------------------------
 
     @on(PromptInput.Submitted)
     async def submitted(self, event: PromptInput.Submitted) -> None:
         text = event.text
-        self.user_acted()
+        self.saver.user_acted()
         if text.startswith("/"):
-            self._accept(event)
-            await self.run_command(text)
-        elif self.loading_first:  # it waits for the model (chat_app.model_switch)
-            await self.send_when_loaded(event)
+            self.accept(event)
+            await self.commands.run(text)
+        elif self.models.loading_first:  # it waits for the model (chat_app.model_switch)
+            await self.models.send_when_loaded(event)
         elif self._ready_for_reply():
-            self._accept(event)
-            self._busy = True
-            self.queue_job("send", text)
+            self.accept(event)
+            self.drawer.begin("send", text)
 
-    def _accept(self, event: PromptInput.Submitted) -> None:
+    def accept(self, event: PromptInput.Submitted) -> None:
+        """The input gives up the submitted text, which joins the prompt history."""
         if self.prompt.accept(event):
-            self._save(self.store.add_prompt, event.text)
+            self.save(self.store.add_prompt, event.text)
+
+    async def run_command(self, text: str) -> None:
+        """A /command line, as if typed (chat_app.commands)."""
+        await self.commands.run(text)
 
     def _ready_for_reply(self) -> bool:
         if self.session is None:
             self.say("The model is still loading (or failed to load).", "warning")
-        elif self._busy:
+        elif self.busy:
             self.say("A reply is still running: wait for it, or press Esc to stop it.", "warning")
         else:
             return True
         return False
 
+    @on(PromptInput.Scrolled)
+    def scrolled(self, event: PromptInput.Scrolled) -> None:
+        self.reader.scroll(event.key)
+
     def action_stop(self) -> None:
-        if self.session is not None and self._busy:
-            self._stop_wanted = True
-            self.session.stop()
+        self.drawer.stop()
 
     def action_regenerate(self) -> None:
         """Ctrl+R: the last reply written again, as a new sample (SamplingParams.regenerating: a
         fresh seed; a greedy chat samples at regen_temperature, and says so once per chat). The
         chat's settings stay for its next message. A last user turn with no reply (a resumed
         chat) gets its reply with the chat's own settings."""
-        self.user_acted()
+        self.saver.user_acted()
         if not self._ready_for_reply():
             return
-        self._busy = True
         s = self.session
         assert s is not None
         if not (s.messages and s.messages[-1].role == "assistant"):
-            self.queue_job("regenerate", None)
+            self.drawer.begin("regenerate", None)
             return
-        self.queue_job("regenerate", s.params.regenerating(secrets.randbits(63)))
+        self.drawer.begin("regenerate", s.params.regenerating(secrets.randbits(63)))
         if s.params.greedy and self._regen_told is not self.store.chat:
             self._regen_told = self.store.chat  # once per chat (Ctrl+N and opening a chat make another)
             t = s.params.regen_temperature
@@ -362,12 +296,11 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
                      "again; /set regen_temperature 0.8 to sample a new one.")
 
     def action_continue(self) -> None:
-        self.user_acted()
+        self.saver.user_acted()
         if self.session is not None and not (self.session.messages and self.session.messages[-1].role == "assistant"):
             self.say("No reply to continue yet.", "warning")
         elif self._ready_for_reply():
-            self._busy = True
-            self.queue_job("continue_reply", None)
+            self.drawer.begin("continue_reply", None)
 
     def action_new_chat(self) -> None:
         self.action_stop()
@@ -398,6 +331,15 @@ class ChatApp(Drawing, ModelSwitching, ChatSwitching, Reading, SlashCommands, Ap
                    "--compile inductor, or a model the native C++ step cannot run")
             self.say(f"No fast step to switch here: this CPU session has no native C++ step ({why}); "
                      "--compile on runs it where the model allows.", "warning")
+
+    def action_chats(self) -> None:
+        self.chats.show_list()
+
+    def action_copy_reply(self) -> None:
+        self.reader.copy_reply()
+
+    def action_help_quit(self) -> None:
+        self.reader.copy_or_hint()
 
     def action_help(self) -> None:
         keys = INPUT_KEYS + READING_KEYS + [(key_name(b.key), b.tooltip) for b in self.BINDINGS

@@ -1,5 +1,5 @@
 """Going back to saved chats: `--resume`, the chat list (Ctrl+O, /chats), and showing a saved
-chat; a mixin of ChatApp.
+chat; the app's ChatSwitcher.
 
 Contract: opening a chat stops the reply that runs (its text is saved first, into the chat it
 belongs to) and then, in order on the worker: the store opens the chosen conversation (a
@@ -27,81 +27,89 @@ if TYPE_CHECKING:
     from chat_app.app import ChatApp
 
 
-class ChatSwitching:
-    def action_chats(self: ChatApp) -> None:
-        self.push_screen(ChatList(self.store), self._chat_chosen)
+class ChatSwitcher:
+    def __init__(self, app: ChatApp) -> None:
+        self.app = app
 
-    def _chat_chosen(self: ChatApp, cid: int | None) -> None:
-        if self.store.conversation is None and self.session is not None and self.session.messages:
-            self.action_new_chat()  # the open chat was deleted from the list
-        if cid is None or cid == self.store.conversation:
-            return
-        if self.session is None:
-            self.say("The model is still loading (or failed to load).", "warning")
-            return
-        self.action_stop()
-        self.queue_job("open", cid)
+    def show_list(self) -> None:
+        self.app.push_screen(ChatList(self.app.store), self._chosen)
 
-    async def open_chat(self: ChatApp, cid: int) -> None:
+    def _chosen(self, cid: int | None) -> None:
+        app = self.app
+        if app.store.conversation is None and app.session is not None and app.session.messages:
+            app.action_new_chat()  # the open chat was deleted from the list
+        if cid is None or cid == app.store.conversation:
+            return
+        if app.session is None:
+            app.say("The model is still loading (or failed to load).", "warning")
+            return
+        app.action_stop()
+        app.queue_job("open", cid)
+
+    async def open_chat(self, cid: int) -> None:
         """The worker reached the "open" barrier: switch the store, the screen, the session."""
+        app = self.app
         try:
-            saved = self.store.open_chat(cid)
+            saved = app.store.open_chat(cid)
         except (StoreError, ValueError) as e:
-            self.say(f"could not open that chat: {e}", "error")
+            app.say(f"could not open that chat: {e}", "error")
             return
         finally:
-            self.store_notices()
-        await self.conversation.clear()
-        self.reopen_chat_model()  # first: the chat's messages then load into its model
+            app.saver.notices()
+        await app.conversation.clear()
+        app.models.reopen_chat_model()  # first: the chat's messages then load into its model
         await self.show_saved(saved)
-        self.status.show(tok_s=None, ttft_ms=None, window=None)  # the last reply's numbers were another chat's
-        self.say(f"Opened a saved chat ({sum(m.role != 'system' for m in saved)} messages).")
+        app.status.show(tok_s=None, ttft_ms=None, window=None)  # the last reply's numbers were another chat's
+        app.say(f"Opened a saved chat ({sum(m.role != 'system' for m in saved)} messages).")
 
-    async def resume_last_chat(self: ChatApp, resumed: Resumed) -> None:
+    async def resume_last_chat(self, resumed: Resumed) -> None:
         """Show what --resume found: main() opened the chat in the store, and its model."""
+        app = self.app
         saved, held = resumed.saved, resumed.held
-        self.store_notices()
+        app.saver.notices()
         if resumed.error:
-            self._store_failed(resumed.error)
+            app.saver.failed(resumed.error)
             return
         if resumed.notice:
-            self.say(resumed.notice, "warning")
+            app.say(resumed.notice, "warning")
         if held:
-            self.say("The last chat is open in another tinyllm-chat; "
-                     + ("this is the one before it." if saved else "this is a new one."), "warning")
+            app.say("The last chat is open in another tinyllm-chat; "
+                    + ("this is the one before it." if saved else "this is a new one."), "warning")
         if not saved:
             if not held:
-                self.say("No saved chat to resume; this is a new one.")
+                app.say("No saved chat to resume; this is a new one.")
             return
         await self.show_saved(saved)
-        self.say(f"Resumed the last chat ({sum(m.role != 'system' for m in saved)} messages).")
+        app.say(f"Resumed the last chat ({sum(m.role != 'system' for m in saved)} messages).")
 
-    async def show_saved(self: ChatApp, saved: list[Saved]) -> None:
+    async def show_saved(self, saved: list[Saved]) -> None:
         """Show a chat the store just opened and load it into the session (by jobs, in order)."""
-        if self.store.skipped:
-            self.say(f"Skipped {self.store.skipped} unreadable message(s) of this chat (not text in chat.db); "
-                     "the rest are here.", "warning")
+        app = self.app
+        store, conversation = app.store, app.conversation
+        if store.skipped:
+            app.say(f"Skipped {store.skipped} unreadable message(s) of this chat (not text in chat.db); "
+                    "the rest are here.", "warning")
         said = [m for m in saved if m.role != "system"]
         if said and said[-1].role == "user":  # its reply never began (a crash): an empty one, so turns alternate
-            saved.append(Saved("assistant", "", stopped=True, model=self.model_name))
-            self._save(self.store.add, saved[-1])
+            saved.append(Saved("assistant", "", stopped=True, model=app.model_name))
+            app.save(store.add, saved[-1])
         for m in saved:
             if m.role == "user":
-                await self.conversation.add_user(m.content)
+                await conversation.add_user(m.content)
             elif m.role == "system":
-                await self.conversation.add_note(system_note(m.content))
+                await conversation.add_note(system_note(m.content))
             else:
                 note = "partial" if m.partial else "stopped" if m.stopped else ""
-                await self.conversation.add_reply(m.model or self.store.chat_model, m.content, note)
-        pairs = [("system", self.store.system or "")]
-        self.queue_job("load_messages", pairs + [(m.role, m.content) for m in saved if m.role != "system"])
-        for name, value in self.store.settings.items():
+                await conversation.add_reply(m.model or store.chat_model, m.content, note)
+        pairs = [("system", store.system or "")]
+        app.queue_job("load_messages", pairs + [(m.role, m.content) for m in saved if m.role != "system"])
+        for name, value in store.settings.items():
             try:
                 SamplingParams().with_value(name, value)  # what /set checks
             except ValueError as e:
-                self.say(f"Skipped a setting saved with this chat: {e}", "warning")
-                self._save(self.store.drop_setting, name)
-        self.queue_job("params", self.store.settings)
+                app.say(f"Skipped a setting saved with this chat: {e}", "warning")
+                app.save(store.drop_setting, name)
+        app.queue_job("params", store.settings)
 
 
 def system_note(text: str) -> str:

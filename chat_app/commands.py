@@ -1,6 +1,6 @@
-"""Slash commands: the `/name ARGS` lines typed into the prompt, as a mixin of ChatApp.
+"""Slash commands: the `/name ARGS` lines typed into the prompt, the app's CommandRunner.
 
-Contract: `COMMANDS` is the table the help screen shows; `run_command(text)` runs one. What a
+Contract: `COMMANDS` is the table the help screen shows; `CommandRunner.run(text)` runs one. What a
 command says back (its output, and every refusal: severity "error", never an exception) is a
 note in the conversation (`ChatApp.note`: it stays, scrolls with the chat, and is neither saved
 with it nor seen by the model); only what passes is a toast (`ChatApp.say`: "Exported").
@@ -33,48 +33,51 @@ COMMANDS = {  # name: (arguments, what it does)
 }
 
 
-class SlashCommands:
-    async def run_command(self: ChatApp, text: str) -> None:
+class CommandRunner:
+    def __init__(self, app: ChatApp) -> None:
+        self.app = app
+
+    async def run(self, text: str) -> None:
         name, _, arg = text[1:].partition(" ")
         overwrite = name == "export!"
         name = "export" if overwrite else name
         if name not in COMMANDS:
-            self.note(f"Unknown command /{name}; /help lists them.", "error")
+            self.app.note(f"Unknown command /{name}; /help lists them.", "error")
             return
         if name == "export":
             await self.command_export(arg.strip(), overwrite)
             return
         await getattr(self, f"command_{name}")(arg.strip())
 
-    async def command_set(self: ChatApp, arg: str) -> None:
+    async def command_set(self, arg: str) -> None:
         name, _, value = arg.partition(" ")
         name = name.replace("-", "_")
-        if self.session is None or not value.strip():
-            self.note("usage: /set NAME VALUE (after the model has loaded)", "error")
+        if self.app.session is None or not value.strip():
+            self.app.note("usage: /set NAME VALUE (after the model has loaded)", "error")
             return
         try:
-            self.session.set_param(name, value.strip())
+            self.app.session.set_param(name, value.strip())
         except ValueError as e:
-            self.note(str(e), "error")
+            self.app.note(str(e), "error")
             return
-        self._save(self.store.set_setting, name, value.strip())  # kept with the chat
-        self.note(f"{name} = {getattr(self.session.params, name)} (from the next reply)")
+        self.app.save(self.app.store.set_setting, name, value.strip())  # kept with the chat
+        self.app.note(f"{name} = {getattr(self.app.session.params, name)} (from the next reply)")
 
-    async def command_system(self: ChatApp, arg: str) -> None:
-        self.queue_job("set_system", arg)
-        if self.busy:
-            self.note("The system prompt changes after this reply.")
+    async def command_system(self, arg: str) -> None:
+        self.app.queue_job("set_system", arg)
+        if self.app.busy:
+            self.app.note("The system prompt changes after this reply.")
 
-    async def command_export(self: ChatApp, arg: str, overwrite: bool = False) -> None:
+    async def command_export(self, arg: str, overwrite: bool = False) -> None:
         if not arg:
-            self.note("usage: /export PATH (/export! PATH overwrites)", "error")
+            self.app.note("usage: /export PATH (/export! PATH overwrites)", "error")
             return
-        self.save_partial()  # the reply streaming now goes in as far as it got
-        text, n = self.store.as_markdown()  # taken now, on the UI thread; written by a worker
-        self.run_worker(lambda: self.export_file(arg, text, n, overwrite), thread=True, group="export",
+        self.app.drawer.save_partial()  # the reply streaming now goes in as far as it got
+        text, n = self.app.store.as_markdown()  # taken now, on the UI thread; written by a worker
+        self.app.run_worker(lambda: self.export_file(arg, text, n, overwrite), thread=True, group="export",
                         name=f"export {arg}")
 
-    def export_file(self: ChatApp, path: str, text: str, n: int, overwrite: bool) -> None:
+    def export_file(self, path: str, text: str, n: int, overwrite: bool) -> None:
         """The write of /export, on a worker thread (a slow disk never stops the UI); its
         notice comes back to the UI thread."""
         try:
@@ -86,62 +89,65 @@ class SlashCommands:
             message, severity = f"could not export: {e}", "error"
         except OSError as e:
             message, severity = f"could not export to {path}: {e}", "error"
-        self.call_from_thread(self.say if severity == "information" else self.note, message, severity)
+        self.app.call_from_thread(self.app.say if severity == "information" else self.app.note, message, severity)
 
-    async def command_stats(self: ChatApp, arg: str) -> None:
-        stats = self.last_stats
-        if self.session is None or stats is None:
-            self.note("No reply yet.")
+    async def command_stats(self, arg: str) -> None:
+        stats, prefill = self.app.drawer.last_stats, self.app.drawer.prefill_tokens
+        if self.app.session is None or stats is None:
+            self.app.note("No reply yet.")
             return
         graphs = {True: "on", False: "off", None: "n/a on CPU"}[stats.graphs]
-        self.note(f"Last reply: {plural(stats.tokens, 'token')} at {stats.tok_per_s:.1f} tok/s; "
-                 f"first token after {stats.ttft_ms:.0f} ms (prefill of {plural(self.prefill_tokens, 'token')}).\n"
-                 f"Context: {stats.position:,} of {stats.max_len:,} positions used; attention bucket W {stats.window}; "
-                 f"CUDA graphs {graphs}; decode step {stats.step}.")
+        self.app.note(f"Last reply: {plural(stats.tokens, 'token')} at {stats.tok_per_s:.1f} tok/s; "
+                      f"first token after {stats.ttft_ms:.0f} ms (prefill of {plural(prefill, 'token')}).\n"
+                      f"Context: {stats.position:,} of {stats.max_len:,} positions used; attention bucket W {stats.window}; "
+                      f"CUDA graphs {graphs}; decode step {stats.step}.")
 
-    async def command_show(self: ChatApp, arg: str) -> None:
-        s = self.session
+    async def command_show(self, arg: str) -> None:
+        s = self.app.session
         if s is None:
-            self.note("The model is still loading.")
+            self.app.note("The model is still loading.")
             return
         p = s.params
         seed = "random" if p.seed is None else p.seed
-        chat = self.store.settings
-        self.note(f"Model: {s.name} on {s.device} ({s.dtype}), context {s.max_len:,} positions.\n"
-                 f"System prompt: {s.system or '(none)'}\n"
-                 f"Sampling: temperature {p.temperature}, top_p {p.top_p}, top_k {p.top_k}, "
-                 f"repeat_penalty {p.repeat_penalty}, max_tokens {p.max_tokens:,}, seed {seed}; Ctrl+R when greedy: "
-                 f"regen_temperature {p.regen_temperature}.\n"
-                 f"Set in this chat: {', '.join(f'{k} {v}' for k, v in chat.items()) or 'nothing'}. "
-                 f"Theme: {self.theme}.")
+        chat = self.app.store.settings
+        self.app.note(f"Model: {s.name} on {s.device} ({s.dtype}), context {s.max_len:,} positions.\n"
+                      f"System prompt: {s.system or '(none)'}\n"
+                      f"Sampling: temperature {p.temperature}, top_p {p.top_p}, top_k {p.top_k}, "
+                      f"repeat_penalty {p.repeat_penalty}, max_tokens {p.max_tokens:,}, seed {seed}; Ctrl+R when greedy: "
+                      f"regen_temperature {p.regen_temperature}.\n"
+                      f"Set in this chat: {', '.join(f'{k} {v}' for k, v in chat.items()) or 'nothing'}. "
+                      f"Theme: {self.app.theme}.")
 
-    async def command_theme(self: ChatApp, arg: str) -> None:
+    async def command_theme(self, arg: str) -> None:
         from chat_app import config
 
-        if arg not in self.available_themes:
-            names = ", ".join(sorted(self.available_themes))
-            self.note(f"Themes: {names}." if not arg else f"Unknown theme {arg!r}; one of {names}.",
+        if arg not in self.app.available_themes:
+            names = ", ".join(sorted(self.app.available_themes))
+            self.app.note(f"Themes: {names}." if not arg else f"Unknown theme {arg!r}; one of {names}.",
                      "information" if not arg else "error")
             return
-        self.theme = arg
+        self.app.theme = arg
         try:
             where = config.save("theme", arg)
         except OSError as e:
-            self.note(f"Theme {arg} for now; could not keep it in the config file: {e}", "warning")
+            self.app.note(f"Theme {arg} for now; could not keep it in the config file: {e}", "warning")
             return
-        self.note(f"Theme {arg} (kept in {where}).")
+        self.app.note(f"Theme {arg} (kept in {where}).")
 
-    async def command_clear(self: ChatApp, arg: str) -> None:
-        self.action_new_chat()
+    async def command_clear(self, arg: str) -> None:
+        self.app.action_new_chat()
 
-    async def command_continue(self: ChatApp, arg: str) -> None:
-        self.action_continue()
+    async def command_continue(self, arg: str) -> None:
+        self.app.action_continue()
 
-    async def command_chats(self: ChatApp, arg: str) -> None:
-        self.action_chats()
+    async def command_chats(self, arg: str) -> None:
+        self.app.chats.show_list()
 
-    async def command_help(self: ChatApp, arg: str) -> None:
-        self.action_help()
+    async def command_model(self, arg: str) -> None:
+        await self.app.models.command_model(arg)
+
+    async def command_help(self, arg: str) -> None:
+        self.app.action_help()
 
 
 

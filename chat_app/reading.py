@@ -1,4 +1,4 @@
-"""Keys for reading and copying, as a mixin of ChatApp.
+"""Keys for reading and copying: the app's Reader (the app's bindings and handlers call it).
 
 Contract: PgUp/PgDn (and Home/End while the input is empty) scroll the conversation from the
 input; Tab moves focus to the conversation, where messages and code blocks are picked and
@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from chat_app.widgets.conversation import lines
-from chat_app.widgets.prompt_input import PromptInput
 from chat_app.widgets.reply import Reply
 
 if TYPE_CHECKING:
@@ -27,25 +26,29 @@ READING_KEYS = [
 ]
 
 
-class Reading:
-    def on_prompt_input_scrolled(self: ChatApp, event: PromptInput.Scrolled) -> None:
-        c = self.conversation
-        {"pageup": c.scroll_page_up, "pagedown": c.scroll_page_down,
-         "home": c.scroll_home, "end": c.scroll_end}[event.key](animate=False)
+class Reader:
+    def __init__(self, app: ChatApp) -> None:
+        self.app = app
 
-    def action_copy_reply(self: ChatApp) -> None:
-        replies = self.query(Reply)
+    def scroll(self, key: str) -> None:
+        """PgUp/PgDn/Home/End from the input: the conversation scrolls."""
+        c = self.app.conversation
+        {"pageup": c.scroll_page_up, "pagedown": c.scroll_page_down,
+         "home": c.scroll_home, "end": c.scroll_end}[key](animate=False)
+
+    def copy_reply(self) -> None:
+        replies = self.app.query(Reply)
         text = replies.last().text if replies else ""
         if not text:
-            self.say("No reply to copy yet.")
+            self.app.say("No reply to copy yet.")
             return
-        self.copy_to_clipboard(text)
-        self.say(f"Copied the last reply ({lines(text)}).")
+        self.app.copy_to_clipboard(text)
+        self.app.say(f"Copied the last reply ({lines(text)}).")
 
-    def action_help_quit(self: ChatApp) -> None:
+    def copy_or_hint(self) -> None:
         """Ctrl+C that nothing selected took (Textual's default offers to quit here)."""
-        if self.conversation.picked_text() is not None:
-            self.conversation.action_copy_picked()
+        if self.app.conversation.picked_text() is not None:
+            self.app.conversation.action_copy_picked()
         else:
-            self.say("Nothing selected to copy: Ctrl+T copies the last reply; Tab, then Up/Down and C "
-                     "copy a message or code block. Ctrl+Q quits.")
+            self.app.say("Nothing selected to copy: Ctrl+T copies the last reply; Tab, then Up/Down and C "
+                         "copy a message or code block. Ctrl+Q quits.")

@@ -11,7 +11,7 @@ import pytest
 from chat_app.widgets.load_progress import LoadProgress
 from chat_app.widgets.reply import Reply
 from chat_app.widgets.status_bar import StatusBar
-from tests.chat_app.conftest import loaded, notices, send, wait_until
+from tests.chat_app.conftest import loaded, notes, send, wait_until
 from tinyllm.model_files import read_safetensors_header, weight_files
 from tinyllm.testing import make_tiny_checkpoint
 
@@ -91,7 +91,7 @@ async def test_switching_models_starts_a_new_chat_and_ends_the_old_process(make_
         reply = app.query_one(Reply)
         assert reply.border_title == "other-tiny" and new.last_stats.tokens > 0 and reply.text
         await model_command(pilot, "")
-        assert any(f"other-tiny ({other_ckpt.resolve()})" in n for n in notices(app))
+        assert any(f"other-tiny ({other_ckpt.resolve()})" in n for n in notes(app))  # a command's answer
     with sqlite3.connect(data_dir / "chat.db") as db:  # both chats saved, each reply with its model
         chats = db.execute("SELECT c.model, m.model FROM messages m JOIN conversations c "
                            "ON m.conversation = c.id WHERE m.role = 'assistant' ORDER BY m.id").fetchall()
@@ -107,9 +107,9 @@ async def test_a_bad_model_keeps_the_old_one_answering(make_app, corrupt_ckpt, t
         old = app.session
         await model_command(pilot, tmp_path / "nope" if bad == "missing" else corrupt_ckpt)
         want = "does not exist" if bad == "missing" else "could not open"
-        await wait_until(pilot, lambda: any(want in n for n in notices(app)), what="the error notice")
+        await wait_until(pilot, lambda: any(want in n for n in notes(app)), what="the error, /model's answer")
         await wait_until(pilot, lambda: app.session is old, what="the old model back")
-        assert [n for n in notices(app) if want in n][0].count("\n") == 0
+        assert [n for n in notes(app) if want in n][0].count("\n") == 0
         assert alive(old.pid) and "ready" in app.status.line and "tiny-test" in app.status.line
         await send(pilot, "Still there?")
         assert len(app.query(Reply)) == 2 and len(old.messages) == 4  # the same chat goes on
@@ -123,7 +123,7 @@ async def test_a_model_by_name_from_the_hub(make_app, endpoint):
         await loaded(pilot)
         old = app.session
         await model_command(pilot, "hf:me/nothere")
-        await wait_until(pilot, lambda: any("the Hub has no model me/nothere" in n for n in notices(app)),
+        await wait_until(pilot, lambda: any("the Hub has no model me/nothere" in n for n in notes(app)),
                          what="the Hub's refusal")
         await wait_until(pilot, lambda: app.session is old, what="the old model back")
         await model_command(pilot, "hf:me/one")
