@@ -11,6 +11,9 @@
 #   preset NAME DST               a checkpoint of a preset's shape, random bf16 weights
 #   tests LIMIT                   the CUDA tests (-m cuda)
 #   lib LIMIT TAG ARGS...         python -m tinyllm.bench ARGS (the library's own numbers)
+#   ab OLD MODEL TOKENS LIMIT N   the app bench of this tree and of OLD (a `git archive` of an
+#                                 earlier commit's tinyllm/ and chat_app/), alternated N times
+#                                 after one cold run each: a refactor's before and after, one machine
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 TINYLLM_CHAT_DATA_DIR=/tmp/chatdata
@@ -62,6 +65,18 @@ lib)
   limit=$1 t=$2; shift 2
   timeout "$limit" python3 -m tinyllm.bench "$@" > "$OUT/lib_$t.jsonl" 2> "$OUT/lib_$t.err"
   echo "== lib $t rc=$?"; grep -E '"(decode_tok_s|weights_mib|rss_mib)"' "$OUT/lib_$t.jsonl" | cut -c1-170
+  ;;
+ab)
+  old=$1 model=$(realpath "$2") tokens=$3 limit=$4 n=$5
+  for run in cold $(seq "$n"); do
+    for side in new old; do
+      dir=.; [ "$side" = old ] && dir=$old
+      (cd "$dir" && TINYLLM_CHAT_DATA_DIR=/tmp/chatdata-$side timeout "$limit" python3 -m chat_app.bench --model "$model" --device cuda --tokens "$tokens" \
+          --replies 3 > "$OUT/ab_${side}_$run.jsonl" 2> "$OUT/ab_${side}_$run.err")
+      echo "== ab $side $run rc=$?"
+      grep -A30 "^metric" "$OUT/ab_${side}_$run.err" | grep -v "^metric"
+    done
+  done
   ;;
 *) echo "unknown step $step"; exit 2 ;;
 esac
