@@ -60,6 +60,9 @@ async def choose(pilot, query: str, want: str) -> None:
 
 async def test_ctrl_p_lists_the_commands_and_typing_filters(make_app, data_dir):
     seed_chats(data_dir)
+    store = Store.open(data_dir, model="SmolLM2")
+    store.add(Saved("user", "In BBCode, what does [/b] do?"))  # shown as typed, never read as markup
+    store.close()
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
@@ -76,6 +79,8 @@ async def test_ctrl_p_lists_the_commands_and_typing_filters(make_app, data_dir):
         hits = await search(pilot, "Old answer", "Chat: Old question")  # by its text, through the store
         assert hits[0] == "Chat: Old question" and "Chat: Newer question" not in hits  # ranked as a title would be
         assert "Model: tinychat" in await search(pilot, "tinychat", "Model: tinychat")  # the models folder
+        await search(pilot, "[/b]", "Chat: In BBCode, what does [/b] do?")
+        assert "[/b]" in screen_text(app)
         await pilot.press("escape")
         await wait_until(pilot, lambda: not CommandPalette.is_open(app), what="Esc to close it")
         await pilot.press("ctrl+o")  # over the chat list it stays shut: what it chooses acts on the chat
