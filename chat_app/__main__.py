@@ -33,6 +33,8 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from chat_app.shipped_models import DEFAULT_MODEL, find_default_model  # noqa: F401 (find_default_model: the tests')
+
 if TYPE_CHECKING:
     from chat_app.app import ChatApp
     from chat_app.store import Store
@@ -46,19 +48,6 @@ DEFAULT_MAX_TOKENS = 1024  # a reply's limit unless set: long answers end, /cont
 QUANT_CHOICES = ("auto", "none", "int8", "int4")  # "keep" is what auto is on a CPU: not offered
 
 
-def find_default_model() -> Path:
-    """models/tinychat: from the package tinyllm_models where it is installed (a wheel, pipx, or an
-    editable install, which maps it to the clone's models/), else beside the source tree (a clone
-    run without installing)."""
-    from importlib.resources import files
-
-    try:
-        return Path(str(files("tinyllm_models") / "tinychat"))
-    except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "models" / "tinychat"
-
-
-DEFAULT_MODEL = find_default_model()
 
 
 class _Parser(argparse.ArgumentParser):

@@ -54,6 +54,7 @@ from chat_app.commands import COMMANDS, CommandRunner
 from chat_app.drawing import DRAIN_HZ, Drawer
 from chat_app.labels import printable
 from chat_app.model_switch import ModelSwitcher
+from chat_app.palette import PROVIDERS, completion_sources
 from chat_app.reading import READING_KEYS, Reader
 from chat_app.saving import StoreWriter
 from chat_app.store import Resumed, Store, StoreError
@@ -80,7 +81,8 @@ def key_name(key: str) -> str:
 class ChatApp(App[None]):
     CSS_PATH = "chat.tcss"
     TITLE = "tinyllm-chat"
-    ENABLE_COMMAND_PALETTE = False  # slash commands and F1 instead
+    ENABLE_COMMAND_PALETTE = True  # Ctrl+P: Textual's palette over chat_app.palette's providers
+    COMMANDS = set(PROVIDERS)
     BINDINGS = [
         Binding("escape", "stop", "Stop", tooltip="stop the reply (its text stays, marked stopped)"),
         Binding("ctrl+r", "regenerate", "Regenerate", tooltip="replace the last reply with a new one (a new "
@@ -88,6 +90,8 @@ class ChatApp(App[None]):
         Binding("ctrl+f", "continue", "Continue", tooltip="continue the last reply where it ended (/continue)"),
         Binding("ctrl+n", "new_chat", "New chat", tooltip="start a new chat (the old one stays saved)"),
         Binding("ctrl+o", "chats", "Chats", tooltip="saved chats: open, rename (r), delete (d)"),
+        Binding("ctrl+p", "command_palette", "Commands", show=False, priority=True, tooltip="command "
+                "palette: commands, settings, themes, chats, models"),
         Binding("ctrl+t", "copy_reply", "Copy reply", show=False, tooltip="copy the last reply (Markdown source)"),
         Binding("ctrl+g", "toggle_graphs", "Fast step", tooltip="the fast step on/off from the next step, "
                 "mid-reply too: CUDA graphs on a GPU, the native C++ step on a CPU"),
@@ -117,10 +121,10 @@ class ChatApp(App[None]):
 
     def compose(self):
         yield Conversation()
-        yield PromptInput(id="prompt")
+        yield PromptInput(id="prompt", sources=lambda: completion_sources(self))
         yield LoadProgress()
         yield StatusBar()
-        yield Footer()
+        yield Footer(compact=True)
 
     @property
     def session(self) -> ModelProcess | None:
@@ -340,6 +344,10 @@ class ChatApp(App[None]):
 
     def action_help_quit(self) -> None:
         self.reader.copy_or_hint()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """The palette opens over the chat only, where what it chooses acts (not over F1 or the chat list)."""
+        return action != "command_palette" or len(self.screen_stack) == 1
 
     def action_help(self) -> None:
         keys = INPUT_KEYS + READING_KEYS + [(key_name(b.key), b.tooltip) for b in self.BINDINGS

@@ -1,5 +1,5 @@
-"""Going back to saved chats: `--resume`, the chat list (Ctrl+O, /chats), and showing a saved
-chat; the app's ChatSwitcher.
+"""Going back to saved chats: `--resume`, the chat list (Ctrl+O, /chats; the palette too), and
+showing a saved chat; the app's ChatSwitcher.
 
 Contract: opening a chat stops the reply that runs (its text is saved first, into the chat it
 belongs to) and then, in order on the worker: the store opens the chosen conversation (a
@@ -32,9 +32,10 @@ class ChatSwitcher:
         self.app = app
 
     def show_list(self) -> None:
-        self.app.push_screen(ChatList(self.app.store), self._chosen)
+        self.app.push_screen(ChatList(self.app.store), self.chosen)
 
-    def _chosen(self, cid: int | None) -> None:
+    def chosen(self, cid: int | None) -> None:
+        """A chat picked (the chat list, the palette): open it; None: nothing to open."""
         app = self.app
         if app.store.conversation is None and app.session is not None and app.session.messages:
             app.action_new_chat()  # the open chat was deleted from the list

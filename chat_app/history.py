@@ -4,6 +4,7 @@
 Contract: `chats(matching)` lists the saved conversations, newest first (those whose title or
 any message holds `matching`, case aside for ASCII letters, when it is given); `rename` and `delete`
 change any conversation no other instance holds (ValueError names the one that does);
+`models()` names the models saved chats were written with (for the palette and /model's Tab);
 `add_prompt` / `prompts()` keep what was typed, for the input's Up across runs (the newest
 PROMPTS_KEPT); `export_markdown` writes the open conversation from memory, each reply under
 the model that wrote it and each system prompt where it was set, and only ever to a regular
@@ -56,6 +57,18 @@ class History:
         return [ChatInfo(cid, _str(title) or _first_line(_str(first)), updated if isinstance(updated, int | float) else 0.0,
                          _str(model) or "?", n, cid == self.chat.id, bool(_str(title)))
                 for cid, title, updated, model, n, first in self._read(work)]
+
+    def models(self: Store) -> list[tuple[str, str]]:
+        """(name, where) for each model a saved chat was written with, the most recently used
+        first: `where` is its hf: name where it came from the Hub, else its path (chats saved
+        before chat.db kept paths are left out)."""
+        def work(db):
+            return db.execute(
+                "SELECT model, model_spec, model_path FROM conversations "
+                "WHERE COALESCE(model_spec, model_path) IS NOT NULL "
+                "GROUP BY COALESCE(model_spec, model_path) ORDER BY MAX(COALESCE(updated, created)) DESC").fetchall()
+        return [(_str(model) or "?", _str(spec) or _str(path)) for model, spec, path in self._read(work)
+                if _str(spec) or _str(path)]
 
     def rename(self: Store, cid: int, title: str) -> None:
         """Give a conversation a title ("" goes back to its first message)."""

@@ -1,8 +1,9 @@
 """Keys for reading and copying: the app's Reader (the app's bindings and handlers call it).
 
 Contract: PgUp/PgDn (and Home/End while the input is empty) scroll the conversation from the
-input; Tab moves focus to the conversation, where messages and code blocks are picked and
-copied (chat_app.widgets.conversation). Ctrl+T copies the last reply from anywhere. Ctrl+C
+input; Tab moves focus to the conversation (unless it completes a /command in the input:
+chat_app.widgets.prompt_input), where messages and code blocks are picked and copied
+(chat_app.widgets.conversation). Ctrl+T copies the last reply from anywhere. Ctrl+C
 copies what is selected (the input's selection, or text selected with the mouse), else what
 is picked in the conversation; with nothing to copy it says how to copy and never offers to
 quit (Ctrl+Q quits). Copying goes through `copy_to_clipboard` (OSC 52: SSH and tmux too).
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 READING_KEYS = [
     ("PgUp / PgDn", "scroll the conversation (Home / End too, while the input is empty)"),
+    ("Tab (in a /command)", "complete the command and its argument; again: the next choice"),
     ("Tab / Shift+Tab", "focus the conversation / the input"),
     ("Up / Down (conversation)", "pick a message or one code block; Home / End: the first / last"),
     ("C or Enter (conversation)", "copy what is picked (OSC 52: works over SSH and in tmux)"),

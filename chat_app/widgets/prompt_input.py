@@ -12,19 +12,35 @@ PgUp/PgDn (and Home/End while the input is empty) are for the conversation: the 
 `PromptInput.Scrolled(key)` and the app scrolls.
 Pasted text is cleaned: CR/CRLF become newlines, other control characters (ESC, Ctrl+Q, ...)
 become visible symbols, so a paste is text, never keystrokes.
+Tab completes a /command and its arguments (chat_app.completion, from what `sources()` gives:
+the app's themes, settings, models) while the cursor is at the end of a one-line /command:
+as far as the candidates agree; where they part, the first Tab lists them under the input
+(its border's subtitle, what the next Tab puts in first) and each Tab after puts the next one
+in, round and round; any other key ends the list. Where there is nothing to complete, Tab
+moves the focus on (to the conversation), as it always has.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from textual import events
 from textual.message import Message
 from textual.widgets import TextArea
 
+from chat_app.completion import Completion, Sources, complete
+from chat_app.labels import plain
+
 NEWLINE_KEYS = ("shift+enter", "ctrl+j", "newline")
 # Pasted control characters (but tab and newline) become their Unicode "control pictures".
 _PASTE = {c: 0x2400 + c for c in range(32) if chr(c) not in "\t\n"} | {0x7F: 0x2421}
+
+
+def short(choice: str) -> str:
+    """A candidate as the list under the input shows it: a path's last part ("smollm2/")."""
+    folder = choice.endswith("/") and len(choice) > 1
+    return choice.rstrip("/").rpartition("/")[2] + "/" * folder if "/" in choice.rstrip("/") else choice
 
 
 def clean_paste(text: str) -> str:
@@ -41,13 +57,23 @@ class PromptInput(TextArea):
     class Scrolled(Message):
         key: str  # "pageup" | "pagedown" | "home" | "end"
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, sources: Callable[[], Sources] = Sources, **kwargs) -> None:
         super().__init__(soft_wrap=True, tab_behavior="focus", show_line_numbers=False, **kwargs)
         self.prompts: list[str] = []
         self._recalled: int | None = None  # index into history while browsing it
         self._draft = ""
+        self.sources = sources  # what Tab completes arguments from
+        self._listed: Completion | None = None  # the candidates the last Tab listed ...
+        self._shown = ""  # ... and the text it left
+        self._turn = -1  # the listed candidate the input holds (-1: none yet)
 
     async def _on_key(self, event: events.Key) -> None:
+        if event.key == "tab" and self._complete():
+            event.stop()
+            event.prevent_default()
+            return
+        if event.key != "tab":
+            self._end_completion()
         if event.key == "enter":
             event.stop()
             event.prevent_default()
@@ -95,9 +121,53 @@ class PromptInput(TextArea):
     async def _on_paste(self, event: events.Paste) -> None:
         event.stop()
         event.prevent_default()
+        self._end_completion()
         if not self.read_only and (text := clean_paste(event.text)):
             result = self.replace(text, *self.selection)
             self.move_cursor(result.end_location)
+
+    # ---- Tab completion -----------------------------------------------------------------
+
+    def _complete(self) -> bool:
+        """Tab: complete the /command at the cursor; False when there is nothing to complete."""
+        text = self.text
+        if self._listed is not None and text == self._shown:  # Tab again: the next candidate
+            self._turn += 1
+            self._show(self._listed.choice(self._turn))
+            self._list(self._turn + 1)
+            return True
+        self._end_completion()
+        if self.cursor_location != self.document.end:
+            return False
+        found = complete(text, self.sources())
+        if found is None:
+            return False
+        extended = found.extended()
+        if extended is not None:
+            self._show(extended)
+        elif len(found.choices) == 1:
+            return False  # the word is whole already
+        if len(found.choices) > 1:
+            self._listed, self._shown = found, self.text
+            self._list(0)
+        return True
+
+    def _list(self, turn: int) -> None:
+        """Under the input: what the next Tabs put in, the next one first."""
+        assert self._listed is not None
+        choices = self._listed.choices
+        turn %= len(choices)
+        self.border_subtitle = plain("Tab: " + "  ".join(map(short, choices[turn:] + choices[:turn])))
+
+    def _show(self, text: str) -> None:
+        self.load_text(text)
+        self.move_cursor(self.document.end)
+        self._shown = text
+
+    def _end_completion(self) -> None:
+        if self._listed is not None:
+            self._listed, self._turn = None, -1
+            self.border_subtitle = ""
 
     # ---- history --------------------------------------------------------------------
 

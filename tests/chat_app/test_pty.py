@@ -32,6 +32,7 @@ from tests.chat_app.pty_terminal import Terminal  # noqa: E402
 from tests.chat_app.test_labels import ESCAPES, named_checkpoint  # noqa: E402
 
 ESC, F1, CTRL_O, CTRL_C, CTRL_Q, ALT_BACKSPACE = "\x1b", "\x1bOP", "\x0f", "\x03", "\x11", "\x1b\x7f"
+CTRL_P, TAB = "\x10", "\t"
 LEFT, HOME, END, DELETE, CTRL_LEFT = "\x1b[D", "\x1b[H", "\x1b[F", "\x1b[3~", "\x1b[1;5D"
 BACKSPACE = "\x7f"
 READY = "· ready ·"  # the status bar, once the model has loaded and no reply runs
@@ -132,6 +133,24 @@ def test_invalid_utf8_is_survived(chat):
     chat.send(b"ok\xe2\x82")  # and a character cut short
     chat.send("!")
     typed(chat, "\ufffd\ufffdok\ufffd!")
+
+
+def test_ctrl_p_opens_the_palette_and_tab_completes_a_command(chat):
+    """Issue 34, item 8: Ctrl+P (a priority key, over the input) opens Textual's palette with the
+    commands; typing searches; Esc closes it. Tab in the input completes /th to "/theme "."""
+    clear(chat)
+    chat.wait(lambda: "^p Commands" in chat.lines()[-1], "the footer's right end")
+    chat.send(CTRL_P)
+    chat.wait("/set NAME VALUE", "the palette's commands")
+    chat.send("nord")
+    chat.wait("Theme: nord", "the theme found")
+    chat.send(ESC)
+    chat.wait(lambda: "Theme: nord" not in chat.text() and "/set NAME VALUE" not in chat.text(), "Esc to close it")
+    chat.send("/th" + TAB)
+    settled(chat)
+    chat.send("nord")
+    typed(chat, "/theme nord")  # the name, and the space after it
+    clear(chat)
 
 
 def test_resize_redraws_at_the_new_size(chat):
