@@ -13,12 +13,13 @@ Parts (each a plain object holding the app, called through its public methods):
 - `chats` (chat_app.chats.ChatSwitcher): --resume, the chat list, showing a saved chat.
 - `commands` (chat_app.commands.CommandRunner): the /commands.
 - `reader` (chat_app.reading.Reader): keys for reading and copying.
+- `editor` (chat_app.editing.Editor): Up in an empty prompt edits the last message; /edits.
 - `saver` (chat_app.saving.StoreWriter): every store write, and its failures as notices.
 From the UI thread only the session's thread-safe calls are made directly: stop(),
 set_graphs(), set_param().
 
-Policy: a message (or Ctrl+R) while a reply runs is refused with a notice and the typed text
-stays in the input; Ctrl+N and /clear stop the running reply first, /system waits for it.
+Policy: a message (an edit, Ctrl+R) while a reply runs is refused with a notice and the typed
+text stays in the input; Ctrl+N and /clear stop the running reply first, /system waits for it.
 A message sent while the first model loads waits for it instead (chat_app.model_switch).
 A reply replaces what is on screen only once it has begun (`Started` follows the session's
 first event), so a send or regenerate that fails before that changes nothing. Errors are
@@ -52,6 +53,7 @@ from textual.widgets import Footer
 from chat_app.chats import ChatSwitcher
 from chat_app.commands import COMMANDS, CommandRunner
 from chat_app.drawing import DRAIN_HZ, Drawer
+from chat_app.editing import Editor
 from chat_app.labels import printable
 from chat_app.model_switch import ModelSwitcher
 from chat_app.palette import PROVIDERS, completion_sources
@@ -71,7 +73,10 @@ if TYPE_CHECKING:
 
 INPUT_KEYS = [("Enter", "send the message (or run a /command)"),
               ("Shift+Enter, Ctrl+J", "new line in the message (Ctrl+J also works in tmux)"),
-              ("Up / Down", "earlier prompts (Up on the first line, Down on the last)")]
+              ("Up (empty prompt)", "edit your last message: Enter replaces it and its reply (/edits shows "
+               "the old one), Esc cancels"),
+              ("Up / Down", "earlier prompts (Up on the first line, Down on the last; from an empty prompt "
+               "the first Up edits, the next ones recall)")]
 
 
 def key_name(key: str) -> str:
@@ -118,6 +123,7 @@ class ChatApp(App[None]):
         self.chats = ChatSwitcher(self)
         self.commands = CommandRunner(self)
         self.reader = Reader(self)
+        self.editor = Editor(self)
 
     def compose(self):
         yield Conversation()
@@ -175,6 +181,7 @@ class ChatApp(App[None]):
         except StoreError:
             pass  # said below (store.error)
         self.models.show_loading(self.model_name)
+        self.prompt.last_message = self.editor.last_message  # what Up in an empty prompt edits
         self.prompt.focus()
         self.set_interval(1 / DRAIN_HZ, self.drawer.drain)
         self.call_after_refresh(self.session_worker.start)  # the first frame first: the child competes for the CPU
@@ -247,6 +254,8 @@ class ChatApp(App[None]):
         if text.startswith("/"):
             self.accept(event)
             await self.commands.run(text)
+        elif event.replaces is not None:  # an edit of the last message (chat_app.editing)
+            self.editor.send_edit(event)
         elif self.models.loading_first:  # it waits for the model (chat_app.model_switch)
             await self.models.send_when_loaded(event)
         elif self._ready_for_reply():

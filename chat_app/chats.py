@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from chat_app.editing import EDITED
 from chat_app.store import Resumed, Saved, StoreError
 from chat_app.widgets.chat_list import ChatList
 from tinyllm.sampling_params import SamplingParams
@@ -96,7 +97,9 @@ class ChatSwitcher:
             app.save(store.add, saved[-1])
         for m in saved:
             if m.role == "user":
-                await conversation.add_user(m.content)
+                widget = await conversation.add_user(m.content)
+                if store.is_edit(m):
+                    widget.border_subtitle = EDITED
             elif m.role == "system":
                 await conversation.add_note(system_note(m.content))
             else:

@@ -23,6 +23,7 @@ COMMANDS = {  # name: (arguments, what it does)
     "system": ("TEXT", "set the system prompt (no TEXT: none); used from the next turn"),
     "export": ("PATH", "write the conversation to PATH as Markdown (/export! PATH overwrites)"),
     "continue": ("", "continue the last reply where it ended (like Ctrl+F)"),
+    "edits": ("", "the messages and replies your edits replaced (Up in an empty prompt edits)"),
     "stats": ("", "speed and context of the last reply"),
     "show": ("", "the model, system prompt and settings in force (saved with the chat)"),
     "theme": ("NAME", "switch the colour theme and keep it (no NAME: list them)"),
@@ -62,6 +63,9 @@ class CommandRunner:
             return
         self.app.save(self.app.store.set_setting, name, value.strip())  # kept with the chat
         self.app.note(f"{name} = {getattr(self.app.session.params, name)} (from the next reply)")
+
+    async def command_edits(self, arg: str) -> None:
+        self.app.editor.show_edits()  # chat_app.editing
 
     async def command_system(self, arg: str) -> None:
         self.app.queue_job("set_system", arg)

@@ -147,6 +147,8 @@ class Drawer:
             last = [m for m in store.messages() if m.role != "system"][-1:]
             if last and last[0].role == "assistant":
                 app.save(store.drop, last[0])
+        elif item.kind == "edit":  # the edit takes the place of the last turn (chat_app.editing)
+            await app.editor.turn_replaced(item.text)
         elif item.kind == "continue_reply":  # the last reply goes on: same widget, same row
             self.reply = conversation.query(Reply).last()
             self.reply.resume()
@@ -200,6 +202,8 @@ class Drawer:
         elif item.kind == "send":
             await app.models.waiting_refused()
             app.prompt.give_back(item.arg)  # refused before it was shown (or while it waited)
+        elif item.kind == "edit":
+            app.editor.edit_refused(item.arg)
         self._ended()
         app.status.show(state=ENDED if ended else "ready")
 

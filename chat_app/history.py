@@ -7,7 +7,8 @@ change any conversation no other instance holds (ValueError names the one that d
 `models()` names the models saved chats were written with (for the palette and /model's Tab);
 `add_prompt` / `prompts()` keep what was typed, for the input's Up across runs (the newest
 PROMPTS_KEPT); `export_markdown` writes the open conversation from memory, each reply under
-the model that wrote it and each system prompt where it was set, and only ever to a regular
+the model that wrote it, each system prompt where it was set and each turn an edit replaced
+marked "(replaced by an edit)" before the edit, and only ever to a regular
 file (`write_regular`: a FIFO, device or folder is a ValueError, never a wait). Read failures
 are StoreErrors, as everywhere in the store; a column holding no text where text belongs (a
 BLOB title, say) is read as empty, never a crash.
@@ -49,9 +50,11 @@ class History:
         def work(db):
             return db.execute(
                 "SELECT c.id, c.title, COALESCE(c.updated, c.created), c.model, COUNT(m.id), "
-                "(SELECT content FROM messages WHERE conversation = c.id AND role = 'user' ORDER BY id LIMIT 1) "
+                "(SELECT content FROM messages WHERE conversation = c.id AND role = 'user' AND replaced = 0 "
+                "ORDER BY id LIMIT 1) "
                 "FROM conversations c JOIN messages m ON m.conversation = c.id "
-                "WHERE m.role != 'system' AND (? = '' OR c.title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages x "
+                "WHERE m.role != 'system' AND m.replaced = 0 "
+                "AND (? = '' OR c.title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages x "
                 "WHERE x.conversation = c.id AND x.role != 'system' AND x.content LIKE ? ESCAPE '\\')) "
                 "GROUP BY c.id ORDER BY MAX(m.id) DESC", (matching, like, like)).fetchall()
         return [ChatInfo(cid, _str(title) or _first_line(_str(first)), updated if isinstance(updated, int | float) else 0.0,
@@ -126,8 +129,8 @@ class History:
 
 
 def markdown(store: Store, chat: _Chat) -> str:
-    """A conversation as Markdown, each reply under the model that wrote it and each system
-    prompt where it was set."""
+    """A conversation as Markdown, each reply under the model that wrote it, each system
+    prompt where it was set, and each turn an edit replaced where it was, marked."""
     parts = [f"# Chat with {store.model}\n"]
     if chat.system:
         parts.append(f"**System:** {chat.system}\n")
@@ -137,6 +140,7 @@ def markdown(store: Store, chat: _Chat) -> str:
             continue
         who = "You" if m.role == "user" else m.model or chat.model or store.model
         note = "\n\n*(stopped)*" if m.stopped else "\n\n*(unfinished)*" if m.partial else ""
+        note += "\n\n*(replaced by an edit)*" if m.replaced else ""
         parts.append(f"## {who}\n\n{m.content.strip()}{note}\n")
     return "\n".join(parts)
 

@@ -1,7 +1,7 @@
 """RemoteSession: a Session (tinyllm.session_protocol) served by a child process (tinyllm.chat_server).
 
-The app's worker thread uses it as it would a ChatSession: `send(text)` / `regenerate()` /
-`continue_reply()` return the reply's events (Prefilled, Token, Finished from
+The app's worker thread uses it as it would a ChatSession: `send(text)` / `edit(text)` /
+`regenerate()` / `continue_reply()` return the reply's events (Prefilled, Token, Finished from
 tinyllm.chat_events, which import no torch), `new_chat()`, `set_system()` and
 `load_messages()` block until done, and `stop()`, `set_graphs()` and `set_param()` take
 effect at once, from any thread, also mid-reply. Each is one Call through the protocol's JOBS
@@ -246,6 +246,10 @@ class RemoteSession:
 
     def send(self, text: str) -> Iterator[Event]:
         return self._run("send", text)
+
+    def edit(self, text: str) -> Iterator[Event]:
+        """The last user turn and its reply replaced by `text`, and its reply."""
+        return self._run("edit", text)
 
     def regenerate(self, params: SamplingParams | None = None) -> Iterator[Event]:
         """A new last reply; `params`: its settings, where given (the chat's stay)."""

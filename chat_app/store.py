@@ -11,7 +11,10 @@ Contract:
   app for the model open, read back as `chat_model_path` / `chat_model_spec`) and one per
   message (role, content, stopped, partial, and for a reply the model that wrote it). A system
   prompt set after the first message is a message of role "system" where it was set (text ""
-  clears it); `system` is the one in force. A conversation row is written with its first
+  clears it); `system` is the one in force. An edit (`replace_last_turn`) keeps the turn it
+  replaces, its rows marked `replaced`: `messages()` is the chat as it stands (what the screen,
+  the model and a resumed chat see), `replaced()` the earlier versions (/edits), and the
+  Markdown export holds both, the old marked. A conversation row is written with its first
   message, so an empty chat leaves nothing behind. Rows are addressed by their own id, never
   by "the newest row". Older chat.db files gain the new columns when opened.
 - `chats()` lists the saved conversations (newest first); `open_chat(id)` makes one the open
@@ -75,14 +78,16 @@ CREATE TABLE IF NOT EXISTS messages (
     content TEXT NOT NULL,
     stopped INTEGER NOT NULL DEFAULT 0,
     partial INTEGER NOT NULL DEFAULT 0,
-    model TEXT
+    model TEXT,
+    replaced INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS prompts (
     id INTEGER PRIMARY KEY,
     text TEXT NOT NULL
 );
 """
-ADDED = {"messages": {"partial": "INTEGER NOT NULL DEFAULT 0", "model": "TEXT"},  # columns newer than
+ADDED = {"messages": {"partial": "INTEGER NOT NULL DEFAULT 0", "model": "TEXT",  # columns newer than
+                      "replaced": "INTEGER NOT NULL DEFAULT 0"},
          "conversations": {"title": "TEXT", "settings": "TEXT", "updated": "REAL",  # the first chat.db
                            "model_path": "TEXT", "model_spec": "TEXT"}}
 
@@ -100,6 +105,7 @@ class Saved:
     model: str | None = None  # a reply: the model that wrote it
     id: int | None = field(default=None, repr=False)  # its row, once written
     dirty: bool = field(default=True, repr=False)  # changed since the last write
+    replaced: bool = False  # an earlier version of a turn: an edit replaced it (kept, not shown)
 
 
 @dataclass(eq=False)
@@ -287,6 +293,28 @@ class Store(History):
                 self.chat.deleted.append(message.id)
             self.sync()
 
+    def replace_last_turn(self) -> None:
+        """An edit replaces the last user message and its reply: they stay, marked replaced
+        (the edit is added next). Nothing to replace: nothing changes."""
+        said = [m for m in self.messages() if m.role != "system"]
+        at = next((i for i in range(len(said) - 1, -1, -1) if said[i].role == "user"), None)
+        if at is None:
+            return
+        for m in said[at:]:
+            m.replaced, m.dirty = True, True
+        self.sync()
+
+    def replaced(self) -> list[Saved]:
+        """The earlier versions of the open chat's turns (user messages and replies an edit
+        replaced), oldest first."""
+        return [m for m in self.chat.messages if m.replaced]
+
+    def is_edit(self, message: Saved) -> bool:
+        """The message is an edit: the row before it (a system prompt aside) is one it replaced."""
+        rows = [m for m in self.chat.messages if m.role != "system"]
+        at = next((i for i, m in enumerate(rows) if m is message), 0)
+        return at > 0 and rows[at - 1].replaced and not message.replaced
+
     def set_system(self, text: str | None) -> None:
         """Before the first message: the chat starts with it; after: a system row, here."""
         if any(m.role != "system" for m in self.chat.messages):
@@ -354,14 +382,14 @@ class Store(History):
             ids: list[tuple[Saved, int]] = []
             for m in chat.messages:
                 if m.id is None:
-                    cur = db.execute("INSERT INTO messages (conversation, role, content, stopped, partial, model) "
-                                     "VALUES (?, ?, ?, ?, ?, ?)", (cid, m.role, m.content, int(m.stopped),
-                                                                   int(m.partial), m.model))
+                    cur = db.execute("INSERT INTO messages (conversation, role, content, stopped, partial, model, "
+                                     "replaced) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                     (cid, m.role, m.content, int(m.stopped), int(m.partial), m.model, int(m.replaced)))
                     assert cur.lastrowid is not None
                     ids.append((m, cur.lastrowid))
                 elif m.dirty:
-                    db.execute("UPDATE messages SET content = ?, stopped = ?, partial = ? WHERE id = ?",
-                               (m.content, int(m.stopped), int(m.partial), m.id))
+                    db.execute("UPDATE messages SET content = ?, stopped = ?, partial = ?, replaced = ? WHERE id = ?",
+                               (m.content, int(m.stopped), int(m.partial), int(m.replaced), m.id))
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
@@ -452,20 +480,21 @@ class Store(History):
         NULL: a chat.db edited by hand) is skipped and counted in `skipped`."""
         system, settings, model, path, spec = db.execute(
             "SELECT system, settings, model, model_path, model_spec FROM conversations WHERE id = ?", (cid,)).fetchone()
-        found = db.execute("SELECT id, role, content, stopped, partial, model FROM messages "
+        found = db.execute("SELECT id, role, content, stopped, partial, model, replaced FROM messages "
                            "WHERE conversation = ? ORDER BY id", (cid,)).fetchall()
-        good = [(row, role, content, stopped, partial, _text(who)) for row, role, content, stopped, partial, who
-                in found if role in ("user", "assistant", "system") and isinstance(content, str)]
+        good = [(row, role, content, stopped, partial, _text(who), replaced) for row, role, content, stopped, partial,
+                who, replaced in found if role in ("user", "assistant", "system") and isinstance(content, str)]
         self.skipped = len(found) - len(good)
         self._release(self.chat)
-        self.chat = _Chat([Saved(role, content, bool(stopped), bool(partial), who, row, dirty=False)
-                           for row, role, content, stopped, partial, who in good],
+        self.chat = _Chat([Saved(role, content, bool(stopped), bool(partial), who, row, dirty=False,
+                                 replaced=bool(replaced)) for row, role, content, stopped, partial, who, replaced in good],
                           _text(system), cid, _settings(_text(settings)), _text(model), _text(path), _text(spec),
                           lock=lock)
         return self.messages()
 
     def messages(self) -> list[Saved]:
-        return list(self.chat.messages)
+        """The open chat as it stands (the turns edits replaced left out: `replaced()`)."""
+        return [m for m in self.chat.messages if not m.replaced]
 
     def rescue(self) -> str | None:
         """At quit: write what is pending one last time; what still cannot be is written as

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 
 def streams(kind: str) -> bool:
-    """A job that streams a reply (send, regenerate, continue_reply)."""
+    """A job that streams a reply (send, edit, regenerate, continue_reply)."""
     return JOBS.get(kind) is Runs.REPLY  # type: ignore[call-overload]
 
 

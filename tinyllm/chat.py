@@ -23,7 +23,7 @@ run the model), "auto" (what the app asks for: "native" on a CPU where it runs t
 "inductor"); see tinyllm.step_policy.
 
 Contract:
-- `send(text)` / `regenerate()` / `continue_reply()` return generators; run them on ONE worker
+- `send(text)` / `edit(text)` / `regenerate()` / `continue_reply()` return generators; run them on ONE worker
   thread. `stop()`, `set_graphs(on)` and the setters may be called from any thread: they take
   effect between two tokens (a reply reads its settings once, at its start). `set_graphs` is
   the fast step's switch: CUDA graphs on a GPU, the native step on a CPU (`use_graph` says
@@ -263,6 +263,15 @@ class ChatSession:
         """Add a user turn and stream the reply. All or nothing: if the reply fails before its
         first event, the user turn is taken back (and any turns dropped to make room return)."""
         dropped, undo = self.conversation.add_user(text, self.params.max_tokens)
+        return or_restore(self._reply(dropped), undo)
+
+    def edit(self, text: str) -> Events:
+        """Replace the last user turn and its reply with the user turn `text`, and stream its
+        reply: the model sees what it would have seen had `text` been sent instead
+        (Conversation.replace_last_turn), so a greedy reply equals a fresh chat's that sent it.
+        All or nothing: if the reply fails before its first event, the old turn and its reply
+        are put back."""
+        dropped, undo = self.conversation.replace_last_turn(text, self.params.max_tokens)
         return or_restore(self._reply(dropped), undo)
 
     def regenerate(self, params: SamplingParams | None = None) -> Events:

@@ -8,11 +8,19 @@ at its end, the cache is rewound to the longest prefix it still shares with the 
 keeps at least one id out (a reply needs one to prefill).
 
 Contract:
-- Turns: `add_user(text, max_tokens)` appends a user turn, `take_back_reply()` removes the
-  last reply (regenerate), `reopen_reply()` opens the last reply again without its closing
-  suffix (continue), `add_reply(ids, text, stopped)` appends the model's reply. Each of the
-  first three returns an `undo` that puts the conversation back as it was; `or_restore(events,
-  undo)` calls it where the reply's events fail before the first one.
+- Turns: `add_user(text, max_tokens)` appends a user turn, `replace_last_turn(text,
+  max_tokens)` puts a new user turn in place of the last one and its reply (edit),
+  `take_back_reply()` removes the last reply (regenerate), `reopen_reply()` opens the last
+  reply again without its closing suffix (continue), `add_reply(ids, text, stopped)` appends
+  the model's reply. Each of the first four returns an `undo` that puts the conversation back
+  as it was; `or_restore(events, undo)` calls it where the reply's events fail before the
+  first one.
+- An edit is as if its text had been sent instead: the context goes back to what it was
+  before the old turn was added (the turns that turn's fitting dropped return), and the new
+  turn is fitted from there, so the model sees what a fresh chat that sent the edited
+  message would show it. The cache goes back to the positions it held then (those it still
+  holds), so the new turn is prefilled from where the fresh chat prefills it: the same greedy
+  reply, near-ties included.
 - Fitting: when a new turn plus a reply reserve (min(max_tokens, max_len // 4)) would not fit
   in max_len, the oldest whole turns leave the context (the system prompt stays; a turn starts
   at a user message), trimming to 3/4 of max_len so the next turns fit without another
@@ -20,7 +28,8 @@ Contract:
 - Errors are ValueErrors that say what to do, and leave the conversation unchanged: an empty
   message, one too long for the context, a system prompt that leaves no room for a message and
   its reply (`set_system` refuses it; where one came in anyway, each message's error names the
-  system prompt, not the message), no reply to regenerate or continue, a full context.
+  system prompt, not the message), no message to edit, no reply to regenerate or continue, a
+  full context.
 """
 
 from __future__ import annotations
@@ -77,6 +86,11 @@ class Conversation:
         self.messages: list[Message] = []
         self.context: list[int] = []
         self.first_message = 0
+        # Before each user turn was added (by its index): first_message, and the positions the
+        # cache held. An edit of that turn starts again from there (a turn not added here, a
+        # resumed chat's, from first_message 0, as load did, and the prefix the cache shares).
+        self._first_before: dict[int, int] = {}
+        self._cache_before: dict[int, int] = {}
         self.rebuild()
 
     # ---- tokens -----------------------------------------------------------------------
@@ -184,14 +198,14 @@ class Conversation:
         self.rebuild()
 
     def new_chat(self) -> None:
-        self.messages = []
+        self.messages, self._first_before, self._cache_before = [], {}, {}
         self.rebuild()
 
     def load_messages(self, messages: list[tuple[str, str]]) -> None:
         """Restore a conversation (resume): (role, content) pairs, re-encoded. A user turn
         followed by another (a crash before its reply began) gets an empty stopped reply, so
         turns alternate. A last user turn stays as it is: the context ends ready for its reply."""
-        self.messages = []
+        self.messages, self._first_before, self._cache_before = [], {}, {}
         for role, content in messages:
             if role == "system":
                 self.system = content
@@ -212,8 +226,9 @@ class Conversation:
             raise ValueError("empty message")
         first = self.first_message >= len(self.messages)  # no earlier turn in the context
         ids = self.user_ids(text, first)
-        was_first = self.first_message
+        was_first, held = self.first_message, self.cache.n
         dropped = self.fit(len(ids), max_tokens)
+        self._first_before[len(self.messages)], self._cache_before[len(self.messages)] = was_first, held
         self.messages.append(Message("user", text, ids))
         self.context = self.context + ids
 
@@ -221,6 +236,35 @@ class Conversation:
             self.messages.pop()
             self.rebuild(was_first)
 
+        return dropped, undo
+
+    def replace_last_turn(self, text: str, max_tokens: int) -> tuple[int, Callable[[], None]]:
+        """Put a user turn `text` in place of the last user turn and its reply (an edit), as if
+        it had been sent instead: the context is rebuilt from where it stood before the old turn
+        was added, and the new turn is fitted from there. Returns (how many messages were
+        dropped, undo: the old turn and its reply back as they were)."""
+        at = next((i for i in range(len(self.messages) - 1, -1, -1) if self.messages[i].role == "user"), None)
+        if at is None:
+            raise ValueError("there is no message to edit")
+        if not text.strip():
+            raise ValueError("empty message")
+        old, was_first = self.messages[at:], self.first_message
+        befores = dict(self._first_before), dict(self._cache_before)
+
+        def undo() -> None:
+            self.messages, (self._first_before, self._cache_before) = self.messages[:at] + old, befores
+            self.rebuild(was_first)
+
+        self.messages = self.messages[:at]
+        self.rebuild(min(self._first_before.get(at, 0), at))
+        # The cache back to where it stood, so the new turn's prefill is the one a fresh chat
+        # runs, id for id: prefilled from another position, a near-tie may fall the other way.
+        self.cache.truncate(min(self.cache.n, self._cache_before.get(at, self.cache.n)))
+        try:
+            dropped, _ = self.add_user(text, max_tokens)
+        except ValueError:  # too long, say: the conversation as it was
+            undo()
+            raise
         return dropped, undo
 
     def take_back_reply(self) -> Callable[[], None] | None:

@@ -46,7 +46,7 @@ from tinyllm.chat_events import Finished, Message, Prefilled, StepStats, Token
 from tinyllm.sampling_params import SamplingParams
 
 Event = Prefilled | Token | Finished
-Job = Literal["send", "regenerate", "continue_reply", "new_chat", "set_system", "load_messages",
+Job = Literal["send", "edit", "regenerate", "continue_reply", "new_chat", "set_system", "load_messages",
               "set_param", "set_graphs", "stop"]
 
 
@@ -57,7 +57,7 @@ class Runs(Enum):
 
 
 JOBS: dict[Job, Runs] = {
-    "send": Runs.REPLY, "regenerate": Runs.REPLY, "continue_reply": Runs.REPLY,
+    "send": Runs.REPLY, "edit": Runs.REPLY, "regenerate": Runs.REPLY, "continue_reply": Runs.REPLY,
     "new_chat": Runs.TASK, "set_system": Runs.TASK, "load_messages": Runs.TASK,
     "set_param": Runs.CALL, "set_graphs": Runs.CALL, "stop": Runs.CALL,
 }
@@ -103,6 +103,7 @@ class Session(Protocol):
     def last_stats(self) -> StepStats | None: ...
 
     def send(self, text: str) -> Iterator[Event]: ...
+    def edit(self, text: str) -> Iterator[Event]: ...  # the last user turn and its reply replaced
     def regenerate(self, params: SamplingParams | None = None) -> Iterator[Event]: ...
     def continue_reply(self) -> Iterator[Event]: ...
     def new_chat(self) -> None: ...

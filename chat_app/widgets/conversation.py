@@ -2,9 +2,10 @@
 
 Contract: everything shown stays shown (when the session drops old turns from the model's
 context, they stay here); `clear()` is the only way messages leave, plus `drop_last_reply()`
-for a regenerated reply. The view follows new text (anchored to the bottom) until the user
-scrolls up; a command's note (`add_system_note`, chat_app.widgets.system_note) brings it back
-to the bottom, where the note is. An empty conversation shows a one-line hint.
+for a regenerated reply and `drop_last_turn()` for an edited message and its reply. The view
+follows new text (anchored to the bottom) until the user scrolls up; a command's note
+(`add_system_note`, chat_app.widgets.system_note) brings it back to the bottom, where the
+note is. An empty conversation shows a one-line hint.
 
 Reading and copying: the conversation takes focus (Tab from the input). Focused, Up/Down
 pick a message, a command's note or one code block of a reply (marked, and scrolled into
@@ -90,6 +91,16 @@ class Conversation(VerticalScroll, can_focus=True):
         replies = self.query(Reply)
         if replies:
             await replies.last().remove()
+
+    async def drop_last_turn(self) -> None:
+        """The last user message and the reply after it leave (notes between them stay)."""
+        users = self.query(UserMessage)
+        if users:
+            last = users.last()
+            children = list(self.children)
+            for widget in children[children.index(last):]:
+                if isinstance(widget, UserMessage | Reply):
+                    await widget.remove()
 
     # ---- picking and copying --------------------------------------------------------------
 

@@ -4,6 +4,11 @@ Keys: Enter sends (posts `PromptInput.Submitted`); Shift+Enter and Ctrl+J insert
 (tmux does not pass Shift+Enter on, Ctrl+J always arrives); Up on the first line recalls
 earlier prompts (`prompts`: the app fills it with earlier runs' too), Down on the last line
 walks forward again and finally restores the draft.
+Editing: Up in an empty prompt, where the chat has a user message (`last_message()`, the app's),
+loads that message for editing (`edit_message`): the border says so, Enter submits it with
+`Submitted.replaces` set to the message it replaces, Esc cancels (the prompt empty again,
+nothing changed). Up on the first line of an edit walks the earlier prompts (skipping the
+message edited, which is the newest); Down past the newest comes back to the edit.
 The input does not clear itself: the app calls `accept(event)` when it takes the text, and
 only the submitted text leaves (what was typed after Enter, before the app took it, stays);
 a refused message stays where it was typed, and `give_back(text)` restores one that failed.
@@ -33,6 +38,7 @@ from chat_app.completion import Completion, Sources, complete
 from chat_app.labels import plain
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j", "newline")
+EDITING = "editing your last message · Enter replaces it and its reply · Esc cancels"
 # Pasted control characters (but tab and newline) become their Unicode "control pictures".
 _PASTE = {c: 0x2400 + c for c in range(32) if chr(c) not in "\t\n"} | {0x7F: 0x2421}
 
@@ -52,6 +58,7 @@ class PromptInput(TextArea):
     class Submitted(Message):
         text: str  # the message (stripped)
         raw: str = field(default="", repr=False)  # the whole input when Enter was pressed
+        replaces: str | None = None  # an edit: the message it replaces (as loaded); None: a new one
 
     @dataclass
     class Scrolled(Message):
@@ -62,10 +69,14 @@ class PromptInput(TextArea):
         self.prompts: list[str] = []
         self._recalled: int | None = None  # index into history while browsing it
         self._draft = ""
+        self._draft_edits: str | None = None  # ... the message the draft was an edit of
+        self._newest = 0  # ... the index past the newest prompt shown (the draft's)
         self.sources = sources  # what Tab completes arguments from
         self._listed: Completion | None = None  # the candidates the last Tab listed ...
         self._shown = ""  # ... and the text it left
         self._turn = -1  # the listed candidate the input holds (-1: none yet)
+        self.last_message: Callable[[], str | None] = lambda: None  # the app's: what Up in an empty prompt edits
+        self.editing: str | None = None  # the message being edited, as loaded; None: not editing
 
     async def _on_key(self, event: events.Key) -> None:
         if event.key == "tab" and self._complete():
@@ -79,7 +90,7 @@ class PromptInput(TextArea):
             event.prevent_default()
             text = self.text.strip()
             if text.strip("^ \n"):
-                self.post_message(self.Submitted(text, self.text))
+                self.post_message(self.Submitted(text, self.text, self.editing))
             elif text:  # only stray carets: nothing anyone meant to send
                 self.clear()
             return
@@ -87,6 +98,13 @@ class PromptInput(TextArea):
             event.stop()
             event.prevent_default()
             self.post_message(self.Scrolled(event.key))
+            return
+        if event.key == "escape" and self.editing is not None:
+            event.stop()
+            event.prevent_default()
+            self.end_edit()
+            self._recalled = None
+            self.clear()
             return
         if event.key in NEWLINE_KEYS:
             event.stop()
@@ -103,6 +121,7 @@ class PromptInput(TextArea):
         if new:
             self.prompts.append(text)
         self._recalled, self._draft = None, ""
+        self.end_edit()
         now, raw = self.text, submitted.raw or submitted.text
         if now == raw or now.strip() == text:
             self.clear()
@@ -111,6 +130,21 @@ class PromptInput(TextArea):
             self.move_cursor(self.document.end)
         # else: the input was changed some other way since Enter; leave it alone
         return new
+
+    def edit_message(self, message: str, text: str | None = None) -> None:
+        """Edit `message` (the chat's last user message): `text` (default: the message) in the
+        input, the border saying what Enter and Esc do."""
+        self.editing = message
+        self.load_text(message if text is None else text)
+        self.move_cursor(self.document.end)
+        self.border_title = EDITING
+        self.add_class("-editing")
+
+    def end_edit(self) -> None:
+        """Not editing any more (the text stays)."""
+        self.editing = None
+        self.border_title = None
+        self.remove_class("-editing")
 
     def give_back(self, text: str) -> None:
         """A message that could not be sent returns to the input (before anything typed since)."""
@@ -172,8 +206,13 @@ class PromptInput(TextArea):
     # ---- history --------------------------------------------------------------------
 
     def action_cursor_up(self, select: bool = False) -> None:
-        if not select and self.cursor_location[0] == 0 and self._recall(-1):
-            return
+        if not select and self.cursor_location[0] == 0:
+            if not self.text and self.editing is None and self._recalled is None \
+                    and (last := self.last_message()) is not None:
+                self.edit_message(last)
+                return
+            if self._recall(-1):
+                return
         super().action_cursor_up(select)
 
     def action_cursor_down(self, select: bool = False) -> None:
@@ -186,14 +225,22 @@ class PromptInput(TextArea):
         if self._recalled is None:
             if step > 0 or not self.prompts:
                 return False
-            self._draft, self._recalled = self.text, len(self.prompts)
+            skip = self.editing is not None and self.prompts[-1] == self.editing  # on screen already
+            self._draft, self._draft_edits = self.text, self.editing
+            self._recalled = self._newest = len(self.prompts) - skip
         at = self._recalled + step
-        if at < 0:
-            return True  # already at the oldest
-        if at >= len(self.prompts):
-            self._recalled, text = None, self._draft
+        if at < 0:  # already at the oldest (none earlier than an edit: it stays as it is)
+            self._recalled = None if self._recalled == self._newest else self._recalled
+            return True
+        if at >= self._newest:
+            self._recalled = None
+            if self._draft_edits is not None:
+                self.edit_message(self._draft_edits, self._draft)
+                return True
+            text = self._draft
         else:
             self._recalled, text = at, self.prompts[at]
+            self.end_edit()
         self.load_text(text)
         self.move_cursor(self.document.end)
         return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from chat_app.commands import COMMANDS
 from chat_app.completion import Completion, Sources, complete, paths
 
 FILES = ("data/", "data.txt", "docs/", "./data/", "./data.txt")  # what the file system would offer
@@ -61,7 +62,7 @@ def test_candidates_that_part_at_the_cursor_add_nothing(typed, choices):
 def test_slash_alone_lists_every_command_sorted():
     found = complete("/", SOURCES)
     assert found is not None and found.extended() is None
-    assert found.choices == tuple(sorted(found.choices)) and "theme" in found.choices and len(found.choices) == 11
+    assert found.choices == tuple(sorted(COMMANDS)) and "theme" in found.choices and len(found.choices) == 12
 
 
 def test_a_whole_word_has_nothing_more():

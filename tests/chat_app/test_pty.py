@@ -232,3 +232,30 @@ def test_a_signal_mid_reply_quits_cleanly(ckpt, tmp_path, sig):
         assert len(reply) == 1 and reply[0][3] and reply[0][5] == 1  # what streamed, saved as partial
     finally:
         term.close()
+
+
+def test_up_in_an_empty_prompt_edits_the_last_message(ckpt, tmp_path):
+    """Issue 34, item 7, through a real terminal's arrow key: Up loads the last message for
+    editing (the border says so), Esc cancels, Enter replaces the message and its reply."""
+    up, editing = "\x1b[A", "editing your last message"
+    term = start(ckpt, tmp_path, "--max-tokens", "2")
+    try:
+        term.send("hi\r")
+        term.wait(lambda: YOU in term.text() and READY in term.text() and term.input_text() == "", "the reply")
+        term.send(up)
+        term.wait(editing)
+        typed(term, "hi")
+        term.send(ESC)
+        term.wait(lambda: editing not in term.text(), "Esc to cancel the edit")
+        typed(term, "")
+        term.send(up)
+        term.wait(editing)
+        term.send(" there")
+        typed(term, "hi there")
+        term.send("\r")
+        term.wait("edited · /edits")
+        term.wait(lambda: READY in term.text() and editing not in term.text(), "the edit's reply")
+        assert term.text().count(YOU) == 1 and "hi there" in term.text()
+        assert [(r[2], r[3]) for r in rows(tmp_path / "data")][::2] == [("user", "hi"), ("user", "hi there")]
+    finally:
+        term.close()

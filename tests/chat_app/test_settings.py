@@ -39,8 +39,10 @@ async def test_settings_history_and_theme_come_back_after_a_restart(make_app, tm
         await send(pilot, "/show")
         shown = notes(app)[-1]
         assert "System prompt: Be kind." in shown and "Set in this chat: temperature 0.5" in shown
-        await pilot.press("up")  # earlier runs' prompts, from the store
-        assert app.prompt.text == "/show"
+        await pilot.press("up")  # in an empty prompt: edits the chat's last message (issue 34, item 7)
+        assert app.prompt.editing == app.prompt.text == "first prompt"
+        await pilot.press("up")  # then earlier runs' prompts, from the store
+        assert app.prompt.text == "/show" and app.prompt.editing is None
         await pilot.press("up", "up", "up", "up")  # /theme x2, /stats, then the message
         assert app.prompt.text == "first prompt"
         await pilot.press("ctrl+n")  # a new chat keeps what is set now

@@ -1,6 +1,7 @@
 """ChatSession: incremental turns against full re-prefill, context trimming, stop, regenerate."""
 
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -193,3 +194,64 @@ def test_one_trim_that_drops_several_turns_reports_them_all(ckpt):
     assert len(s.context) + len(s.conversation.user_ids(long, False)) + 4 > 128  # this turn must trim
     events = reply(s, long)
     assert events[0].dropped >= 4 and events[0].dropped == s.first_message
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("max_len", [1024, 128], ids=["fits", "drops-turns"])
+def test_an_edit_replies_as_a_fresh_chat_that_sent_the_edited_message(ckpt, device, max_len):
+    """Issue 34, item 7: edit(text) replaces the last turn and its reply; the greedy reply is
+    the one a fresh chat that sent `text` instead gives, token for token: the cache goes back
+    to where it stood before the old turn, so the new turn's prefill is the fresh chat's."""
+    edited, fresh = open_session(ckpt, device, max_len=max_len), open_session(ckpt, device, max_len=max_len)
+    for s in (edited, fresh):
+        s.set_param("max_tokens", "24")
+    for turn in TURNS[:3] if max_len > 128 else TURNS[:3] * 2:
+        assert reply(edited, turn)[-1].text == reply(fresh, turn)[-1].text
+    old = reply(edited, TURNS[5])[-1].text
+    events = list(edited.edit(TURNS[4]))
+    assert isinstance(events[0], Prefilled) and isinstance(events[-1], Finished)
+    new = reply(fresh, TURNS[4])
+    assert events[-1].text == new[-1].text != old
+    assert edited.context == fresh.context and edited.first_message == fresh.first_message
+    assert [(m.role, m.content, m.ids) for m in edited.messages] == [(m.role, m.content, m.ids) for m in fresh.messages]
+    assert (events[0].n_tokens, events[0].dropped) == (new[0].n_tokens, new[0].dropped)  # the same prefill
+    assert (events[0].dropped > 0) == (max_len == 128)  # the old turn's fitting dropped turns: so does the edit's
+    assert reply(edited, "And then?")[-1].text == reply(fresh, "And then?")[-1].text  # the chat goes on as one
+
+
+def test_a_refused_or_failed_edit_changes_nothing(ckpt, monkeypatch):
+    s = open_session(ckpt, "cpu", max_len=128)
+    s.set_param("max_tokens", "8")
+    with pytest.raises(ValueError, match="no message to edit"):
+        s.edit("Hi")
+    reply(s, "Hello!")
+    before = ([(m.role, m.content, m.ids) for m in s.messages], list(s.context))
+    for text, match in (("  ", "empty message"), ("word " * 400, "message too long")):
+        with pytest.raises(ValueError, match=match):
+            s.edit(text)
+        assert ([(m.role, m.content, m.ids) for m in s.messages], s.context) == before
+
+    def overflow(*args, **kwargs):
+        raise OverflowError("after the prefill, before any event")
+
+    monkeypatch.setattr(s.decoder.sampler, "load", overflow)
+    with pytest.raises(OverflowError):
+        list(s.edit("Hi there"))
+    assert ([(m.role, m.content, m.ids) for m in s.messages], s.context) == before
+
+
+def test_an_edit_on_the_default_model_replies_as_a_fresh_chat():
+    """The shipped model as the app runs it on a CPU (quantized, the native step): the edit's
+    greedy reply is a fresh chat's, word for word. Prefilled from one position later (the
+    shared start of the old and the new message kept in the cache), it was not: "apples,
+    oranges, and grapes" against the fresh chat's "apples, bananas, and oranges"."""
+    model = Path(__file__).resolve().parents[2] / "models" / "tinychat"
+    try:
+        edited, fresh = (open_compiled(model, "cpu", compile="native") for _ in range(2))
+    except ValueError as e:  # no native step on this machine (no compiler)
+        pytest.skip(str(e))
+    for s in (edited, fresh):
+        s.set_param("max_tokens", "60")
+        list(s.send("What is the capital of France?"))
+    list(edited.send("Name three colours."))
+    assert list(edited.edit("Name three fruits."))[-1].text == list(fresh.send("Name three fruits."))[-1].text

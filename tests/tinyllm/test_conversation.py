@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tinyllm.chat_events import Message
 from tinyllm.chat_template import TEMPLATES
 from tinyllm.conversation import Conversation, or_restore, stop_ids
 
@@ -95,3 +96,65 @@ def test_errors_change_nothing():
         c.take_back_reply()
     with pytest.raises(ValueError, match="no reply to continue"):
         c.reopen_reply()
+
+
+def test_an_edit_is_as_if_its_text_had_been_sent_instead():
+    """Issue 34, item 7: the edited turn and its reply leave; the context is the one a fresh
+    chat that sent the edited message builds, dropped turns included (they come back where the
+    old turn's fitting dropped them), and the cache goes back to where it stood before the old
+    turn (the fresh chat's prefill), or where that turn's fitting rewound it, to before."""
+    for max_len in (1000, 200):  # no turn dropped; turns dropped by the old last turn
+        turns = [f"turn {i}" for i in range(8)]
+        edited, fresh = Cache(), Cache()
+        a = Conversation(Bytes(), TEMPLATES["chatml"], max_len, edited, system="Be brief.")
+        b = Conversation(Bytes(), TEMPLATES["chatml"], max_len, fresh, system="Be brief.")
+        for t in turns[:-1]:
+            talk(a, edited, t, 8)
+            talk(b, fresh, t, 8)
+        talk(a, edited, "a much longer last message than the others, " * 2, 8)
+        assert max_len == 1000 or a.first_message > b.first_message, "the old last turn dropped turns"
+        dropped, _ = a.replace_last_turn(turns[-1], 8)
+        assert edited.ids == a.context[:edited.n] and edited.n < len(a.context), "a prefix, ready for the reply"
+        dropped_b, _ = b.add_user(turns[-1], 8)
+        if max_len == 1000:
+            assert edited.ids == fresh.ids, "the cache where the fresh chat's stands: the same prefill"
+        else:  # the old turn's fitting rewound the cache further: those positions are prefilled again
+            assert edited.ids == fresh.ids[:edited.n]
+        assert (a.context, a.first_message, dropped) == (b.context, b.first_message, dropped_b)
+        assert [(m.role, m.content) for m in a.messages] == [(m.role, m.content) for m in b.messages]
+        assert a.messages[-1] == Message("user", turns[-1], a.messages[-1].ids)
+
+
+def test_a_failed_edit_puts_the_old_turn_back():
+    cache = Cache()
+    c = Conversation(Bytes(), TEMPLATES["chatml"], 200, cache)
+    for t in ("one", "two", "three " * 8):
+        talk(c, cache, t, 8)
+    before = ([(m.role, m.ids) for m in c.messages], list(c.context), c.first_message)
+    for text, match in (("  ", "empty message"), ("x" * 300, "message too long")):
+        with pytest.raises(ValueError, match=match):
+            c.replace_last_turn(text, 8)
+        assert ([(m.role, m.ids) for m in c.messages], c.context, c.first_message) == before
+    _, undo = c.replace_last_turn("two and a half", 8)  # accepted, then its reply fails before it starts
+
+    def failing():
+        raise OverflowError("before the first event")
+        yield
+
+    with pytest.raises(OverflowError):
+        list(or_restore(failing(), undo))
+    assert ([(m.role, m.ids) for m in c.messages], c.context, c.first_message) == before
+    c.new_chat()
+    with pytest.raises(ValueError, match="no message to edit"):
+        c.replace_last_turn("hi", 8)
+
+
+def test_an_edit_of_a_resumed_last_turn_without_its_reply():
+    """A resumed chat can end with a user turn (its reply never began): the edit replaces it."""
+    cache = Cache()
+    c = Conversation(Bytes(), TEMPLATES["llama2"], 400, cache, system="sys")
+    c.load_messages([("user", "hi"), ("assistant", "hello"), ("user", "what?")])
+    c.replace_last_turn("why?", 8)
+    ref = Conversation(Bytes(), TEMPLATES["llama2"], 400, Cache(), system="sys")
+    ref.load_messages([("user", "hi"), ("assistant", "hello"), ("user", "why?")])
+    assert [m.content for m in c.messages] == ["hi", "hello", "why?"] and c.context == ref.context

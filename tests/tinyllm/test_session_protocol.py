@@ -92,3 +92,31 @@ def test_the_server_answers_each_call_by_its_id(ckpt):
     parent.send(Quit())
     server.join(60)
     assert not server.is_alive()
+
+
+def test_an_edit_through_the_child_process_replies_as_a_fresh_chat(ckpt):
+    """Issue 34, item 7: the job `edit` (a REPLY) across the pipe replaces the last turn and its
+    reply; the greedy reply equals a fresh ChatSession's that sent the edited message."""
+    from tinyllm.chat import open_session
+
+    assert JOBS["edit"] is Runs.REPLY
+    remote = RemoteSession(dict(path=ckpt, device="cpu", compile=None))
+    fresh = open_session(ckpt, "cpu", compile=None)
+    try:
+        for s in (remote, fresh):
+            s.set_param("max_tokens", "12")
+        with pytest.raises(ValueError, match="no message to edit"):
+            remote.edit("Hi")
+        list(remote.send("Hello!"))
+        list(remote.send("What is the capital of France?"))
+        with pytest.raises(ValueError, match="empty message"):  # refused before it starts: nothing changed
+            remote.edit(" ")
+        assert len(remote.messages) == 4
+        events = list(remote.edit("Tell me a joke."))
+        list(fresh.send("Hello!"))
+        expected = list(fresh.send("Tell me a joke."))
+        assert isinstance(events[-1], Finished) and events[-1].text == expected[-1].text
+        assert [(m.role, m.content) for m in remote.messages] == [(m.role, m.content) for m in fresh.messages]
+        assert len(remote.context) == len(fresh.context)
+    finally:
+        remote.close()
