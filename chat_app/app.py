@@ -90,15 +90,15 @@ class ChatApp(App[None]):
     COMMANDS = set(PROVIDERS)
     BINDINGS = [
         Binding("escape", "stop", "Stop", tooltip="stop the reply (its text stays, marked stopped)"),
-        Binding("ctrl+r", "regenerate", "Regenerate", tooltip="replace the last reply with a new one (a new "
+        Binding("ctrl+r", "regenerate", "Regen", tooltip="replace the last reply with a new one (a new "
                 "seed; a greedy chat samples at regen_temperature)"),
-        Binding("ctrl+f", "continue", "Continue", tooltip="continue the last reply where it ended (/continue)"),
-        Binding("ctrl+n", "new_chat", "New chat", tooltip="start a new chat (the old one stays saved)"),
+        Binding("ctrl+f", "continue", "More", tooltip="continue the last reply where it ended (/continue)"),
+        Binding("ctrl+n", "new_chat", "New", tooltip="start a new chat (the old one stays saved)"),
         Binding("ctrl+o", "chats", "Chats", tooltip="saved chats: open, rename (r), delete (d)"),
         Binding("ctrl+p", "command_palette", "Commands", show=False, priority=True, tooltip="command "
                 "palette: commands, settings, themes, chats, models"),
         Binding("ctrl+t", "copy_reply", "Copy reply", show=False, tooltip="copy the last reply (Markdown source)"),
-        Binding("ctrl+g", "toggle_graphs", "Fast step", tooltip="the fast step on/off from the next step, "
+        Binding("ctrl+g", "toggle_graphs", "Fast", tooltip="the fast step on/off from the next step, "
                 "mid-reply too: CUDA graphs on a GPU, the native C++ step on a CPU"),
         Binding("f1", "help", "Help", tooltip="this help"),
         Binding("ctrl+q", "quit", "Quit", tooltip="quit", priority=True),

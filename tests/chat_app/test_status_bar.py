@@ -56,3 +56,21 @@ async def test_status_bar_shows_the_weights_as_held(make_app, quant, held):
     async with app.run_test(size=(100, 24)) as pilot:
         await loaded(pilot)
         assert held in app.status.shown, app.status.shown  # a tiny model: "int4+int8" (rows int4 cannot take)
+
+
+@pytest.mark.parametrize("width", [80, 100])
+async def test_every_footer_key_shows_whole(make_app, width):
+    """At 80 and 100 columns the footer shows each of its keys with its whole label (Ctrl+G and
+    F1 included), and Ctrl+P at its right end: none is cut or pushed off the screen."""
+    app = make_app("--max-tokens", "3")
+    async with app.run_test(size=(width, 24)) as pilot:
+        await loaded(pilot)
+        await pilot.pause()
+        keys = list(app.query("FooterKey"))
+        shown = {k.description: k for k in keys}
+        assert {"Quit", "Stop", "Regen", "More", "New", "Chats", "Fast", "Help", "Commands"} <= set(shown), shown
+        palette = shown["Commands"].region  # docked at the right: drawn over whatever reaches it
+        for key in keys:
+            assert key.region.width > 0 and key.region.right <= width, (key.description, key.region)
+            assert key.description in key.render_line(0).text, (key.description, key.render_line(0).text)
+            assert key is shown["Commands"] or key.region.right <= palette.x, [(k.description, k.region) for k in keys]
