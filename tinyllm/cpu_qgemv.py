@@ -65,7 +65,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from tinyllm import kernel_build
+from tinyllm import kernel_build, switches
 
 SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")  # the ops' torch side: checks, results, registration
 # Built into the same library: the whole decode step (tinyllm.cpu_step), and the kernels, files
@@ -90,8 +90,8 @@ NAME = "tinyllm_cpu_qgemv"
 
 
 def cache_dir() -> Path:
-    if os.environ.get("TINYLLM_CACHE_DIR"):
-        return Path(os.environ["TINYLLM_CACHE_DIR"])
+    if switches.SWITCHES.cache_dir:
+        return Path(switches.SWITCHES.cache_dir)
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "tinyllm"
 
@@ -118,7 +118,7 @@ def loaded() -> bool:
 
 @cache
 def available() -> bool:
-    if os.environ.get("TINYLLM_CPU_KERNEL") == "0":
+    if not switches.SWITCHES.cpu_kernel:
         return False
     problem = _cpu_problem()
     if problem is None and not shutil.which(os.environ.get("CXX", "c++")):

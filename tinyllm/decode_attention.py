@@ -45,16 +45,16 @@ keys over both threads and skips masked keys (docs/BENCHMARKS-LOG.md, eleventh s
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import torch
 from torch import Tensor
 
 from tinyllm import cpu_qgemv
+from tinyllm.switches import SWITCHES
 
-_HAS_TRITON = importlib.util.find_spec("triton") is not None and os.environ.get("TINYLLM_DECODE_ATTN") != "0"
-_FUSED = os.environ.get("TINYLLM_ROPE_ATTN") != "0"  # =0: RoPE and the cache write apart (to measure)
-_CPU = os.environ.get("TINYLLM_CPU_ATTN") != "0"  # =0: the compiled CPU step keeps Inductor's loop (to measure)
+_HAS_TRITON = importlib.util.find_spec("triton") is not None and SWITCHES.decode_attn
+_FUSED = SWITCHES.rope_attn  # off: RoPE and the cache write apart (to measure)
+_CPU = SWITCHES.cpu_attn  # off: the compiled CPU step keeps Inductor's loop (to measure)
 HEAD_DIMS = (32, 64, 128)  # = decode_attention_triton.HEAD_DIMS (that module imports Triton)
 
 

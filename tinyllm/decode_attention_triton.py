@@ -49,14 +49,13 @@ the window's real size at each call: one compile serves every window.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from tinyllm import pdl
+from tinyllm.switches import SWITCHES
 
 BLOCK_N = 64  # keys a split program reads
 BLOCK_S = 32  # splits the combine program reads at once (it loops over more)
@@ -67,7 +66,7 @@ BLOCK_S = 32  # splits the combine program reads at once (it loops over more)
 # 721.7 (one program a head reads its keys slower than four do); merged by the last split
 # program to finish (an atomic count a head) instead of a combine kernel, 733-735 against 717-718.
 # TINYLLM_ATTN_TILE overrides it (0: always split).
-TILE = int(os.environ.get("TINYLLM_ATTN_TILE", "128"))
+TILE = SWITCHES.attn_tile
 HEAD_DIMS = (32, 64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
 

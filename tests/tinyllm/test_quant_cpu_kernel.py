@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from tinyllm import cpu_qgemv
+from tinyllm import cpu_qgemv, switches
 from tinyllm.build import build_transformer, quantize_model
 from tinyllm.checkpoint import load_checkpoint
 from tinyllm.cuda_graph import GraphDecoder
@@ -259,7 +259,8 @@ def test_fallback_warns_once_and_uses_pytorch_kernels(monkeypatch):
         x = torch.randn(2, 64)
         ref = x @ layer.qtensor().dequantize().T  # (2, 32)
         assert (layer(x) - ref).abs().max() < 0.02 * ref.abs().max()  # fbgemm: x in 8 bits per tensor
-        monkeypatch.setenv("TINYLLM_CPU_KERNEL", "0")
+        # TINYLLM_CPU_KERNEL=0, as this process would have read it at start (tinyllm.switches)
+        monkeypatch.setattr(switches, "SWITCHES", switches.read({"TINYLLM_CPU_KERNEL": "0"}))
         cpu_qgemv.available.cache_clear()
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a deliberate choice: silent
