@@ -1,7 +1,8 @@
 """The AVX2 CPU kernel for quantized weights and decode attention, built at first use: the ops'
 torch side cpu_qgemv.cpp over kernel files that include no torch header (cpu_kernels.h names
 them: cpu_quantize, cpu_tiles, cpu_vnni, cpu_products, cpu_qmm, cpu_pool, cpu_half, cpu_dequant,
-cpu_attention .cpp), with the native decode step cpu_step.cpp in the same library.
+cpu_attention .cpp), with the native decode step cpu_step.cpp and its sampler cpu_sampler.cpp
+(cpu_sampler.h) in the same library.
 
 Contract:
 - `available() -> bool`: whether the ops below can run here. The first call builds SOURCES
@@ -72,12 +73,13 @@ SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")  # the ops' torch side: check
 # with no torch header (each compiles in about a second; a torch header costs several per file).
 STEP_SOURCE = SOURCE.with_name("cpu_step.cpp")
 KERNELS = [SOURCE.with_name(f"cpu_{name}.cpp")
-           for name in ("tiles", "attention", "qmm", "vnni", "half", "quantize", "products", "pool", "dequant")]
+           for name in ("tiles", "attention", "qmm", "vnni", "half", "quantize", "products", "pool", "dequant",
+                        "sampler")]
 # Longest compile first (ninja starts them in this order, cores + 2 at once): the two files with
 # torch's headers (measured on the 2-core CPU: cpu_step.cpp 9-11 s of CPU, cpu_qgemv.cpp 7-9),
 # then the kernels (0.2-3 s each).
 SOURCES = [STEP_SOURCE, SOURCE, *KERNELS]
-HEADERS = [SOURCE.with_name(name) for name in ("cpu_kernels.h", "cpu_simd.h", "cpu_matrix.h")]
+HEADERS = [SOURCE.with_name(name) for name in ("cpu_kernels.h", "cpu_simd.h", "cpu_matrix.h", "cpu_sampler.h")]
 # From this many rows of x up (prefill), dequantize once and use the fp32 GEMM: the kernel costs
 # about one decode product per row, measured on the 2-core AVX2 CPU for (3072, 576), 1 thread:
 # M=16 kernel 2.8 ms vs fp32 GEMM 2.5 ms; M=128 27 ms vs 7.8 ms.

@@ -5,8 +5,8 @@ import itertools
 import pytest
 import torch
 
-from tinyllm.sampling import SamplingParams, sample
-from tinyllm.step_sampler import REPEAT_WINDOW, StepSampler, noise_at, seed_key
+from tinyllm.sampling import SamplingParams, noise_at, sample, seed_key
+from tinyllm.step_sampler import REPEAT_WINDOW, StepSampler
 
 SETTINGS = [dict(temperature=t, top_k=k, top_p=p, repeat_penalty=r)
             for t, k, p, r in itertools.product((0.0, 0.7, 1.3), (0, 1, 5, 300), (1.0, 0.9, 0.3), (1.0, 1.3))]
