@@ -34,9 +34,9 @@ Contract:
 - `loaded() -> bool`: whether `available()` has already said yes here (no build).
 - `mm_half(x, w)`: x fp32 (M, K) times a bf16 or fp16 (N, K) matrix's transpose -> (M, N) fp32,
   in fp32 (x is not rounded): the compiled CPU step's product for matrices held at 16 bits
-  (tinyllm.model.linear). Measured for (2816, 512) bf16 at 1 thread: 418 us (6.9 GB/s) against
+  (tinyllm.linear.HalfCpuLinear). Measured for (2816, 512) bf16 at 1 thread: 418 us (6.9 GB/s) against
   584 us for Inductor's reduction with the widening fused in.
-- `linear(x, qweight, scales, zeros)`: the product QuantLinear calls: the kernel for fewer than
+- `linear(x, qweight, scales, zeros)`: the product quant_linear.CpuQgemvLinear calls: the kernel for fewer than
   PREFILL_M rows, else `torch.ops.tinyllm_cpu.dequantize` (fp32 (N, K)) and the fp32 GEMM.
 - `ffn(x, w13, w2)`: the SwiGLU feed-forward w2(silu(gate) * up) of two quantized layers (the
   buffers `(qweight, scales, zeros)` of each; gate and up are w13's two halves of rows) for
@@ -46,7 +46,7 @@ Contract:
 - Threads: the ops run on torch.get_num_threads() threads, their own pool (not OpenMP's), in
   chunks that a late thread finds taken: no call waits for a thread that has not started.
 - `decode_attention(q, k, v, mask, scale)`: one decode position over a window of W keys on the
-  CPU, `model.window_attention`'s contract for fp32 or bf16 (q (B, Hkv, R, D) with R <= 8, k and v
+  CPU, `ops.window_attention`'s contract for fp32 or bf16 (q (B, Hkv, R, D) with R <= 8, k and v
   (B, Hkv, W, D) read in place through their strides, D a multiple of 8 up to 256, mask
   (B, 1, 1, W) bool): chunks of 256 keys of each head on the pool's threads, masked keys never
   read, a row with no key gets 0 (window_attention gives NaN). For the compiled CPU step

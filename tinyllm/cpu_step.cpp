@@ -250,7 +250,7 @@ class Step : public torch::CustomClassHolder {
     }
   }
 
-  // x = row id of the embedding, dequantized or widened (quant.QuantEmbedding, model.embed).
+  // x = row id of the embedding, dequantized or widened (quant_linear.QuantEmbedding, linear.DenseEmbedding).
   void embed(int64_t id, float* x) const {
     switch (emb_w_.scalar_type()) {
       case at::kFloat: return widen_row(emb_w_.data_ptr<float>() + id * C_, x);

@@ -176,7 +176,7 @@ def compiled(forward, backend: str | None, model: Transformer | None = None):
     """forward itself, or forward through torch.compile (whole graph, dynamic sizes). A CPU
     step loads tinyllm.cpu_qgemv first (building it the first time, about 20 s), so that its
     decode attention traces as the threaded C++ op (tinyllm.decode_attention) and a model's
-    16-bit matrices as the AVX2 product (model.linear). On a CPU
+    16-bit matrices as the AVX2 product (tinyllm.linear.HalfCpuLinear). On a CPU
     the step's Inductor kernels run on one thread: a decode step's tensors are a few thousand
     elements, and each OpenMP region costs a wake-up of the other threads (on a loaded 2-core
     machine often a whole scheduler slice); the quantized products (tinyllm.cpu_qgemv) and

@@ -3,7 +3,7 @@
 Contract: importing this module imports Triton (it fails where Triton is missing: import
 `tinyllm.decode_attention` instead, which guards) and registers two custom ops:
 - `torch.ops.tinyllm.decode_attention(q, k, v, mask, scale) -> Tensor`, with the contract of
-  `model.window_attention`: q (B, Hkv, R, D), k and v (B, Hkv, W, D) (any strides: slices of
+  `ops.window_attention`: q (B, Hkv, R, D), k and v (B, Hkv, W, D) (any strides: slices of
   a larger cache are read in place), mask (B, 1, 1, W) bool, True = attend; returns
   (B, Hkv, R, D) in v's dtype. q, k, v share one dtype, bf16 or fp16; D is 32, 64 or 128.
 - `torch.ops.tinyllm.rope_decode_attention(qkv, cos, sin, pos, first_valid, k_cache, v_cache,

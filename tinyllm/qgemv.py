@@ -33,7 +33,7 @@ from tinyllm.switches import SWITCHES
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None and SWITCHES.qgemv
 MAX_ROWS = 4
-# Where a product takes its RMSNorm and residual add (QuantLinear.fused). Measured on the H200,
+# Where a product takes its RMSNorm and residual add (quant_linear.TritonLinear.fused). Measured on the H200,
 # 1.1B int8, one call (docs/BENCHMARKS-LOG.md, tenth session): in the plain step the fold cut the
 # replay from 2,443 to 1,868 us (1,157 kernels to 753); in the compiled step, where Inductor
 # already makes add + RMSNorm one kernel, it cost 16 us (832 against 817). So by default it
