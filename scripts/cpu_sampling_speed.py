@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from tinyllm import cpu_step
 from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.open_model import open_any
 from tinyllm.sampling import SamplingParams
@@ -24,7 +25,8 @@ SETTINGS = {"greedy": SamplingParams(),
 def main(path: str, rounds: int) -> None:
     torch.set_num_threads(2)
     model = open_any(path, quant="keep")[0]
-    dec = GraphDecoder(model, 1, max_len=512, use_graph=False, compile="native")
+    dec = GraphDecoder(model, 1, max_len=512, use_graph=False)
+    cpu_step.use_native(dec)
     prompt = torch.randint(0, 1000, (1, 32))
     dec.prefill(prompt)
     speeds: dict[str, list[int]] = {}

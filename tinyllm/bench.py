@@ -59,7 +59,7 @@ from tinyllm.engine import Engine
 from tinyllm.generate import generate
 from tinyllm.load_policy import resolve_device
 from tinyllm.model import PRESETS, ModelConfig, Transformer
-from tinyllm.quant import logical_params, quantized_bytes
+from tinyllm.quant_linear import logical_params, quantized_bytes
 from tinyllm.quant_rule import DEFAULT, QUANTS, quant_help
 from tinyllm.sampling import SamplingParams
 
@@ -479,7 +479,8 @@ def run(args: argparse.Namespace) -> Report:
     if compile:
         decs["_compiled"] = GraphDecoder(model, 1, use_graph=cuda, compile="inductor")
     if not cuda and cpu_step.problem(model, 1) is None:
-        decs["_native"] = GraphDecoder(model, 1, use_graph=False, compile="native")
+        decs["_native"] = GraphDecoder(model, 1, use_graph=False)
+        cpu_step.use_native(decs["_native"])
     bench_ttft(model, dec, [n for n in args.prompt_lens if n <= model.cfg.max_seq_len], repeats, report)
     for suffix, d in decs.items():
         if cuda:

@@ -16,6 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from tinyllm.cuda_graph import GraphDecoder
+from tinyllm.switches import SWITCHES
 
 
 def replay_us(graph: torch.cuda.CUDAGraph, n: int = 200) -> float:
@@ -57,7 +58,7 @@ def bench_profile(model, report, prompt: torch.Tensor) -> None:
             dec.capture((w,))
             graph = dec.graphs[(w, 1, dec.sampler.greedy)][0]
             report("replay_us", replay_us(graph), "us", impl=impl, window=w)
-            trace_dir = os.environ.get("TINYLLM_TRACE_DIR")  # a Chrome trace of each step there
+            trace_dir = SWITCHES.trace_dir  # a Chrome trace of each step there
             trace = os.path.join(trace_dir, f"step_{impl}_{w}.json") if trace_dir else None
             count, top = kernels(graph, trace=trace, top=30 if trace else 12)
             report("kernels_per_step", count, "kernels", impl=impl, window=w)

@@ -8,8 +8,10 @@ tinyllm.matrix_forms'. This module owns the assembly:
   dense tensors or `QTensor`s; `quant` as tinyllm.quant_rule states it ("auto" resolved by
   load_policy.holding for the device and the forms `state` holds), `forms` and `half` as
   matrix_forms.hold_matrices reads them. A dense matrix is held in
-  `load_policy.matrix_dtype`'s dtype, norms in `dtype`; quantized ones in QuantLinear /
-  QuantEmbedding computing in `dtype`; tied embeddings share one tensor (or one QTensor).
+  `load_policy.matrix_dtype`'s dtype, norms in `dtype`; each matrix is the layer of the kernel
+  that runs it here, picked once (tinyllm.linear.dense_linear, tinyllm.quant_linear.quant_linear;
+  the embedding a DenseEmbedding or QuantEmbedding), computing in `dtype`; tied embeddings
+  share one tensor (or one QTensor's).
   It runs `check_finite` first, so every format gets it. The model is in eval mode.
 - `quantize_model(model, quant, group)`: the same, from a dense model in memory.
 Refuses with one line (ValueError): an unknown quant, a weight that is not finite (naming the
@@ -19,11 +21,14 @@ tensor).
 from __future__ import annotations
 
 import torch
+from torch import nn
 
+from tinyllm.linear import dense_embedding, dense_linear
 from tinyllm.load_policy import check_quant, holding, matrix_dtype, stored_forms
-from tinyllm.matrix_forms import FUSED, hold_matrices
+from tinyllm.matrix_forms import hold_matrices
 from tinyllm.model import ModelConfig, Transformer
-from tinyllm.quant import QTensor, QuantEmbedding, QuantLinear
+from tinyllm.quant import QTensor
+from tinyllm.quant_linear import QuantEmbedding, quant_linear
 from tinyllm.tensor_checks import check_finite
 
 
@@ -43,37 +48,27 @@ def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor]
     if cfg.tie_embeddings:
         state.pop("lm_head.weight", None)
     mats = hold_matrices(cfg, state, hold.quant, hold.int4_as, group, forms, half)
-    dense = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}  # norms
-    quantized: dict[str, QTensor] = {}
-    for k, v in mats.items():
-        if isinstance(v, QTensor):
-            quantized[k.removesuffix(".weight")] = v.map(lambda t: t.to(device))
-        else:
-            dense[k] = v.to(device=device, dtype=matrix_dtype(v.dtype, device, dtype, hold.quant))
+    norms = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
     with torch.device("meta"):
         model = Transformer(cfg)
-    for name, qt in quantized.items():
-        parent, _, leaf = name.rpartition(".")
-        module = QuantEmbedding(qt, dtype) if leaf == "tok_emb" else QuantLinear(qt, dtype)
-        setattr(model.get_submodule(parent) if parent else model, leaf, module)
-    if cfg.tie_embeddings:
-        if "tok_emb" in quantized:
-            model.lm_head = QuantLinear(quantized["tok_emb"], dtype)
+    held: dict[str, nn.Parameter | QTensor] = {}  # each matrix on the device, as the layer holds it
+    for key, v in mats.items():
+        held[key] = (v.map(lambda t: t.to(device)) if isinstance(v, QTensor) else
+                     nn.Parameter(v.to(device=device, dtype=matrix_dtype(v.dtype, device, dtype, hold.quant))))
+    if cfg.tie_embeddings:  # one tensor (or one QTensor's) for both
+        held["lm_head.weight"] = held["tok_emb.weight"]
+    for key, m in held.items():  # each matrix as the layer of the kernel that runs it
+        parent, _, leaf = key.removesuffix(".weight").rpartition(".")
+        if leaf == "tok_emb":
+            layer = QuantEmbedding(m, dtype) if isinstance(m, QTensor) else dense_embedding(m)
         else:
-            dense["lm_head.weight"] = dense["tok_emb.weight"]
-    for fused, parts in FUSED.items():  # dense fused weights go in whole (the load hook splits names)
-        for i in range(cfg.n_layers):
-            key = f"blocks.{i}.{fused}.weight"
-            if key in dense:
-                rows = dense.pop(key).split([_rows(cfg, p) for p in parts])
-                dense.update({f"blocks.{i}.{p}.weight": r for p, r in zip(parts, rows, strict=True)})
-    result = model.load_state_dict(dense, strict=False, assign=True)
+            layer = quant_linear(m, dtype, device) if isinstance(m, QTensor) else dense_linear(m, dtype)
+        setattr(model.get_submodule(parent) if parent else model, leaf, layer)
+    result = model.load_state_dict(norms, strict=False, assign=True)
     assert not result.unexpected_keys, f"builder passed unknown tensors {result.unexpected_keys[:3]}"
-    if cfg.tie_embeddings and "tok_emb" not in quantized:
-        model.lm_head.weight = model.tok_emb.weight
     left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.device.type == "meta"]
     assert not left, f"builder left tensors unset: {left[:3]}"
-    model.rope.to(device)
+    model.follow_weights()
     return model.eval()
 
 
@@ -85,10 +80,3 @@ def quantize_model(model: Transformer, quant: str, group: int = 32, forms: dict[
     assert not any(k.endswith(".qweight") for k in state), "quantize_model takes a dense model"
     return build_transformer(model.cfg, {k: v.float() for k, v in state.items()}, model.device, model.dtype,
                              quant, group, forms, half)
-
-
-def _rows(cfg: ModelConfig, part: str) -> int:
-    kv = cfg.n_kv_heads * cfg.head_dim
-    return {"attn.wq": cfg.n_heads * cfg.head_dim, "attn.wk": kv, "attn.wv": kv}.get(part, cfg.ffn_dim)
-
-

@@ -123,7 +123,7 @@ class ChatSession:
         else the float dtype ("bf16", "fp16", "fp32"). Once: every state the child sends has it."""
         from collections import Counter
 
-        from tinyllm.quant import QuantLinear
+        from tinyllm.quant_linear import QuantLinear
 
         kinds = Counter(m.kind for m in self.model.modules() if isinstance(m, QuantLinear))
         if kinds:

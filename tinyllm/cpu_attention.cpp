@@ -1,5 +1,5 @@
 // Decode attention on the CPU: one decode position over a window of W keys (cpu_kernels.h:
-// attend_units; model.window_attention is its slow twin).
+// attend_units; ops.window_attention is its slow twin).
 //
 // Contract: attend_units(a, B, y): units of (b, h, ATTN_CHUNK keys) run on the pool; each keeps
 // its keys that the mask lets through, their scores, its rows' max and sum of exp, and the

@@ -4,7 +4,7 @@
 // Contract (namespace tinyllm_cpu; every x, y a contiguous fp32 row):
 //   Matrix::of(w, scales, zeros): one (N, K) matrix as a model holds it: int8 w (N, K) with fp32
 //       scales (N,); int4 w uint8 (N, K/2) with scales and zeros (N, K/g), fp32 or fp16 (the
-//       canonical tinyllm.quant QTensor, as QuantLinear holds it); or dense fp32, bf16 or fp16
+//       canonical tinyllm.quant QTensor, as quant_linear.CpuQgemvLinear holds it); or dense fp32, bf16 or fp16
 //       w (N, K) (scales and zeros undefined). Refuses (c10::Error) anything else.
 //   matvec(W, x (K), y (N)): y = W x, as qmm_int8 / qmm_int4 / mm_half compute it for one row
 //       (x rounded to int8 blocks of 32 for the quantized forms; exact fp32 sums for dense).

@@ -24,7 +24,7 @@
 //   mm_half(x, w bf16 or fp16 (N, K)) -> (M, N) fp32: x times the widened w, fp32 products and
 //       sums (no rounding of x; only the order of the sums differs from x @ w.float().T).
 //   decode_attention(q (B, Hkv, R, D), k, v (B, Hkv, W, D), mask bool (B or 1, 1, 1, W), scale)
-//       -> (B, Hkv, R, D): model.window_attention for one decode position, fp32 or bf16, k and v
+//       -> (B, Hkv, R, D): ops.window_attention for one decode position, fp32 or bf16, k and v
 //       read through their strides, masked keys never read, a row with no key 0
 //       (cpu_attention.cpp).
 // use_exact_x(on) -> bool: int8 products of up to PREFILL_M - 1 rows take x as it is (fp32 sums of

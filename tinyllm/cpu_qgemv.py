@@ -1,7 +1,8 @@
 """The AVX2 CPU kernel for quantized weights and decode attention, built at first use: the ops'
 torch side cpu_qgemv.cpp over kernel files that include no torch header (cpu_kernels.h names
 them: cpu_quantize, cpu_tiles, cpu_vnni, cpu_products, cpu_qmm, cpu_pool, cpu_half, cpu_dequant,
-cpu_attention .cpp), with the native decode step cpu_step.cpp in the same library.
+cpu_attention .cpp), with the native decode step cpu_step.cpp and its sampler cpu_sampler.cpp
+(cpu_sampler.h) in the same library.
 
 Contract:
 - `available() -> bool`: whether the ops below can run here. The first call builds SOURCES
@@ -33,9 +34,9 @@ Contract:
 - `loaded() -> bool`: whether `available()` has already said yes here (no build).
 - `mm_half(x, w)`: x fp32 (M, K) times a bf16 or fp16 (N, K) matrix's transpose -> (M, N) fp32,
   in fp32 (x is not rounded): the compiled CPU step's product for matrices held at 16 bits
-  (tinyllm.model.linear). Measured for (2816, 512) bf16 at 1 thread: 418 us (6.9 GB/s) against
+  (tinyllm.linear.HalfCpuLinear). Measured for (2816, 512) bf16 at 1 thread: 418 us (6.9 GB/s) against
   584 us for Inductor's reduction with the widening fused in.
-- `linear(x, qweight, scales, zeros)`: the product QuantLinear calls: the kernel for fewer than
+- `linear(x, qweight, scales, zeros)`: the product quant_linear.CpuQgemvLinear calls: the kernel for fewer than
   PREFILL_M rows, else `torch.ops.tinyllm_cpu.dequantize` (fp32 (N, K)) and the fp32 GEMM.
 - `ffn(x, w13, w2)`: the SwiGLU feed-forward w2(silu(gate) * up) of two quantized layers (the
   buffers `(qweight, scales, zeros)` of each; gate and up are w13's two halves of rows) for
@@ -45,7 +46,7 @@ Contract:
 - Threads: the ops run on torch.get_num_threads() threads, their own pool (not OpenMP's), in
   chunks that a late thread finds taken: no call waits for a thread that has not started.
 - `decode_attention(q, k, v, mask, scale)`: one decode position over a window of W keys on the
-  CPU, `model.window_attention`'s contract for fp32 or bf16 (q (B, Hkv, R, D) with R <= 8, k and v
+  CPU, `ops.window_attention`'s contract for fp32 or bf16 (q (B, Hkv, R, D) with R <= 8, k and v
   (B, Hkv, W, D) read in place through their strides, D a multiple of 8 up to 256, mask
   (B, 1, 1, W) bool): chunks of 256 keys of each head on the pool's threads, masked keys never
   read, a row with no key gets 0 (window_attention gives NaN). For the compiled CPU step
@@ -65,19 +66,20 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from tinyllm import kernel_build
+from tinyllm import kernel_build, switches
 
 SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")  # the ops' torch side: checks, results, registration
 # Built into the same library: the whole decode step (tinyllm.cpu_step), and the kernels, files
 # with no torch header (each compiles in about a second; a torch header costs several per file).
 STEP_SOURCE = SOURCE.with_name("cpu_step.cpp")
 KERNELS = [SOURCE.with_name(f"cpu_{name}.cpp")
-           for name in ("tiles", "attention", "qmm", "vnni", "half", "quantize", "products", "pool", "dequant")]
+           for name in ("tiles", "attention", "qmm", "vnni", "half", "quantize", "products", "pool", "dequant",
+                        "sampler")]
 # Longest compile first (ninja starts them in this order, cores + 2 at once): the two files with
 # torch's headers (measured on the 2-core CPU: cpu_step.cpp 9-11 s of CPU, cpu_qgemv.cpp 7-9),
 # then the kernels (0.2-3 s each).
 SOURCES = [STEP_SOURCE, SOURCE, *KERNELS]
-HEADERS = [SOURCE.with_name(name) for name in ("cpu_kernels.h", "cpu_simd.h", "cpu_matrix.h")]
+HEADERS = [SOURCE.with_name(name) for name in ("cpu_kernels.h", "cpu_simd.h", "cpu_matrix.h", "cpu_sampler.h")]
 # From this many rows of x up (prefill), dequantize once and use the fp32 GEMM: the kernel costs
 # about one decode product per row, measured on the 2-core AVX2 CPU for (3072, 576), 1 thread:
 # M=16 kernel 2.8 ms vs fp32 GEMM 2.5 ms; M=128 27 ms vs 7.8 ms.
@@ -90,8 +92,8 @@ NAME = "tinyllm_cpu_qgemv"
 
 
 def cache_dir() -> Path:
-    if os.environ.get("TINYLLM_CACHE_DIR"):
-        return Path(os.environ["TINYLLM_CACHE_DIR"])
+    if switches.SWITCHES.cache_dir:
+        return Path(switches.SWITCHES.cache_dir)
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "tinyllm"
 
@@ -118,7 +120,7 @@ def loaded() -> bool:
 
 @cache
 def available() -> bool:
-    if os.environ.get("TINYLLM_CPU_KERNEL") == "0":
+    if not switches.SWITCHES.cpu_kernel:
         return False
     problem = _cpu_problem()
     if problem is None and not shutil.which(os.environ.get("CXX", "c++")):

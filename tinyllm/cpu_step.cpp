@@ -16,7 +16,11 @@
 //   `forward_greedy(tok, pos, first_valid, window, ring, ring_at, penalty, n_valid)`: forward,
 //   then the StepSampler's greedy push and draw (its ring, ring_at and penalty tensors) into tok;
 //   `forward_sample(..., n_valid, temperature, top_k, top_p, key, counter)` the sampled one
-//   (draw_sorted's result with noise_at's noise; the counter advances).
+//   (sampling.draw_sorted's result with sampling.noise_at's noise; the counter advances): both
+//   by the one C++ Sampler (cpu_sampler.h), which torch.classes.tinyllm_cpu.Sampler() also
+//   offers alone: `greedy(logits, tok, ring, ring_at, penalty, n_valid)` and
+//   `sample(logits, tok, ring, ring_at, penalty, n_valid, temperature, top_k, top_p, key,
+//   counter)`, logits (1, V) fp32.
 // That is model.Transformer.forward through a StaticKVCache's decode view, with the same
 // kernels for every product (cpu_qgemv), so it matches the eager step up to fp32 rounding of
 // the norms, RoPE and sums. Refuses (c10::Error, a RuntimeError in Python): a token outside the
@@ -32,6 +36,7 @@
 #include <vector>
 
 #include "cpu_matrix.h"
+#include "cpu_sampler.h"
 
 namespace {
 
@@ -66,78 +71,63 @@ void rope(float* x, int64_t heads, int64_t d, const float* cos, const float* sin
 template <class T>
 float widen(T v) { return static_cast<float>(v); }
 
-// tinyllm.step_sampler's 32-bit hash (_mix) and Exponential(1) noise of id j (noise_at, batch 1).
-constexpr uint64_t M32 = 0xFFFFFFFFull;
-inline uint64_t mix(uint64_t x) {
-  x ^= x >> 16;
-  x = (x * 0x7FEB352Dull) & M32;
-  x ^= x >> 15;
-  x = (x * 0x2C1B3C6Dull) & M32;
-  return x ^ (x >> 16);
-}
-inline float noise(uint64_t salt, uint64_t key1, int64_t j) {
-  const uint64_t h = mix(mix(static_cast<uint64_t>(j) ^ salt) ^ key1);
-  const float u = (static_cast<float>(h >> 8) + 0.5f) * (1.0f / (1 << 24));
-  return -std::log(u);
-}
+// The C++ Sampler (cpu_sampler.h) on a StepSampler's tensors, batch 1: tensors checked, then
+// tok pushed and the draw from logits written into tok. The Step draws through it, and so does
+// the registered class "Sampler" (tinyllm.cpu_step.native_draw: the parity tests).
+class TensorSampler {
+ public:
+  void greedy(const at::Tensor& logits, const at::Tensor& tok, const at::Tensor& ring, const at::Tensor& ring_at,
+              const at::Tensor& penalty, int64_t n_valid) {
+    push(logits, tok, ring, ring_at, penalty, n_valid);
+    tok.data_ptr<int64_t>()[0] = sampler_.greedy();
+  }
 
-// The sampled draw of tinyllm.step_sampler.draw_sorted for one row x (V, penalized, ids past
-// n_valid -inf): x / temperature; top-k keeps values >= the k-th largest; top-p keeps the
-// largest values while the softmax mass before each is below top_p (mass summed in double, as
-// torch.cumsum does on a CPU); then argmax(softmax(x) / noise). Only the values top-k and
-// top-p keep are sorted (a partial sort that grows until the mass is reached), and noise is
-// computed only for them. x is scratch.
-int64_t draw_sampled(std::vector<float>& x, float temperature, int64_t top_k, float top_p, uint64_t salt,
-                     uint64_t key1, std::vector<int32_t>& cand) {
-  const int64_t V = static_cast<int64_t>(x.size());
-  for (float& v : x) v /= temperature;
-  cand.clear();
-  for (int64_t j = 0; j < V; ++j)
-    if (x[j] != -INFINITY) cand.push_back(static_cast<int32_t>(j));
-  if (cand.empty()) return 0;
-  auto desc = [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
-  if (top_k > 0 && top_k < V) {  // the k-th largest of all V values (-inf ones included)
-    float kth = -INFINITY;
-    if (static_cast<int64_t>(cand.size()) >= top_k) {
-      std::nth_element(cand.begin(), cand.begin() + (top_k - 1), cand.end(), desc);
-      kth = x[cand[top_k - 1]];
-    }
-    cand.erase(std::remove_if(cand.begin(), cand.end(), [&](int32_t j) { return x[j] < kth; }), cand.end());
+  void sample(const at::Tensor& logits, const at::Tensor& tok, const at::Tensor& ring, const at::Tensor& ring_at,
+              const at::Tensor& penalty, int64_t n_valid, const at::Tensor& temperature, const at::Tensor& top_k,
+              const at::Tensor& top_p, const at::Tensor& key, const at::Tensor& counter) {
+    TORCH_CHECK(temperature.scalar_type() == at::kFloat && top_p.scalar_type() == at::kFloat &&
+                top_k.scalar_type() == at::kLong && key.scalar_type() == at::kLong && key.numel() == 2 &&
+                counter.scalar_type() == at::kLong && counter.numel() == 1,
+                "sample: the StepSampler's settings tensors");
+    push(logits, tok, ring, ring_at, penalty, n_valid);
+    const int64_t* k = key.data_ptr<int64_t>();
+    tok.data_ptr<int64_t>()[0] = sampler_.sample({temperature.data_ptr<float>()[0], top_k.data_ptr<int64_t>()[0],
+                                                  top_p.data_ptr<float>()[0], static_cast<uint64_t>(k[0]),
+                                                  static_cast<uint64_t>(k[1]), counter.data_ptr<int64_t>()});
   }
-  if (top_p < 1.f) {
-    float m = -INFINITY;
-    for (int32_t j : cand) m = std::max(m, x[j]);
-    float z = 0.f;
-    for (int32_t j : cand) z += std::exp(x[j] - m);
-    size_t sorted = 0, want = std::min<size_t>(64, cand.size());
-    double mass = 0.0;
-    for (size_t i = 0;; ++i) {
-      if (i == sorted) {  // sort the next stretch of the largest values
-        want = std::min(cand.size(), std::max(want, 2 * sorted));
-        std::partial_sort(cand.begin() + sorted, cand.begin() + want, cand.end(), desc);
-        sorted = want;
-      }
-      if (i == cand.size()) break;
-      const float p = std::exp(x[cand[i]] - m) / z;
-      if (static_cast<float>(mass + p) - p >= top_p) {  // this value and every smaller one go
-        cand.resize(i);
-        break;
-      }
-      mass += p;
-    }
+
+ private:
+  void push(const at::Tensor& logits, const at::Tensor& tok, const at::Tensor& ring, const at::Tensor& ring_at,
+            const at::Tensor& penalty, int64_t n_valid) {
+    const int64_t V = logits.size(-1);
+    TORCH_CHECK(logits.scalar_type() == at::kFloat && logits.is_contiguous() && logits.numel() == V &&
+                tok.scalar_type() == at::kLong && tok.numel() == 1, "logits (1, V) fp32 and tok (1, 1) int64");
+    TORCH_CHECK(ring.scalar_type() == at::kLong && ring.dim() == 2 && ring.size(0) == 1 && ring.is_contiguous() &&
+                ring_at.scalar_type() == at::kLong && ring_at.numel() == 1 && penalty.scalar_type() == at::kFloat &&
+                penalty.numel() == 1 && 0 < n_valid && n_valid <= V, "the StepSampler's tensors, batch 1");
+    sampler_.push_and_penalize({ring.data_ptr<int64_t>(), ring.size(1), ring_at.data_ptr<int64_t>(),
+                                penalty.data_ptr<float>()[0], n_valid},
+                               tok.data_ptr<int64_t>()[0], logits.data_ptr<float>(), V);
   }
-  float m = -INFINITY;
-  for (int32_t j : cand) m = std::max(m, x[j]);
-  float z = 0.f;
-  for (int32_t j : cand) z += std::exp(x[j] - m);
-  int64_t best = cand[0];
-  float best_v = -1.f;
-  for (int32_t j : cand) {
-    const float v = std::exp(x[j] - m) / z / noise(salt, key1, j);
-    if (v > best_v || (v == best_v && j < best)) best = j, best_v = v;
+
+  tinyllm_cpu::Sampler sampler_;
+};
+
+class SamplerClass : public torch::CustomClassHolder {
+ public:
+  void greedy(const at::Tensor& logits, const at::Tensor& tok, const at::Tensor& ring, const at::Tensor& ring_at,
+              const at::Tensor& penalty, int64_t n_valid) {
+    s_.greedy(logits, tok, ring, ring_at, penalty, n_valid);
   }
-  return best;
-}
+  void sample(const at::Tensor& logits, const at::Tensor& tok, const at::Tensor& ring, const at::Tensor& ring_at,
+              const at::Tensor& penalty, int64_t n_valid, const at::Tensor& temperature, const at::Tensor& top_k,
+              const at::Tensor& top_p, const at::Tensor& key, const at::Tensor& counter) {
+    s_.sample(logits, tok, ring, ring_at, penalty, n_valid, temperature, top_k, top_p, key, counter);
+  }
+
+ private:
+  TensorSampler s_;
+};
 
 class Step : public torch::CustomClassHolder {
  public:
@@ -214,69 +204,28 @@ class Step : public torch::CustomClassHolder {
     return logits;
   }
 
-  // forward(), then tinyllm.step_sampler's greedy push and draw: ring[ring_at] = tok, ring_at
-  // advances (mod the ring's length), and tok = the argmax over ids below n_valid of the logits
-  // with the repetition penalty applied at the ring's ids (positive logits divided by it,
-  // negative ones multiplied); the first of equal maxima, as torch.argmax picks.
+  // forward(), then the Sampler's greedy push and draw (StepSampler's ring, ring_at and penalty) into tok.
   at::Tensor forward_greedy(const at::Tensor& tok, const at::Tensor& pos, const at::Tensor& first_valid,
                             int64_t window, const at::Tensor& ring, const at::Tensor& ring_at,
                             const at::Tensor& penalty, int64_t n_valid) {
     at::Tensor logits = forward(tok, pos, first_valid, window);
-    push_and_penalize(logits, tok, ring, ring_at, penalty, n_valid);
-    int64_t best = 0;
-    for (int64_t j = 1; j < V_; ++j)
-      if (pen_[j] > pen_[best] || (std::isnan(pen_[j]) && !std::isnan(pen_[best]))) best = j;
-    tok.data_ptr<int64_t>()[0] = best;
+    sampler_.greedy(logits, tok, ring, ring_at, penalty, n_valid);
     return logits;
   }
 
-  // forward(), then the sampled push and draw (step_sampler.draw_sorted with the noise of
-  // draw `counter` of seed `key`; counter advances): settings are the StepSampler's tensors.
+  // forward(), then the Sampler's sampled push and draw (the StepSampler's settings tensors; the
+  // counter advances).
   at::Tensor forward_sample(const at::Tensor& tok, const at::Tensor& pos, const at::Tensor& first_valid,
                             int64_t window, const at::Tensor& ring, const at::Tensor& ring_at,
                             const at::Tensor& penalty, int64_t n_valid, const at::Tensor& temperature,
                             const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& key,
                             const at::Tensor& counter) {
-    TORCH_CHECK(temperature.scalar_type() == at::kFloat && top_p.scalar_type() == at::kFloat &&
-                top_k.scalar_type() == at::kLong && key.scalar_type() == at::kLong && key.numel() == 2 &&
-                counter.scalar_type() == at::kLong && counter.numel() == 1,
-                "sample: the StepSampler's settings tensors");
     at::Tensor logits = forward(tok, pos, first_valid, window);
-    push_and_penalize(logits, tok, ring, ring_at, penalty, n_valid);
-    const int64_t* k = key.data_ptr<int64_t>();
-    int64_t& c = counter.data_ptr<int64_t>()[0];
-    const uint64_t key0 = static_cast<uint64_t>(k[0]), key1 = static_cast<uint64_t>(k[1]);
-    const uint64_t salt = mix(mix(key0 ^ (static_cast<uint64_t>(c) & M32)) ^ key1);
-    ++c;
-    tok.data_ptr<int64_t>()[0] = draw_sampled(pen_, temperature.data_ptr<float>()[0], top_k.data_ptr<int64_t>()[0],
-                                              top_p.data_ptr<float>()[0], salt, key1, cand_);
+    sampler_.sample(logits, tok, ring, ring_at, penalty, n_valid, temperature, top_k, top_p, key, counter);
     return logits;
   }
 
  private:
-  // ring[ring_at] = tok, ring_at advances; pen_ = logits (V) with ids from n_valid on -inf and
-  // the repetition penalty at the ring's ids (sampling.apply_repeat_penalty).
-  void push_and_penalize(const at::Tensor& logits, const at::Tensor& tok, const at::Tensor& ring,
-                         const at::Tensor& ring_at, const at::Tensor& penalty, int64_t n_valid) {
-    TORCH_CHECK(ring.scalar_type() == at::kLong && ring.dim() == 2 && ring.size(0) == 1 && ring.is_contiguous() &&
-                ring_at.scalar_type() == at::kLong && ring_at.numel() == 1 && penalty.scalar_type() == at::kFloat &&
-                penalty.numel() == 1 && 0 < n_valid && n_valid <= V_, "the StepSampler's tensors, batch 1");
-    int64_t* rp = ring.data_ptr<int64_t>();
-    const int64_t n = ring.size(1);
-    int64_t& at = ring_at.data_ptr<int64_t>()[0];
-    rp[at] = tok.data_ptr<int64_t>()[0];
-    at = (at + 1) % n;
-    const float* lp = logits.data_ptr<float>();
-    const float pen = penalty.data_ptr<float>()[0];
-    pen_.assign(lp, lp + V_);
-    std::fill(pen_.begin() + n_valid, pen_.end(), -INFINITY);
-    for (int64_t i = 0; i < n; ++i) {
-      if (rp[i] < 0 || rp[i] >= n_valid) continue;  // ids past n_valid stay -inf
-      const float v = lp[rp[i]];
-      pen_[rp[i]] = v > 0 ? v / pen : v * pen;
-    }
-  }
-
   static at::Tensor fp32_vector(const at::Tensor& t, int64_t n, const char* what) {
     TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == n, what, " must be fp32 (", n, ")");
     return t;
@@ -301,7 +250,7 @@ class Step : public torch::CustomClassHolder {
     }
   }
 
-  // x = row id of the embedding, dequantized or widened (quant.QuantEmbedding, model.embed).
+  // x = row id of the embedding, dequantized or widened (quant_linear.QuantEmbedding, linear.DenseEmbedding).
   void embed(int64_t id, float* x) const {
     switch (emb_w_.scalar_type()) {
       case at::kFloat: return widen_row(emb_w_.data_ptr<float>() + id * C_, x);
@@ -339,8 +288,7 @@ class Step : public torch::CustomClassHolder {
   at::Tensor emb_w_, emb_s_, emb_z_, norm_, cos_, sin_;
   Matrix out_;
   std::vector<Layer> layers_;
-  std::vector<float> pen_;  // the penalized logits of a draw
-  std::vector<int32_t> cand_;  // the ids a sampled draw still considers
+  TensorSampler sampler_;
   std::vector<float> x_, h_, o_, qkv_, att_;  // the residual row, a normed row, a product's row, q|k|v, attention
 };
 
@@ -352,4 +300,8 @@ TORCH_LIBRARY_FRAGMENT(tinyllm_cpu, m) {
       .def("forward", &Step::forward)
       .def("forward_greedy", &Step::forward_greedy)
       .def("forward_sample", &Step::forward_sample);
+  m.class_<SamplerClass>("Sampler")
+      .def(torch::init<>())
+      .def("greedy", &SamplerClass::greedy)
+      .def("sample", &SamplerClass::sample);
 }

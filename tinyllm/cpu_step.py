@@ -1,29 +1,35 @@
 """The CPU decode step as one C++ call (cpu_step.cpp), for a decoder of batch 1.
 
 Why: a compiled CPU step spends most of a small model's token outside its kernels. Measured on
-the 2-core CPU (docs/BENCHMARKS.md, fifteenth session): about 0.69 ms of the default model's
-1.26 ms ran on the main thread alone (Python, Dynamo's guards, the wrapper's calls into each op),
-and a compiled call reading SmolLM2's ~430 weight tensors costs about 0.8 ms before any work.
-Here the step holds the model's tensors once and runs every block in C++ on the same kernels
+the 2-core CPU (docs/BENCHMARKS.md): about 0.69 ms of the default model's 1.26 ms ran on the
+main thread alone (Python, Dynamo's guards, the wrapper's calls into each op), and a compiled
+call reading SmolLM2's ~430 weight tensors costs about 0.8 ms before any work. Here the step
+holds the model's tensors once and runs every block in C++ on the same kernels
 (tinyllm.cpu_qgemv), so a token costs one call. It needs no compile either: a session has its
 fast step as soon as the kernels are built (once per machine, about 20 s) or loaded.
 
 Contract:
 - `problem(model, batch) -> str | None`: why the native step cannot run this model, or None.
   It runs batch 1 of a CPU model computing in fp32 where tinyllm.cpu_qgemv is available, whose
-  matrices are QuantLinear on that kernel (int8, int4) or dense fp32 / bf16 / fp16, and whose
-  embedding is dense or a QuantEmbedding.
-- `NativeStep(dec)`: the decoder's step `(window) -> logits (1, 1, V)`, what its
-  `plain_step(window)` does: the model's step through the cache's decode
-  view at `cache.pos` (K/V written there, keys first_valid..pos attended, pos advanced), then
-  the sampler's push and draw into `dec.tok`, all in C++. The step equals that one up to fp32
-  rounding (the products are the same kernels); the draws are StepSampler's, greedy or sampled
-  (the same noise, penalty, top-k and top-p; only a near-tie that rounding decides could
-  differ), on its own tensors (`StepSampler.native_args`), so its settings and state stay
-  where it keeps them. The C++ object is made at the first call (a prefill has allocated the
-  cache by then) and again if the cache's tensors change. Where the C++ side refuses a layout
-  `problem` let through, `refused` says why (one line, also on stderr) and the decoder's plain
-  step runs from then on.
+  layers export the layout it reads (`Transformer.native_parts`: dense fp32 / bf16 / fp16
+  matrices and tables, and the AVX2 kernel's quantized ones, int8 and int4).
+- `use_native(dec) -> NativeStep`: makes the native step the decoder's step (`dec.set_step`,
+  named "native"); `dec.set_compile(None)` goes back to the plain step.
+- `NativeStep(dec)`: the step `(window) -> logits (1, 1, V)`, what the decoder's
+  `plain_step(window)` does: the model's step through the cache's decode view at `cache.pos`
+  (K/V written there, keys first_valid..pos attended, pos advanced), then the sampler's push
+  and draw into `dec.tok`, all in C++. It reads the decoder through its public parts only
+  (`model`, `cache`, `tok`, `greedy`, `sampler.native_args()`, `plain_step`). The step equals
+  the plain one up to fp32 rounding (the products are the same kernels); the draws are the C++
+  Sampler's (cpu_sampler.cpp: StepSampler's noise, penalty, top-k and top-p; only a near-tie
+  that rounding decides could differ), on the StepSampler's own tensors, so its settings and
+  state stay where it keeps them. The C++ object is made at the first call (a prefill has
+  allocated the cache by then) and again if the cache's tensors change. Where the C++ side
+  refuses a layout `problem` let through, `refused` says why (one line, also on stderr) and
+  the decoder's plain step runs from then on.
+- `native_draw(sampler, logits, tok)`: the C++ Sampler alone on a StepSampler's tensors (what
+  the step does after its forward): tok (1, 1) pushed, the draw from logits (1, V) fp32
+  written into tok; the parity tests hold it to StepSampler.push and draw.
 """
 
 from __future__ import annotations
@@ -31,20 +37,10 @@ from __future__ import annotations
 import sys
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from tinyllm import cpu_qgemv
-from tinyllm.quant import QuantEmbedding, QuantLinear
-
-DENSE = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def _matrix_problem(name: str, layer: nn.Module) -> str | None:
-    if isinstance(layer, QuantLinear):
-        return None if layer.avx2 else f"{name} is quantized for another kernel"
-    if type(layer) is nn.Linear and layer.bias is None and layer.weight.dtype in DENSE:
-        return None
-    return f"{name} is a {type(layer).__name__} the native step does not run"
+from tinyllm.step_sampler import StepSampler
 
 
 def problem(model, batch: int) -> str | None:
@@ -54,24 +50,11 @@ def problem(model, batch: int) -> str | None:
         return f"a {model.device.type} model computing in {model.dtype} (it runs fp32 on the CPU)"
     if not cpu_qgemv.available():
         return "the CPU kernels are not available"
-    emb = model.tok_emb
-    if not (isinstance(emb, QuantEmbedding) or type(emb) is nn.Embedding and emb.weight.dtype in DENSE):
-        return f"tok_emb is a {type(emb).__name__}"
-    layers = [("lm_head", model.lm_head)]
-    for i, b in enumerate(model.blocks):
-        layers += [(f"blocks.{i}.attn.wqkv", b.attn.wqkv), (f"blocks.{i}.attn.wo", b.attn.wo),
-                   (f"blocks.{i}.ffn.w13", b.ffn.w13), (f"blocks.{i}.ffn.w2", b.ffn.w2)]
-    return next((p for name, layer in layers if (p := _matrix_problem(name, layer)) is not None), None)
-
-
-_NONE = torch.empty(0)
-
-
-def _parts(layer: nn.Module) -> list[Tensor]:
-    """(w, scales, zeros) of a matrix, empty tensors where it has none."""
-    if isinstance(layer, (QuantLinear, QuantEmbedding)):
-        return [layer.qweight, layer.scales, _NONE if layer.zeros is None else layer.zeros]
-    return [layer.weight.detach().contiguous(), _NONE, _NONE]
+    try:
+        model.native_parts()
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def build(model, cache) -> object:
@@ -80,12 +63,10 @@ def build(model, cache) -> object:
     if reason is not None:
         raise ValueError(f"the native CPU step cannot run this model: {reason}")
     cfg = model.cfg
-    model.rope.ensure(model.rope.max_seq_len)
-    tensors = [*_parts(model.tok_emb), model.norm.weight.detach(), *_parts(model.lm_head),
-               model.rope.cos, model.rope.sin]
-    for i, b in enumerate(model.blocks):
-        tensors += [b.attn_norm.weight.detach(), *_parts(b.attn.wqkv), *_parts(b.attn.wo),
-                    b.ffn_norm.weight.detach(), *_parts(b.ffn.w13), *_parts(b.ffn.w2), cache.k[i], cache.v[i]]
+    head, layers = model.native_parts()
+    tensors = list(head)
+    for parts, k, v in zip(layers, cache.k, cache.v, strict=True):
+        tensors += [*parts, k, v]
     config = [cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim]
     return torch.classes.tinyllm_cpu.Step(tensors, config, float(cfg.norm_eps))
 
@@ -115,3 +96,18 @@ class NativeStep:
         forward = self._step.forward_greedy if dec.greedy else self._step.forward_sample
         # the sampler's push and draw in C++ too, on its own tensors
         return forward(dec.tok, cache.pos, cache.first_valid, window, *dec.sampler.native_args())  # (1, 1, V)
+
+
+def use_native(dec) -> NativeStep:
+    """The native step runs `dec`'s decode steps from its next run on."""
+    step = NativeStep(dec)
+    dec.set_step(step, "native")
+    return step
+
+
+def native_draw(sampler: StepSampler, logits: Tensor, tok: Tensor) -> None:
+    """The C++ Sampler's push of tok (1, 1) and draw from logits (1, V) into tok, on `sampler`'s
+    tensors (its greedy or sampled variant, as `sampler.greedy` says)."""
+    cpp = torch.classes.tinyllm_cpu.Sampler()
+    draw = cpp.greedy if sampler.greedy else cpp.sample
+    draw(logits, tok, *sampler.native_args())

@@ -43,19 +43,21 @@ computes in the weights' dtype. Refuses: graphs without CUDA, a full cache, a wr
 step per sampler variant serves every bucket): Inductor fuses RMSNorm, RoPE, sampling and the
 elementwise work into a few kernels, and the graphs capture the compiled step. Graph and eager
 mode then run the same compiled code, so they stay bit-identical; the compiled step is close
-to, not bit-equal with, the plain one.
+to, not bit-equal with, the plain one. `set_compile(backend, saved)` changes it between runs;
+`set_step(step, name)` runs another step function instead (the native CPU step:
+tinyllm.cpu_step.use_native), and `compile` then reads its name.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from tinyllm import cpu_qgemv, decode_attention, pdl
-from tinyllm.cpu_step import NativeStep
 from tinyllm.kv_cache import KVCache, SlotKVCache, ViewLayer
 from tinyllm.model import Transformer
 from tinyllm.sampling_params import SamplingParams
@@ -174,7 +176,7 @@ def compiled(forward, backend: str | None, model: Transformer | None = None):
     """forward itself, or forward through torch.compile (whole graph, dynamic sizes). A CPU
     step loads tinyllm.cpu_qgemv first (building it the first time, about 20 s), so that its
     decode attention traces as the threaded C++ op (tinyllm.decode_attention) and a model's
-    16-bit matrices as the AVX2 product (model.linear). On a CPU
+    16-bit matrices as the AVX2 product (tinyllm.linear.HalfCpuLinear). On a CPU
     the step's Inductor kernels run on one thread: a decode step's tensors are a few thousand
     elements, and each OpenMP region costs a wake-up of the other threads (on a loaded 2-core
     machine often a whole scheduler slice); the quantized products (tinyllm.cpu_qgemv) and
@@ -285,17 +287,23 @@ class _Decoder:
         a step compiled and saved before (tinyllm.saved_step), where given, else traced on its
         first call. The graphs of the old step are dropped; the new step's are captured as
         runs need them."""
-        self.compile, self.saved = backend, saved
-        self._step_fn = self._make_step(backend, saved)
+        self._use_step(self._make_step(backend, saved), backend, saved)
+
+    def set_step(self, step: Callable[[int], Tensor], name: str) -> None:
+        """Run `step` from the next run on: `(window) -> logits (B, 1, V)`, feeding `tok` and
+        leaving its draw there, as `plain_step` does (the native CPU step: tinyllm.cpu_step.use_native).
+        `compile` then reads `name`; the graphs of the old step are dropped."""
+        self._use_step(step, name, None)
+
+    def _use_step(self, step: Callable[[int], Tensor], name: str | None, saved) -> None:
+        self.compile, self.saved, self._step_fn = name, saved, step
         self.graphs.clear()
         if self.pool is not None:  # the old graphs' pool dies with them: capture into a new one
             self.pool = torch.cuda.graph_pool_handle()
 
     def _make_step(self, backend: str | None, saved=None):
-        """The step function `(window) -> logits` for `backend`: the native CPU step, a loaded
-        compiled step (falling back to a trace), or `compiled()`'s."""
-        if backend == "native":
-            return NativeStep(self)
+        """The step function `(window) -> logits` for `backend`: a loaded compiled step (falling
+        back to a trace), or `compiled()`'s."""
 
         def traced():
             return compiled(self.plain_step, backend, self.model)

@@ -2,7 +2,7 @@
 on a CPU.
 
 Contract:
-- `decode_attention(q, k, v, mask, scale) -> Tensor` is `model.window_attention` (the slow
+- `decode_attention(q, k, v, mask, scale) -> Tensor` is `ops.window_attention` (the slow
   twin it is tested against): q (B, Hkv, R, D), the R query heads that share a KV head; k and
   v (B, Hkv, W, D), possibly non-contiguous slices of a larger cache along dim 2 (read in
   place through their strides); mask (B, 1, 1, W) bool, True = attend; scale a Python float.
@@ -12,7 +12,7 @@ Contract:
 - `supported(q, k, v, mask)`: whether a kernel takes these inputs: on CUDA, Triton installed,
   one dtype bf16 or fp16, D in 32/64/128, a bool mask; on a CPU, tinyllm.cpu_qgemv already
   loaded (never built here), one dtype fp32 or bf16, R <= 8, D a multiple of 8 up to 256 and
-  contiguous, a bool mask. The model calls `decode_attention` only then, and `window_attention`
+  contiguous, a bool mask. The ops call `decode_attention` only then, and `window_attention`
   otherwise. On a CPU the op (`torch.ops.tinyllm_cpu.decode_attention`) agrees with
   window_attention to fp32 rounding in fp32 (the order of the sums), to bf16 rounding in bf16
   (scores and weights are not rounded to bf16), and also gives 0 to a row with no key.
@@ -31,8 +31,8 @@ a reduction over W keys with only B*Hkv*R rows, i.e. a handful of programs walki
 (SmolLM2-135M on an H200: 9 programs, 8.6 µs a layer at W=1024), between two cuBLAS products.
 Here the W keys are split into blocks of 64, one program each (scores, partial softmax, and
 the partial product with v), and a second small kernel merges the blocks: two launches per
-layer instead of three, and W spread over B*Hkv*W/64 programs. The model calls it in the compiled
-step only (`model.Attention`): graph replay and eager twin of the compiled step run the same
+layer instead of three, and W spread over B*Hkv*W/64 programs. The ops call it in the compiled
+step only (tinyllm.ops): graph replay and eager twin of the compiled step run the same
 kernel and stay bit-identical; the plain step keeps `window_attention` (its first use here
 would import Triton and torch's kernel wrapping on the start-up path).
 
@@ -45,16 +45,16 @@ keys over both threads and skips masked keys (docs/BENCHMARKS-LOG.md, eleventh s
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import torch
 from torch import Tensor
 
 from tinyllm import cpu_qgemv
+from tinyllm.switches import SWITCHES
 
-_HAS_TRITON = importlib.util.find_spec("triton") is not None and os.environ.get("TINYLLM_DECODE_ATTN") != "0"
-_FUSED = os.environ.get("TINYLLM_ROPE_ATTN") != "0"  # =0: RoPE and the cache write apart (to measure)
-_CPU = os.environ.get("TINYLLM_CPU_ATTN") != "0"  # =0: the compiled CPU step keeps Inductor's loop (to measure)
+_HAS_TRITON = importlib.util.find_spec("triton") is not None and SWITCHES.decode_attn
+_FUSED = SWITCHES.rope_attn  # off: RoPE and the cache write apart (to measure)
+_CPU = SWITCHES.cpu_attn  # off: the compiled CPU step keeps Inductor's loop (to measure)
 HEAD_DIMS = (32, 64, 128)  # = decode_attention_triton.HEAD_DIMS (that module imports Triton)
 
 

@@ -3,7 +3,7 @@
 Contract: importing this module imports Triton (it fails where Triton is missing: import
 `tinyllm.decode_attention` instead, which guards) and registers two custom ops:
 - `torch.ops.tinyllm.decode_attention(q, k, v, mask, scale) -> Tensor`, with the contract of
-  `model.window_attention`: q (B, Hkv, R, D), k and v (B, Hkv, W, D) (any strides: slices of
+  `ops.window_attention`: q (B, Hkv, R, D), k and v (B, Hkv, W, D) (any strides: slices of
   a larger cache are read in place), mask (B, 1, 1, W) bool, True = attend; returns
   (B, Hkv, R, D) in v's dtype. q, k, v share one dtype, bf16 or fp16; D is 32, 64 or 128.
 - `torch.ops.tinyllm.rope_decode_attention(qkv, cos, sin, pos, first_valid, k_cache, v_cache,
@@ -49,14 +49,13 @@ the window's real size at each call: one compile serves every window.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from tinyllm import pdl
+from tinyllm.switches import SWITCHES
 
 BLOCK_N = 64  # keys a split program reads
 BLOCK_S = 32  # splits the combine program reads at once (it loops over more)
@@ -67,7 +66,7 @@ BLOCK_S = 32  # splits the combine program reads at once (it loops over more)
 # 721.7 (one program a head reads its keys slower than four do); merged by the last split
 # program to finish (an atomic count a head) instead of a combine kernel, 733-735 against 717-718.
 # TINYLLM_ATTN_TILE overrides it (0: always split).
-TILE = int(os.environ.get("TINYLLM_ATTN_TILE", "128"))
+TILE = SWITCHES.attn_tile
 HEAD_DIMS = (32, 64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
 

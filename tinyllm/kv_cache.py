@@ -4,6 +4,7 @@ A cache owns K/V storage and the positions of the tokens in it. The model calls:
   cos, sin = cache.begin_step(T, rope)   # RoPE rows for the T new tokens; sets attn kwargs
   k, v = cache.layer(i).update(k, v)     # store the new K/V, return every key this step sees
   cache.layer(i).attn_kwargs             # passed to SDPA (is_causal or attn_mask)
+  cache.layer(i).rope_attend(qkv, cos, sin, scale)  # RoPE, write and attention as one op, or None
   cache.end_step(T)                      # advance the position
 
 Here:
@@ -124,6 +125,9 @@ class _LayerKV:
         c.k[i][:, :, c.n:end] = k
         c.v[i][:, :, c.n:end] = v
         return c.k[i][:, :, :end], c.v[i][:, :, :end]  # (B, Hkv, n + T, D)
+
+    def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> None:
+        return None  # RoPE, the write and attention as one op: a decode view's only
 
 
 class SlotKVCache:
@@ -260,6 +264,9 @@ class _SlotDecode:
         c.v[i][c._slot_ids, :, pos] = v[:, :, 0]
         return c.k[i][:, :, :W], c.v[i][:, :, :W]  # (S, Hkv, W, D)
 
+    def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> None:
+        return None  # each slot at its own position: no fused op takes that
+
     def end_step(self, T: int) -> None:
         self.cache._lens_dev.add_(self.cache._active_dev)  # captured into the graph
 
@@ -279,10 +286,9 @@ class ViewLayer:
         return self.view.update(self.i, k, v)
 
     def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> Tensor | None:
-        """The view's fused RoPE, cache write and attention (model.Attention), or None where the
-        view has none or cannot take these inputs."""
-        fused = getattr(self.view, "rope_attend", None)
-        return None if fused is None else fused(self.i, qkv, cos, sin, scale)
+        """The view's fused RoPE, cache write and attention (tinyllm.ops), or None where the view
+        has none or cannot take these inputs."""
+        return self.view.rope_attend(self.i, qkv, cos, sin, scale)
 
 
 class _SlotLayerKV:
@@ -303,3 +309,6 @@ class _SlotLayerKV:
         c.k[i][rows, :, :T] = k
         c.v[i][rows, :, :T] = v
         return k, v  # a prefill from position 0 sees exactly its own keys
+
+    def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> None:
+        return None  # RoPE, the write and attention as one op: a decode view's only

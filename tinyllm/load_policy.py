@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from tinyllm import cpu_qgemv
-from tinyllm.model import HALF
+from tinyllm.linear import HALF
 from tinyllm.quant import GROUPS, QTensor, fbgemm_available
 from tinyllm.quant_rule import AUTO, QUANTS
 
@@ -122,7 +122,7 @@ def matrix_dtype(stored: torch.dtype, device: torch.device, dtype: torch.dtype, 
     """The dtype a dense matrix is held in: as stored where a CPU computes in fp32 from a file's
     bf16 or fp16 matrix and `quant` keeps what the file holds ("auto", "keep"), else the
     activations' `dtype`. Held at 16 bits, a decode step reads half the bytes, widened exactly
-    where it is read (tinyllm.model.linear): measured on the 2-core CPU, the default model's
+    where it is read (tinyllm.linear): measured on the 2-core CPU, the default model's
     compiled step 1.27x faster and the app 1.42x (docs/BENCHMARKS-LOG.md). "none" is the fp32
     reference."""
     if device.type == "cpu" and dtype == torch.float32 and quant in ("auto", "keep") and stored in HALF:

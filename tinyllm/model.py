@@ -17,21 +17,19 @@ Contract:
   one matrix product each instead of three and two, which matters when decode is
   launch-bound. `state_dict()` and `load_state_dict()` still speak the separate names
   (`attn.wq/wk/wv`, `ffn.w1/w3`), so checkpoints and importers keep the usual layout.
-- A windowed decode step (T=1 with a bool mask) attends through `decode_attention` when it is
-  compiled (a split-K Triton kernel on CUDA, a threaded C++ op on a CPU), else through
-  `window_attention`, its reference.
-  Where the cache layer offers `rope_attend(qkv, cos, sin, scale)` (a static cache's decode
-  view), the compiled step hands it the raw projections instead: RoPE, the cache write and
-  the attention then run as one op (decode_attention.rope_decode_attention).
-  Not in the plain step: its first use imports Triton and torch's kernel wrapping (measured on
-  the H200: start-up to the first reply went from 7.4 to 11.8 s), and the plain step only runs
-  until the compiled one is ready.
-- `linear(layer, x, norm=None, residual=None)` is residual + layer(norm(x)): a quantized
-  layer on CUDA may run the RMSNorm and the residual add inside its product's kernel
-  (QuantLinear.fused; by default in the plain step: tinyllm.qgemv.FOLD), so each half of a block
-  takes its norm and returns its skip connection
-  (`Attention.forward(x, norm, ...)` = x + attention(norm(x))), and the final norm goes into
-  the output product, applied after the positions are picked.
+- The math only: each matrix is a layer of tinyllm.linear / tinyllm.quant_linear whose class is
+  its kernel, chosen when the model is built (tinyllm.build), and the attention's kernels are
+  the ops of the weights' device (`Transformer.ops`, tinyllm.ops), which the model hands down.
+  A layer's `fused(x, norm, residual)` is residual + layer(norm(x)) (a quantized layer on CUDA
+  may run the RMSNorm and the residual add inside its product's kernel), so each half of a
+  block takes its norm and returns its skip connection (`Attention.forward(x, norm, ...)` =
+  x + attention(norm(x))), and the final norm goes into the output product, applied after
+  the positions are picked. SwiGLU is `w13.swiglu(w2, x, norm)`.
+- A windowed decode step (T=1 with a bool mask) attends through `ops.window_attention`; where
+  the ops run RoPE, the cache write and the attention as one op (`ops.rope_attend`: CUDA's
+  compiled step over a static cache), the step hands them the raw projections instead.
+- `native_parts()`: the model's tensors in the order the native CPU step reads them
+  (tinyllm.cpu_step), each matrix's from its layer (`Linear.native_parts`).
 - Refuses: sequences longer than `max_seq_len` (ValueError), configs whose heads don't divide.
 """
 
@@ -43,14 +41,10 @@ from dataclasses import asdict, dataclass, fields
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from tinyllm import cpu_qgemv, decode_attention
+from tinyllm.linear import DenseEmbedding, DenseLinear, Embedding, Linear
 from tinyllm.nn_module import Module
-
-# Cached attention never uses cuDNN's SDPA: it builds a plan per new shape (measured on an
-# H200: 50 ms to 1 s for each new prefill length), and a chat prefills a new length each turn.
-CACHED_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+from tinyllm.ops import Ops, ops_for
 
 
 @dataclass
@@ -196,57 +190,6 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out.type_as(x)
 
 
-# Largest input width K for which a compiled batch-1 step computes x @ W.T as an Inductor
-# reduction (see linear). Measured on an H200, compiled step in CUDA graphs: the default model
-# (K <= 1408) went from 4,821 to 6,830 tok/s; the TinyLlama-1.1B shape (K >= 2048) from 778
-# down to 719, where cuBLAS reads large matrices faster than the generated reduction does.
-REDUCTION_MAX_K = 1536
-HALF = (torch.bfloat16, torch.float16)  # matrices a CPU may hold narrower than its fp32 activations
-
-
-def linear(layer: nn.Module, x: Tensor, norm: RMSNorm | None = None, residual: Tensor | None = None) -> Tensor:
-    """residual + layer(norm(x)), x (..., K) -> (..., N) in x's dtype, the norm and the residual
-    each optional. A quantized layer may run all three as one kernel (QuantLinear.fused: on
-    CUDA, a few rows); otherwise they run in that order, as written."""
-    fused = getattr(layer, "fused", None)
-    if fused is not None and (y := fused(x, norm, residual)) is not None:
-        return y
-    y = _product(layer, x if norm is None else norm(x))
-    return y if residual is None else residual + y
-
-
-def _product(layer: nn.Module, x: Tensor) -> Tensor:
-    """layer(x), x (..., K) -> (..., N) in x's dtype. Inside a compiled step of a single row
-    (batch-1 decode), with K <= REDUCTION_MAX_K, it is written as a product and a sum over K
-    instead: Inductor makes that one reduction kernel (a matrix-vector product) and fuses
-    elementwise work around it into it, where a cuBLAS call is a kernel of its own with a ~3 µs
-    floor. A matrix held narrower than x (see the module docstring) always takes that form
-    there: its widening is then fused into the loads, never written out; on a CPU where
-    tinyllm.cpu_qgemv is loaded (the compile loads it for such a model: cuda_graph.compiled),
-    a few rows take its AVX2 op instead (1.4x Inductor's loop for the default model's matrices). Eager code, wider K
-    and every batch above one row keep the library matrix product (of the widened matrix).
-    A quantized layer (tinyllm.quant.QuantLinear) picks its own kernel in its forward."""
-    if type(layer) is not nn.Linear:
-        return layer(x)
-    w = layer.weight  # (N, K)
-    if (torch.compiler.is_dynamo_compiling() and w.dtype in HALF and x.dtype == torch.float32
-            and x.device.type == "cpu" and x.shape[:-1].numel() < cpu_qgemv.PREFILL_M and cpu_qgemv.loaded()):
-        lead = x.shape[:-1]
-        return torch.ops.tinyllm_cpu.mm_half(x.reshape(-1, x.shape[-1]), w).view(*lead, -1)  # (..., N)
-    if (torch.compiler.is_dynamo_compiling() and x.shape[:-1].numel() == 1
-            and (x.shape[-1] <= REDUCTION_MAX_K or w.dtype != x.dtype)):
-        return (x[..., None, :] * w.to(x.dtype)).sum(-1)  # (..., N), fp32 accumulation
-    return F.linear(x, w.to(x.dtype), layer.bias)  # torch's own layer, called functionally (tinyllm.nn_module)
-
-
-def embed(layer: nn.Embedding, idx: Tensor, dtype: torch.dtype) -> Tensor:
-    """layer(idx) in `dtype`: torch's own embedding called functionally (tinyllm.nn_module); a
-    quantized one (tinyllm.quant.QuantEmbedding) is called as itself."""
-    if type(layer) is nn.Embedding:
-        return F.embedding(idx, layer.weight).to(dtype)
-    return layer(idx)
-
-
 class RMSNorm(Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -261,8 +204,8 @@ class RMSNorm(Module):
 
 def fuse_linears(module: nn.Module, fused: str, parts: dict[str, int]) -> None:
     """Keep `module.<fused>` (one layer whose output rows are the parts' rows, in order) in
-    memory, but save and load it as the separate `<part>.<tensor>` entries: `weight` for an
-    nn.Linear; `qweight`, `scales` (and `zeros`) for a quantized layer, whose rows split alike."""
+    memory, but save and load it as the separate `<part>.<tensor>` entries: `weight` for a
+    dense layer; `qweight`, `scales` (and `zeros`) for a quantized layer, whose rows split alike."""
 
     def split(mod, state, prefix, _meta) -> None:
         head = f"{prefix}{fused}."
@@ -286,35 +229,31 @@ class Attention(Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.q_dim, self.kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-        self.wqkv = nn.Linear(cfg.dim, self.q_dim + 2 * self.kv_dim, bias=False)
-        self.wo = nn.Linear(self.q_dim, cfg.dim, bias=False)
+        self.scale = cfg.head_dim ** -0.5
+        self.wqkv: Linear = DenseLinear(cfg.dim, self.q_dim + 2 * self.kv_dim)
+        self.wo: Linear = DenseLinear(self.q_dim, cfg.dim)
         fuse_linears(self, "wqkv", {"wq": self.q_dim, "wk": self.kv_dim, "wv": self.kv_dim})
 
-    def forward(self, x: Tensor, norm: RMSNorm, cos: Tensor, sin: Tensor, kv=None) -> Tensor:
+    def forward(self, x: Tensor, norm: RMSNorm, cos: Tensor, sin: Tensor, kv, ops: Ops) -> Tensor:
         """x + attention(norm(x)): the block's first half, skip connection included."""
         B, T, _ = x.shape
-        qkv = linear(self.wqkv, x, norm=norm)  # (B, T, q_dim + 2 kv_dim)
-        fused = getattr(kv, "rope_attend", None) if T == 1 and torch.compiler.is_compiling() else None
-        if fused is not None and (y := fused(qkv.view(B, -1), cos, sin, self.head_dim ** -0.5)) is not None:
+        qkv = self.wqkv.fused(x, norm=norm)  # (B, T, q_dim + 2 kv_dim)
+        if kv is not None and (y := ops.rope_attend(kv, qkv, cos, sin, self.scale)) is not None:
             # (B, Hkv, R, D): RoPE, the cache write and attention in one op
-            return linear(self.wo, y.reshape(B, 1, -1), residual=x)
+            return self.wo.fused(y.reshape(B, 1, -1), residual=x)
         q, k, v = qkv.split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if kv is None:
-            y = self._attend(q, k, v, {"is_causal": True})
+            y = self._attend(q, k, v, {"is_causal": True}, ops, cached=False)
         else:
             k, v = kv.update(k, v)  # (B, Hkv, S, D): every key this step may see
-            if torch.compiler.is_compiling():  # the context would stop AOTAutograd's cache (warm starts)
-                y = self._attend(q, k, v, kv.attn_kwargs)
-            else:
-                with sdpa_kernel(CACHED_SDPA):
-                    y = self._attend(q, k, v, kv.attn_kwargs)
-        return linear(self.wo, y, residual=x)
+            y = self._attend(q, k, v, kv.attn_kwargs, ops, cached=True)
+        return self.wo.fused(y, residual=x)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, attn_kwargs: dict) -> Tensor:
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, attn_kwargs: dict, ops: Ops, cached: bool) -> Tensor:
         """(B, T, H D): the heads' outputs, side by side, before the output projection."""
         B, _, T, _ = q.shape
         rep = self.n_heads // self.n_kv_heads
@@ -324,61 +263,29 @@ class Attention(Module):
             # is per key, so it broadcasts over them.
             q = q.view(B, self.n_kv_heads, rep, self.head_dim)  # (B, Hkv, rep, D)
             mask = attn_kwargs.get("attn_mask")
-            if mask is not None and torch.compiler.is_compiling() and decode_attention.supported(q, k, v, mask):
-                y = decode_attention.decode_attention(q, k, v, mask, self.head_dim ** -0.5)  # (B, Hkv, rep, D)
-            elif mask is not None:  # a windowed (static or slot) decode step: the reference
-                y = window_attention(q, k, v, mask, self.head_dim ** -0.5)  # (B, Hkv, rep, D)
+            if mask is not None:  # a windowed (static or slot) decode step
+                y = ops.window_attention(q, k, v, mask, self.scale)  # (B, Hkv, rep, D)
             else:
-                y = F.scaled_dot_product_attention(q, k, v, **attn_kwargs)  # (B, Hkv, rep, D)
+                y = ops.sdpa(q, k, v, attn_kwargs, cached)  # (B, Hkv, rep, D)
             return y.reshape(B, 1, -1)
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)  # (B, H, S, D)
             v = v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, **attn_kwargs)  # (B, H, T, D)
+        y = ops.sdpa(q, k, v, attn_kwargs, cached)  # (B, H, T, D)
         return y.transpose(1, 2).reshape(B, T, -1)
-
-
-def window_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
-    """One decode position over a fixed window of W keys, keys outside `mask` ignored.
-
-    q (B, Hkv, R, D): the R query heads that share a KV head; k, v (B, Hkv, W, D); mask
-    (B, 1, 1, W) bool. Returns (B, Hkv, R, D). Written as two matrix products and a softmax
-    rather than SDPA: the fused SDPA kernels tile over query rows, and with R <= 8 rows they
-    run one or two thread blocks per head down all W keys (measured on an H200: 9 µs a layer at
-    W=128, 48 µs at W=1024), while a matrix product spreads W over the whole GPU. Scores and
-    softmax are fp32, as in SDPA; the scores are rounded to the weights' dtype once, as in
-    Hugging Face's eager attention. `scale` is D ** -0.5, a constant from the config: computed
-    from q's size it would be a symbolic float in a dynamic-shape compile, which restarts the
-    trace (a warm start then traces twice).
-
-    Compiled on a CPU, the two products are written as products and sums instead, which
-    Inductor makes loops of its own (fused with the softmax, one thread: cuda_graph.compiled):
-    a library batched product is an OpenMP region of its own per call, and at R <= 8 rows the
-    wake-up costs more than the product.
-    """
-    if q.device.type == "cpu" and torch.compiler.is_dynamo_compiling():
-        scores = (q[..., :, None, :] * k[..., None, :, :]).sum(-1).float() * scale  # (B, Hkv, R, W)
-        p = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(v.dtype)
-        return (p[..., None] * v[..., None, :, :]).sum(-2)  # (B, Hkv, R, D)
-    scores = (q @ k.transpose(-1, -2)).float() * scale  # (B, Hkv, R, W)
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return scores.softmax(dim=-1).to(v.dtype) @ v  # (B, Hkv, R, D)
 
 
 class FeedForward(Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.w13 = nn.Linear(cfg.dim, 2 * cfg.ffn_dim, bias=False)  # gate (w1) and up (w3)
-        self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)  # down
+        self.w13: Linear = DenseLinear(cfg.dim, 2 * cfg.ffn_dim)  # gate (w1) and up (w3)
+        self.w2: Linear = DenseLinear(cfg.ffn_dim, cfg.dim)  # down
         fuse_linears(self, "w13", {"w1": cfg.ffn_dim, "w3": cfg.ffn_dim})
 
     def forward(self, x: Tensor, norm: RMSNorm) -> Tensor:
-        """x + ffn(norm(x)): the block's second half, skip connection included."""
-        swiglu = getattr(self.w13, "swiglu", None)  # quantized layers may run all of it in fewer kernels
-        if swiglu is not None and (y := swiglu(self.w2, x, norm)) is not None:
-            return y  # (B, T, C)
-        gate, up = linear(self.w13, x, norm=norm).chunk(2, dim=-1)  # (B, T, ffn) each
-        return linear(self.w2, F.silu(gate) * up, residual=x)
+        """x + w2(silu(gate) * up) of norm(x): the block's second half, skip connection included
+        (w13's kernel may run it in fewer ops: Linear.swiglu)."""
+        return self.w13.swiglu(self.w2, x, norm)  # (B, T, C)
 
 
 class Block(Module):
@@ -389,8 +296,8 @@ class Block(Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = FeedForward(cfg)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv=None) -> Tensor:
-        x = self.attn(x, self.attn_norm, cos, sin, kv)  # x + attn(attn_norm(x))
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv, ops: Ops) -> Tensor:
+        x = self.attn(x, self.attn_norm, cos, sin, kv, ops)  # x + attn(attn_norm(x))
         return self.ffn(x, self.ffn_norm)  # x + ffn(ffn_norm(x))
 
 
@@ -401,13 +308,15 @@ class Transformer(Module):
         # Built on the meta device (every load), the embedding skips its normal init: the meta
         # kernel of normal_ imports torch._refs, 1-3 s of start-up for nothing.
         meta = torch.empty(0).is_meta
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim, _weight=torch.empty(cfg.vocab_size, cfg.dim) if meta else None)
+        self.tok_emb: Embedding = DenseEmbedding(cfg.vocab_size, cfg.dim,
+                                                 _weight=torch.empty(cfg.vocab_size, cfg.dim) if meta else None)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.lm_head: Linear = DenseLinear(cfg.dim, cfg.vocab_size)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.rope = Rope(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.ops = ops_for(self.tok_emb.weight.device)  # the attention's ops (tinyllm.ops)
 
     def init_weights(self, seed: int = 0) -> Transformer:
         """Small-normal init (std 0.02; residual outputs scaled by 1/sqrt(2 * n_layers))."""
@@ -422,11 +331,17 @@ class Transformer(Module):
         return self
 
     def _apply(self, fn, recurse=True):
-        # Keep the fp32 RoPE tables on the weights' device (they are not parameters).
         out = super()._apply(fn, recurse)
-        if self.tok_emb.weight.device.type != "meta":
-            self.rope.to(self.tok_emb.weight.device)
+        self.follow_weights()
         return out
+
+    def follow_weights(self) -> None:
+        """The fp32 RoPE tables (not parameters) and the ops on the weights' device: after the
+        weights move (`.to()`), or are assigned (tinyllm.build)."""
+        device = self.tok_emb.weight.device
+        if device.type != "meta":
+            self.rope.to(device)
+        self.ops = ops_for(device)
 
     @property
     def device(self) -> torch.device:
@@ -449,21 +364,44 @@ class Transformer(Module):
             cos, sin = self.rope(T, 0)
         else:
             cos, sin = cache.begin_step(T, self.rope)
-        x = embed(self.tok_emb, idx, self.dtype)  # (B, T, C)
+        x = self.tok_emb(idx).to(self.dtype)  # (B, T, C)
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, cache.layer(i) if cache is not None else None)
+            x = block(x, cos, sin, cache.layer(i) if cache is not None else None, self.ops)
         if cache is not None:
             cache.end_step(T)
         if last_only:
             x = x[:, -1:]
         elif at is not None:
             x = x[torch.arange(B, device=x.device), at][:, None]  # (B, 1, C)
-        logits = linear(self.lm_head, x, norm=self.norm)  # (B, T, V)
+        logits = self.lm_head.fused(x, norm=self.norm)  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
                                    ignore_index=-100)
         return logits, loss
+
+    def native_parts(self) -> tuple[list[Tensor], list[list[Tensor]]]:
+        """The tensors of the native CPU step (tinyllm.cpu_step), no copies: the model's
+        [tok_emb w, s, z | norm | lm_head w, s, z | rope cos, sin (max_seq_len, head_dim / 2)],
+        and each block's [attn_norm | wqkv w, s, z | wo w, s, z | ffn_norm | w13 w, s, z |
+        w2 w, s, z] (w, s, z: Linear.native_parts). ValueError naming the first matrix whose
+        layout that step does not read."""
+        def parts(name: str, layer: Linear | Embedding) -> list[Tensor]:
+            try:
+                return layer.native_parts()
+            except ValueError as e:
+                raise ValueError(f"{name} is {e}") from None
+
+        self.rope.ensure(self.rope.max_seq_len)
+        head = [*parts("tok_emb", self.tok_emb), self.norm.weight.detach(), *parts("lm_head", self.lm_head),
+                self.rope.cos, self.rope.sin]
+        layers = []
+        for i, b in enumerate(self.blocks):
+            at = f"blocks.{i}."
+            layers.append([b.attn_norm.weight.detach(), *parts(at + "attn.wqkv", b.attn.wqkv),
+                           *parts(at + "attn.wo", b.attn.wo), b.ffn_norm.weight.detach(),
+                           *parts(at + "ffn.w13", b.ffn.w13), *parts(at + "ffn.w2", b.ffn.w2)])
+        return head, layers
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -6,8 +6,8 @@ Why: FX's tracers (AOTAutograd's among them, inside a background compile) replac
 calls meanwhile (a reply decoding eagerly beside the compile: every step on a CPU, the prefill
 on CUDA) went through the tracer and failed with "NameError: module is not installed as a
 submodule" (seen in the app on a CPU). A subclass finds its class's own `__call__` first, so the
-patch never reaches tinyllm's layers; torch's own layers (`nn.Linear`, `nn.Embedding`) are
-called through their functional forms instead (`model.linear`, `model.embed`).
+patch never reaches tinyllm's layers; torch's own layers that a model holds are subclassed with
+this one first (tinyllm.linear's DenseLinear, DenseEmbedding), so they find it too.
 Tested in tests/tinyllm/test_beside_a_trace.py with a trace held open.
 """
 

@@ -21,14 +21,15 @@ the one before, where a plain launch waits for the whole previous grid to drain.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from tinyllm.switches import SWITCHES
 
 
 def _switched_on() -> bool:
     """TINYLLM_PDL=0: no PDL at all; =kernels: our kernels only, not Inductor's (to measure)."""
-    return os.environ.get("TINYLLM_PDL", "1") != "0"
+    return SWITCHES.pdl != "0"
 
 
 @functools.cache
@@ -47,5 +48,5 @@ def launch_options(device: torch.device) -> dict:
 def inductor_enabled() -> bool:
     import torch._inductor.config as inductor
 
-    return (_switched_on() and os.environ.get("TINYLLM_PDL") != "kernels" and hasattr(inductor.triton, "enable_pdl")
+    return (_switched_on() and SWITCHES.pdl != "kernels" and hasattr(inductor.triton, "enable_pdl")
             and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9)

@@ -25,19 +25,20 @@ Inductor's generated reduction over int8 ran below cuBLAS's bf16 product (docs/B
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import torch
 from torch import Tensor
 
-_HAS_TRITON = importlib.util.find_spec("triton") is not None and os.environ.get("TINYLLM_QGEMV") != "0"
+from tinyllm.switches import SWITCHES
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None and SWITCHES.qgemv
 MAX_ROWS = 4
-# Where a product takes its RMSNorm and residual add (QuantLinear.fused). Measured on the H200,
+# Where a product takes its RMSNorm and residual add (quant_linear.TritonLinear.fused). Measured on the H200,
 # 1.1B int8, one call (docs/BENCHMARKS-LOG.md, tenth session): in the plain step the fold cut the
 # replay from 2,443 to 1,868 us (1,157 kernels to 753); in the compiled step, where Inductor
 # already makes add + RMSNorm one kernel, it cost 16 us (832 against 817). So by default it
 # folds outside a compile only. TINYLLM_QGEMV_FOLD=0: never; =compiled: in the compiled step too.
-FOLD = os.environ.get("TINYLLM_QGEMV_FOLD", "plain")
+FOLD = SWITCHES.qgemv_fold
 
 
 def fold() -> bool:

@@ -51,7 +51,6 @@ cannot launch with PDL, and under dynamic shapes it passed K as a plain argument
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple
 
 import torch
@@ -60,6 +59,7 @@ import triton.language as tl
 from torch import Tensor
 
 from tinyllm import pdl
+from tinyllm.switches import SWITCHES
 
 
 class Rule(NamedTuple):
@@ -77,7 +77,7 @@ class Rule(NamedTuple):
 # 16 programs per SM 815 -> 772 us, at most 8 steps 772 -> 725-729; SmolLM2's int4 step (rows
 # of 288 and 768 bytes) with its short rows whole, two a program: 1,232 -> 1,398 tok/s. The
 # 1.1B's rows of 2 KB read that way ran slower (725 -> 737 us), so only rows up to 1 KB do.
-_OVERRIDE = os.environ.get("TINYLLM_QGEMV_BLOCKS")
+_OVERRIDE = SWITCHES.qgemv_blocks
 RULE = Rule(*(int(v) for v in ((_OVERRIDE or "16,512,4,8,1024") + ",0,0").split(",")[:5]))
 # Gate and up (gated) on 2 warps: in the compiled step on the H200 (scripts/step_rules.py,
 # twelfth session), SmolLM2's int4 step 706 -> 667 us, the 1.1B's int8 step 724 -> 723; no

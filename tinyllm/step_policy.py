@@ -24,10 +24,10 @@ compile never sits on a reply's path, and no graph is captured mid-reply or besi
 With graphs, the plain step's graphs (every bucket, runs of 1 and `chunk` steps) are captured
 ahead, before the first compile starts (`capture_ahead`).
 
-It drives the decoder through its public methods only (set_compile, capture, greedy, append,
-truncate). Every method runs on the session's worker thread, except `set_native` and the
-read-only ones (`step_kind`, `compile_error`, `compiled_at`, `wait_compiled`), which any
-thread may call.
+It drives the decoder through its public methods only (set_compile, set_step through
+cpu_step.use_native, capture, greedy, append, truncate). Every method runs on the session's
+worker thread, except `set_native` and the read-only ones (`step_kind`, `compile_error`,
+`compiled_at`, `wait_compiled`), which any thread may call.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class StepPolicy:
         self.native = compile == "native"  # the native step runs this model (set_native switches it)
         self.native_on = self.native  # ... and is wanted: it runs from the next launch (`apply`)
         if self.native:  # nothing to compile: the step runs as it is from the first reply on
-            decoder.set_compile("native")
+            cpu_step.use_native(decoder)
             compile = None
         self.backend = compile  # what the background compiles use; None: none runs
         self.compiles: list[BackgroundCompile] = []  # started so far; the last may be running
@@ -123,7 +123,10 @@ class StepPolicy:
     def apply(self) -> None:
         """Before a launch (worker thread): the step `set_native` asked for takes over."""
         if self.native and self.native_on != (self.decoder.compile == "native"):
-            self.decoder.set_compile("native" if self.native_on else None)
+            if self.native_on:
+                cpu_step.use_native(self.decoder)
+            else:
+                self.decoder.set_compile(None)
 
     def step_kind(self, greedy: bool) -> str:
         """The step the next reply with the `greedy` variant runs: "native", "plain" (no compile

@@ -13,11 +13,14 @@ Contract:
   `native_args()` hands a native step (tinyllm.cpu_step) the same tensors, which it advances
   as push and draw do.
 - `draw` equals the reference, `sample(logits, params, noise=noise_at(seed, counter), prev=ring)`,
-  for every setting (tested on the CPU): the same operations on the same values. Ties in top-k
-  and top-p are broken as one descending sort orders them.
-- The noise is a hash of (seed, counter, row, vocab id): the same on every device and in every
-  mode, with no generator state to capture. A given seed gives the same reply in graph replay,
-  the eager twin and any chunking. Without a seed, `load` draws one on the host.
+  for every setting (tested on the CPU): the same code (tinyllm.sampling's noise, penalty,
+  top-k and top-p) on the same values. Ties in top-k and top-p are broken as one descending
+  sort orders them. The native CPU step's C++ Sampler (cpu_sampler.h) draws as `draw` does,
+  on these tensors (`native_args`).
+- The noise (sampling.noise_at) is a hash of (seed, counter, row, vocab id): the same on every
+  device and in every mode, with no generator state to capture. A given seed gives the same
+  reply in graph replay, the eager twin and any chunking. Without a seed, `load` draws one on
+  the host.
 """
 
 from __future__ import annotations
@@ -27,37 +30,9 @@ import random
 import torch
 from torch import Tensor
 
-from tinyllm.sampling import SamplingParams, apply_repeat_penalty
+from tinyllm.sampling import SamplingParams, apply_repeat_penalty, draw_sorted, noise_at, seed_key
 
 REPEAT_WINDOW = 64  # the repetition penalty looks at this many latest ids (llama.cpp's default)
-_M32 = 0xFFFFFFFF
-
-
-def _mix(x: Tensor) -> Tensor:
-    """A 32-bit integer hash (xorshift-multiply) on int64 values in [0, 2^32). The multipliers
-    are below 2^31, so no product leaves the int64 range."""
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x2C1B3C6D) & _M32
-    return x ^ (x >> 16)
-
-
-def noise_at(key: Tensor, counter: Tensor, batch: int, vocab: int) -> Tensor:
-    """Exponential(1) noise (B, V) float32 for one draw: key (2,) int64 (the seed's two 32-bit
-    halves), counter (1,) int64 (the draw's number)."""
-    device = key.device
-    salt = _mix(_mix(key[0:1] ^ (counter & _M32)) ^ key[1:2])  # (1,)
-    idx = torch.arange(batch * vocab, device=device, dtype=torch.long).view(batch, vocab)  # (B, V)
-    h = _mix(_mix(idx ^ salt) ^ key[1:2])  # (B, V) in [0, 2^32)
-    u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))  # (B, V) uniform in (0, 1)
-    return -torch.log(u)
-
-
-def seed_key(seed: int) -> list[int]:
-    """A 64-bit seed as its two 32-bit halves."""
-    seed &= (1 << 64) - 1
-    return [seed & _M32, seed >> 32]
 
 
 class StepSampler:
@@ -125,19 +100,3 @@ class StepSampler:
         self.counter.add_(1)
         return draw_sorted(x, self.temperature, self.top_k, self.top_p, noise)
 
-
-def draw_sorted(x: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, noise: Tensor) -> Tensor:
-    """sample()'s non-greedy branch with the settings as tensors and one sort: x (B, V) fp32
-    penalized logits -> (B,). top_k 0 or >= V and top_p 1 leave x as it is."""
-    V = x.shape[-1]
-    x = x / temperature
-    srt, order = x.sort(dim=-1, descending=True)  # (B, V)
-    kth = srt.gather(1, (top_k - 1).clamp(0, V - 1).expand(x.shape[0], 1))  # (B, 1)
-    use_k = (top_k > 0) & (top_k < V)  # (1,)
-    x = x.masked_fill(use_k & (x < kth), float("-inf"))
-    srt = srt.masked_fill(use_k & (srt < kth), float("-inf"))  # = x sorted: masking keeps the order
-    p = srt.softmax(dim=-1)
-    drop = (p.cumsum(dim=-1) - p >= top_p) & (top_p < 1.0)  # (B, V) mass before this token
-    x = torch.where(top_p < 1.0, torch.empty_like(x).scatter_(1, order, srt.masked_fill(drop, float("-inf"))), x)
-    probs = x.softmax(dim=-1)  # (B, V)
-    return (probs / noise).argmax(dim=-1)

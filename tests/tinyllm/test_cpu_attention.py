@@ -10,7 +10,7 @@ from tests.conftest import tiny_model
 from tinyllm import cpu_qgemv, decode_attention
 from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.generate import generate
-from tinyllm.model import window_attention
+from tinyllm.ops import window_attention
 
 needs_kernel = pytest.mark.skipif(not cpu_qgemv.available(), reason="no AVX2 kernel on this machine")
 # (B, Hkv, R, D, W): R in one pass of up to 4 rows or several (5: 4 + 1, 8: 4 + 4), D in 16-wide

@@ -10,7 +10,8 @@ from tests.conftest import tiny_model
 from tinyllm import cpu_qgemv, cpu_step
 from tinyllm.build import quantize_model
 from tinyllm.cuda_graph import GraphDecoder
-from tinyllm.quant import QuantEmbedding, QuantLinear
+from tinyllm.linear import DenseLinear
+from tinyllm.quant_linear import QuantEmbedding, QuantLinear
 from tinyllm.sampling import SamplingParams
 
 pytestmark = pytest.mark.skipif(not cpu_qgemv.available(), reason="the CPU kernels cannot be built here")
@@ -20,9 +21,17 @@ pytestmark = pytest.mark.skipif(not cpu_qgemv.available(), reason="the CPU kerne
 SHAPE = dict(dim=128, n_heads=4, n_kv_heads=2, ffn_dim=192, tie_embeddings=True)
 
 
+def decoder(model, backend, batch=1, max_len=256):
+    """A decoder running the native step (backend "native") or the plain one (None)."""
+    dec = GraphDecoder(model, batch, max_len=max_len, use_graph=False)
+    if backend == "native":
+        cpu_step.use_native(dec)
+    return dec
+
+
 def decode(model, backend, prompt, steps, params=None, pad_lens=None, max_len=256):
     """Logits (steps, V) and ids of `steps` decode steps after prefilling prompt (1, T)."""
-    dec = GraphDecoder(model, 1, max_len=max_len, use_graph=False, compile=backend)
+    dec = decoder(model, backend, max_len=max_len)
     if params is not None:
         dec.sampler.load(params, recent=prompt)
     with torch.no_grad():
@@ -44,7 +53,7 @@ def test_dense_step_equals_the_eager_step_and_a_full_forward(matrices):
     model = tiny_model(3)
     if matrices == "bf16":  # matrices held at 16 bits, as a CPU keeps a file's bf16 ones
         for m in model.modules():
-            if type(m) is torch.nn.Linear:
+            if type(m) is DenseLinear:
                 m.weight.data = m.weight.data.bfloat16()
     assert cpu_step.problem(model, 1) is None
     prompt = prompt_of(model)
@@ -130,7 +139,7 @@ def test_the_sampled_draw_in_cpp_equals_the_python_samplers(settings):
 
 def test_padded_embeddings_are_never_drawn():
     model = tiny_model(8)
-    dec = GraphDecoder(model, 1, max_len=64, use_graph=False, compile="native")
+    dec = decoder(model, "native", max_len=64)
     dec.sampler.n_valid = 3  # only ids 0, 1, 2 may be drawn
     with torch.no_grad():
         dec.prefill(prompt_of(model, 4))
@@ -143,7 +152,7 @@ def test_padded_embeddings_are_never_drawn():
 
 def test_a_full_cache_is_refused_and_the_step_goes_on_after_a_rewind():
     model = tiny_model(9)
-    dec = GraphDecoder(model, 1, max_len=24, use_graph=False, compile="native")
+    dec = decoder(model, "native", max_len=24)
     with torch.no_grad():
         dec.prefill(prompt_of(model, 20))
         dec.run(4)
@@ -168,7 +177,7 @@ def test_what_the_native_step_does_not_run():
     model = tiny_model(10)
     assert "batch 2" in cpu_step.problem(model, 2)
     assert "bfloat16" in cpu_step.problem(tiny_model(10).to(torch.bfloat16), 1)
-    dec = GraphDecoder(model, 2, max_len=32, use_graph=False, compile="native")
+    dec = decoder(model, "native", batch=2, max_len=32)
     with torch.no_grad(), pytest.raises(ValueError, match="batch 2"):
         dec.prefill(torch.zeros(2, 4, dtype=torch.long))
         dec.run(1)
@@ -182,7 +191,7 @@ def test_sampled_draws_below_n_valid_equal_the_python_samplers(settings):
     prompt = prompt_of(model, 8)
 
     def draws(backend):
-        dec = GraphDecoder(model, 1, max_len=96, use_graph=False, compile=backend)
+        dec = decoder(model, backend, max_len=96)
         dec.sampler.load(SamplingParams(seed=5, **settings), recent=prompt)
         dec.sampler.n_valid = 40
         with torch.no_grad():

@@ -114,7 +114,8 @@ def test_in_step_sampling_replay_equals_its_eager_twin_in_runs_of_k(cuda_model, 
 
 
 def test_sampler_on_cuda_equals_sample_with_the_same_noise(cuda_model):
-    from tinyllm.step_sampler import StepSampler, noise_at
+    from tinyllm.sampling import noise_at
+    from tinyllm.step_sampler import StepSampler
 
     logits = torch.randn(2, 1024, device="cuda") * 3
     for params in (SamplingParams(temperature=0.7, top_k=20, top_p=0.8, repeat_penalty=1.2, seed=9),

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tinyllm import decode_attention as da
-from tinyllm.model import window_attention
+from tinyllm.ops import window_attention
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -301,7 +301,7 @@ INTERPRETED = textwrap.dedent("""
     import os
     import torch
     from tinyllm import decode_attention_triton as T
-    from tinyllm.model import window_attention
+    from tinyllm.ops import window_attention
     from tests.tinyllm.test_decode_attention import make_case, window_mask, rel_err
 
     run = T.decode_attention  # the op launches its kernels itself: the interpreter runs them

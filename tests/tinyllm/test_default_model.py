@@ -8,7 +8,7 @@ import pytest
 
 from tinyllm.chat import open_session
 from tinyllm.checkpoint import inspect_checkpoint
-from tinyllm.quant import QuantEmbedding, QuantLinear
+from tinyllm.quant_linear import QuantEmbedding, QuantLinear
 from tinyllm.tokenizer import Tokenizer
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "tinychat"

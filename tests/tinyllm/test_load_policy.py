@@ -10,9 +10,11 @@ from tests.conftest import tiny_model
 from tinyllm import cpu_qgemv, load_policy
 from tinyllm.build import quantize_model
 from tinyllm.checkpoint import load_checkpoint, save_checkpoint
+from tinyllm.linear import DenseLinear
 from tinyllm.model_format import load_model
 from tinyllm.open_model import format_of, open_any
-from tinyllm.quant import QTensor, QuantLinear
+from tinyllm.quant import QTensor
+from tinyllm.quant_linear import QuantLinear
 from tinyllm.quant_rule import AUTO, DEFAULT, MEANING, QUANTS, quant_help
 from tinyllm.testing import make_tiny_tokenizer
 
@@ -66,7 +68,7 @@ def test_a_quantized_checkpoint_opens_on_a_cpu_as_auto_says(tmp_path):
     ids = torch.randint(0, 512, (1, 12))
     assert torch.equal(default(ids)[0], kept(ids)[0])
     dense = load_checkpoint(path, "cpu", quant="none").model
-    assert type(dense.blocks[0].attn.wqkv) is torch.nn.Linear
+    assert type(dense.blocks[0].attn.wqkv) is DenseLinear
 
 
 def test_a_gguf_is_read_dense_for_cuda_under_auto(tmp_path):

@@ -8,6 +8,7 @@ from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.generate import generate
 from tinyllm.kv_cache import KVCache
 from tinyllm.model import ModelConfig, Transformer
+from tinyllm.ops import CpuOps, CudaOps, Ops, ops_for
 
 TOL = 1e-4
 
@@ -114,3 +115,15 @@ def test_fused_projections_save_and_load_as_separate_matrices(model):
     other.load_state_dict(state)
     ids = torch.randint(0, cfg.vocab_size, (1, 7))
     assert torch.equal(other(ids)[0], model(ids)[0])
+
+
+def test_the_ops_follow_the_weights_device():
+    """The attention's ops are chosen once for the weights' device (tinyllm.ops) and again when
+    the weights move; a model built on the meta device gets the reference until it is placed."""
+    cpu = tiny_model(1)
+    assert type(cpu.ops) is CpuOps and ops_for("cpu") is cpu.ops and type(ops_for("cuda")) is CudaOps
+    with torch.device("meta"):
+        meta = Transformer(ModelConfig.from_name("tiny"))
+    assert type(meta.ops) is Ops
+    assert type(cpu.to("meta").ops) is Ops
+    assert type(ops_for("mps")) is Ops

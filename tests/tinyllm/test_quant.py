@@ -10,7 +10,9 @@ from tinyllm import cpu_qgemv
 from tinyllm.build import quantize_model
 from tinyllm.checkpoint import load_checkpoint, save_checkpoint
 from tinyllm.cuda_graph import GraphDecoder
-from tinyllm.quant import QuantEmbedding, QuantLinear, fbgemm_available, pack_int4, quantize, unpack_int4
+from tinyllm.linear import DenseLinear
+from tinyllm.quant import fbgemm_available, pack_int4, quantize, unpack_int4
+from tinyllm.quant_linear import CpuQgemvLinear, DequantLinear, QuantEmbedding, QuantLinear, quant_linear
 from tinyllm.testing import make_tiny_tokenizer
 
 
@@ -55,8 +57,8 @@ def test_quant_linear_kernels_match_the_dequantized_product(kind, path, monkeypa
     if path == "fallback":
         monkeypatch.setattr(cpu_qgemv, "available", lambda: False)
     qt = quantize(weights(), kind, 32)
-    layer = QuantLinear(qt, torch.float32, generic=path == "generic")
-    assert layer.avx2 == (path == "avx2")
+    layer = DequantLinear(qt, torch.float32) if path == "generic" else quant_linear(qt, torch.float32)
+    assert isinstance(layer, CpuQgemvLinear) == (path == "avx2")
     x = torch.randn(3, 5, 128, generator=torch.Generator().manual_seed(3))  # (B, T, K)
     ref = x @ qt.dequantize().T  # (B, T, N)
     y = layer(x)
@@ -81,7 +83,7 @@ def test_quant_linear_kernels_match_the_dequantized_product(kind, path, monkeypa
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_the_cuda_formulation_under_inductor_matches_eager(kind):
     """The generic (CUDA) form compiled on the CPU: the batch-1 fused reduction."""
-    layer = QuantLinear(quantize(weights(), kind, 32), torch.float32, generic=True)
+    layer = DequantLinear(quantize(weights(), kind, 32), torch.float32)
     x = torch.randn(1, 1, 128)  # one row: the reduction path
     fn = torch.compile(lambda x: layer(x), fullgraph=True, dynamic=True)
     torch.testing.assert_close(fn(x), x @ layer.qtensor().dequantize().T, rtol=1e-4, atol=1e-5)
@@ -92,7 +94,7 @@ def test_the_cuda_formulation_of_many_bf16_rows_compiles():
     rewrites this product, and failed with "AssertionError: Pointwise" (first seen on the H200)
     when the scales were converted to bf16 inside the graph."""
     qt = quantize(weights(), "int8", 32)
-    layer = QuantLinear(qt, torch.bfloat16, generic=True)
+    layer = DequantLinear(qt, torch.bfloat16)
     x = torch.randn(1, 7, 128, dtype=torch.bfloat16)
     fn = torch.compile(lambda x: layer(x), fullgraph=True, dynamic=True)
     ref = x.float() @ qt.dequantize().T
@@ -148,7 +150,7 @@ def test_quantized_checkpoint_saves_and_loads_unchanged(tmp_path, quant):
     with torch.no_grad():
         assert torch.equal(model(ids)[0], back(ids)[0])
     dense = load_checkpoint(path, quant="none").model  # dequantized on request
-    assert type(dense.blocks[0].attn.wqkv) is torch.nn.Linear
+    assert type(dense.blocks[0].attn.wqkv) is DenseLinear
 
 
 def test_checkpoint_with_a_bad_quantized_tensor_is_a_one_line_error(tmp_path):
@@ -226,7 +228,7 @@ def test_int8_bf16_rows_on_cpu_match_the_dequantized_product(k):
     call it, and still give the dequantized product."""
     w = torch.randn(64, k, generator=torch.Generator().manual_seed(k)) * 0.05
     qt = quantize(w, "int8")
-    layer = QuantLinear(qt, torch.bfloat16)
+    layer = quant_linear(qt, torch.bfloat16)
     x = torch.randn(16, k, generator=torch.Generator().manual_seed(1)).bfloat16()
     y = layer(x)
     ref = x.double() @ qt.dequantize(torch.float64).T

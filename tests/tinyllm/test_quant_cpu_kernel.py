@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from tinyllm import cpu_qgemv
+from tinyllm import cpu_qgemv, switches
 from tinyllm.build import build_transformer, quantize_model
 from tinyllm.checkpoint import load_checkpoint
 from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.generate import generate
-from tinyllm.quant import QTensor, QuantLinear, quantize
+from tinyllm.quant import QTensor, quantize
+from tinyllm.quant_linear import CpuQgemvLinear, quant_linear
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "tinychat"
 needs_kernel = pytest.mark.skipif(not cpu_qgemv.available(), reason="no AVX2 kernel on this machine")
@@ -226,20 +227,20 @@ def test_int4_scales_exact_in_fp16_are_held_in_fp16():
     bytes a token), computes the same, and gives the fp32 canonical form back."""
     qt = quantize(torch.randn(24, 128), "int4", 64)
     qt = QTensor("int4", qt.qweight, qt.scales.half().float(), qt.zeros.half().float())
-    layer = QuantLinear(qt, torch.float32)
+    layer = quant_linear(qt, torch.float32)
     assert layer.scales.dtype == layer.zeros.dtype == torch.float16 and layer.dtype == torch.float32
     x = torch.randn(3, 128)
     assert torch.equal(layer(x), product(x, qt))
     back = layer.state_dict()
     assert back["scales"].dtype == torch.float32 and torch.equal(back["zeros"], qt.zeros)
-    assert QuantLinear(quantize(torch.randn(24, 128), "int4"), torch.float32).scales.dtype == torch.float32
+    assert quant_linear(quantize(torch.randn(24, 128), "int4"), torch.float32).scales.dtype == torch.float32
 
 
 @needs_kernel
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_the_op_stays_inside_a_fullgraph_compile(kind):
-    layer = QuantLinear(quantize(torch.randn(96, 128), kind, 32), torch.float32)
-    assert layer.avx2
+    layer = quant_linear(quantize(torch.randn(96, 128), kind, 32), torch.float32)
+    assert isinstance(layer, CpuQgemvLinear)
     fn = torch.compile(lambda x: layer(x) * 2, fullgraph=True)
     x = torch.randn(1, 1, 128)
     torch.testing.assert_close(fn(x), layer(x) * 2)
@@ -254,12 +255,13 @@ def test_fallback_warns_once_and_uses_pytorch_kernels(monkeypatch):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert not cpu_qgemv.available()  # cached: no second warning
-            layer = QuantLinear(quantize(torch.randn(32, 64), "int8"), torch.float32)
-        assert not layer.avx2
+            layer = quant_linear(quantize(torch.randn(32, 64), "int8"), torch.float32)
+        assert not isinstance(layer, CpuQgemvLinear)
         x = torch.randn(2, 64)
         ref = x @ layer.qtensor().dequantize().T  # (2, 32)
         assert (layer(x) - ref).abs().max() < 0.02 * ref.abs().max()  # fbgemm: x in 8 bits per tensor
-        monkeypatch.setenv("TINYLLM_CPU_KERNEL", "0")
+        # TINYLLM_CPU_KERNEL=0, as this process would have read it at start (tinyllm.switches)
+        monkeypatch.setattr(switches, "SWITCHES", switches.read({"TINYLLM_CPU_KERNEL": "0"}))
         cpu_qgemv.available.cache_clear()
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a deliberate choice: silent
@@ -289,7 +291,7 @@ def test_greedy_decode_with_the_kernel_follows_the_dequantized_model(tinychat, q
     gives gaps of several logits."""
     gap = {"int8": 0.25, "int4": 0.75}[quant]
     model = quantize_model(tinychat.model, quant)
-    assert model.blocks[0].ffn.w13.avx2 and model.lm_head.avx2
+    assert isinstance(model.blocks[0].ffn.w13, CpuQgemvLinear) and isinstance(model.lm_head, CpuQgemvLinear)
     dense = dequantized(model)
     for text in (*PROMPTS, "Hello!"):
         ids = torch.tensor([tinychat.tokenizer.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")])

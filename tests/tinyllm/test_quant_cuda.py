@@ -9,7 +9,8 @@ import torch
 from tinyllm.build import quantize_model
 from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.model import ModelConfig, Transformer
-from tinyllm.quant import QuantLinear, quantize
+from tinyllm.quant import quantize
+from tinyllm.quant_linear import TritonLinear, quant_linear
 
 pytestmark = pytest.mark.cuda
 
@@ -26,7 +27,8 @@ def dense():
 def test_cuda_kernels_match_the_dequantized_product(kind):
     w = torch.randn(256, 512) * 0.05
     qt = quantize(w, kind, 32)
-    layer = QuantLinear(qt.map(lambda t: t.cuda()), torch.bfloat16)
+    layer = quant_linear(qt.map(lambda t: t.cuda()), torch.bfloat16)
+    assert isinstance(layer, TritonLinear)
     for rows in (1, 7):
         x = torch.randn(1, rows, 512, device="cuda", dtype=torch.bfloat16)
         ref = x.float() @ qt.dequantize().cuda().T

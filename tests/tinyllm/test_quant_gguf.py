@@ -8,7 +8,8 @@ import torch
 from tests.tinyllm.test_gguf import llama_file, sp_tok  # noqa: F401 (fixtures)
 from tinyllm.gguf_quants import to_qtensor
 from tinyllm.open_model import open_any
-from tinyllm.quant import QTensor, QuantEmbedding, QuantLinear
+from tinyllm.quant import QTensor
+from tinyllm.quant_linear import QuantEmbedding, QuantLinear
 
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType

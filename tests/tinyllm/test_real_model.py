@@ -93,7 +93,7 @@ def test_smollm2_matches_transformers_gguf_loader(smollm2, monkeypatch):
 def test_smollm2_quantized_still_knows_the_capital_of_france(quant, kind):
     """Issue 11: the file's 4-bit matrices kept as int4 (on an AVX2 CPU through our kernel),
     or every matrix int8: the greedy reply still says Paris and closes its turn."""
-    from tinyllm.quant import QuantLinear
+    from tinyllm.quant_linear import QuantLinear
 
     model, tok, tmpl, name = open_any(GGUF, "cpu", torch.float32, quant=quant)
     assert any(isinstance(m, QuantLinear) and m.kind == kind for m in model.modules())

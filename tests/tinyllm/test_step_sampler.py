@@ -1,12 +1,14 @@
-"""The in-step sampler against sample(), the reference, for every setting (CPU)."""
+"""The in-step sampler against sample(), the reference, for every setting (CPU); the native
+step's C++ Sampler against the in-step sampler."""
 
 import itertools
 
 import pytest
 import torch
 
-from tinyllm.sampling import SamplingParams, sample
-from tinyllm.step_sampler import REPEAT_WINDOW, StepSampler, noise_at, seed_key
+from tinyllm import cpu_qgemv, cpu_step
+from tinyllm.sampling import SamplingParams, noise_at, sample, seed_key
+from tinyllm.step_sampler import REPEAT_WINDOW, StepSampler
 
 SETTINGS = [dict(temperature=t, top_k=k, top_p=p, repeat_penalty=r)
             for t, k, p, r in itertools.product((0.0, 0.7, 1.3), (0, 1, 5, 300), (1.0, 0.9, 0.3), (1.0, 1.3))]
@@ -60,3 +62,34 @@ def test_sampled_frequencies_follow_the_distribution():
     s.load(SamplingParams(temperature=1.0, seed=5), recent=torch.zeros(1, 1, dtype=torch.long))
     counts = torch.bincount(torch.cat([s.draw(probs.log()[None]) for _ in range(n)]), minlength=V)
     assert (counts / n - probs).abs().max() < 0.03
+
+
+@pytest.mark.skipif(not cpu_qgemv.available(), reason="the CPU kernels cannot be built here")
+@pytest.mark.parametrize("n_valid", [300, 40])
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "-".join(f"{v}" for v in s.values()))
+def test_the_cpp_draw_equals_the_python_draw(setting, n_valid):
+    """The C++ step's Sampler (cpu_sampler.cpp, through cpu_step.native_draw) against StepSampler's
+    push and draw, each on its own copy of the same state: the same ids for the same seed,
+    logits and settings, and the same state after (the penalty's ring, the noise's counter).
+    n_valid 40: ids past it are never drawn, before top-k and top-p."""
+    V = 300
+    g = torch.Generator().manual_seed(len(str(setting)) + n_valid)
+    params = SamplingParams(**setting, seed=99)
+    py, cpp = StepSampler(1, V, "cpu", n_valid), StepSampler(1, V, "cpu", n_valid)
+    context = torch.randint(0, n_valid, (1, 40), generator=g)
+    py.load(params, recent=context)
+    cpp.load(params, recent=context)
+    tok = torch.zeros(1, 1, dtype=torch.long)
+    drawn = []
+    for _ in range(8):
+        fed = torch.randint(0, n_valid, (1, 1), generator=g)
+        logits = torch.randn(1, V, generator=g) * 3
+        py.push(fed)
+        want = py.draw(logits)
+        tok.copy_(fed)
+        cpu_step.native_draw(cpp, logits, tok)
+        assert int(tok) == int(want), (setting, n_valid)
+        drawn.append(int(tok))
+    assert torch.equal(cpp.ring, py.ring) and torch.equal(cpp.ring_at, py.ring_at)
+    assert torch.equal(cpp.counter, py.counter)
+    assert max(drawn) < n_valid

@@ -7,7 +7,7 @@ Contract:
   as plain greedy ones (so the engine keeps no per-row context and calls no per-row
   `sample()`); `_sample`, the engine's one sampling hook, then draws every live row in one
   batch: penalty, top-k (one `topk`, no full sort), top-p inside the top k, and counter-based
-  noise (`step_sampler.noise_at`) keyed by the seed. The same seed, requests and order give
+  noise (`sampling.noise_at`) keyed by the seed. The same seed, requests and order give
   the same tokens on the same device. Why: `Engine` samples a non-greedy row with its own
   `sample()` call, about 25 kernel launches a row a step (~10 ms a step at 64 rows on a GPU,
   against ~1-2 ms for the model step). `min_admit` (Teacher: n_slots // 8) holds waiting
@@ -36,8 +36,8 @@ from torch import Tensor
 
 from tinyllm.data import render_segments
 from tinyllm.engine import Engine
-from tinyllm.sampling import SamplingParams, apply_repeat_penalty
-from tinyllm.step_sampler import REPEAT_WINDOW, noise_at, seed_key
+from tinyllm.sampling import SamplingParams, apply_repeat_penalty, noise_at, seed_key
+from tinyllm.step_sampler import REPEAT_WINDOW
 
 
 class BatchSampledEngine(Engine):
