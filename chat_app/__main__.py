@@ -7,7 +7,7 @@ scripts/startup_time.py). Every bad input (a missing or broken checkpoint, an un
 or template, an out-of-range sampling value, an unusable data folder) prints ONE line,
 `tinyllm-chat: error: ...`, on stderr and exits with code 2; never a traceback. Most are
 found before the TUI opens (the options; the model's path, config, weight files and their
-headers: tinyllm.model_files.precheck); what needs torch (shapes against the config, the
+headers: tinyllm.formats.model_files.precheck); what needs torch (shapes against the config, the
 tokenizer, the chat template, --device cuda without a GPU) is found by the child while the
 TUI shows the load's progress, and ends the app the same way (ChatApp.bad_input). Without
 --model the default model, models/tinychat, is opened (a wheel installs it as the package
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 PROG = "tinyllm-chat"
 LOG_NAME = "tinyllm-chat.log"
-# --compile's choices as ChatSession's `compile` (tinyllm.chat): "on" is the native CPU step where
+# --compile's choices as ChatSession's `compile` (tinyllm.session.chat): "on" is the native CPU step where
 # it runs the model, else Inductor's compile in the background.
 COMPILE = {"on": "auto", "off": None, "inductor": "inductor"}
 DEFAULT_MAX_TOKENS = 1024  # a reply's limit unless set: long answers end, /continue goes on
@@ -58,7 +58,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(defaults: dict[str, object] | None = None) -> argparse.ArgumentParser:
     """The options; `defaults` (the config file's) replace the built-in defaults."""
-    from tinyllm.quant_rule import DEFAULT, quant_help  # imports no torch
+    from tinyllm.formats.quant_rule import DEFAULT, quant_help  # imports no torch
 
     p = _Parser(prog=PROG, description="Chat with a small local language model in the terminal.")
     p.add_argument("--model", type=Path, default=None,
@@ -69,7 +69,7 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
     p.add_argument("--max-len", type=int, default=None, help="context length (default: the model's)")
     p.add_argument("--no-graphs", action="store_true", help="decode eagerly, without CUDA graphs")
     p.add_argument("--compile", choices=["on", "off", "inductor"], default="on",
-                   help="the fast decode step: on a CPU the whole step as one C++ call (tinyllm.cpu_step), "
+                   help="the fast decode step: on a CPU the whole step as one C++ call (tinyllm.decode.cpu_step), "
                         "ready at once; elsewhere, or for a model it cannot run, the step compiled in the "
                         "background (torch.compile, Inductor), switched to between replies and cached in the "
                         "user cache folder (default: on); inductor: that compiled step on a CPU too")
@@ -103,9 +103,9 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
 
 
 def resolve_model(spec: str | Path) -> str | Path:
-    """A --model value as a local path: `hf:OWNER/REPO[:FILE]` is downloaded first (tinyllm.hub,
+    """A --model value as a local path: `hf:OWNER/REPO[:FILE]` is downloaded first (tinyllm.formats.hub,
     the Hub's cache and progress bars, on stderr before the window opens)."""
-    from tinyllm import hub  # imports no torch
+    from tinyllm.formats import hub  # imports no torch
 
     if not hub.is_hub(spec):
         return spec
@@ -124,10 +124,10 @@ def build_app(args: argparse.Namespace) -> ChatApp:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
     use_compile_cache()
     from chat_app.store import Store
-    from tinyllm import hub
-    from tinyllm.chat_template import get_template  # none of these imports torch
-    from tinyllm.model_files import precheck
-    from tinyllm.sampling_params import SamplingParams
+    from tinyllm.decode.sampling_params import SamplingParams
+    from tinyllm.formats import hub
+    from tinyllm.formats.model_files import precheck
+    from tinyllm.text.chat_template import get_template  # none of these imports torch
 
     store = Store.open(system=args.system)
     resumed = store.resume() if args.resume else None
@@ -174,8 +174,8 @@ def chat_model(store: Store, fallback: str | Path | None) -> tuple[str | Path | 
     """The model a resumed chat reopens with (its path, or its hf: spec, fetched now), or
     `fallback` and the notice that says why not."""
     from chat_app.chat_model import gone, locate
-    from tinyllm import hub
-    from tinyllm.model_files import precheck
+    from tinyllm.formats import hub
+    from tinyllm.formats.model_files import precheck
 
     where, why = locate(store.chat_model_path, store.chat_model_spec)
     if where is not None and hub.is_hub(where):

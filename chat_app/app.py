@@ -69,7 +69,7 @@ from chat_app.widgets.status_bar import StatusBar
 from chat_app.worker import SessionWorker
 
 if TYPE_CHECKING:
-    from tinyllm.session_protocol import ModelProcess
+    from tinyllm.session.session_protocol import ModelProcess
 
 INPUT_KEYS = [("Enter", "send the message (or run a /command)"),
               ("Shift+Enter, Ctrl+J", "new line in the message (Ctrl+J also works in tmux)"),

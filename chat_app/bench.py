@@ -33,7 +33,7 @@ import tempfile
 import time
 
 from chat_app.__main__ import COMPILE, DEFAULT_MODEL, build_app, build_parser
-from tinyllm.bench import Report
+from tinyllm.tools.bench import Report
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Namespace]:
@@ -100,8 +100,8 @@ async def app_side(args, ours, report: Report) -> object:
 def session_side(args, ours, report: Report) -> list[float]:
     """The same model and settings in a ChatSession in this process, no UI (after the app has
     closed; its compile is in the cache by now)."""
-    from tinyllm.chat import open_session
-    from tinyllm.sampling import SamplingParams
+    from tinyllm.decode.sampling import SamplingParams
+    from tinyllm.session.chat import open_session
 
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             repeat_penalty=args.repeat_penalty, max_tokens=args.max_tokens, seed=args.seed)

@@ -2,7 +2,7 @@
 
 Contract: a chat keeps where its model is (chat_app.store: `model_path`, and `model_spec` for
 a model from the Hub). `locate(path, spec) -> (model, why)`: `path` while
-tinyllm.model_files.precheck still passes it, else the Hub `spec` (read from the Hub's cache
+tinyllm.formats.model_files.precheck still passes it, else the Hub `spec` (read from the Hub's cache
 or downloaded when it is opened), else (None, why not: precheck's one line, or that chat.db
 kept no path then). `gone(name, why, current)` is the one notice for a chat whose model cannot
 be reopened: the chat goes on with `current`. Neither imports torch or textual.
@@ -10,8 +10,8 @@ be reopened: the chat goes on with `current`. Neither imports torch or textual.
 
 from __future__ import annotations
 
-from tinyllm import hub
-from tinyllm.model_files import precheck
+from tinyllm.formats import hub
+from tinyllm.formats.model_files import precheck
 
 NO_PATH = "chat.db kept no model paths when it was saved"
 

@@ -8,7 +8,7 @@ where another is open (chat_app.model_switch), the screen shows it (each
 reply under the model that wrote it, system prompts where they were set), the session loads
 its messages and system prompt, and its /set values apply over the launch's settings (the
 launch's settings come back for a chat that has none). A saved value that is not one a reply
-can use (out of range, unknown: tinyllm.sampling_params) is skipped with a notice and dropped
+can use (out of range, unknown: tinyllm.decode.sampling_params) is skipped with a notice and dropped
 from the chat; the rest apply. A chat another instance holds, or a store that cannot be read,
 is a notice and changes nothing. A message row chat.db holds that is not text (a BLOB, a
 number: a file edited by hand) is skipped with a notice counting them. Deleting the open chat from the
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from chat_app.editing import EDITED
 from chat_app.store import Resumed, Saved, StoreError
 from chat_app.widgets.chat_list import ChatList
-from tinyllm.sampling_params import SamplingParams
+from tinyllm.decode.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from chat_app.app import ChatApp

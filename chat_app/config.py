@@ -8,7 +8,7 @@ the command line wins over the file, and the file over the built-in default. Top
 only, named as the options are (`max_tokens` or `max-tokens`): model, device, max_len,
 temperature, top_p, top_k, repeat_penalty, max_tokens, seed, system, template, theme.
 A file that is not TOML, an unknown key, a value of the wrong type or a sampling value out of
-range (tinyllm.sampling_params.check, as for the command line and /set) is a ValueError
+range (tinyllm.decode.sampling_params.check, as for the command line and /set) is a ValueError
 naming the file, the key and what is wanted (the CLI prints it as its one-line error). `save(name,
 value)` sets one top-level key (the app's /theme), keeping the rest of the file as written.
 This module imports no torch and no textual.
@@ -21,7 +21,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from tinyllm.sampling_params import LIMITS, check
+from tinyllm.decode.sampling_params import LIMITS, check
 
 ENV_DIR = "TINYLLM_CHAT_CONFIG_DIR"
 KEYS: dict[str, type | tuple[type, ...]] = {  # key: the TOML types it takes

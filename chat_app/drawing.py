@@ -29,7 +29,7 @@ from chat_app.worker import streams
 
 if TYPE_CHECKING:
     from chat_app.app import ChatApp
-    from tinyllm.chat_events import StepStats
+    from tinyllm.session.chat_events import StepStats
 
 DRAIN_HZ = 30
 SAVE_EVERY_S = 1.0  # a streaming reply is written to the store at least this often

@@ -8,7 +8,7 @@ Contract:
   edit, while a reply runs or the model loads. One whose message is no longer the chat's last
   (Ctrl+N, another chat opened since Up) is not an edit any more: a notice says so and its
   text stays, for Enter to send as a new message. Otherwise it is the session job `edit`
-  (tinyllm.session_protocol): the model sees what it would have seen had the edited text been
+  (tinyllm.session.session_protocol): the model sees what it would have seen had the edited text been
   sent instead, so a greedy reply is a fresh chat's.
 - The screen changes only once the new reply has begun (`turn_replaced`, which the Drawer
   calls at Started): the old

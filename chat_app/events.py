@@ -1,10 +1,10 @@
 """What the app's worker tells the UI thread, besides the session's own events.
 
 Loaded, Started, Done and Failed are the app's; Prefilled, Token and Finished are the
-session's, re-exported from tinyllm.chat_events (plain dataclasses that import no torch, the
+session's, re-exported from tinyllm.session.chat_events (plain dataclasses that import no torch, the
 same the session's child process sends), so importing the app stays torch-free; Progress (the
 load's steps: tensors read, the CPU kernels' build) is the one the child sends, from
-tinyllm.session_protocol (torch-free too).
+tinyllm.session.session_protocol (torch-free too).
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tinyllm.chat_events import Finished, Prefilled, Token
-from tinyllm.session_protocol import Progress
+from tinyllm.session.chat_events import Finished, Prefilled, Token
+from tinyllm.session.session_protocol import Progress
 
 __all__ = ["Done", "Failed", "Finished", "Loaded", "Prefilled", "Progress", "Started", "Token"]
 
 if TYPE_CHECKING:
-    from tinyllm.session_protocol import ModelProcess
+    from tinyllm.session.session_protocol import ModelProcess
 
 
 @dataclass

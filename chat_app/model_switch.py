@@ -10,7 +10,7 @@ Contract:
   2 and `bad_input` set, which main() prints as its usual one line. Any other failure (out of
   memory, a crash) is a notice and the app stays up, without a model.
 - `/model PATH` is refused with a note (chat_app.commands), changing nothing, while a reply runs or a model
-  opens, or when `tinyllm.model_files.precheck` (no torch, milliseconds) refuses PATH.
+  opens, or when `tinyllm.formats.model_files.precheck` (no torch, milliseconds) refuses PATH.
   Otherwise the worker opens PATH in a NEW child process while the old one stays open, and
   ends the old child (its process, and so all its memory, CUDA graphs included) only once
   the new model has loaded. A model that fails later (a corrupt checkpoint, out of memory)
@@ -22,7 +22,7 @@ Contract:
   with the model that wrote it. The new chat keeps the old one's /set values and system
   prompt (without one, the new model's own default); --template is not carried over. The
   status bar, the reply labels and the app's sub_title name the new model.
-- `/model hf:OWNER/REPO[:FILE]` downloads the model first, on the worker (tinyllm.hub, the
+- `/model hf:OWNER/REPO[:FILE]` downloads the model first, on the worker (tinyllm.formats.hub, the
   Hub's cache; no byte progress in the app, the load bar waits), then opens it as above; a
   spec the Hub refuses is the same kind of notice, and the old model goes on answering.
 - A saved chat opened from the chat list (Ctrl+O, Enter) brings its own model back the same
@@ -56,12 +56,12 @@ from chat_app.chat_model import gone, locate
 from chat_app.events import Failed
 from chat_app.widgets.conversation import UserMessage
 from tinyllm import hub  # no torch, as the next
-from tinyllm.model_files import precheck
+from tinyllm.formats.model_files import precheck
 
 if TYPE_CHECKING:
     from chat_app.app import ChatApp
     from chat_app.widgets.prompt_input import PromptInput
-    from tinyllm.session_protocol import ModelProcess
+    from tinyllm.session.session_protocol import ModelProcess
 
 ENDED = "model process ended"  # the status bar's state once it has
 WAITING = "waiting for the model to load"  # the mark of a message sent while it does

@@ -8,7 +8,7 @@ Ctrl+Q quits.
   discovers, so the empty palette lists the commands in the table's order. Choosing one
   that takes no argument runs it as typed; one that takes an argument puts "/name " into
   the prompt, for the user to finish (Tab completes it).
-- SettingsProvider: /set's names (tinyllm.sampling_params.LIMITS), each with the value in
+- SettingsProvider: /set's names (tinyllm.decode.sampling_params.LIMITS), each with the value in
   force and its range; choosing one puts "/set NAME " into the prompt.
 - ThemesProvider: the app's themes; choosing one runs "/theme NAME" (applied, and kept).
 - ChatsProvider: the saved chats whose title or text holds the query (the store's search,
@@ -40,7 +40,7 @@ from chat_app.labels import printable
 from chat_app.shipped_models import DEFAULT_MODEL
 from chat_app.store import StoreError
 from chat_app.widgets.chat_list import when
-from tinyllm.sampling_params import LIMITS
+from tinyllm.decode.sampling_params import LIMITS
 
 if TYPE_CHECKING:
     from chat_app.app import ChatApp

@@ -1,15 +1,15 @@
-"""RemoteSession: a Session (tinyllm.session_protocol) served by a child process (tinyllm.chat_server).
+"""RemoteSession: a Session (tinyllm.session.session_protocol) served by a child process (tinyllm.session.chat_server).
 
 The app's worker thread uses it as it would a ChatSession: `send(text)` / `edit(text)` /
 `regenerate()` / `continue_reply()` return the reply's events (Prefilled, Token, Finished from
-tinyllm.chat_events, which import no torch), `new_chat()`, `set_system()` and
+tinyllm.session.chat_events, which import no torch), `new_chat()`, `set_system()` and
 `load_messages()` block until done, and `stop()`, `set_graphs()` and `set_param()` take
 effect at once, from any thread, also mid-reply. Each is one Call through the protocol's JOBS
 table. Errors come back as ValueError with the child's message. The session's public state
 (`name`, `device`, `messages`, `params`, `step_kind`, ...) is `state`, a SessionState as of the
 child's last message, read through properties of the same names.
 
-The child is a new Python (`tinyllm.chat_server.main`, in a session of its own; POSIX) and the
+The child is a new Python (`tinyllm.session.chat_server.main`, in a session of its own; POSIX) and the
 parent never imports torch for it. Its stdout and stderr are `open_kwargs["log"]` (session.log
 in the data folder) from before its first instruction, so nothing it prints, an import error
 or a traceback before its server loop included, ever reaches the terminal under the TUI. A log
@@ -21,7 +21,7 @@ with ValueError: quitting never waits on a reply, even a hung one.
 
 `RemoteSession(open_kwargs, progress=None, **changes)` opens the session with open_kwargs
 updated by `changes` (another path, say) and returns once it is loaded, calling
-`progress(Progress)` (tensors read, the CPU kernels' build: tinyllm.session_protocol) meanwhile
+`progress(Progress)` (tensors read, the CPU kernels' build: tinyllm.session.session_protocol) meanwhile
 from the opening thread. A model that cannot
 be opened raises ValueError when the path, files or options are wrong (the child's one-line
 message) and RuntimeError when the machine is (out of memory, the process died). `path` is
@@ -42,8 +42,8 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from tinyllm.sampling_params import SamplingParams
-from tinyllm.session_protocol import (
+from tinyllm.decode.sampling_params import SamplingParams
+from tinyllm.session.session_protocol import (
     DONE_COMPILING,
     JOBS,
     Call,
@@ -102,7 +102,7 @@ class RemoteSession:
 
     def _command(self, fd: int) -> list[str]:
         """The child's command line."""
-        return python("from tinyllm.chat_server import main; main()", fd)
+        return python("from tinyllm.session.chat_server import main; main()", fd)
 
     def _start(self, progress: Callable[[Progress], None] | None) -> None:
         """Start the child, wait until its session is loaded, then read what it sends."""

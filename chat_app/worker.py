@@ -3,7 +3,7 @@
 Contract: `start(**changes)` runs the worker (Textual's thread worker, group "session",
 exclusive): it opens the session (`open_session(progress=..., **changes)`: a ModelProcess)
 and then runs the jobs the UI thread queues with `put(kind, arg)`, in order, until the app
-cancels it. A job is a session job (tinyllm.session_protocol's JOBS: the Session method of
+cancels it. A job is a session job (tinyllm.session.session_protocol's JOBS: the Session method of
 that name, called with arg, none when arg is None; a REPLY streams) or one of the app's own:
 "params" (a chat's /set values over the launch's), "open" (a barrier before a saved chat
 opens), "restart" (a new model process in place of one that ended, reloaded with the given
@@ -26,13 +26,13 @@ from textual.worker import get_current_worker
 
 from chat_app.events import Done, Failed, Loaded, Progress, Started
 from tinyllm import hub  # no torch, as the next
-from tinyllm.model_files import precheck
-from tinyllm.session_protocol import JOBS, Runs
+from tinyllm.formats.model_files import precheck
+from tinyllm.session.session_protocol import JOBS, Runs
 
 if TYPE_CHECKING:
     from textual.app import App
 
-    from tinyllm.session_protocol import ModelProcess
+    from tinyllm.session.session_protocol import ModelProcess
 
 
 def streams(kind: str) -> bool:

@@ -1,7 +1,7 @@
 """One call of the CPU decode attention op (torch.ops.tinyllm_cpu.decode_attention) with
 SmolLM2-135M's heads (B 1, Hkv 3, R 3, D 64, fp32), K and V slices of a 2,048-row cache, the
 first `valid` keys of a W-key window attended; us a call at 1 and 2 threads
-(docs/BENCHMARKS-LOG.md, twelfth session).
+(docs/BENCHMARKS-LOG.md).
 
     python scripts/cpu_attention_bench.py
 """
@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from tinyllm import cpu_qgemv
+from tinyllm.kernels import cpu_qgemv
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """What a torch.compile'd CPU call costs before any real work, by the number of tensors it reads
-(docs/BENCHMARKS-LOG.md, fifteenth session): a module of N small parameters whose compiled forward
+(docs/BENCHMARKS-LOG.md): a module of N small parameters whose compiled forward
 (the decode step's options: Inductor, cpp_wrapper, one-thread kernels, dynamic sizes) adds them
 up and writes one buffer. Dynamo's guards, AOTAutograd's wrapper and the C++ wrapper's handles
 all grow with N; the compiled decode step reads every weight tensor of the model this way

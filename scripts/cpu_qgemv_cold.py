@@ -1,5 +1,5 @@
-"""The CPU kernel's one-row products (tinyllm.cpu_qgemv) in cache and from memory, in GB/s of
-weights (docs/BENCHMARKS-LOG.md, eleventh session). For SmolLM2-135M's matrix shapes, one row of x:
+"""The CPU kernel's one-row products (tinyllm.kernels.cpu_qgemv) in cache and from memory, in GB/s of
+weights (docs/BENCHMARKS-LOG.md). For SmolLM2-135M's matrix shapes, one row of x:
 "hot" repeats one matrix (it stays in cache), "cold" cycles through copies that together fill
 MB megabytes (100 by default: past this machine's L2, as a decode step reads its weights).
 
@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from tinyllm import cpu_qgemv
-from tinyllm.quant import quantize
+from tinyllm.core.quant import quantize
+from tinyllm.kernels import cpu_qgemv
 
 SHAPES = [("int4", 3072, 576), ("int4", 576, 1536), ("int4", 960, 576), ("int8", 3072, 576), ("int8", 49152, 576)]
 

@@ -1,6 +1,6 @@
-"""The CPU's native step (tinyllm.cpu_step) with each kind of draw: greedy, top-p, top-k, and
+"""The CPU's native step (tinyllm.decode.cpu_step) with each kind of draw: greedy, top-p, top-k, and
 temperature alone (every id a candidate), 128 steps from position 32, rounds alternated in one
-process (docs/BENCHMARKS-LOG.md, sixteenth session).
+process (docs/BENCHMARKS-LOG.md).
 
 Usage: python scripts/cpu_sampling_speed.py MODEL [ROUNDS]   (2 threads; tok/s per round)
 """
@@ -10,10 +10,10 @@ import time
 
 import torch
 
-from tinyllm import cpu_step
-from tinyllm.cuda_graph import GraphDecoder
-from tinyllm.open_model import open_any
-from tinyllm.sampling import SamplingParams
+from tinyllm.decode import cpu_step
+from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.decode.sampling import SamplingParams
+from tinyllm.formats.open_model import open_any
 
 SETTINGS = {"greedy": SamplingParams(),
             "t0.8 top_p0.95": SamplingParams(temperature=0.8, top_p=0.95, seed=1),

@@ -1,5 +1,5 @@
 """The compiled CPU decode step with AVX512-VNNI rows against AVX2 rows, in ONE process
-(docs/BENCHMARKS-LOG.md, fifteenth session): `tinyllm.cpu_qgemv.use_vnni` flipped between rounds
+(docs/BENCHMARKS-LOG.md): `tinyllm.kernels.cpu_qgemv.use_vnni` flipped between rounds
 (the order alternating), so a busy or drifting host touches both sides alike. Each round
 decodes from position 32 to 128 for SECONDS; prints each side's rounds (tok/s) and median.
 
@@ -12,10 +12,10 @@ import time
 
 import torch
 
-from tinyllm import cpu_qgemv
-from tinyllm.bench import random_ids
-from tinyllm.cuda_graph import GraphDecoder
-from tinyllm.open_model import open_any
+from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.formats.open_model import open_any
+from tinyllm.kernels import cpu_qgemv
+from tinyllm.tools.bench import random_ids
 
 
 def main() -> None:

@@ -17,17 +17,17 @@ Stages:
   receive  (device) keep the carried part in /root/bundle; once all are there, check and unpack
            them: the GGUF into data/smollm2/, the rest into .devdata/
   prepare  data/mix (the training folder) and data/tinychat-distill (the eval's held-out split)
-           from .devdata/; runs/transfer (`tinyllm.vocab_transfer`); held-out loss per byte of
+           from .devdata/; runs/transfer (`tinyllm.tools.vocab_transfer`); held-out loss per byte of
            the teacher, the moved model and tinychat before any fine-tuning; the tokenized
-           cache; `tinyllm.eval` of the teacher.
+           cache; `tinyllm.tools.eval` of the teacher.
   probe    PROBES short runs side by side on the GPU (--probe-steps each, the same data
            order), each scored by held-out loss; the winner's settings (runs/probe.json) go to
            the final run.
   final    the winner for --minutes (wall clock from its start, compile included), best/ kept
            by held-out loss: runs/ft/best.
   ship     runs/ship: runs/ft/best with every body matrix int4 (groups of 32, fp16 scales) and
-           the embedding (the tied head) int8, 15 MiB shards (`tinyllm.convert`); then
-           `tinyllm.eval` of runs/ship and runs/ft/best (bf16) on the GPU the teacher's ran on.
+           the embedding (the tied head) int8, 15 MiB shards (`tinyllm.formats.convert`); then
+           `tinyllm.tools.eval` of runs/ship and runs/ft/best (bf16) on the GPU the teacher's ran on.
   export   copies to $OUT: device.log (every stage's output), evals.json, ft_log.jsonl and
            runs/ship's files from shard --from (at most 8 files, 64 MiB come back a call).
 """
@@ -130,11 +130,12 @@ def prepare() -> None:
             (Path(d) / f.name).unlink(missing_ok=True)
             (Path(d) / f.name).symlink_to(f.resolve())
     if not Path("runs/transfer/config.json").is_file():
-        run([PY, "-m", "tinyllm.vocab_transfer", "--teacher", TEACHER, "--tokenizer", TOK, "--out", "runs/transfer"])
+        run([PY, "-m", "tinyllm.tools.vocab_transfer", "--teacher", TEACHER, "--tokenizer", TOK, "--out", "runs/transfer"])
     sample = ["--sample", "20"] if EVAL_ARGS else []  # a dry run on a CPU scores 20 conversations
     run([PY, "scripts/heldout_table.py", "--device", DEVICE, *sample, TEACHER, "runs/transfer", "models/tinychat"])
-    run([PY, "-m", "tinyllm.train", "tokenize", "--tokenizer", TOK, "--data", "data/mix", "--workers", "16"])
-    run([PY, "-m", "tinyllm.eval", "--model", TEACHER, "--device", DEVICE, "--quiet", "--json", "runs/eval-teacher.json",
+    run([PY, "-m", "tinyllm.tools.train", "tokenize", "--tokenizer", TOK, "--data", "data/mix", "--workers", "16"])
+    run([PY, "-m", "tinyllm.tools.eval", "--model", TEACHER, "--device", DEVICE, "--quiet", "--json",
+         "runs/eval-teacher.json",
          *EVAL_ARGS])
 
 
@@ -148,7 +149,7 @@ def probe(steps: int) -> list[str]:
     for name, extra in PROBES:
         out = f"runs/probe-{name}"
         shutil.rmtree(out, ignore_errors=True)
-        args = [PY, "-m", "tinyllm.train", "model", *COMMON, *extra, "--out", out, "--max-steps", str(steps),
+        args = [PY, "-m", "tinyllm.tools.train", "model", *COMMON, *extra, "--out", out, "--max-steps", str(steps),
                 "--eval-every", "0", "--eval-rows", "64", "--batch-size", "16", "--grad-accum", "2", *TRAIN_ARGS]
         print("$ " + " ".join(args), flush=True)
         procs.append((name, extra, out, subprocess.Popen(args, stdout=open(f"runs/probe-{name}.log", "w"),
@@ -170,18 +171,18 @@ def probe(steps: int) -> list[str]:
 
 def final(extra: list[str], minutes: float) -> None:
     shutil.rmtree("runs/ft", ignore_errors=True)
-    run([PY, "-m", "tinyllm.train", "model", *COMMON, *extra, "--out", "runs/ft", "--budget-minutes", str(minutes),
+    run([PY, "-m", "tinyllm.tools.train", "model", *COMMON, *extra, "--out", "runs/ft", "--budget-minutes", str(minutes),
          "--eval-every-s", "30", "--batch-size", "32", "--name", "tinychat", *TRAIN_ARGS])
 
 
 def ship() -> None:
     shutil.rmtree("runs/ship", ignore_errors=True)
-    run([PY, "-m", "tinyllm.convert", "runs/ft/best", "runs/ship", "--quant", "int4", "--form", "tok_emb=int8",
+    run([PY, "-m", "tinyllm.formats.convert", "runs/ft/best", "runs/ship", "--quant", "int4", "--form", "tok_emb=int8",
          "--half-scales", "--name", "tinychat"])
     evals = {}
     for name, model in (("ship", "runs/ship"), ("bf16", "runs/ft/best"), ("teacher", None)):
         if model:  # the teacher's ran in prepare, on the same GPU
-            run([PY, "-m", "tinyllm.eval", "--model", model, "--device", DEVICE, "--quiet", "--json",
+            run([PY, "-m", "tinyllm.tools.eval", "--model", model, "--device", DEVICE, "--quiet", "--json",
                  f"runs/eval-{name}.json", *EVAL_ARGS])
         evals[name] = json.loads(Path(f"runs/eval-{name}.json").read_text())
     (OUT / "evals.json").write_text(json.dumps(evals, indent=1))

@@ -53,9 +53,9 @@ def prepare() -> None:
             (Path(d) / f.name).unlink(missing_ok=True)
             (Path(d) / f.name).symlink_to(f.resolve())
     if not (KEEP / "transfer/config.json").is_file():
-        run([PY, "-m", "tinyllm.vocab_transfer", "--teacher", TEACHER, "--tokenizer", TOK, "--out",
+        run([PY, "-m", "tinyllm.tools.vocab_transfer", "--teacher", TEACHER, "--tokenizer", TOK, "--out",
              str(KEEP / "transfer")])
-    run([PY, "-m", "tinyllm.train", "tokenize", "--tokenizer", TOK, "--data", "data/mix", "--workers", "16",
+    run([PY, "-m", "tinyllm.tools.train", "tokenize", "--tokenizer", TOK, "--data", "data/mix", "--workers", "16",
          "--cache-dir", str(KEEP / "cache")])
 
 
@@ -78,7 +78,7 @@ def evaluate(name: str, model: str) -> tuple[str, Path, subprocess.Popen] | None
     if report.is_file():
         return None
     return name, KEEP / f"eval-{name}.log", start(
-        [PY, "-m", "tinyllm.eval", "--model", model, "--device", DEVICE, "--quiet", "--json", str(report),
+        [PY, "-m", "tinyllm.tools.eval", "--model", model, "--device", DEVICE, "--quiet", "--json", str(report),
          *EVAL_ARGS], KEEP / f"eval-{name}.log")
 
 
@@ -92,7 +92,7 @@ def train_and_ship(minutes: float) -> None:
             continue
         shutil.rmtree(out, ignore_errors=True)
         procs.append((name, KEEP / f"ft-{name}.log", start(
-            [PY, "-m", "tinyllm.train", "model", "--tokenizer", TOK, "--data", "data/mix", "--cache-dir",
+            [PY, "-m", "tinyllm.tools.train", "model", "--tokenizer", TOK, "--data", "data/mix", "--cache-dir",
              str(KEEP / "cache"), "--init", str(KEEP / "transfer"), "--warmup", "50", "--log-every", "25",
              "--ckpt-every", "0", "--save-dtype", "fp32", "--out", str(out), "--budget-minutes", str(minutes),
              "--eval-every-s", "30", "--batch-size", "32", "--name", "tinychat", *extra, *TRAIN_ARGS],
@@ -101,7 +101,8 @@ def train_and_ship(minutes: float) -> None:
     for name, _ in VARIANTS:
         ship = KEEP / f"ship-{name}"
         if not (ship / "config.json").is_file():
-            run([PY, "-m", "tinyllm.convert", str(KEEP / f"ft-{name}/best"), str(ship), *FORMS, "--name", "tinychat"])
+            run([PY, "-m", "tinyllm.formats.convert", str(KEEP / f"ft-{name}/best"), str(ship), *FORMS, "--name",
+                 "tinychat"])
         shutil.copy(KEEP / f"ft-{name}/log.jsonl", OUT / f"ft-{name}.jsonl")
     wait_all([p for p in (evaluate(name, str(KEEP / f"ship-{name}")) for name, _ in VARIANTS) if p])
     evals = {name: json.loads((KEEP / f"eval-{name}.json").read_text())

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tinyllm.chat import open_session  # noqa: E402
+from tinyllm.session.chat import open_session  # noqa: E402
 
 LATE_S = 0.02
 

@@ -1,4 +1,4 @@
-"""Held-out loss of several models side by side (tinyllm.eval.heldout), one JSON line each.
+"""Held-out loss of several models side by side (tinyllm.tools.eval.heldout), one JSON line each.
 
     python scripts/heldout_table.py --heldout data/tinychat-distill MODEL [MODEL ...]
     python scripts/heldout_table.py --sample 120 --heldout data/tinychat-distill MODEL ...   # a CPU-sized look
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from tinyllm import data
-from tinyllm.eval.heldout import heldout_loss
-from tinyllm.open_model import open_any
+from tinyllm.formats.open_model import open_any
+from tinyllm.tools import data
+from tinyllm.tools.eval.heldout import heldout_loss
 
 
 def sample_folder(src: str, n: int, dst: Path) -> str:

@@ -6,8 +6,8 @@ chat, greedy with the app's repeat penalty (1.1), its matrices as the app holds 
 
 import sys
 
-from tinyllm.chat import open_session
-from tinyllm.sampling import SamplingParams
+from tinyllm.decode.sampling import SamplingParams
+from tinyllm.session.chat import open_session
 
 PROMPTS = [
     "Hello!",

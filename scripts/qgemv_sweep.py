@@ -1,4 +1,4 @@
-"""Block-size rules of tinyllm.qgemv's kernels, swept on a GPU (docs/BENCHMARKS-LOG.md). A rule is
+"""Block-size rules of tinyllm.kernels.qgemv's kernels, swept on a GPU (docs/BENCHMARKS-LOG.md). A rule is
 TINYLLM_QGEMV_BLOCKS's "P,B,W": programs per SM, weight bytes of a row a program reads a step
 (8192: a whole row in one step, loaded before the PDL wait), warps. For each rule and each matrix
 of a decode step (the 1.1B shape at int8, SmolLM2-135M at int4), the op as the compiled step
@@ -18,8 +18,8 @@ import os
 
 import torch
 
-from tinyllm import qgemv_triton as T
-from tinyllm.quant import QTensor, quantize
+from tinyllm.core.quant import QTensor, quantize
+from tinyllm.kernels import qgemv_triton as T
 
 MODELS = {  # name: (kind, layers, {matrix: (N, K, gated)})
     "1.1b": ("int8", 22, {"qkv": (2560, 2048, False), "o": (2048, 2048, False), "gate_up": (11264, 2048, True),

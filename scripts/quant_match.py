@@ -2,7 +2,7 @@
 app's repeat penalty), each QUANT against fp32, on the eval's first 40 single-turn prompts
 (issue 11). Prints one JSON line per QUANT: replies identical, and the median length of the
 common prefix in characters. STEP=native runs every reply (fp32's too) on the native CPU step
-(tinyllm.cpu_step), as the app does; TINYLLM_CPU_EXACT_X=0 rounds x to int8 blocks in the int8
+(tinyllm.decode.cpu_step), as the app does; TINYLLM_CPU_EXACT_X=0 rounds x to int8 blocks in the int8
 products (as llama.cpp does) instead of taking it as it is."""
 
 import json
@@ -11,8 +11,8 @@ import sys
 
 import torch
 
-from tinyllm.chat import ChatSession
-from tinyllm.open_model import open_any
+from tinyllm.formats.open_model import open_any
+from tinyllm.session.chat import ChatSession
 
 # The step the replies run: STEP=native (what the app runs on a CPU), else the plain eager step.
 COMPILE = "native" if os.environ.get("STEP") == "native" else None
@@ -20,7 +20,7 @@ COMPILE = "native" if os.environ.get("STEP") == "native" else None
 
 def single_turn_prompts(n: int = 40) -> list[str]:
     prompts = []
-    with open("tinyllm/eval/prompts.jsonl") as f:
+    with open("tinyllm/tools/eval/prompts.jsonl") as f:
         for line in f:
             r = json.loads(line)
             turns = r.get("turns") or [r.get("prompt")]

@@ -1,5 +1,5 @@
-"""Block rules of tinyllm.qgemv's products, and the attention's tile, tried
-inside the compiled decode step on CUDA (docs/BENCHMARKS-LOG.md, twelfth session).
+"""Block rules of tinyllm.kernels.qgemv's products, and the attention's tile, tried
+inside the compiled decode step on CUDA (docs/BENCHMARKS-LOG.md).
 scripts/qgemv_sweep.py times each matrix's product alone; inside the step a choice can measure
 otherwise (PDL overlaps each kernel with the ones beside it), so it is chosen here by the
 step's own replay time.
@@ -24,11 +24,11 @@ import sys
 
 import torch
 
-from tinyllm import decode_attention_triton as A
-from tinyllm import qgemv_triton as T
-from tinyllm.bench import load_model, random_ids
-from tinyllm.bench_profile import kernels, replay_us
-from tinyllm.cuda_graph import GraphDecoder
+from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.kernels import decode_attention_triton as A
+from tinyllm.kernels import qgemv_triton as T
+from tinyllm.tools.bench import load_model, random_ids
+from tinyllm.tools.bench_profile import kernels, replay_us
 
 START = 32  # prompt tokens: each timed run of the rules replays from here
 # The attention's trials (--attention): decode_attention_triton.TILE (windows of up to TILE keys

@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.tinyllm.test_gguf import Q, sp_kv, write_gguf  # noqa: E402
-from tinyllm.checkpoint import load_checkpoint  # noqa: E402
+from tinyllm.formats.checkpoint import load_checkpoint  # noqa: E402
 
 ck = load_checkpoint("models/tinychat", quant="none")
 Path("data").mkdir(exist_ok=True)

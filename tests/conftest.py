@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from tinyllm.model import ModelConfig, Transformer
+from tinyllm.core.model import ModelConfig, Transformer
 
 HANG_S = 900  # the slowest test takes about 60 s on the 2-core CPU
 _stderr = -1  # the terminal's stderr, which pytest's capturing of a test's output leaves alone
@@ -68,7 +68,7 @@ def model() -> Transformer:
     return tiny_model()
 
 
-# ---- a stand-in for the Hugging Face Hub (tests/hub_server.py): tinyllm.hub, /model hf:... ----
+# ---- a stand-in for the Hugging Face Hub (tests/hub_server.py): tinyllm.formats.hub, /model hf:... ----
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
@@ -77,7 +77,7 @@ def hub(tmp_path_factory):
     from tests.hub_server import HubServer
     from tests.tinyllm.test_gguf import sp_kv, tiny, write_gguf
     from tests.tinyllm.test_hf import make_hf_model
-    from tinyllm.testing import make_tiny_tokenizer
+    from tinyllm.tools.testing import make_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("hub")
     tok = make_tiny_tokenizer(tmp_path_factory.mktemp("sp"))

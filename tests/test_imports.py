@@ -100,9 +100,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_the_imports():
     graph = import_graph()
-    assert "tinyllm" in graph and "tinyllm.model" in graph and "chat_app.widgets.conversation" in graph
-    assert "tinyllm.compile_child" in graph["tinyllm.background_compile"], "a module-level import"
-    assert "tinyllm.compile_step" in graph["tinyllm.compile_child"], "an import inside a function"
+    assert "tinyllm" in graph and "tinyllm.core.model" in graph and "chat_app.widgets.conversation" in graph
+    assert "tinyllm.decode.compile_child" in graph["tinyllm.decode.background_compile"], "a module-level import"
+    assert "tinyllm.decode.compile_step" in graph["tinyllm.decode.compile_child"], "an import inside a function"
 
 
 def test_find_cycle_finds_one():
@@ -119,3 +119,38 @@ def test_imports_outside_type_checking_count():
 def test_no_import_cycle():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle (move the shared piece down into a lower module): " + " -> ".join(cycle)
+
+
+# tinyllm's layers, bottom first: a module may import its own layer and those below, never above.
+LAYERS = (("kernels", "text"), ("core",), ("formats",), ("decode",), ("session",), ("tools",))
+
+
+def layer_of(module: str) -> int | None:
+    """The rank of module's layer (0 = bottom); chat_app sits above every layer; None: in no layer."""
+    parts = module.split(".")
+    if parts[0] == "chat_app":
+        return len(LAYERS)
+    if len(parts) < 2:
+        return None
+    return next((rank for rank, names in enumerate(LAYERS) if parts[1] in names), None)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of graph that goes up a layer, as "importer -> imported"."""
+    return [f"{name} -> {target}" for name, targets in sorted(graph.items()) for target in sorted(targets)
+            if target != "tinyllm" and name != "tinyllm" and layer_of(target) is not None
+            and layer_of(name) is not None and layer_of(target) > layer_of(name)]
+
+
+def test_every_tinyllm_module_lives_in_a_layer():
+    loose = [name for name in import_graph() if name.startswith("tinyllm.") and layer_of(name) is None]
+    assert loose == []
+
+
+def test_upward_imports_finds_one():
+    graph = {"tinyllm.core.model": {"tinyllm.kernels.qgemv"}, "tinyllm.kernels.qgemv": {"tinyllm.decode.engine"}}
+    assert upward_imports(graph) == ["tinyllm.kernels.qgemv -> tinyllm.decode.engine"]
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    assert upward_imports(import_graph()) == []

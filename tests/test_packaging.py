@@ -24,8 +24,8 @@ def test_every_package_is_listed():
 def test_the_wheel_ships_every_cpp_file_the_first_launch_builds():
     from fnmatch import fnmatch
 
-    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["tinyllm"]
-    sources = [p.name for ext in ("*.cpp", "*.h") for p in (ROOT / "tinyllm").glob(ext)]
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["tinyllm.kernels"]
+    sources = [p.name for ext in ("*.cpp", "*.h") for p in (ROOT / "tinyllm" / "kernels").glob(ext)]
     assert len(sources) > 3
     missing = [name for name in sources if not any(fnmatch(name, pat) for pat in patterns)]
     assert not missing, f"package-data must ship {missing}"

@@ -3,7 +3,7 @@
 `start(name)` shows it: "Opening NAME…" and a bar that pulses until the model's loader reports
 (the child process imports torch first). `advance(done, total)` makes the bar determinate:
 tensors read of all. `kernels(step, done, total, seconds)` shows the CPU kernels' step (the
-steps of tinyllm.session_protocol.Progress): while they build (the first launch), KERNELS_BUILDING,
+steps of tinyllm.session.session_protocol.Progress): while they build (the first launch), KERNELS_BUILDING,
 a pulsing bar (the two files that include torch's headers take most of the time, so the files
 compiled are no measure of the time left) and "DONE/TOTAL files · N s"; then that they were
 found built ("CPU kernels: cached"), were built, or failed to build. `finish()` hides it; the

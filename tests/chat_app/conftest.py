@@ -28,8 +28,8 @@ from chat_app.app import ChatApp
 from chat_app.store import Saved, Store
 from chat_app.widgets.prompt_input import PromptInput
 from tests.chat_app.held_child import held_in_child  # noqa: F401 (the tests import it from here)
-from tinyllm.chat_events import Token
-from tinyllm.testing import make_tiny_checkpoint
+from tinyllm.session.chat_events import Token
+from tinyllm.tools.testing import make_tiny_checkpoint
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 stop arrives, so a test that stops it mid-way (Esc, Ctrl+N) cannot see it end first, on any CPU.
 
 `held_in_child(app, replies)` makes the app open HeldInChild sessions: RemoteSessions whose
-child runs `serve_held(replies)` instead of tinyllm.chat_server.main. That wraps the child's
+child runs `serve_held(replies)` instead of tinyllm.session.chat_server.main. That wraps the child's
 ChatSession so each of its first `replies` replies (send, regenerate, continue_reply; a
 refused one counts too) waits after each token with text until stop() is called, or set_graphs()
 (Ctrl+G), which lets it go on to its end. A stop that came before the reply still counts;
@@ -13,7 +13,7 @@ reply waits. `session.replies = 0` before a restart: the next child holds nothin
 `held_load(app, gate, kernels="", fail=False)` makes the app open HeldLoad sessions, whose child
 holds its model's load until the file `gate` exists: the app is still loading by construction.
 First it goes through the CPU kernels' step as `kernels` says: "" none; "real":
-tinyllm.cpu_qgemv.available() as it is (the session's build: cached once built); "fake build":
+tinyllm.kernels.cpu_qgemv.available() as it is (the session's build: cached once built); "fake build":
 available() with a compile that writes the first FAKE_OBJECTS object files, waits for the gate,
 then fails (the build's progress and its failure as the app sees them, without a compiler's
 minute; $TINYLLM_CACHE_DIR should be an empty folder of the test's). `fail`: after the gate,
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from chat_app.remote_session import RemoteSession, python
-from tinyllm.chat_events import Token
+from tinyllm.session.chat_events import Token
 
 
 class HeldInChild(RemoteSession):
@@ -79,8 +79,9 @@ def wait_for(gate: Path) -> None:
 
 
 def serve_held_load(gate: str, kernels: str, fail: bool) -> None:
-    import tinyllm.chat as chat
-    from tinyllm import chat_server, cpu_qgemv, kernel_build
+    import tinyllm.session.chat as chat
+    from tinyllm.kernels import cpu_qgemv, kernel_build
+    from tinyllm.session import chat_server
 
     open_session = chat.open_session
 
@@ -107,8 +108,8 @@ def serve_held_load(gate: str, kernels: str, fail: bool) -> None:
 
 
 def serve_held(replies: int) -> None:
-    import tinyllm.chat as chat
-    from tinyllm import chat_server
+    import tinyllm.session.chat as chat
+    from tinyllm.session import chat_server
 
     open_session = chat.open_session
     chat.open_session = lambda *args, **kwargs: hold(open_session(*args, **kwargs), replies)

@@ -54,7 +54,7 @@ async def test_without_a_cpp_compiler_the_app_says_so_once_and_replies_go_on(mak
 async def test_on_a_cpu_the_native_step_runs_from_the_first_reply_and_says_so(make_app):
     """--compile on (the default) on a CPU: the whole step as one C++ call, nothing compiled,
     the status bar says "native", and the replies are the plain step's."""
-    from tinyllm import cpu_qgemv
+    from tinyllm.kernels import cpu_qgemv
 
     if not cpu_qgemv.available():
         pytest.skip("the CPU kernels cannot be built here")

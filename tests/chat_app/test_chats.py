@@ -17,7 +17,7 @@ from chat_app.widgets.conversation import UserMessage
 from chat_app.widgets.reply import Reply
 from tests.chat_app.conftest import loaded, notices, send, wait_until
 from tests.chat_app.test_labels import screen_text
-from tinyllm.testing import make_tiny_checkpoint
+from tinyllm.tools.testing import make_tiny_checkpoint
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)

@@ -7,8 +7,8 @@ import pytest
 
 from chat_app.__main__ import build_app, build_parser
 from tests.chat_app.conftest import loaded, notices, wait_until
-from tinyllm.chat import DEFAULT_CONTEXT, open_session
-from tinyllm.testing import make_tiny_checkpoint
+from tinyllm.session.chat import DEFAULT_CONTEXT, open_session
+from tinyllm.tools.testing import make_tiny_checkpoint
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,7 @@ from chat_app.widgets.load_progress import KERNELS_BUILDING, LoadProgress
 from chat_app.widgets.reply import Reply
 from tests.chat_app.conftest import loaded, notices, rows, send, wait_until
 from tests.chat_app.held_child import FAKE_OBJECTS, held_load
-from tinyllm import cpu_qgemv
+from tinyllm.kernels import cpu_qgemv
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)

@@ -59,7 +59,7 @@ def named_gguf(path, name: str):
     """The tiny model as a GGUF file whose general.name is `name`."""
     gguf = pytest.importorskip("gguf")
     from tests.tinyllm.test_gguf import sp_kv, tiny, write_gguf
-    from tinyllm.testing import make_tiny_tokenizer
+    from tinyllm.tools.testing import make_tiny_tokenizer
 
     tok = make_tiny_tokenizer(path.parent)
     add_name = gguf.GGUFWriter.add_name

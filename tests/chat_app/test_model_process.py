@@ -94,7 +94,7 @@ async def test_the_model_process_writes_only_to_its_log_from_its_start(make_app,
         log = str(data_dir / "session.log")
         assert [fd_target(app.session.pid, fd) for fd in (1, 2)] == [log, log]
     # imported before the server loop runs: was reported on the terminal (only later imports reached the log)
-    assert "| tinyllm.chat_server" in (data_dir / "session.log").read_text()
+    assert "| tinyllm.session.chat_server" in (data_dir / "session.log").read_text()
 
 
 async def test_a_model_process_killed_mid_reply_is_said_and_started_again(make_app, data_dir):

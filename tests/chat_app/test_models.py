@@ -12,8 +12,8 @@ from chat_app.widgets.load_progress import LoadProgress
 from chat_app.widgets.reply import Reply
 from chat_app.widgets.status_bar import StatusBar
 from tests.chat_app.conftest import loaded, notes, send, wait_until
-from tinyllm.model_files import read_safetensors_header, weight_files
-from tinyllm.testing import make_tiny_checkpoint
+from tinyllm.formats.model_files import read_safetensors_header, weight_files
+from tinyllm.tools.testing import make_tiny_checkpoint
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)

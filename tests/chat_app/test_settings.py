@@ -10,7 +10,7 @@ from chat_app.__main__ import build_parser, main
 from chat_app.commands import plural
 from chat_app.store import Saved, Store
 from tests.chat_app.conftest import loaded, notes, notices, send, wait_until
-from tinyllm.sampling_params import LIMITS
+from tinyllm.decode.sampling_params import LIMITS
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)

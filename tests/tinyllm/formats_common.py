@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tinyllm.testing import CHAT_TEXT
+from tinyllm.tools.testing import CHAT_TEXT
 
 
 def need(module: str):

@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from tinyllm import background_compile as bc
-from tinyllm.background_compile import BackgroundCompile
+from tinyllm.decode import background_compile as bc
+from tinyllm.decode.background_compile import BackgroundCompile
 
 DEADLINE_S = 600
 
@@ -118,8 +118,8 @@ def test_a_stop_lasts_at_most_its_limit_so_a_held_lock_cannot_deadlock(model, mo
 
 
 def test_a_reply_sent_while_compiling_pauses_the_compile_until_its_first_token(tmp_path, monkeypatch):
-    from tinyllm.chat import Prefilled, open_session
-    from tinyllm.testing import make_tiny_checkpoint
+    from tinyllm.session.chat import Prefilled, open_session
+    from tinyllm.tools.testing import make_tiny_checkpoint
 
     arrived, go = stalled_compile(monkeypatch)
     held_during = []

@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from tinyllm import cpu_qgemv
-from tinyllm.bench import kv_bytes, main, weight_bytes
-from tinyllm.model import ModelConfig, Transformer
+from tinyllm.core.model import ModelConfig, Transformer
+from tinyllm.kernels import cpu_qgemv
+from tinyllm.tools.bench import kv_bytes, main, weight_bytes
 
 
 def run(capsys, *argv: str) -> tuple[int, list[dict], str]:
@@ -60,7 +60,7 @@ def test_bytes_per_step():
 
 
 def test_chat_ttft_metrics(capsys, tmp_path):
-    from tinyllm.testing import make_tiny_checkpoint
+    from tinyllm.tools.testing import make_tiny_checkpoint
 
     path = make_tiny_checkpoint(tmp_path / "tiny")
     rc = main(["--model", str(path), "--device", "cpu", "--chat-turns", "4"])

@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from tinyllm.build import quantize_model
-from tinyllm.chat import open_session
-from tinyllm.generate import generate
-from tinyllm.testing import make_tiny_checkpoint
+from tinyllm.decode.generate import generate
+from tinyllm.formats.build import quantize_model
+from tinyllm.session.chat import open_session
+from tinyllm.tools.testing import make_tiny_checkpoint
 
 
 class HeldTrace:

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tinyllm.chat import Finished, Prefilled, Token
-from tinyllm.chat import open_session as open_compiled
-from tinyllm.testing import make_tiny_checkpoint
+from tinyllm.session.chat import Finished, Prefilled, Token
+from tinyllm.session.chat import open_session as open_compiled
+from tinyllm.tools.testing import make_tiny_checkpoint
 
 TURNS = ["Hello!", "What is the capital of France?", "Tell me a joke.", "Numbers: 1 2 3",
          "Café in Zürich 🙂", "Write a poem about the sea."]

@@ -4,8 +4,8 @@ every offset inside a chunk), seeded sampling, and the background compile taking
 import pytest
 import torch
 
-from tinyllm.chat import CHUNK, Finished, Token, open_session
-from tinyllm.testing import make_tiny_checkpoint
+from tinyllm.session.chat import CHUNK, Finished, Token, open_session
+from tinyllm.tools.testing import make_tiny_checkpoint
 
 K = 8
 

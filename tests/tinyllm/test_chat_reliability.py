@@ -3,9 +3,9 @@ in a user turn (a crash before the reply began) still alternates."""
 
 import pytest
 
-from tinyllm.chat import Finished, open_session
-from tinyllm.sampling import SamplingParams
-from tinyllm.testing import make_tiny_checkpoint
+from tinyllm.decode.sampling import SamplingParams
+from tinyllm.session.chat import Finished, open_session
+from tinyllm.tools.testing import make_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

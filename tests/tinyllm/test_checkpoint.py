@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from tinyllm.checkpoint import inspect_checkpoint, load_checkpoint, save_checkpoint
-from tinyllm.testing import make_tiny_checkpoint, make_tiny_tokenizer
+from tinyllm.formats.checkpoint import inspect_checkpoint, load_checkpoint, save_checkpoint
+from tinyllm.tools.testing import make_tiny_checkpoint, make_tiny_tokenizer
 
 
 @pytest.fixture
@@ -141,8 +141,8 @@ def test_a_bf16_checkpoint_on_the_cpu_keeps_bf16_matrices_and_computes_as_fp32(t
     bit, the compiled step matches them, and norms and activations stay fp32. The compiled step
     here is the one without the AVX2 kernel (Inductor's loop with the widening fused into its
     loads); test_quant_cpu_kernel.py runs it with the kernel's op."""
-    from tinyllm import cpu_qgemv
-    from tinyllm.cuda_graph import GraphDecoder
+    from tinyllm.decode.cuda_graph import GraphDecoder
+    from tinyllm.kernels import cpu_qgemv
 
     monkeypatch.setattr(cpu_qgemv, "loaded", lambda: False)
 

@@ -1,15 +1,15 @@
-"""The step's first compile in a child process (tinyllm.compile_child): on a CPU a session's
-background compile has a child compile the step and save it (tinyllm.saved_step), once per
+"""The step's first compile in a child process (tinyllm.decode.compile_child): on a CPU a session's
+background compile has a child compile the step and save it (tinyllm.decode.saved_step), once per
 spec; the session, and every relaunch, loads it."""
 
 import os
 
 import pytest
 
-from tinyllm.chat import Finished, open_session
-from tinyllm.compile_child import Spec, marker, saved_path, warm_up
-from tinyllm.saved_step import SavedStep
-from tinyllm.testing import make_tiny_checkpoint
+from tinyllm.decode.compile_child import Spec, marker, saved_path, warm_up
+from tinyllm.decode.saved_step import SavedStep
+from tinyllm.session.chat import Finished, open_session
+from tinyllm.tools.testing import make_tiny_checkpoint
 
 
 @pytest.fixture

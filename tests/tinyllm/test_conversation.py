@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from tinyllm.chat_events import Message
-from tinyllm.chat_template import TEMPLATES
-from tinyllm.conversation import Conversation, or_restore, stop_ids
+from tinyllm.session.chat_events import Message
+from tinyllm.session.conversation import Conversation, or_restore, stop_ids
+from tinyllm.text.chat_template import TEMPLATES
 
 
 class Bytes:
@@ -38,7 +38,7 @@ class Cache:
 
 
 def test_it_imports_no_torch():
-    code = "import sys, tinyllm.conversation; assert 'torch' not in sys.modules, sorted(sys.modules)"
+    code = "import sys, tinyllm.session.conversation; assert 'torch' not in sys.modules, sorted(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -1,4 +1,4 @@
-"""The CPU decode attention op (torch.ops.tinyllm_cpu.decode_attention, in tinyllm/cpu_qgemv.cpp)
+"""The CPU decode attention op (torch.ops.tinyllm_cpu.decode_attention, in tinyllm/kernels/cpu_qgemv.cpp)
 against its slow twin model.window_attention and against float64: windows sliced from a longer
 cache, masks with holes, several chunks of 256 keys, 1 and 2 threads, fp32 and bf16; and the
 compiled CPU step that calls it against the plain step and generate()."""
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from tinyllm import cpu_qgemv, decode_attention
-from tinyllm.cuda_graph import GraphDecoder
-from tinyllm.generate import generate
-from tinyllm.ops import window_attention
+from tinyllm.core.ops import window_attention
+from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.decode.generate import generate
+from tinyllm.kernels import cpu_qgemv, decode_attention
 
 needs_kernel = pytest.mark.skipif(not cpu_qgemv.available(), reason="no AVX2 kernel on this machine")
 # (B, Hkv, R, D, W): R in one pass of up to 4 rows or several (5: 4 + 1, 8: 4 + 4), D in 16-wide

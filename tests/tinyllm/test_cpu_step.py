@@ -1,18 +1,19 @@
-"""The native CPU decode step (tinyllm.cpu_step: the whole step as one C++ call) against its
+"""The native CPU decode step (tinyllm.decode.cpu_step: the whole step as one C++ call) against its
 slow twins: the same decoder's eager step, the eager KVCache decode and a full forward without
 a cache, for dense and quantized models, left padding, and the greedy and sampled draws in C++
-against the Python sampler (tinyllm.step_sampler)."""
+against the Python sampler (tinyllm.decode.step_sampler)."""
 
 import pytest
 import torch
 
 from tests.conftest import tiny_model
-from tinyllm import cpu_qgemv, cpu_step
-from tinyllm.build import quantize_model
-from tinyllm.cuda_graph import GraphDecoder
-from tinyllm.linear import DenseLinear
-from tinyllm.quant_linear import QuantEmbedding, QuantLinear
-from tinyllm.sampling import SamplingParams
+from tinyllm.core.linear import DenseLinear
+from tinyllm.core.quant_linear import QuantEmbedding, QuantLinear
+from tinyllm.decode import cpu_step
+from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.decode.sampling import SamplingParams
+from tinyllm.formats.build import quantize_model
+from tinyllm.kernels import cpu_qgemv
 
 pytestmark = pytest.mark.skipif(not cpu_qgemv.available(), reason="the CPU kernels cannot be built here")
 

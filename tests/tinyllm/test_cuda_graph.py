@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from tinyllm.cuda_graph import GraphDecoder, default_buckets, pick_bucket
-from tinyllm.kv_cache import KVCache
-from tinyllm.sampling import SamplingParams
+from tinyllm.core.kv_cache import KVCache
+from tinyllm.decode.cuda_graph import GraphDecoder, default_buckets, pick_bucket
+from tinyllm.decode.sampling import SamplingParams
 
 TOL = 1e-4
 

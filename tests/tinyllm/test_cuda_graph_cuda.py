@@ -5,9 +5,9 @@ Skipped where there is no CUDA device: a skip here is not a pass."""
 import pytest
 import torch
 
-from tinyllm.cuda_graph import GraphDecoder
-from tinyllm.model import ModelConfig, Transformer
-from tinyllm.sampling import SamplingParams, sample
+from tinyllm.core.model import ModelConfig, Transformer
+from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.decode.sampling import SamplingParams, sample
 
 pytestmark = pytest.mark.cuda
 
@@ -114,8 +114,8 @@ def test_in_step_sampling_replay_equals_its_eager_twin_in_runs_of_k(cuda_model, 
 
 
 def test_sampler_on_cuda_equals_sample_with_the_same_noise(cuda_model):
-    from tinyllm.sampling import noise_at
-    from tinyllm.step_sampler import StepSampler
+    from tinyllm.decode.sampling import noise_at
+    from tinyllm.decode.step_sampler import StepSampler
 
     logits = torch.randn(2, 1024, device="cuda") * 3
     for params in (SamplingParams(temperature=0.7, top_k=20, top_p=0.8, repeat_penalty=1.2, seed=9),

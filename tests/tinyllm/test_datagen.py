@@ -1,4 +1,4 @@
-"""The data generator (tinyllm.datagen): filters and dedup on constructed text, the batched
+"""The data generator (tinyllm.tools.datagen): filters and dedup on constructed text, the batched
 sampler against the engine and generate(), determinism, shards, and whole runs: a scripted
 teacher through a round into shards, and the CLI on the tiny random model."""
 
@@ -9,17 +9,17 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from tinyllm import data
-from tinyllm.datagen.__main__ import main as datagen_main
-from tinyllm.datagen.dedup import LeakFilter, NearDup, shingles
-from tinyllm.datagen.plan import Meta, expand, load_tasks, plan_round
-from tinyllm.datagen.rounds import Filters, judge_answer, judge_user, run_round
-from tinyllm.datagen.shards import pack, read_rounds, write_round
-from tinyllm.datagen.teacher import BatchSampledEngine, Reply
-from tinyllm.engine import Engine
-from tinyllm.generate import generate
-from tinyllm.sampling import SamplingParams
-from tinyllm.textcheck import has_loop, is_english, numbers
+from tinyllm.decode.engine import Engine
+from tinyllm.decode.generate import generate
+from tinyllm.decode.sampling import SamplingParams
+from tinyllm.text.textcheck import has_loop, is_english, numbers
+from tinyllm.tools import data
+from tinyllm.tools.datagen.__main__ import main as datagen_main
+from tinyllm.tools.datagen.dedup import LeakFilter, NearDup, shingles
+from tinyllm.tools.datagen.plan import Meta, expand, load_tasks, plan_round
+from tinyllm.tools.datagen.rounds import Filters, judge_answer, judge_user, run_round
+from tinyllm.tools.datagen.shards import pack, read_rounds, write_round
+from tinyllm.tools.datagen.teacher import BatchSampledEngine, Reply
 
 # ---- text filters -------------------------------------------------------------------------
 
@@ -230,7 +230,7 @@ def test_a_round_filters_and_packs_into_shards(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_teacher(tmp_path_factory):
-    from tinyllm.testing import make_tiny_checkpoint
+    from tinyllm.tools.testing import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("teacher") / "tiny", max_seq_len=256)
 

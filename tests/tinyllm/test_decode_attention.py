@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tinyllm import decode_attention as da
-from tinyllm.ops import window_attention
+from tinyllm.core.ops import window_attention
+from tinyllm.kernels import decode_attention as da
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +58,7 @@ def check_rope_case(B, Hkv, R, D, W, first_valid, pos, *, dtype=torch.bfloat16, 
     """rope_decode_attention against its slow twin: apply_rope, index_copy_ into the caches,
     window_attention (and the same in float64). The caches hold NaN past pos and before
     first_valid (never read); afterwards they differ from the twin's only at pos, by rounding."""
-    from tinyllm.model import Rope, apply_rope
+    from tinyllm.core.model import Rope, apply_rope
 
     g = torch.Generator(device="cpu").manual_seed(seed)
     rows = W + 37
@@ -132,7 +132,7 @@ cuda = pytest.mark.cuda
 def test_against_window_attention_and_float64(W, D, tile, monkeypatch):
     """tile: the default (W = 128 one tile a head, the longer windows split and combined), or 0:
     every window split and combined."""
-    from tinyllm import decode_attention_triton as T
+    from tinyllm.kernels import decode_attention_triton as T
 
     if tile is not None:
         monkeypatch.setattr(T, "TILE", tile)
@@ -253,7 +253,7 @@ def test_compiled_graph_reads_the_cache_in_place():
     torch.testing.assert_close(fn(q, kc, vc, mask), step(q, kc, vc, mask), rtol=0, atol=0)
     nodes = [n for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
     assert not [n for n in nodes if "scatter" in str(n.target) or "copy" in str(n.target)], graphs[0].code
-    calls = [n for n in nodes if n.target is torch.ops.tinyllm.decode_attention.default]
+    calls = [n for n in nodes if n.target is torch.ops.tinyllm.kernels.decode_attention.default]
     assert len(calls) == 1, graphs[0].code
     for arg in calls[0].args[1:3]:  # k and v: slices of the cache inputs, read in place
         assert "slice" in str(arg.target), graphs[0].code
@@ -267,8 +267,8 @@ def test_compiled_graph_reads_the_cache_in_place():
 def test_model_decode_with_the_kernel_matches_window_attention(monkeypatch):
     """The model's compiled static decode step on CUDA (bf16) goes through the kernel, the plain
     step through window_attention, and their logits agree to bf16 rounding."""
-    from tinyllm.cuda_graph import GraphDecoder
-    from tinyllm.model import ModelConfig, Transformer
+    from tinyllm.core.model import ModelConfig, Transformer
+    from tinyllm.decode.cuda_graph import GraphDecoder
 
     torch.manual_seed(0)
     cfg = ModelConfig.from_name("tiny", vocab_size=1024, dim=192, n_layers=3, n_heads=6,
@@ -300,8 +300,8 @@ def test_model_decode_with_the_kernel_matches_window_attention(monkeypatch):
 INTERPRETED = textwrap.dedent("""
     import os
     import torch
-    from tinyllm import decode_attention_triton as T
-    from tinyllm.ops import window_attention
+    from tinyllm.kernels import decode_attention_triton as T
+    from tinyllm.core.ops import window_attention
     from tests.tinyllm.test_decode_attention import make_case, window_mask, rel_err
 
     run = T.decode_attention  # the op launches its kernels itself: the interpreter runs them
@@ -361,7 +361,7 @@ def test_kernels_compile_for_the_h200_without_a_gpu(D):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from tinyllm import decode_attention_triton as T
+    from tinyllm.kernels import decode_attention_triton as T
 
     target = GPUTarget("cuda", 90, 32)
     types = (["*bf16"] * 3 + ["*i1"] + ["*fp32"] * 3 + ["*bf16"] + ["i32"] * 4 + ["fp32"] + ["i32"] * 14

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tinyllm.chat import open_session
-from tinyllm.checkpoint import inspect_checkpoint
-from tinyllm.quant_linear import QuantEmbedding, QuantLinear
-from tinyllm.tokenizer import Tokenizer
+from tinyllm.core.quant_linear import QuantEmbedding, QuantLinear
+from tinyllm.formats.checkpoint import inspect_checkpoint
+from tinyllm.session.chat import open_session
+from tinyllm.text.tokenizer import Tokenizer
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "tinychat"
 # Greedy, the app's defaults; each answer was checked against the teacher's (model card).
@@ -61,8 +61,8 @@ def test_the_middle_layers_are_the_teachers_bit_for_bit():
     import torch
 
     from tests.tinyllm.test_real_model import find_smollm2
-    from tinyllm.checkpoint import load_checkpoint
-    from tinyllm.open_model import open_any
+    from tinyllm.formats.checkpoint import load_checkpoint
+    from tinyllm.formats.open_model import open_any
 
     gguf = find_smollm2()
     if gguf is None:

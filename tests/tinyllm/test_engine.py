@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from tinyllm.engine import Engine, TokenEvent
-from tinyllm.generate import generate
-from tinyllm.sampling import SamplingParams
+from tinyllm.decode.engine import Engine, TokenEvent
+from tinyllm.decode.generate import generate
+from tinyllm.decode.sampling import SamplingParams
 
 BUCKETS = (16, 32, 64, 128)
 GREEDY = SamplingParams()
@@ -191,7 +191,7 @@ def test_errors(model):
 def test_admission_prefills_groups_within_the_token_budget(model, monkeypatch):
     """Waiting requests are prefilled together (one right-padded forward per group), at most
     PREFILL_TOKENS padded tokens a group; greedy and penalized replies still equal generate()."""
-    import tinyllm.engine as engine_mod
+    import tinyllm.decode.engine as engine_mod
 
     monkeypatch.setattr(engine_mod, "PREFILL_TOKENS", 64)
     groups = []
@@ -218,7 +218,7 @@ def test_the_compiled_slot_write_is_in_place():
     `copy_`-named kernel writing the cache input)."""
     from torch._inductor.utils import run_and_get_code
 
-    from tinyllm.kv_cache import SlotKVCache
+    from tinyllm.core.kv_cache import SlotKVCache
 
     S, H, D, W = 8, 2, 16, 32
     cache = SlotKVCache(n_layers=1, n_slots=S, max_len=64)

@@ -7,12 +7,12 @@ Skipped where there is no CUDA device: a skip here is not a pass."""
 import pytest
 import torch
 
-from tinyllm.cuda_graph import SlotGraphDecoder
-from tinyllm.engine import Engine
-from tinyllm.generate import generate
-from tinyllm.kv_cache import SlotKVCache
-from tinyllm.model import ModelConfig, Transformer
-from tinyllm.sampling import SamplingParams
+from tinyllm.core.kv_cache import SlotKVCache
+from tinyllm.core.model import ModelConfig, Transformer
+from tinyllm.decode.cuda_graph import SlotGraphDecoder
+from tinyllm.decode.engine import Engine
+from tinyllm.decode.generate import generate
+from tinyllm.decode.sampling import SamplingParams
 
 pytestmark = pytest.mark.cuda
 

@@ -1,4 +1,4 @@
-"""The eval (tinyllm.eval): its prompts and checkers on right and wrong answers, scoring, held-out
+"""The eval (tinyllm.tools.eval): its prompts and checkers on right and wrong answers, scoring, held-out
 loss, the command on the tiny model, and that no eval prompt is in any training data."""
 
 import json
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tinyllm.datagen.dedup import LeakFilter
-from tinyllm.eval.__main__ import main as eval_main
-from tinyllm.eval.__main__ import score
-from tinyllm.eval.prompts import load_prompts, user_turns
-from tinyllm.textcheck import check_reply
+from tinyllm.text.textcheck import check_reply
+from tinyllm.tools.datagen.dedup import LeakFilter
+from tinyllm.tools.eval.__main__ import main as eval_main
+from tinyllm.tools.eval.__main__ import score
+from tinyllm.tools.eval.prompts import load_prompts, user_turns
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = load_prompts()
@@ -82,7 +82,7 @@ def _tiny_data(folder: Path) -> Path:
 
 
 def test_eval_command_on_the_tiny_model(tmp_path):
-    from tinyllm.testing import make_tiny_checkpoint
+    from tinyllm.tools.testing import make_tiny_checkpoint
 
     model = make_tiny_checkpoint(tmp_path / "tiny", max_seq_len=256)
     data = _tiny_data(tmp_path / "data")

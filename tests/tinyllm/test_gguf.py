@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from tests.tinyllm.formats_common import SMOL_TEMPLATE, TEXTS, need, train_bpe
-from tinyllm.convert import main as convert_main
-from tinyllm.gguf import dequantize, read_gguf, unpermute_qk
-from tinyllm.model import ModelConfig, Transformer
-from tinyllm.open_model import inspect_any, open_any
-from tinyllm.testing import make_tiny_tokenizer
-from tinyllm.tokenizer import StreamDecoder, Tokenizer
+from tinyllm.core.model import ModelConfig, Transformer
+from tinyllm.formats.convert import main as convert_main
+from tinyllm.formats.gguf import dequantize, read_gguf, unpermute_qk
+from tinyllm.formats.open_model import inspect_any, open_any
+from tinyllm.text.tokenizer import StreamDecoder, Tokenizer
+from tinyllm.tools.testing import make_tiny_tokenizer
 
 gguf = need("gguf")
 Q = gguf.GGMLQuantizationType
@@ -348,7 +348,7 @@ def test_truncated_file_and_cli_exit_code(tmp_path, llama_file, capsys):
         open_any(cut)
     assert convert_main([str(cut), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("tinyllm.convert: error:") and "truncated" in err and err.count("\n") == 1
+    assert err.startswith("tinyllm.formats.convert: error:") and "truncated" in err and err.count("\n") == 1
 
 
 @torch.no_grad()

@@ -11,16 +11,16 @@ import pytest
 import torch
 
 from tests.tinyllm.formats_common import SMOL_TEMPLATE, TEXTS, need, train_bpe
-from tinyllm.bpe_tokenizer import BPETokenizer
-from tinyllm.chat import ChatSession
-from tinyllm.convert import main as convert_main
-from tinyllm.generate import generate
-from tinyllm.hf import load_hf
-from tinyllm.jinja_template import JinjaChatTemplate
-from tinyllm.model_files import read_safetensors_header
-from tinyllm.open_model import inspect_any, open_any
-from tinyllm.testing import make_tiny_tokenizer
-from tinyllm.tokenizer import StreamDecoder, Tokenizer
+from tinyllm.decode.generate import generate
+from tinyllm.formats.convert import main as convert_main
+from tinyllm.formats.hf import load_hf
+from tinyllm.formats.model_files import read_safetensors_header
+from tinyllm.formats.open_model import inspect_any, open_any
+from tinyllm.session.chat import ChatSession
+from tinyllm.text.bpe_tokenizer import BPETokenizer
+from tinyllm.text.jinja_template import JinjaChatTemplate
+from tinyllm.text.tokenizer import StreamDecoder, Tokenizer
+from tinyllm.tools.testing import make_tiny_tokenizer
 
 transformers = need("transformers")
 tokenizers = need("tokenizers")
@@ -176,9 +176,9 @@ def test_convert_hf_to_tinyllm_folder(tmp_path, sp_folder):
 
 
 def test_convert_keeps_a_jinja_template(tmp_path, bpe_folder):
-    import tinyllm.checkpoint
+    import tinyllm.formats.checkpoint
 
-    if not hasattr(tinyllm.checkpoint, "TOKENIZER_JSON"):
+    if not hasattr(tinyllm.formats.checkpoint, "TOKENIZER_JSON"):
         pytest.skip("checkpoint folders cannot hold tokenizer.json yet (see the checkpoint.py diff)")
     assert convert_main([str(bpe_folder), str(tmp_path / "out")]) == 0
     _, tok, tmpl, _ = open_any(tmp_path / "out")
@@ -226,7 +226,7 @@ def test_missing_tokenizer_and_bad_paths(tmp_path, sp_folder, capsys):
         open_any(tmp_path / "notes.txt")
     assert convert_main([str(dst), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("tinyllm.convert: error:") and "has no tokenizer" in err and err.count("\n") == 1
+    assert err.startswith("tinyllm.formats.convert: error:") and "has no tokenizer" in err and err.count("\n") == 1
 
 
 # ---- Jinja templates of well-known model families ------------------------------------------
@@ -275,7 +275,7 @@ L3_PREFIX = "<|start_header_id|>assistant<|end_header_id|>\n\n"
      dict(bos=True, stop=("<|eot_id|>",), assistant_suffix="<|eot_id|>", assistant_prefix=L3_PREFIX)),
 ])
 def test_jinja_templates_of_model_families(source, bos, eos, want):
-    from tinyllm.jinja_template import derive_template
+    from tinyllm.text.jinja_template import derive_template
 
     t = derive_template(source, bos, eos, add_bos=True)
     assert {k: getattr(t, k) for k in want} == want

@@ -12,11 +12,11 @@ import torch
 
 from tests.conftest import tiny_model
 from tests.tinyllm.formats_common import need
-from tinyllm.checkpoint import save_checkpoint
-from tinyllm.gguf import gguf_config, read_gguf
-from tinyllm.hf import hf_config
-from tinyllm.model_files import read_safetensors_header
-from tinyllm.testing import make_tiny_tokenizer
+from tinyllm.formats.checkpoint import save_checkpoint
+from tinyllm.formats.gguf import gguf_config, read_gguf
+from tinyllm.formats.hf import hf_config
+from tinyllm.formats.model_files import read_safetensors_header
+from tinyllm.tools.testing import make_tiny_tokenizer
 
 U32, F32, STR, ARR, U64 = 4, 6, 8, 9, 10
 
@@ -130,7 +130,7 @@ def test_embeddings_padded_past_the_tokenizer_load_and_are_never_sampled(tmp_pat
     """A model with 64 more embeddings than its tokenizer has tokens (a padded table) loads;
     with the padded rows of the output made the likeliest, greedy and sampled replies still hold
     only ids the tokenizer decodes (it used to fail mid-stream)."""
-    from tinyllm.chat import open_session
+    from tinyllm.session.chat import open_session
 
     tok = make_tiny_tokenizer(tmp_path)
     model = tiny_model(vocab_size=tok.vocab_size + 64)
@@ -279,10 +279,10 @@ def test_weights_that_are_not_finite_are_refused_naming_the_tensor(tmp_path, for
     """Loaded silently before: tinychat then printed "⁇ ⁇ ⁇" until the context was full."""
     from safetensors.torch import load_file, save_file
 
-    from tinyllm.build import quantize_model
-    from tinyllm.checkpoint import load_checkpoint
-    from tinyllm.open_model import open_any
-    from tinyllm.testing import make_tiny_checkpoint
+    from tinyllm.formats.build import quantize_model
+    from tinyllm.formats.checkpoint import load_checkpoint
+    from tinyllm.formats.open_model import open_any
+    from tinyllm.tools.testing import make_tiny_checkpoint
 
     path = make_tiny_checkpoint(tmp_path / "dense", ffn_dim=192)
     if form != "dense":

@@ -1,4 +1,4 @@
-"""Models by name (`hf:OWNER/REPO[:FILE]`, tinyllm.hub): the real huggingface_hub download code
+"""Models by name (`hf:OWNER/REPO[:FILE]`, tinyllm.formats.hub): the real huggingface_hub download code
 against a local stand-in for the Hub (tests/hub_server.py, through HF_ENDPOINT): a Hugging Face
 Llama folder and a GGUF open after the download, a second fetch reads the cache, offline reads
 the cache or says so in one line, a missing repo or file is one line, and the app takes it."""
@@ -15,8 +15,8 @@ need("gguf")
 
 
 def test_a_hugging_face_folder_downloads_once_and_opens(endpoint):
-    from tinyllm import hub
-    from tinyllm.open_model import open_any
+    from tinyllm.formats import hub
+    from tinyllm.formats.open_model import open_any
 
     path = hub.fetch("hf:me/llama", progress=False)
     assert path.is_dir() and (path / "config.json").is_file() and not (path / "pytorch_model.bin").exists()
@@ -28,8 +28,8 @@ def test_a_hugging_face_folder_downloads_once_and_opens(endpoint):
 
 
 def test_a_gguf_repo_and_a_named_file(endpoint):
-    from tinyllm import hub
-    from tinyllm.open_model import open_any
+    from tinyllm.formats import hub
+    from tinyllm.formats.open_model import open_any
 
     one = hub.fetch("hf:me/one", progress=False)
     assert one.name == "m.Q8_0.gguf" and open_any(one).model.cfg.n_layers == 2
@@ -45,7 +45,7 @@ def test_a_gguf_repo_and_a_named_file(endpoint):
     ("hf:me/one:", "is not a Hub model"),
 ])
 def test_what_the_hub_does_not_have_is_one_line(endpoint, spec, message):
-    from tinyllm import hub
+    from tinyllm.formats import hub
 
     with pytest.raises(ValueError, match=message) as e:
         hub.fetch(spec, progress=False)
@@ -55,7 +55,7 @@ def test_what_the_hub_does_not_have_is_one_line(endpoint, spec, message):
 def test_offline_the_cache_answers_and_anything_else_is_one_line(endpoint, monkeypatch):
     from huggingface_hub import constants
 
-    from tinyllm import hub
+    from tinyllm.formats import hub
 
     folder, one = hub.fetch("hf:me/llama", progress=False), hub.fetch("hf:me/one", progress=False)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there

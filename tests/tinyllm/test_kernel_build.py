@@ -1,7 +1,7 @@
-"""tinyllm.kernel_build: one build per source, torch version and flags, whatever folder the
+"""tinyllm.kernels.kernel_build: one build per source, torch version and flags, whatever folder the
 source is installed in; a finished build is loaded without compiling; two processes building
 at once compile once; the build reports its progress. One real build at most: the session's
-(tinyllm.cpu_qgemv.available()); the rest compile with a stand-in."""
+(tinyllm.kernels.cpu_qgemv.available()); the rest compile with a stand-in."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tinyllm import cpu_qgemv, kernel_build
-from tinyllm.kernel_build import BuildStatus, ensure_built
+from tinyllm.kernels import cpu_qgemv, kernel_build
+from tinyllm.kernels.kernel_build import BuildStatus, ensure_built
 
 FLAGS = (cpu_qgemv.CFLAGS, cpu_qgemv.LDFLAGS)
 

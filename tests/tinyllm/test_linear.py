@@ -1,4 +1,4 @@
-"""The model's layers, one class per kernel (tinyllm.linear, tinyllm.quant_linear): each class that
+"""The model's layers, one class per kernel (tinyllm.core.linear, tinyllm.core.quant_linear): each class that
 runs on this CPU against the reference (x times the dequantized or widened matrix), its fused
 forms against the layer run apart, what the native step reads of it, and the factories'
 choice of class for each device, dtype and form. The CUDA kernels themselves: test_quant_cuda.py."""
@@ -7,12 +7,11 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from tinyllm import cpu_qgemv, qgemv, quant
-from tinyllm.build import build_transformer, quantize_model
-from tinyllm.linear import DenseEmbedding, DenseLinear, HalfCpuLinear, dense_linear
-from tinyllm.model import RMSNorm
-from tinyllm.quant import QTensor, quantize
-from tinyllm.quant_linear import (
+from tinyllm.core import quant
+from tinyllm.core.linear import DenseEmbedding, DenseLinear, HalfCpuLinear, dense_linear
+from tinyllm.core.model import RMSNorm
+from tinyllm.core.quant import QTensor, quantize
+from tinyllm.core.quant_linear import (
     CpuQgemvLinear,
     DequantLinear,
     FbgemmLinear,
@@ -23,6 +22,8 @@ from tinyllm.quant_linear import (
     kernel_for,
     quant_linear,
 )
+from tinyllm.formats.build import build_transformer, quantize_model
+from tinyllm.kernels import cpu_qgemv, qgemv
 
 N, K = 96, 128  # N a multiple of 16 (aten's int4 kernel), K of 32 (the groups)
 CPU, CUDA, META = torch.device("cpu"), torch.device("cuda"), torch.device("meta")
@@ -154,7 +155,7 @@ def test_what_the_native_step_reads_of_each_layer():
 @pytest.mark.parametrize("kernel", [True, False])
 @pytest.mark.parametrize("fbgemm", [True, False])
 def test_the_factory_picks_the_class_per_device_dtype_and_form(monkeypatch, kernel, fbgemm):
-    """kernel_for's table (tinyllm.quant_linear's docstring), on every device kind, with and
+    """kernel_for's table (tinyllm.core.quant_linear's docstring), on every device kind, with and
     without the AVX2 kernel and fbgemm; asked only where the answer matters (a CPU in fp32)."""
     asked = []
     monkeypatch.setattr(cpu_qgemv, "available", lambda: asked.append(1) or kernel)

@@ -1,5 +1,5 @@
-"""One load rule for every format (tinyllm.load_policy, its table tinyllm.quant_rule), one
-default, one skeleton (tinyllm.model_format), and --help that states the rule the code runs."""
+"""One load rule for every format (tinyllm.formats.load_policy, its table tinyllm.formats.quant_rule), one
+default, one skeleton (tinyllm.formats.model_format), and --help that states the rule the code runs."""
 
 import inspect
 
@@ -7,16 +7,17 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from tinyllm import cpu_qgemv, load_policy
-from tinyllm.build import quantize_model
-from tinyllm.checkpoint import load_checkpoint, save_checkpoint
-from tinyllm.linear import DenseLinear
-from tinyllm.model_format import load_model
-from tinyllm.open_model import format_of, open_any
-from tinyllm.quant import QTensor
-from tinyllm.quant_linear import QuantLinear
-from tinyllm.quant_rule import AUTO, DEFAULT, MEANING, QUANTS, quant_help
-from tinyllm.testing import make_tiny_tokenizer
+from tinyllm.core.linear import DenseLinear
+from tinyllm.core.quant import QTensor
+from tinyllm.core.quant_linear import QuantLinear
+from tinyllm.formats import load_policy
+from tinyllm.formats.build import quantize_model
+from tinyllm.formats.checkpoint import load_checkpoint, save_checkpoint
+from tinyllm.formats.model_format import load_model
+from tinyllm.formats.open_model import format_of, open_any
+from tinyllm.formats.quant_rule import AUTO, DEFAULT, MEANING, QUANTS, quant_help
+from tinyllm.kernels import cpu_qgemv
+from tinyllm.tools.testing import make_tiny_tokenizer
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # a device object needs no GPU
 
@@ -42,9 +43,9 @@ def test_auto_is_the_tables_entry_on_each_device(monkeypatch):
 def test_every_loader_and_session_defaults_to_the_one_rule():
     """The default quant was "keep" for checkpoints and "none" for the rest: now DEFAULT
     ("auto", as the app) everywhere a model is opened."""
-    from tinyllm.chat import open_session
-    from tinyllm.gguf import load_gguf
-    from tinyllm.hf import load_hf
+    from tinyllm.formats.gguf import load_gguf
+    from tinyllm.formats.hf import load_hf
+    from tinyllm.session.chat import open_session
 
     assert DEFAULT == "auto"
     for f in (open_any, load_checkpoint, load_hf, load_gguf, load_model, open_session):
@@ -75,7 +76,7 @@ def test_a_gguf_is_read_dense_for_cuda_under_auto(tmp_path):
     """What "auto" reads for CUDA (no GPU needed: the tensors, before they move): every GGUF
     matrix dequantized, in bf16, read once (not as a QTensor first)."""
     from tests.tinyllm.test_gguf import MIXED, sp_kv, tiny, write_gguf
-    from tinyllm import gguf
+    from tinyllm.formats import gguf
 
     tok = make_tiny_tokenizer(tmp_path / "tok")
     path = tmp_path / "m.gguf"
@@ -102,13 +103,13 @@ def _help(main, *argv) -> str:
 
 
 def test_every_quant_help_states_the_rule_the_loader_runs():
-    """tinyllm-chat, tinyllm-bench and tinyllm.eval say what --quant auto does on CUDA and on a
+    """tinyllm-chat, tinyllm-bench and tinyllm.tools.eval say what --quant auto does on CUDA and on a
     CPU in the words of the table the loader reads, and default to that rule."""
     from chat_app.__main__ import QUANT_CHOICES, build_parser
     from chat_app.__main__ import main as chat_main
-    from tinyllm.bench import main as bench_main
-    from tinyllm.bench import parse_args
-    from tinyllm.eval.__main__ import main as eval_main
+    from tinyllm.tools.bench import main as bench_main
+    from tinyllm.tools.bench import parse_args
+    from tinyllm.tools.eval.__main__ import main as eval_main
 
     for device in (CUDA, CPU):
         where = "on CUDA" if device.type == "cuda" else "on a CPU"

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from tinyllm.cuda_graph import GraphDecoder
-from tinyllm.generate import generate
-from tinyllm.kv_cache import KVCache
-from tinyllm.model import ModelConfig, Transformer
-from tinyllm.ops import CpuOps, CudaOps, Ops, ops_for
+from tinyllm.core.kv_cache import KVCache
+from tinyllm.core.model import ModelConfig, Transformer
+from tinyllm.core.ops import CpuOps, CudaOps, Ops, ops_for
+from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.decode.generate import generate
 
 TOL = 1e-4
 
@@ -118,7 +118,7 @@ def test_fused_projections_save_and_load_as_separate_matrices(model):
 
 
 def test_the_ops_follow_the_weights_device():
-    """The attention's ops are chosen once for the weights' device (tinyllm.ops) and again when
+    """The attention's ops are chosen once for the weights' device (tinyllm.core.ops) and again when
     the weights move; a model built on the meta device gets the reference until it is placed."""
     cpu = tiny_model(1)
     assert type(cpu.ops) is CpuOps and ops_for("cpu") is cpu.ops and type(ops_for("cuda")) is CudaOps

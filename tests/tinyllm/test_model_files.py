@@ -1,4 +1,4 @@
-"""tinyllm.model_files: the checks a process without torch makes before its UI opens."""
+"""tinyllm.formats.model_files: the checks a process without torch makes before its UI opens."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tinyllm.model_files import model_name, precheck
-from tinyllm.testing import make_tiny_checkpoint
+from tinyllm.formats.model_files import model_name, precheck
+from tinyllm.tools.testing import make_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def copy_with(ckpt, dst, name: str, data: bytes | None):
 
 
 def test_precheck_names_a_good_model_without_importing_torch(ckpt, tmp_path):
-    code = ("import sys\nfrom tinyllm.model_files import precheck\n"
+    code = ("import sys\nfrom tinyllm.formats.model_files import precheck\n"
             f"print(precheck({str(ckpt)!r}))\nassert 'torch' not in sys.modules, 'precheck imported torch'\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

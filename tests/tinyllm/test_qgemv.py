@@ -1,4 +1,4 @@
-"""tinyllm.qgemv's Triton kernels against the dequantized product (their slow twin).
+"""tinyllm.kernels.qgemv's Triton kernels against the dequantized product (their slow twin).
 
 Three ways, from where they run:
 - CUDA (the H200): the ops through QuantLinear, eager and compiled, in tests/tinyllm/test_quant_cuda.py
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tinyllm import qgemv
-from tinyllm.quant import quantize
+from tinyllm.core.quant import quantize
+from tinyllm.kernels import qgemv
 
 ROOT = Path(__file__).resolve().parents[2]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -61,7 +61,7 @@ def test_not_supported_without_cuda():
 
 INTERPRETED = textwrap.dedent("""
     import torch
-    from tinyllm import qgemv_triton as T
+    from tinyllm.kernels import qgemv_triton as T
     from tests.tinyllm.test_qgemv import CASES, case, fused_case, rel_err
 
     def raw(x, qt, group, gated=False, *fused):  # the ops launch their kernels themselves: the interpreter runs them
@@ -108,7 +108,7 @@ def test_kernels_compile_for_the_h200_without_a_gpu(kind, pdl, halves, fused):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from tinyllm import qgemv_triton as T
+    from tinyllm.kernels import qgemv_triton as T
 
     aligned = [["tt.divisibility", 16]]
     tail = {"g_ptr": "*bf16", "r_ptr": "*bf16", "eps": "fp32", "N": "i32", "K": "constexpr"}
@@ -141,7 +141,7 @@ def test_kernels_compile_for_the_h200_without_a_gpu(kind, pdl, halves, fused):
 @pytest.mark.cuda
 @pytest.mark.parametrize("n,k,rows,kind,group", CASES)
 def test_cuda_ops_match_the_dequantized_product(n, k, rows, kind, group):
-    from tinyllm import qgemv_triton as T
+    from tinyllm.kernels import qgemv_triton as T
 
     x, qt, ref = case(n, k, rows, kind, group, "cuda", torch.bfloat16)
     s = qt.scales.bfloat16()

@@ -1,4 +1,4 @@
-"""Weight-only quantization (tinyllm.quant, tinyllm.build): every kernel against the fp32
+"""Weight-only quantization (tinyllm.core.quant, tinyllm.formats.build): every kernel against the fp32
 product with the dequantized matrix, the quantized model against the dense one, and a
 quantized checkpoint saved and loaded back unchanged."""
 
@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from tinyllm import cpu_qgemv
-from tinyllm.build import quantize_model
-from tinyllm.checkpoint import load_checkpoint, save_checkpoint
-from tinyllm.cuda_graph import GraphDecoder
-from tinyllm.linear import DenseLinear
-from tinyllm.quant import fbgemm_available, pack_int4, quantize, unpack_int4
-from tinyllm.quant_linear import CpuQgemvLinear, DequantLinear, QuantEmbedding, QuantLinear, quant_linear
-from tinyllm.testing import make_tiny_tokenizer
+from tinyllm.core.linear import DenseLinear
+from tinyllm.core.quant import fbgemm_available, pack_int4, quantize, unpack_int4
+from tinyllm.core.quant_linear import CpuQgemvLinear, DequantLinear, QuantEmbedding, QuantLinear, quant_linear
+from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.formats.build import quantize_model
+from tinyllm.formats.checkpoint import load_checkpoint, save_checkpoint
+from tinyllm.kernels import cpu_qgemv
+from tinyllm.tools.testing import make_tiny_tokenizer
 
 
 def weights(n=96, k=128, seed=0) -> torch.Tensor:
@@ -193,7 +193,7 @@ def test_compiled_quantized_step_matches_its_eager_step(quant):
 def test_bench_reports_quantized_weight_bytes(capsys):
     import json
 
-    from tinyllm.bench import main
+    from tinyllm.tools.bench import main
 
     assert main(["--preset", "tiny", "--device", "cpu", "--steps", "2", "--repeats", "1", "--quant", "int8",
                  "--prompt-lens", "16"]) == 0
@@ -207,7 +207,7 @@ def test_a_dense_model_loads_without_building_the_cpu_kernel(monkeypatch):
     """`quant="auto"` asks whether the AVX2 kernel builds (about 20 s of CPU the first time) only
     where an int4 matrix would need the answer: the default model's first load took 16.6 s
     instead of 1 s, building a kernel that a dense model never uses."""
-    from tinyllm.build import build_transformer
+    from tinyllm.formats.build import build_transformer
 
     asked = []
     monkeypatch.setattr(cpu_qgemv, "available", lambda: asked.append(1) or True)
@@ -248,11 +248,12 @@ def test_compiled_int8_step_in_bf16_on_cpu():
 
 
 def test_cpu_activations_are_fp32_unless_only_torchs_int4_kernel_is_there(monkeypatch):
-    """load_policy.default_dtype's rule, measured (docs/BENCHMARKS-LOG.md, eleventh session): bf16 on CUDA;
+    """load_policy.default_dtype's rule, measured (docs/BENCHMARKS-LOG.md): bf16 on CUDA;
     on a CPU fp32, except bf16 for a model holding int4 matrices where the CPU has native bf16
     and the AVX2 kernel cannot be built. holds_int4 answers for a load: int4 asked for, or int4
     matrices kept."""
-    from tinyllm import cpu_qgemv, load_policy
+    from tinyllm.formats import load_policy
+    from tinyllm.kernels import cpu_qgemv
 
     cpu = torch.device("cpu")
     int4, int8 = quantize(torch.randn(8, 64), "int4", 32), quantize(torch.randn(8, 64), "int8")

@@ -1,4 +1,4 @@
-"""The AVX2 quantized kernel (tinyllm.cpu_qgemv): against an exact emulation (x quantized in
+"""The AVX2 quantized kernel (tinyllm.kernels.cpu_qgemv): against an exact emulation (x quantized in
 blocks of 32, times the dequantized matrix) and against the fp32 product, for odd shapes, one
 and several rows, one and two threads; the fallback; torch.compile; a greedy decode."""
 
@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from tinyllm import cpu_qgemv, switches
-from tinyllm.build import build_transformer, quantize_model
-from tinyllm.checkpoint import load_checkpoint
-from tinyllm.cuda_graph import GraphDecoder
-from tinyllm.generate import generate
-from tinyllm.quant import QTensor, quantize
-from tinyllm.quant_linear import CpuQgemvLinear, quant_linear
+from tinyllm.core.quant import QTensor, quantize
+from tinyllm.core.quant_linear import CpuQgemvLinear, quant_linear
+from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.decode.generate import generate
+from tinyllm.formats.build import build_transformer, quantize_model
+from tinyllm.formats.checkpoint import load_checkpoint
+from tinyllm.kernels import cpu_qgemv, switches
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "tinychat"
 needs_kernel = pytest.mark.skipif(not cpu_qgemv.available(), reason="no AVX2 kernel on this machine")
@@ -260,7 +260,7 @@ def test_fallback_warns_once_and_uses_pytorch_kernels(monkeypatch):
         x = torch.randn(2, 64)
         ref = x @ layer.qtensor().dequantize().T  # (2, 32)
         assert (layer(x) - ref).abs().max() < 0.02 * ref.abs().max()  # fbgemm: x in 8 bits per tensor
-        # TINYLLM_CPU_KERNEL=0, as this process would have read it at start (tinyllm.switches)
+        # TINYLLM_CPU_KERNEL=0, as this process would have read it at start (tinyllm.kernels.switches)
         monkeypatch.setattr(switches, "SWITCHES", switches.read({"TINYLLM_CPU_KERNEL": "0"}))
         cpu_qgemv.available.cache_clear()
         with warnings.catch_warnings():
@@ -359,7 +359,7 @@ def test_the_16_bit_product_equals_the_widened_matrix_in_fp32(half, threads):
 def test_a_compiled_step_of_bf16_matrices_calls_the_16_bit_op():
     """The compiled CPU step of a model holding bf16 matrices runs them as mm_half (counted by the
     profiler), and its logits follow the plain step's (the widened matrices in torch's product)."""
-    from tinyllm.build import build_transformer as build
+    from tinyllm.formats.build import build_transformer as build
 
     dense = tiny_model()
     model = build(dense.cfg, {k: v.bfloat16() for k, v in dense.state_dict().items()}, torch.device("cpu"),

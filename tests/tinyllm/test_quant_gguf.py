@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from tests.tinyllm.test_gguf import llama_file, sp_tok  # noqa: F401 (fixtures)
-from tinyllm.gguf_quants import to_qtensor
-from tinyllm.open_model import open_any
-from tinyllm.quant import QTensor
-from tinyllm.quant_linear import QuantEmbedding, QuantLinear
+from tinyllm.core.quant import QTensor
+from tinyllm.core.quant_linear import QuantEmbedding, QuantLinear
+from tinyllm.formats.gguf_quants import to_qtensor
+from tinyllm.formats.open_model import open_any
 
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
@@ -56,7 +56,7 @@ def test_gguf_file_loads_quantized_and_follows_the_file(llama_file, monkeypatch)
     path, _model, expected = llama_file
     dense = open_any(path, "cpu", torch.float32, quant="none")[0]
     fast = open_any(path, "cpu", torch.float32, quant="keep")[0]  # fbgemm for int8 where present
-    monkeypatch.setattr("tinyllm.quant.fbgemm_available", lambda: False)
+    monkeypatch.setattr("tinyllm.core.quant.fbgemm_available", lambda: False)
     model = open_any(path, "cpu", torch.float32, quant="keep")[0]  # weight-only kernels
     assert isinstance(model.tok_emb, QuantEmbedding) and model.tok_emb.kind == "int8"  # Q8_0
     assert isinstance(model.lm_head, QuantLinear) and model.lm_head.kind == "int8"  # Q6_K

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tinyllm.chat import ChatSession, Finished
-from tinyllm.open_model import open_any
-from tinyllm.tokenizer import StreamDecoder
+from tinyllm.formats.open_model import open_any
+from tinyllm.session.chat import ChatSession, Finished
+from tinyllm.text.tokenizer import StreamDecoder
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,7 +69,7 @@ def test_smollm2_matches_transformers_gguf_loader(smollm2, monkeypatch):
     Q/K un-permutation): same tokens, logits within fp32 noise, same greedy reply."""
     pytest.importorskip("accelerate")  # transformers needs it to load GGUF files
     transformers = pytest.importorskip("transformers")
-    from tinyllm.generate import generate
+    from tinyllm.decode.generate import generate
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model, tok, tmpl, _ = smollm2
@@ -93,7 +93,7 @@ def test_smollm2_matches_transformers_gguf_loader(smollm2, monkeypatch):
 def test_smollm2_quantized_still_knows_the_capital_of_france(quant, kind):
     """Issue 11: the file's 4-bit matrices kept as int4 (on an AVX2 CPU through our kernel),
     or every matrix int8: the greedy reply still says Paris and closes its turn."""
-    from tinyllm.quant_linear import QuantLinear
+    from tinyllm.core.quant_linear import QuantLinear
 
     model, tok, tmpl, name = open_any(GGUF, "cpu", torch.float32, quant=quant)
     assert any(isinstance(m, QuantLinear) and m.kind == kind for m in model.modules())

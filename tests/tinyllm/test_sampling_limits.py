@@ -1,12 +1,12 @@
 """Issue 31, section 4: a sampling value no reply can use is refused where it is made, in one line
-that names the setting's range (tinyllm.sampling_params.check); the ends of every range give
+that names the setting's range (tinyllm.decode.sampling_params.check); the ends of every range give
 real replies, in the plain step and in the native CPU step."""
 
 import pytest
 
-from tinyllm.chat import open_session
-from tinyllm.sampling_params import LIMITS, SamplingParams
-from tinyllm.testing import make_tiny_checkpoint
+from tinyllm.decode.sampling_params import LIMITS, SamplingParams
+from tinyllm.session.chat import open_session
+from tinyllm.tools.testing import make_tiny_checkpoint
 
 # Each was accepted; the first four failed every reply ("value cannot be converted to type float
 # without overflow", OverflowError), the next three made every reply NaN noise (" ⁇  ⁇  ⁇").

@@ -1,14 +1,14 @@
-"""The compiled step saved and loaded (tinyllm.saved_step): a loaded step runs as the step it was
+"""The compiled step saved and loaded (tinyllm.decode.saved_step): a loaded step runs as the step it was
 saved from, against the plain step at every bucket; guards that refuse a decoder fall back to
 tracing the step, never to an error; a damaged file is compiled anew."""
 
 import pytest
 import torch
 
-from tinyllm import saved_step
-from tinyllm.compile_step import compile_step
-from tinyllm.cuda_graph import GraphDecoder
-from tinyllm.saved_step import SavedStep
+from tinyllm.decode import saved_step
+from tinyllm.decode.compile_step import compile_step
+from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.decode.saved_step import SavedStep
 
 MAX_LEN = 128
 

@@ -1,4 +1,4 @@
-"""tinyllm.session_protocol: torch-free; one JOBS table whose names are Session methods that
+"""tinyllm.session.session_protocol: torch-free; one JOBS table whose names are Session methods that
 ChatSession and RemoteSession both have; the server answers each Call by its id as JOBS says."""
 
 import multiprocessing as mp
@@ -11,8 +11,8 @@ from typing import get_args
 import pytest
 
 from chat_app.remote_session import RemoteSession
-from tinyllm.chat_events import Finished, Token
-from tinyllm.session_protocol import (
+from tinyllm.session.chat_events import Finished, Token
+from tinyllm.session.session_protocol import (
     JOBS,
     Call,
     Done,
@@ -27,7 +27,7 @@ from tinyllm.session_protocol import (
     SessionState,
     Started,
 )
-from tinyllm.testing import make_tiny_checkpoint
+from tinyllm.tools.testing import make_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +40,13 @@ def members(protocol: type) -> set[str]:
 
 
 def test_the_protocol_imports_no_torch():
-    code = ("import sys\nimport tinyllm.session_protocol, chat_app.remote_session\n"
+    code = ("import sys\nimport tinyllm.session.session_protocol, chat_app.remote_session\n"
             "assert 'torch' not in sys.modules, 'the protocol imported torch'\n")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_every_job_is_a_session_method_of_both_sessions(ckpt):
-    from tinyllm.chat import open_session
+    from tinyllm.session.chat import open_session
 
     assert set(get_args(Job)) == set(JOBS)
     assert set(JOBS) <= members(Session) and all(callable(getattr(Session, job)) for job in JOBS)
@@ -59,7 +59,7 @@ def test_every_job_is_a_session_method_of_both_sessions(ckpt):
 
 
 def test_the_server_answers_each_call_by_its_id(ckpt):
-    from tinyllm.chat_server import serve
+    from tinyllm.session.chat_server import serve
 
     parent, child = mp.Pipe()
     server = threading.Thread(target=serve, args=(child, dict(path=ckpt, device="cpu", compile=None)), daemon=True)
@@ -97,7 +97,7 @@ def test_the_server_answers_each_call_by_its_id(ckpt):
 def test_an_edit_through_the_child_process_replies_as_a_fresh_chat(ckpt):
     """Issue 34, item 7: the job `edit` (a REPLY) across the pipe replaces the last turn and its
     reply; the greedy reply equals a fresh ChatSession's that sent the edited message."""
-    from tinyllm.chat import open_session
+    from tinyllm.session.chat import open_session
 
     assert JOBS["edit"] is Runs.REPLY
     remote = RemoteSession(dict(path=ckpt, device="cpu", compile=None))

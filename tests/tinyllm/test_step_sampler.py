@@ -6,9 +6,10 @@ import itertools
 import pytest
 import torch
 
-from tinyllm import cpu_qgemv, cpu_step
-from tinyllm.sampling import SamplingParams, noise_at, sample, seed_key
-from tinyllm.step_sampler import REPEAT_WINDOW, StepSampler
+from tinyllm.decode import cpu_step
+from tinyllm.decode.sampling import SamplingParams, noise_at, sample, seed_key
+from tinyllm.decode.step_sampler import REPEAT_WINDOW, StepSampler
+from tinyllm.kernels import cpu_qgemv
 
 SETTINGS = [dict(temperature=t, top_k=k, top_p=p, repeat_penalty=r)
             for t, k, p, r in itertools.product((0.0, 0.7, 1.3), (0, 1, 5, 300), (1.0, 0.9, 0.3), (1.0, 1.3))]

@@ -1,4 +1,4 @@
-"""The library's TINYLLM_* switches (tinyllm.switches): read once into one frozen Switches, each
+"""The library's TINYLLM_* switches (tinyllm.kernels.switches): read once into one frozen Switches, each
 variable to its field, and no other module of the library reading them from the environment."""
 
 import dataclasses
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tinyllm import switches
-from tinyllm.switches import Switches, read
+from tinyllm.kernels import switches
+from tinyllm.kernels.switches import Switches, read
 
 ROOT = Path(__file__).resolve().parents[2]
 

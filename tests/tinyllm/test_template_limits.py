@@ -4,9 +4,9 @@ import time
 
 import pytest
 
-import tinyllm.jinja_template as jt
-from tinyllm.chat_template import ChatTemplate
-from tinyllm.jinja_template import derive_template, template_from_dict
+import tinyllm.text.jinja_template as jt
+from tinyllm.text.chat_template import ChatTemplate
+from tinyllm.text.jinja_template import derive_template, template_from_dict
 
 pytest.importorskip("jinja2")
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -59,8 +59,8 @@ def test_escaped_braces_are_fine():
 def test_a_checkpoint_with_a_bad_template_fails_the_cli_check(tmp_path, chat):
     import json
 
-    from tinyllm.open_model import inspect_any
-    from tinyllm.testing import make_tiny_checkpoint
+    from tinyllm.formats.open_model import inspect_any
+    from tinyllm.tools.testing import make_tiny_checkpoint
 
     path = make_tiny_checkpoint(tmp_path / "tiny", max_seq_len=64)
     config = json.loads((path / "config.json").read_text())

@@ -1,4 +1,4 @@
-"""Tests for tinyllm.tokenizer: training, round trips, special pieces, streaming."""
+"""Tests for tinyllm.text.tokenizer: training, round trips, special pieces, streaming."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
-from tinyllm.tokenizer import StreamDecoder, Tokenizer, train_sentencepiece
+from tinyllm.text.tokenizer import StreamDecoder, Tokenizer, train_sentencepiece
 
 SPECIALS = ["<|im_start|>", "<|im_end|>"]
 

@@ -1,4 +1,4 @@
-"""tinyllm.data and tinyllm.train on the CPU: the assistant-only loss mask, packing, the
+"""tinyllm.tools.data and tinyllm.tools.train on the CPU: the assistant-only loss mask, packing, the
 tokenized-data cache, the special pieces, and short training runs (loss falls, resume is
 exact). Data: the first few hundred real conversations when the tinychat-distill files are
 present, else synthetic ones; the tokenizer is trained on them here."""
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tinyllm import data
-from tinyllm.chat_template import get_template
-from tinyllm.checkpoint import load_checkpoint
-from tinyllm.tokenizer import Tokenizer
-from tinyllm.train import main
+from tinyllm.formats.checkpoint import load_checkpoint
+from tinyllm.text.chat_template import get_template
+from tinyllm.text.tokenizer import Tokenizer
+from tinyllm.tools import data
+from tinyllm.tools.train import main
 
 REPO = Path(__file__).resolve().parents[2]
 REAL = [REPO / "data" / "tinychat-distill", Path("/work/shared/data/tinychat-distill")]

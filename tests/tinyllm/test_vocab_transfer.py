@@ -1,4 +1,4 @@
-"""tinyllm.vocab_transfer: each piece of a new sentencepiece vocabulary gets the teacher's row of
+"""tinyllm.tools.vocab_transfer: each piece of a new sentencepiece vocabulary gets the teacher's row of
 the one token that spells it, else the mean of the rows of the tokens its text encodes to; the
 special pieces take the teacher's ChatML and end-of-text rows. Teacher: a small byte-level BPE
 (GPT-2 style, SmolLM2's kind); student: a small sentencepiece model, both trained here."""
@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from tests.tinyllm.formats_common import need, train_bpe
-from tinyllm.testing import CHAT_TEXT
-from tinyllm.tokenizer import Tokenizer, train_sentencepiece
-from tinyllm.vocab_transfer import piece_bytes, teacher_bytes, transfer_embedding
+from tinyllm.text.tokenizer import Tokenizer, train_sentencepiece
+from tinyllm.tools.testing import CHAT_TEXT
+from tinyllm.tools.vocab_transfer import piece_bytes, teacher_bytes, transfer_embedding
 
 
 @pytest.fixture(scope="module")
 def teacher():
     need("tokenizers")
-    from tinyllm.bpe_tokenizer import BPETokenizer
+    from tinyllm.text.bpe_tokenizer import BPETokenizer
 
     return BPETokenizer(train_bpe())
 

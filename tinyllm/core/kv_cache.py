@@ -1,0 +1,314 @@
+"""Key/value caches for the model's one forward (the cache protocol, docs/INFERENCE.md 4.1).
+
+A cache owns K/V storage and the positions of the tokens in it. The model calls:
+  cos, sin = cache.begin_step(T, rope)   # RoPE rows for the T new tokens; sets attn kwargs
+  k, v = cache.layer(i).update(k, v)     # store the new K/V, return every key this step sees
+  cache.layer(i).attn_kwargs             # passed to SDPA (is_causal or attn_mask)
+  cache.layer(i).rope_attend(qkv, cos, sin, scale)  # RoPE, write and attention as one op, or None
+  cache.end_step(T)                      # advance the position
+
+Here:
+- `causal_kwargs(start, T)` and `padded_causal_mask(start, T, first_valid)`: the attention
+  arguments for T queries at positions start.. over keys 0..start+T-1.
+- `KVCache`: the eager cache. Preallocated (B, Hkv, max_len, D) per layer on first use,
+  prefill from any position (a new turn appends after the old), rows may be left-padded
+  (`first_valid` counts each row's pads), `truncate(n)` rewinds. Decode attends over exactly
+  n + 1 keys, with no mask when unpadded: the eager reference path.
+- `SlotKVCache`: the continuous engine's cache, one independent row ("slot") per request,
+  lengths on the host (`lens`) and on the device (`_lens_dev`), decode through `decode(W)`.
+Refuses: writing past max_len ("KV cache full"), a dtype other than the one it holds.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def causal_kwargs(start: int, T: int, device) -> dict:
+    """SDPA kwargs for T queries at positions start..start+T-1 over keys 0..start+T-1."""
+    if T == 1:
+        return {}  # one query sees every key
+    if start == 0:
+        return {"is_causal": True}
+    q_pos = torch.arange(start, start + T, device=device)
+    k_pos = torch.arange(start + T, device=device)
+    return {"attn_mask": k_pos[None, :] <= q_pos[:, None]}  # (T, S)
+
+
+def padded_causal_mask(start: int, T: int, first_valid: Tensor) -> Tensor:
+    """(B, 1, T, S) bool mask, S = start + T: causal, and no key before the row's first valid
+    position. A pad query still sees itself, so no row of the softmax is empty (its output
+    is never read)."""
+    device = first_valid.device
+    q_pos = torch.arange(start, start + T, device=device)[:, None]  # (T, 1)
+    k_pos = torch.arange(start + T, device=device)[None, :]  # (1, S)
+    causal = k_pos <= q_pos  # (T, S)
+    valid = k_pos >= first_valid[:, None, None]  # (B, 1, S)
+    return ((causal & valid) | (k_pos == q_pos))[:, None]  # (B, 1, T, S)
+
+
+def check_dtype(held: Tensor, new: Tensor) -> None:
+    if held.dtype != new.dtype:
+        raise ValueError(f"cache holds {held.dtype}, got {new.dtype}: reset the cache or cast the model")
+
+
+class KVCache:
+    """The eager cache: B rows sharing one position n (host int)."""
+
+    def __init__(self, n_layers: int, batch: int, max_len: int, device=None):
+        self.n_layers, self.batch, self.max_len = n_layers, batch, max_len
+        self.rows = max_len  # positions allocated per layer (a static cache keeps one spare)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.k: list[Tensor | None] = [None] * n_layers
+        self.v: list[Tensor | None] = [None] * n_layers
+        self.first_valid = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.padded = False
+        self.n = 0
+        self.attn_kwargs: dict = {}
+
+    def reset(self, pad_lens: Tensor | None = None) -> None:
+        """Empty the cache; pad_lens (B,) counts each row's left pads in the next prefill."""
+        self.n = 0
+        self.padded = pad_lens is not None and bool((pad_lens > 0).any())
+        self.first_valid.zero_()
+        if pad_lens is not None:
+            self.first_valid.copy_(pad_lens)
+
+    def truncate(self, n: int) -> None:
+        """Forget every position from n on (regenerate, edit)."""
+        if not 0 <= n <= self.n:
+            raise ValueError(f"cannot truncate to {n}: the cache holds {self.n} positions")
+        self.n = n
+
+    def begin_step(self, T: int, rope) -> tuple[Tensor, Tensor]:
+        if self.n + T > self.max_len:
+            raise ValueError(f"KV cache full: {self.n} + {T} tokens > max_len {self.max_len}")
+        cos, sin = rope(T, self.n)
+        if self.padded:
+            self.attn_kwargs = {"attn_mask": padded_causal_mask(self.n, T, self.first_valid)}
+        else:
+            self.attn_kwargs = causal_kwargs(self.n, T, cos.device)
+        return cos, sin
+
+    def end_step(self, T: int) -> None:
+        self.n += T
+
+    def layer(self, i: int) -> _LayerKV:
+        return _LayerKV(self, i)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
+
+
+class _LayerKV:
+    """One layer's view of a KVCache or StaticKVCache in prefill mode."""
+
+    def __init__(self, cache: KVCache, i: int):
+        self.cache, self.i = cache, i
+
+    @property
+    def attn_kwargs(self) -> dict:
+        return self.cache.attn_kwargs
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        c, i = self.cache, self.i
+        B, H, T, D = k.shape  # (B, Hkv, T, D)
+        if B != c.batch:
+            raise ValueError(f"batch {B} != cache batch {c.batch}")
+        if c.k[i] is None:
+            shape = (c.batch, H, c.rows, D)
+            c.k[i] = torch.zeros(shape, dtype=k.dtype, device=k.device)
+            c.v[i] = torch.zeros(shape, dtype=v.dtype, device=v.device)
+        check_dtype(c.k[i], k)
+        end = c.n + T
+        c.k[i][:, :, c.n:end] = k
+        c.v[i][:, :, c.n:end] = v
+        return c.k[i][:, :, :end], c.v[i][:, :, :end]  # (B, Hkv, n + T, D)
+
+    def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> None:
+        return None  # RoPE, the write and attention as one op: a decode view's only
+
+
+class SlotKVCache:
+    """One row ("slot") per request, each with its own length, for continuous batching.
+
+    Prefill (eager, several slots at once): `start_prefill(slots, lens)` then a forward of
+    (len(slots), T) right-padded tokens writes each slot's positions 0..T-1. Decode runs
+    through the view `decode(W)` (T=1): every slot takes one token at its own position
+    `_lens_dev[s]` and attends over the first W keys, masked past its length. Free slots
+    compute too (into their own row) but never advance. The host copy `lens` moves in
+    `advance_host()`, the device copy inside the (captured) step.
+    """
+
+    def __init__(self, n_layers: int, n_slots: int, max_len: int, device=None):
+        self.n_layers, self.n_slots, self.max_len = n_layers, n_slots, max_len
+        self.rows = max_len + 1  # one spare position: a window W <= max_len is always a strict slice
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.k: list[Tensor | None] = [None] * n_layers
+        self.v: list[Tensor | None] = [None] * n_layers
+        self.lens = [0] * n_slots  # host lengths: bounds and bucket choice, no sync
+        self.active = [False] * n_slots
+        self._lens_dev = torch.zeros(n_slots, dtype=torch.long, device=self.device)
+        self._active_dev = torch.zeros(n_slots, dtype=torch.long, device=self.device)
+        self._slot_ids = torch.arange(n_slots, device=self.device)  # the decode write's row index
+        self.prefill_slots: list[int] | None = None
+        self.prefill_lens: list[int] = []
+        self.attn_kwargs: dict = {}
+
+    def start_prefill(self, slots: list[int], lens: list[int]) -> None:
+        """The next forward, (len(slots), T) tokens right-padded to T, prefills slots[r]
+        with the first lens[r] tokens of row r from position 0. Positions past a row's length
+        get padding K/V, which no decode step reads: each step writes its position first."""
+        busy = [s for s in slots if self.active[s]]
+        if busy:
+            raise ValueError(f"slots {busy} are in use: release them first")
+        if len(set(slots)) != len(slots) or len(lens) != len(slots):
+            raise ValueError(f"need distinct slots and one length each, got {slots} and {lens}")
+        self.prefill_slots, self.prefill_lens = list(slots), list(lens)
+
+    def admit(self, slots: list[int]) -> None:
+        """Mark prefilled slots live: decode steps advance them from now on."""
+        for s in slots:
+            self.active[s] = True
+        idx = torch.tensor(slots, device=self.device)
+        self._lens_dev[idx] = torch.tensor([self.lens[s] for s in slots], device=self.device)
+        self._active_dev[idx] = 1
+
+    def release(self, slot: int) -> None:
+        self.active[slot] = False
+        self.lens[slot] = 0
+        self._lens_dev[slot] = 0
+        self._active_dev[slot] = 0
+
+    def free_slots(self) -> list[int]:
+        return [s for s in range(self.n_slots) if not self.active[s]]
+
+    # -- what the decoder asks of a cache ---------------------------------------------------
+
+    def decode(self, window: int) -> _SlotDecode:
+        return _SlotDecode(self, window)
+
+    def ensure(self, i: int, like: Tensor) -> None:
+        """Allocate layer i's K/V on first use, shaped like `like` (S, Hkv, T, D)'s heads."""
+        if self.k[i] is None:
+            _, H, _, D = like.shape
+            shape = (self.n_slots, H, self.rows, D)
+            self.k[i] = torch.zeros(shape, dtype=like.dtype, device=like.device)
+            self.v[i] = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        check_dtype(self.k[i], like)
+
+    def keys_needed(self, steps: int) -> int:
+        need = max((self.lens[s] for s in range(self.n_slots) if self.active[s]), default=0) + steps
+        if need > self.max_len:
+            raise ValueError(f"a slot is full (max_len {self.max_len})")
+        return need
+
+    def step_state(self) -> list[Tensor]:
+        return [self._lens_dev]
+
+    def advance_host(self, steps: int = 1) -> None:
+        for s in range(self.n_slots):
+            if self.active[s]:
+                self.lens[s] += steps
+
+    # -- prefill (the cache protocol) --------------------------------------------------------
+
+    def begin_step(self, T: int, rope) -> tuple[Tensor, Tensor]:
+        assert self.prefill_slots is not None, "call start_prefill(slots, lens) before a prefill"
+        if T > self.max_len:
+            raise ValueError(f"KV cache full: prompt of {T} tokens > max_len {self.max_len}")
+        cos, sin = rope(T, 0)
+        self.attn_kwargs = causal_kwargs(0, T, cos.device)
+        return cos, sin
+
+    def end_step(self, T: int) -> None:
+        for s, n in zip(self.prefill_slots, self.prefill_lens, strict=True):
+            self.lens[s] = n
+        self.prefill_slots = None
+
+    def layer(self, i: int) -> _SlotLayerKV:
+        return _SlotLayerKV(self, i)
+
+
+class _SlotDecode:
+    """The cache protocol for one decode step of every slot over W keys: each slot takes one
+    token at its own position `_lens_dev[s]`, masked past its length."""
+
+    def __init__(self, cache: SlotKVCache, window: int):
+        self.cache, self.window = cache, window
+        self.attn_kwargs: dict = {}
+
+    def begin_step(self, T: int, rope) -> tuple[Tensor, Tensor]:
+        if T != 1:
+            raise ValueError("decode mode takes one token per slot")
+        lens = self.cache._lens_dev
+        k_pos = torch.arange(self.window, device=lens.device)
+        valid = k_pos[None, :] <= lens[:, None]  # (S, W)
+        self.attn_kwargs = {"attn_mask": valid[:, None, None, :]}  # (S, 1, 1, W)
+        cos = rope.cos.index_select(0, lens)[:, None]  # (S, 1, D/2)
+        sin = rope.sin.index_select(0, lens)[:, None]
+        return cos, sin
+
+    def layer(self, i: int) -> ViewLayer:
+        return ViewLayer(self, i)
+
+    def update(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        c, W = self.cache, self.window
+        c.ensure(i, k)  # a capture before any admission decodes first
+        # Each slot writes at its own length, as an index_put_ (k (S, Hkv, 1, D) -> (S, Hkv, D) at
+        # [slot, :, len]): Inductor keeps it in place. A scatter_ there became a functional
+        # scatter of the whole cache and a copy back into it, every layer, every step (issue 35).
+        pos = c._lens_dev.clamp(max=c.max_len - 1)  # (S,)
+        c.k[i][c._slot_ids, :, pos] = k[:, :, 0]
+        c.v[i][c._slot_ids, :, pos] = v[:, :, 0]
+        return c.k[i][:, :, :W], c.v[i][:, :, :W]  # (S, Hkv, W, D)
+
+    def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> None:
+        return None  # each slot at its own position: no fused op takes that
+
+    def end_step(self, T: int) -> None:
+        self.cache._lens_dev.add_(self.cache._active_dev)  # captured into the graph
+
+
+class ViewLayer:
+    """One layer of a decode view (a static or slot cache's `decode(W)`): the `update` and
+    `attn_kwargs` the cache protocol asks of `cache.layer(i)`, passed on to the view."""
+
+    def __init__(self, view, i: int):
+        self.view, self.i = view, i
+
+    @property
+    def attn_kwargs(self) -> dict:
+        return self.view.attn_kwargs
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return self.view.update(self.i, k, v)
+
+    def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> Tensor | None:
+        """The view's fused RoPE, cache write and attention (tinyllm.core.ops), or None where the view
+        has none or cannot take these inputs."""
+        return self.view.rope_attend(self.i, qkv, cos, sin, scale)
+
+
+class _SlotLayerKV:
+    """One layer of a SlotKVCache prefill."""
+
+    def __init__(self, cache: SlotKVCache, i: int):
+        self.cache, self.i = cache, i
+
+    @property
+    def attn_kwargs(self) -> dict:
+        return self.cache.attn_kwargs
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        c, i = self.cache, self.i
+        T = k.shape[2]  # (B, Hkv, T, D)
+        c.ensure(i, k)
+        rows = torch.tensor(c.prefill_slots, device=k.device)  # (B,)
+        c.k[i][rows, :, :T] = k
+        c.v[i][rows, :, :T] = v
+        return k, v  # a prefill from position 0 sees exactly its own keys
+
+    def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> None:
+        return None  # RoPE, the write and attention as one op: a decode view's only

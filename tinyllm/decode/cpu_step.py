@@ -1,0 +1,113 @@
+"""The CPU decode step as one C++ call (cpu_step.cpp), for a decoder of batch 1.
+
+Why: a compiled CPU step spends most of a small model's token outside its kernels. Measured on
+the 2-core CPU (docs/BENCHMARKS.md): about 0.69 ms of the default model's 1.26 ms ran on the
+main thread alone (Python, Dynamo's guards, the wrapper's calls into each op), and a compiled
+call reading SmolLM2's ~430 weight tensors costs about 0.8 ms before any work. Here the step
+holds the model's tensors once and runs every block in C++ on the same kernels
+(tinyllm.kernels.cpu_qgemv), so a token costs one call. It needs no compile either: a session has its
+fast step as soon as the kernels are built (once per machine, about 20 s) or loaded.
+
+Contract:
+- `problem(model, batch) -> str | None`: why the native step cannot run this model, or None.
+  It runs batch 1 of a CPU model computing in fp32 where tinyllm.kernels.cpu_qgemv is available, whose
+  layers export the layout it reads (`Transformer.native_parts`: dense fp32 / bf16 / fp16
+  matrices and tables, and the AVX2 kernel's quantized ones, int8 and int4).
+- `use_native(dec) -> NativeStep`: makes the native step the decoder's step (`dec.set_step`,
+  named "native"); `dec.set_compile(None)` goes back to the plain step.
+- `NativeStep(dec)`: the step `(window) -> logits (1, 1, V)`, what the decoder's
+  `plain_step(window)` does: the model's step through the cache's decode view at `cache.pos`
+  (K/V written there, keys first_valid..pos attended, pos advanced), then the sampler's push
+  and draw into `dec.tok`, all in C++. It reads the decoder through its public parts only
+  (`model`, `cache`, `tok`, `greedy`, `sampler.native_args()`, `plain_step`). The step equals
+  the plain one up to fp32 rounding (the products are the same kernels); the draws are the C++
+  Sampler's (cpu_sampler.cpp: StepSampler's noise, penalty, top-k and top-p; only a near-tie
+  that rounding decides could differ), on the StepSampler's own tensors, so its settings and
+  state stay where it keeps them. The C++ object is made at the first call (a prefill has
+  allocated the cache by then) and again if the cache's tensors change. Where the C++ side
+  refuses a layout `problem` let through, `refused` says why (one line, also on stderr) and
+  the decoder's plain step runs from then on.
+- `native_draw(sampler, logits, tok)`: the C++ Sampler alone on a StepSampler's tensors (what
+  the step does after its forward): tok (1, 1) pushed, the draw from logits (1, V) fp32
+  written into tok; the parity tests hold it to StepSampler.push and draw.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import Tensor
+
+from tinyllm.decode.step_sampler import StepSampler
+from tinyllm.kernels import cpu_qgemv
+
+
+def problem(model, batch: int) -> str | None:
+    if batch != 1:
+        return f"batch {batch} (the native step runs batch 1)"
+    if model.device.type != "cpu" or model.dtype != torch.float32:
+        return f"a {model.device.type} model computing in {model.dtype} (it runs fp32 on the CPU)"
+    if not cpu_qgemv.available():
+        return "the CPU kernels are not available"
+    try:
+        model.native_parts()
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def build(model, cache) -> object:
+    """The C++ step over `model` and a StaticKVCache of batch 1 whose K/V exist."""
+    reason = problem(model, cache.batch)
+    if reason is not None:
+        raise ValueError(f"the native CPU step cannot run this model: {reason}")
+    cfg = model.cfg
+    head, layers = model.native_parts()
+    tensors = list(head)
+    for parts, k, v in zip(layers, cache.k, cache.v, strict=True):
+        tensors += [*parts, k, v]
+    config = [cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim]
+    return torch.classes.tinyllm_cpu.Step(tensors, config, float(cfg.norm_eps))
+
+
+class NativeStep:
+    def __init__(self, dec):
+        self.dec = dec
+        self._step = None
+        self._held: tuple[Tensor, ...] = ()  # the cache tensors the step was made over
+        self.refused = ""  # why the C++ step refused this model, where it did: the plain step runs
+
+    def __call__(self, window: int) -> Tensor:
+        dec, cache = self.dec, self.dec.cache
+        if self.refused:
+            return dec.plain_step(window)
+        held = (*cache.k, *cache.v)
+        if self._step is None or any(a is not b for a, b in zip(held, self._held, strict=True)):
+            if cache.k[0] is None:
+                raise ValueError("prefill before the first decode step")
+            try:
+                self._step, self._held = build(dec.model, cache), held
+            except RuntimeError as e:  # a layout problem() did not foresee: never a failed reply
+                self.refused = str(e).strip().splitlines()[0]
+                print(f"tinyllm: the native CPU step refused this model ({self.refused}); the plain step runs",
+                      file=sys.stderr)
+                return dec.plain_step(window)
+        forward = self._step.forward_greedy if dec.greedy else self._step.forward_sample
+        # the sampler's push and draw in C++ too, on its own tensors
+        return forward(dec.tok, cache.pos, cache.first_valid, window, *dec.sampler.native_args())  # (1, 1, V)
+
+
+def use_native(dec) -> NativeStep:
+    """The native step runs `dec`'s decode steps from its next run on."""
+    step = NativeStep(dec)
+    dec.set_step(step, "native")
+    return step
+
+
+def native_draw(sampler: StepSampler, logits: Tensor, tok: Tensor) -> None:
+    """The C++ Sampler's push of tok (1, 1) and draw from logits (1, V) into tok, on `sampler`'s
+    tensors (its greedy or sampled variant, as `sampler.greedy` says)."""
+    cpp = torch.classes.tinyllm_cpu.Sampler()
+    draw = cpp.greedy if sampler.greedy else cpp.sample
+    draw(logits, tok, *sampler.native_args())

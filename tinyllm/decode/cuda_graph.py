@@ -1,0 +1,506 @@
+"""CUDA-graph decode (docs/INFERENCE.md, 4.11 and 4.11b).
+
+A decode step of a small model is launch-bound: ~10 kernels per layer, each a few µs of GPU
+work, and the CPU needs about as long to launch each one. A CUDA graph records the whole
+step once and replays it with a single launch.
+
+A graph replays fixed kernels on fixed addresses, so the step has static shapes:
+- `StaticKVCache` keeps the position as a device tensor. K/V are written with index_copy_
+  at that position, RoPE is gathered at it, and every decode step attends over a fixed
+  window of W keys, with keys past the position masked out.
+- W comes from length buckets (128, 256, ..., max_len). The step uses the smallest bucket
+  that holds every key it needs. All graphs share one memory pool and the same static
+  buffers (cache, input token, sampler state).
+- Prefill stays eager: it runs once per turn with a different shape each time. It may start
+  at any position n (a new chat turn is appended after the conversation so far), and
+  `truncate(n)` rewinds (regenerate, or the overshoot of a chunk).
+
+One step body serves both decoders: the cache supplies what differs. `cache.decode(W)` is
+the cache protocol for one decode step over W keys (a view; the cache itself stays in
+prefill mode), `cache.keys_needed(steps)` the window a run of `steps` steps needs,
+`cache.step_state()` the device tensors a step advances (a capture's warm-up puts them
+back), `cache.advance_host(steps)` the host-side bookkeeping. `GraphDecoder` runs it over a
+`StaticKVCache` (one request, B rows), `SlotGraphDecoder` over a `SlotKVCache` (the
+continuous engine). `use_graph=None` means graphs where the model is on CUDA.
+
+The step samples inside itself (`StepSampler`: greedy, temperature, top-k, top-p, repetition
+penalty, seeded noise) and writes the next id into its own input buffer `tok`, so `step(dec.tok)`
+needs no copy and no host sync. `run(steps)` chains `steps` steps in one replay (one graph per
+(W, steps, greedy)); their ids land in `out`. `GraphDecoder.launch(steps)` does that without
+waiting and hands back a `Chunk` whose ids the host reads later: one sync per chunk, not per
+token. A run never crosses a bucket boundary unless asked to (`run` picks W for its last step).
+The sampler is reached through the decoder: `greedy` (the variant the next run runs),
+`draw_first(logits, params, recent)` (a reply's settings and its first, eager draw) and
+`n_valid`; `plain_step(window)` is the step in Python, what a compile traces.
+
+`use_graph=False` runs the identical steps eagerly: the reference replay must match bit for
+bit, and the path on a CPU. Toggling `use_graph` between two runs changes no token. Not
+bit-identical to the eager `KVCache` decode: that attends over exactly pos + 1 keys with no
+mask, and SDPA picks another kernel. No autocast: weights on CUDA are bf16, and the step
+computes in the weights' dtype. Refuses: graphs without CUDA, a full cache, a wrong batch.
+
+`compile="inductor"` runs the step through `torch.compile` (dynamic window: one compiled
+step per sampler variant serves every bucket): Inductor fuses RMSNorm, RoPE, sampling and the
+elementwise work into a few kernels, and the graphs capture the compiled step. Graph and eager
+mode then run the same compiled code, so they stay bit-identical; the compiled step is close
+to, not bit-equal with, the plain one. `set_compile(backend, saved)` changes it between runs;
+`set_step(step, name)` runs another step function instead (the native CPU step:
+tinyllm.decode.cpu_step.use_native), and `compile` then reads its name.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tinyllm.core.kv_cache import KVCache, SlotKVCache, ViewLayer
+from tinyllm.core.model import Transformer
+from tinyllm.decode.sampling_params import SamplingParams
+from tinyllm.decode.saved_step import SavedStep
+from tinyllm.decode.step_sampler import StepSampler
+from tinyllm.kernels import cpu_qgemv, decode_attention, pdl
+
+MAX_RUN = 16  # the most steps one run chains (the width of `out`)
+
+
+def default_buckets(max_len: int, first: int = 128) -> tuple[int, ...]:
+    """first, 2*first, ... below max_len, then max_len itself."""
+    out, b = [], first
+    while b < max_len:
+        out.append(b)
+        b *= 2
+    return (*out, max_len)
+
+
+def pick_bucket(buckets: tuple[int, ...], n_keys: int) -> int:
+    """The smallest bucket that holds n_keys keys."""
+    for b in buckets:
+        if b >= n_keys:
+            return b
+    raise ValueError(f"{n_keys} keys exceed the largest bucket {buckets[-1]}")
+
+
+class StaticKVCache(KVCache):
+    """Shared-position cache with fixed shapes (B rows, max_len positions).
+
+    As a cache it prefills eagerly from the current position n (KVCache). `decode(W)` is the
+    view one decode step runs through: the position comes from the device tensor `pos`, and
+    the step sees the first W keys with a mask, so shapes don't depend on the position.
+    `first_valid` (B,) is the left-pad count per row; zeros when unpadded.
+    """
+
+    def __init__(self, n_layers: int, batch: int, max_len: int, device=None):
+        super().__init__(n_layers, batch, max_len, device)
+        # One spare position: every window W <= max_len is then a strict slice of the cache, so
+        # a compiled step needs no second variant for W = max_len.
+        self.rows = max_len + 1
+        self.pos = torch.zeros(1, dtype=torch.long, device=self.device)  # graph input
+
+    def reset(self, pad_lens: Tensor | None = None) -> None:
+        super().reset(pad_lens)
+        self.pos.zero_()
+
+    def truncate(self, n: int) -> None:
+        super().truncate(n)
+        self.pos.fill_(n)
+
+    def end_step(self, T: int) -> None:
+        super().end_step(T)
+        self.pos.fill_(self.n)
+
+    # -- what the decoder asks of a cache ---------------------------------------------------
+
+    def decode(self, window: int) -> _StaticDecode:
+        assert self.k[0] is not None, "prefill before the first decode step"
+        return _StaticDecode(self, window)
+
+    def keys_needed(self, steps: int) -> int:
+        if self.n + steps > self.max_len:
+            raise ValueError(f"KV cache full: position {self.n + steps} > max_len {self.max_len}")
+        return self.n + steps
+
+    def step_state(self) -> list[Tensor]:
+        return [self.pos]
+
+    def advance_host(self, steps: int) -> None:
+        self.n += steps
+
+
+class _StaticDecode:
+    """The cache protocol for one decode step (T=1) of a StaticKVCache over W keys."""
+
+    def __init__(self, cache: StaticKVCache, window: int):
+        self.cache, self.window = cache, window
+        self.attn_kwargs: dict = {}
+
+    def begin_step(self, T: int, rope) -> tuple[Tensor, Tensor]:
+        if T != 1:
+            raise ValueError("decode mode takes one token per row")
+        c = self.cache
+        k_pos = torch.arange(self.window, device=c.pos.device)  # (W,)
+        valid = (k_pos <= c.pos) & (k_pos >= c.first_valid[:, None])  # (B, W)
+        self.attn_kwargs = {"attn_mask": valid[:, None, None, :]}  # (B, 1, 1, W)
+        self.rope = rope  # its tables, for rope_attend
+        return rope.cos.index_select(0, c.pos), rope.sin.index_select(0, c.pos)
+
+    def layer(self, i: int) -> ViewLayer:
+        return ViewLayer(self, i)
+
+    def update(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        c = self.cache
+        c.k[i].index_copy_(2, c.pos, k)  # (B, Hkv, max_len + 1, D) at pos
+        c.v[i].index_copy_(2, c.pos, v)
+        return c.k[i][:, :, :self.window], c.v[i][:, :, :self.window]  # (B, Hkv, W, D)
+
+    def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> Tensor | None:
+        """Layer i's RoPE, cache write at pos and attention over the window, one op on CUDA:
+        qkv (B, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D); None where the op can't take them.
+        The op reads the rotary tables at pos and builds the window's mask from pos and
+        first_valid itself (cos, sin and attn_kwargs are the same values, left unused): inputs
+        the step already holds, which Inductor hands to every layer's call as they are."""
+        c = self.cache
+        if not decode_attention.rope_supported(qkv, c.k[i], c.v[i]):
+            return None
+        return decode_attention.rope_decode_attention(qkv, self.rope.cos, self.rope.sin, c.pos, c.first_valid,
+                                                      c.k[i], c.v[i], self.window, scale)
+
+    def end_step(self, T: int) -> None:
+        self.cache.pos.add_(1)  # captured into the graph; the host copy moves in advance_host()
+
+
+def compiled(forward, backend: str | None, model: Transformer | None = None):
+    """forward itself, or forward through torch.compile (whole graph, dynamic sizes). A CPU
+    step loads tinyllm.kernels.cpu_qgemv first (building it the first time, about 20 s), so that its
+    decode attention traces as the threaded C++ op (tinyllm.kernels.decode_attention) and a model's
+    16-bit matrices as the AVX2 product (tinyllm.core.linear.HalfCpuLinear). On a CPU
+    the step's Inductor kernels run on one thread: a decode step's tensors are a few thousand
+    elements, and each OpenMP region costs a wake-up of the other threads (on a loaded 2-core
+    machine often a whole scheduler slice); the quantized products (tinyllm.kernels.cpu_qgemv) and
+    torch's own ops still use torch.get_num_threads(). Its wrapper, which calls the kernels
+    in order, is C++ rather than Python (`cpp_wrapper`): measured on the 2-core CPU, paired in
+    one process, the default model's int8 step ran 9% faster (219 -> 239 and 249 -> 272 tok/s)
+    and compiled 17% slower cold (39 -> 46 s; warm 7.0 -> 7.3 s); SmolLM2 ran the same."""
+    if backend is None:
+        return forward
+    options = prepare_compile(backend, model)
+    return torch.compile(forward, backend=backend, fullgraph=True, dynamic=True, options=options)
+
+
+def prepare_compile(backend: str, model: Transformer | None) -> dict | None:
+    """What compiling the step (or loading it compiled: tinyllm.decode.saved_step) needs first: Dynamo's
+    settings, and the AVX2 op built where the products use it. Returns Inductor's options."""
+    import torch._dynamo
+
+    # Entries add up over decoders and batch sizes: raise the recompile limit, and fail
+    # loudly rather than fall back to eager if it is ever hit.
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, 256)
+    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4096)
+    cfg.fail_on_recompile_limit_hit = True
+    # The step's Python floats (norm eps, sampler constants) never change: traced as symbolic
+    # inputs they are specialized after the fact, and Dynamo traces the whole step twice
+    # (a warm start's largest cost: docs/INFERENCE.md 4.14).
+    cfg.specialize_float = True
+    cpu = model is not None and model.device.type == "cpu" and backend == "inductor"
+    if backend == "inductor" and model is not None and model.device.type == "cuda" and pdl.inductor_enabled():
+        import torch._inductor.config
+
+        torch._inductor.config.triton.enable_pdl = True  # its kernels chain with ours (tinyllm.kernels.pdl)
+    if cpu:
+        cpu_qgemv.available()
+    return {"cpp.threads": 1, "cpp_wrapper": True} if cpu else None
+
+
+class _Decoder:
+    """The one decode step body, its graphs and its eager twin, over a cache that supplies
+    `decode(W)`, `keys_needed(steps)`, `step_state()` and `advance_host(steps)`."""
+
+    def __init__(self, model: Transformer, cache, batch: int, buckets: tuple[int, ...], max_len: int,
+                 use_graph: bool | None, compile: str | None, n_valid: int | None = None):
+        self.model, self.cache, self.compile = model, cache, compile
+        model.rope.ensure(model.rope.max_seq_len)  # the tables `rope.cos` reads: never built in a capture/compile
+        self.buckets = tuple(sorted(buckets))
+        if self.buckets[-1] < max_len:
+            raise ValueError(f"largest bucket {self.buckets[-1]} < max_len {max_len}")
+        device = model.device
+        self.sampler = StepSampler(batch, model.cfg.vocab_size, device, n_valid)
+        self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)  # the next step's input
+        self.out = torch.zeros(batch, MAX_RUN, dtype=torch.long, device=device)  # ids of the last run
+        self._step_fn = self._make_step(compile)
+        self.saved = None  # the loaded compiled step (tinyllm.decode.saved_step) that runs, if one does
+        self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self.pool = None
+        self._use_graph = False
+        self.use_graph = device.type == "cuda" if use_graph is None else use_graph
+        self.window: int | None = None  # the bucket of the last run
+
+    @property
+    def use_graph(self) -> bool:
+        return self._use_graph
+
+    @use_graph.setter
+    def use_graph(self, on: bool) -> None:
+        if on and self.model.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA model: use use_graph=False on "
+                             f"{self.model.device.type}")
+        if on and self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        self._use_graph = on
+
+    @property
+    def captured_windows(self) -> list[int]:
+        return sorted({w for w, _, _ in self.graphs})
+
+    def bucket(self, n_keys: int) -> int:
+        return pick_bucket(self.buckets, n_keys)
+
+    @property
+    def n_valid(self) -> int:
+        """Ids from here on are never drawn (embeddings padded past the tokenizer)."""
+        return self.sampler.n_valid
+
+    @property
+    def greedy(self) -> bool:
+        """The sampler variant the next run runs (argmax, else sampling): each is a step, and
+        graphs, of its own. `draw_first` sets it from the settings; set it to capture ahead."""
+        return self.sampler.greedy
+
+    @greedy.setter
+    def greedy(self, on: bool) -> None:
+        self.sampler.greedy = on
+
+    def draw_first(self, logits: Tensor, params: SamplingParams, recent: Tensor) -> Tensor:
+        """Start a reply's sampling: load the settings (`params`; recent (B, N) ids already in the
+        context, for the repetition penalty), draw from a prefill's last logits (B, V) eagerly
+        what a step would draw, and make those ids the next step's input. Returns them (B,)."""
+        self.sampler.load(params, recent)
+        first = self.sampler.draw(logits)  # (B,)
+        self.tok.copy_(first[:, None])
+        return first
+
+    def set_compile(self, backend: str | None, saved=None) -> None:
+        """Run the step through `backend` (None: the plain step) from the next run on: `saved`,
+        a step compiled and saved before (tinyllm.decode.saved_step), where given, else traced on its
+        first call. The graphs of the old step are dropped; the new step's are captured as
+        runs need them."""
+        self._use_step(self._make_step(backend, saved), backend, saved)
+
+    def set_step(self, step: Callable[[int], Tensor], name: str) -> None:
+        """Run `step` from the next run on: `(window) -> logits (B, 1, V)`, feeding `tok` and
+        leaving its draw there, as `plain_step` does (the native CPU step: tinyllm.decode.cpu_step.use_native).
+        `compile` then reads `name`; the graphs of the old step are dropped."""
+        self._use_step(step, name, None)
+
+    def _use_step(self, step: Callable[[int], Tensor], name: str | None, saved) -> None:
+        self.compile, self.saved, self._step_fn = name, saved, step
+        self.graphs.clear()
+        if self.pool is not None:  # the old graphs' pool dies with them: capture into a new one
+            self.pool = torch.cuda.graph_pool_handle()
+
+    def _make_step(self, backend: str | None, saved=None):
+        """The step function `(window) -> logits` for `backend`: a loaded compiled step (falling
+        back to a trace), or `compiled()`'s."""
+
+        def traced():
+            return compiled(self.plain_step, backend, self.model)
+        return traced() if saved is None else SavedStep(saved, self, traced)
+
+    # -- the step -------------------------------------------------------------------------
+
+    def plain_step(self, window: int) -> Tensor:
+        """One decode step in Python over `window` keys (what a compile traces, and what the
+        native step falls back to): feeds `tok`, leaves the draw there; logits (B, 1, V)."""
+        logits, _ = self.model(self.tok, cache=self.cache.decode(window))  # (B, 1, V)
+        self.sampler.push(self.tok)
+        self.tok.copy_(self.sampler.draw(logits[:, -1])[:, None])  # the next ids (B, 1)
+        return logits
+
+    def _steps(self, window: int, steps: int) -> Tensor:
+        for i in range(steps):
+            logits = self._step_fn(window)
+            self.out[:, i:i + 1].copy_(self.tok)
+        return logits
+
+    def _state(self) -> list[Tensor]:
+        return [*self.cache.step_state(), self.tok, *self.sampler.state()]
+
+    def _record(self, window: int, steps: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        # Warm up on a side stream (lazy cuBLAS / SDPA setup and compilation must not happen
+        # during capture). Twice: the first run may create lazily allocated buffers (a slot
+        # cache's K/V), which a compiled step sees as a new input and compiles for again.
+        # The warm-ups run the real step: its K/V writes land where the next real steps
+        # write, and the state it advances (positions, input ids, sampler) is put back. One
+        # step each, whatever the run's length: every step of a run is the same call, so one
+        # warms them all (a 16-step run's warm-ups were 32 eager steps: SmolLM2's plain
+        # graphs took 11-12 s of start-up, most of it warm-up).
+        state = self._state()
+        saved = [t.clone() for t in state]
+
+        def restore() -> None:
+            for t, v in zip(state, saved, strict=True):
+                t.copy_(v)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._steps(window, 1)
+                restore()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: another thread (a background compile) may use CUDA meanwhile.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            out = self._steps(window, steps)
+        restore()
+        return graph, out
+
+    @torch.no_grad()
+    def capture(self, windows: tuple[int, ...] | None = None, steps: int = 1) -> float:
+        """Capture the graphs of `steps`-step runs ahead of time (default: every bucket) for
+        the sampler's current variant. Safe between steps: the warm-up's K/V writes land at the
+        next positions. Returns seconds."""
+        if not self.use_graph:
+            raise ValueError("capture needs use_graph=True")
+        self.cache.keys_needed(steps)  # refuses a full cache
+        torch.cuda.synchronize()  # earlier work (a prefill) is not capture time
+        t0 = time.perf_counter()
+        for w in windows or self.buckets:
+            key = (w, steps, self.sampler.greedy)
+            if key not in self.graphs:
+                self.graphs[key] = self._record(w, steps)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    @torch.no_grad()
+    def run(self, steps: int = 1, capture: bool = True) -> Tensor:
+        """`steps` decode steps, each feeding `tok` and leaving its draw there and in
+        `out[:, i]`; one replay with graphs. Returns the last step's logits (B, 1, V), with
+        graphs a static buffer that the next run overwrites. A run whose graph is not captured
+        yet is captured now, or with capture=False runs eagerly (the same steps, bit for bit)."""
+        if not 1 <= steps <= MAX_RUN:
+            raise ValueError(f"steps must be in [1, {MAX_RUN}], got {steps}")
+        window = self.bucket(self.cache.keys_needed(steps))
+        key = (window, steps, self.sampler.greedy)
+        if self.use_graph and (capture or key in self.graphs):
+            if key not in self.graphs:
+                self.graphs[key] = self._record(window, steps)
+            graph, logits = self.graphs[key]
+            graph.replay()
+        else:
+            logits = self._steps(window, steps)
+        self.cache.advance_host(steps)
+        self.window = window
+        return logits
+
+    @torch.no_grad()
+    def step(self, tok: Tensor) -> Tensor:
+        """tok (B, 1) -> logits (B, 1, V); with graphs a static buffer that the next step
+        overwrites: read it first. Afterwards `self.tok` holds the sampler's draw (greedy by
+        default: the argmax of these logits), so `step(dec.tok)` is the next step."""
+        if tok.shape != self.tok.shape:
+            raise ValueError(f"expected tokens of shape {tuple(self.tok.shape)}, got {tuple(tok.shape)}")
+        if tok.data_ptr() != self.tok.data_ptr():
+            self.tok.copy_(tok)
+        return self.run(1)
+
+
+@dataclass
+class Chunk:
+    """The ids of one launched run, read on the host when wanted (one sync per chunk)."""
+    steps: int
+    host: Tensor  # (B, steps); pinned on CUDA, filled once `done` has passed
+    done: torch.cuda.Event | None
+
+    def ids(self) -> list[list[int]]:
+        if self.done is not None:
+            self.done.synchronize()
+        return self.host[:, :self.steps].tolist()
+
+
+class GraphDecoder(_Decoder):
+    """Prefill eagerly, then decode one token per row with one CUDA-graph replay per run.
+
+    Reusable: prefill() resets the cache, and graphs captured for one request serve the
+    next (same batch size). append() prefills a new turn after the current position;
+    truncate() rewinds. use_graph=False runs the identical static step eagerly (the only
+    mode on a CPU); it may be flipped between any two runs. `n_valid`: ids from there on are
+    never drawn (embeddings padded past the tokenizer; default: none are).
+    """
+
+    def __init__(self, model: Transformer, batch: int = 1, max_len: int | None = None,
+                 buckets: tuple[int, ...] | None = None, use_graph: bool | None = True,
+                 compile: str | None = None, n_valid: int | None = None):
+        self.max_len = max_len or model.cfg.max_seq_len
+        if self.max_len > model.cfg.max_seq_len:
+            raise ValueError(f"max_len {self.max_len} > max_seq_len {model.cfg.max_seq_len}")
+        cache = StaticKVCache(model.cfg.n_layers, batch, self.max_len, model.device)
+        super().__init__(model, cache, batch, buckets or default_buckets(self.max_len), self.max_len,
+                         use_graph, compile, n_valid)
+        self._host = [self.out.new_zeros(self.out.shape, device="cpu", pin_memory=self.out.is_cuda)
+                      for _ in range(3)]  # chunks in flight read back into these, in turn
+        self._next_host = 0
+
+    @property
+    def n(self) -> int:
+        """Positions filled so far (runs launched included)."""
+        return self.cache.n
+
+    @torch.no_grad()
+    def prefill(self, idx: Tensor, pad_lens: Tensor | None = None, all_logits: bool = False) -> Tensor:
+        """Reset, then prefill idx (B, T), left-padded by pad_lens (B,) if given.
+        Returns logits (B, 1, V) for the last position, or (B, T, V) with all_logits."""
+        self._check_batch(idx)
+        self.cache.reset(pad_lens)
+        return self.append(idx, all_logits)
+
+    @torch.no_grad()
+    def append(self, idx: Tensor, all_logits: bool = False) -> Tensor:
+        """Prefill idx (B, T) at the current position n (a new turn), eagerly."""
+        self._check_batch(idx)
+        logits, _ = self.model(idx, cache=self.cache, last_only=not all_logits)
+        return logits
+
+    def truncate(self, n: int) -> None:
+        """Forget positions n.. (the next append or step writes at n)."""
+        self.cache.truncate(n)
+
+    def _check_batch(self, idx: Tensor) -> None:
+        if idx.dim() != 2 or idx.shape[0] != self.cache.batch:
+            raise ValueError(f"expected token ids of shape ({self.cache.batch}, T), got {tuple(idx.shape)}")
+
+    @torch.no_grad()
+    def launch(self, steps: int, capture: bool = True) -> Chunk:
+        """run(steps, capture) without waiting for it: the ids are copied to the host behind
+        it, and the caller reads them from the Chunk (after launching the next one, say)."""
+        self.run(steps, capture)
+        host = self._host[self._next_host]
+        self._next_host = (self._next_host + 1) % len(self._host)
+        if not self.out.is_cuda:
+            host.copy_(self.out)
+            return Chunk(steps, host, None)
+        host.copy_(self.out, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return Chunk(steps, host, done)
+
+
+class SlotGraphDecoder(_Decoder):
+    """The continuous engine's decode step (one token per SlotKVCache slot) as CUDA graphs
+    (4.11b). Admission, release and prefill stay eager in the engine.
+
+    The batch is always n_slots rows (free slots compute too), and slot lengths and active
+    flags live in fixed device tensors that admit()/release() update in place. The one
+    changing shape is the attention window: the smallest bucket that holds the longest
+    slot + 1. Replay advances the device lengths; the host lengths move after it.
+    use_graph=False runs the identical windowed step eagerly.
+    """
+
+    def __init__(self, model: Transformer, slots: SlotKVCache,
+                 buckets: tuple[int, ...] | None = None, use_graph: bool | None = True,
+                 compile: str | None = None):
+        self.slots = slots
+        super().__init__(model, slots, slots.n_slots, buckets or default_buckets(slots.max_len), slots.max_len,
+                         use_graph, compile)

@@ -1,0 +1,102 @@
+"""Sampling inside the decode step: fixed shapes, settings as device tensors, counter-based noise.
+
+Contract:
+- `StepSampler(batch, vocab, device)` holds every sampling setting as a device tensor
+  (temperature, top_k, top_p, repeat penalty), a ring of the last REPEAT_WINDOW ids of each
+  row (the repetition penalty's window), a 64-bit seed and a step counter. One captured (and
+  compiled) step therefore serves every setting: `load(params, seed, recent)` changes them
+  between steps with plain device copies, never a new capture.
+- Inside the step: `push(ids)` adds the ids just fed to the ring, `draw(logits)` returns the
+  next ids (B,) and advances the counter. Ids from `n_valid` on (a model whose embeddings are
+  padded past its tokenizer) are never drawn. Only `greedy` (argmax after the penalty, no sort) vs
+  sampling is a host-side choice: the two are two variants of the step.
+  `native_args()` hands a native step (tinyllm.decode.cpu_step) the same tensors, which it advances
+  as push and draw do.
+- `draw` equals the reference, `sample(logits, params, noise=noise_at(seed, counter), prev=ring)`,
+  for every setting (tested on the CPU): the same code (tinyllm.decode.sampling's noise, penalty,
+  top-k and top-p) on the same values. Ties in top-k and top-p are broken as one descending
+  sort orders them. The native CPU step's C++ Sampler (cpu_sampler.h) draws as `draw` does,
+  on these tensors (`native_args`).
+- The noise (sampling.noise_at) is a hash of (seed, counter, row, vocab id): the same on every
+  device and in every mode, with no generator state to capture. A given seed gives the same
+  reply in graph replay, the eager twin and any chunking. Without a seed, `load` draws one on
+  the host.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from torch import Tensor
+
+from tinyllm.decode.sampling import SamplingParams, apply_repeat_penalty, draw_sorted, noise_at, seed_key
+
+REPEAT_WINDOW = 64  # the repetition penalty looks at this many latest ids (llama.cpp's default)
+
+
+class StepSampler:
+    def __init__(self, batch: int, vocab: int, device, n_valid: int | None = None):
+        self.batch, self.vocab = batch, vocab
+        self.n_valid = vocab if n_valid is None else n_valid  # ids from n_valid on are never drawn
+        f32 = dict(dtype=torch.float32, device=device)
+        i64 = dict(dtype=torch.long, device=device)
+        self.temperature = torch.ones(1, **f32)
+        self.top_p = torch.ones(1, **f32)
+        self.penalty = torch.ones(1, **f32)
+        self.top_k = torch.zeros(1, **i64)
+        self.key = torch.zeros(2, **i64)
+        self.counter = torch.zeros(1, **i64)
+        self.ring = torch.zeros(batch, REPEAT_WINDOW, **i64)  # (B, R) the latest ids, in any order
+        self.ring_at = torch.zeros(1, **i64)  # where the next pushed id goes
+        self.greedy = True  # host-side: which variant of the step runs
+
+    def state(self) -> list[Tensor]:
+        """The tensors a step changes (a capture's warm-up puts them back)."""
+        return [self.counter, self.ring, self.ring_at]
+
+    def native_args(self) -> tuple:
+        """What a step that pushes and draws outside Python (tinyllm.decode.cpu_step) reads and advances,
+        in its order: ring (B, R), ring_at (1,), penalty (1,), n_valid; then, when sampling,
+        temperature (1,), top_k (1,), top_p (1,), key (2,), counter (1,)."""
+        greedy = (self.ring, self.ring_at, self.penalty, self.n_valid)
+        return greedy if self.greedy else (*greedy, self.temperature, self.top_k, self.top_p, self.key, self.counter)
+
+    def load(self, params: SamplingParams, recent: Tensor | None = None, seed: int | None = None) -> None:
+        """Settings for the next draws (between steps). recent (B, N) ids already in the context,
+        N >= 1; the ring keeps their last REPEAT_WINDOW (fewer: padded with copies, which count
+        once, as repeated ids do). seed None: params.seed, or a fresh random one."""
+        self.greedy = params.greedy
+        self.temperature.fill_(params.temperature if params.temperature > 0 else 1.0)
+        self.top_p.fill_(params.top_p)
+        self.penalty.fill_(params.repeat_penalty)
+        self.top_k.fill_(params.top_k)
+        seed = params.seed if seed is None else seed
+        if seed is None:
+            seed = random.getrandbits(64)
+        self.key.copy_(torch.tensor(seed_key(seed)))
+        self.counter.zero_()
+        if recent is not None:
+            assert recent.dim() == 2 and recent.shape[1] >= 1, "recent ids: (B, N), N >= 1"
+            tail = recent[:, -REPEAT_WINDOW:]  # (B, <=R)
+            reps = -(-REPEAT_WINDOW // tail.shape[1])
+            self.ring.copy_(tail.repeat(1, reps)[:, :REPEAT_WINDOW])
+            self.ring_at.fill_(tail.shape[1] % REPEAT_WINDOW)
+
+    def push(self, ids: Tensor) -> None:
+        """ids (B, 1): fed this step; they join the penalty's window."""
+        self.ring.index_copy_(1, self.ring_at, ids)
+        self.ring_at.add_(1).remainder_(REPEAT_WINDOW)
+
+    def draw(self, logits: Tensor) -> Tensor:
+        """logits (B, V) -> next ids (B,), as sample() draws them with this step's noise."""
+        x = logits.float()  # (B, V)
+        if self.n_valid < self.vocab:  # embeddings padded past the tokenizer: never draw those ids
+            x[:, self.n_valid:] = float("-inf")
+        x = apply_repeat_penalty(x, self.ring, self.penalty)
+        if self.greedy:
+            return x.argmax(dim=-1)
+        noise = noise_at(self.key, self.counter, self.batch, self.vocab)  # (B, V)
+        self.counter.add_(1)
+        return draw_sorted(x, self.temperature, self.top_k, self.top_p, noise)
+

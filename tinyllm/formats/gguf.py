@@ -1,0 +1,382 @@
+"""GGUF files (llama.cpp's format): read the header and tensors, dequantize to fp32, and import a
+`llama`-architecture file as a tinyllm Transformer, tokenizer and chat template.
+
+Our own reader (about 100 lines over numpy): the `gguf` package is not needed at run time;
+tests use it to write files and as the reference dequantizer.
+
+Contract:
+- `read_gguf(path) -> GGUFFile` parses the header only (metadata and tensor table; no tensor
+  data is read) and checks it: magic, version 2 or 3, every tensor of a known type lies
+  inside the file (sizes in Python ints), alignment a power of two, arrays nested at most
+  8 deep, at most 4 dims. Metadata arrays come back as lists; `meta(g, key, kind)` reads a
+  key checked for its type (a wrong type is a one-line ValueError).
+- `GGUFFile.tensor(name) -> fp32 tensor` in PyTorch order (GGUF lists dims fastest first),
+  dequantized by `gguf_quants.dequantize` (the types it lists; another is a ValueError).
+- `GGUFFile.quantized(name)`: a matrix kept quantized (Q4_0/Q4_1/Q4_K -> int4 exactly, other
+  block types -> int8 per row; tinyllm.core.quant), what every quant but "none" reads.
+- The format's two functions (tinyllm.formats.model_format): `inspect(path, template=None) ->
+  ModelSpec` reads the header and validates it (config, tensor names, shapes and types,
+  tokenizer, chat template) without reading tensor data, its `stored` forms the ones
+  `quantized` gives (gguf_quants.held_form); leaving the spec closes the file.
+  `tensors(spec, quant, dtype, progress)`: under quant "none" every tensor dequantized, in
+  `dtype`; under any other each matrix in its quantized form (`quantized`), tinyllm.formats.build
+  turning it into the form `quant` asks for. `load_gguf(path, device, dtype, template=None,
+  quant="auto", group=32, progress=None) -> LoadedModel` runs both and builds
+  (tinyllm.formats.model_format.load_model). llama architecture only. llama.cpp's converter permutes
+  the Q/K rows of each head from the Hugging Face "rotate half" layout into the interleaved
+  one; `tensors` undoes it (on either form), so our rotate-half RoPE sees what the model was
+  trained with. The tokenizer comes from the metadata: `llama` (SentencePiece) vocabularies
+  become a sentencepiece model proto (built here, no protobuf needed) for `Tokenizer`; `gpt2`
+  BPE vocabularies a `BPETokenizer` (needs the `tokenizers` extra). The chat template is the file's own Jinja template when
+  it splits per message, else a built-in one named by `template` or guessed.
+Refuses (ValueError, one line): other architectures, rope scaling, MoE, missing tokenizer
+metadata, unknown tensor types, tensors that do not match the metadata.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tinyllm.core.model import ModelConfig
+from tinyllm.core.quant import QTensor
+from tinyllm.formats.gguf_quants import GGML_TYPES, dequantize, held_form, supported_types, to_qtensor
+from tinyllm.formats.load_policy import check_quant
+from tinyllm.formats.model_format import LoadedModel, ModelSpec, Progress, Tensors, load_model, with_progress
+from tinyllm.formats.quant_rule import DEFAULT
+from tinyllm.formats.tensor_checks import check_tensors, check_vocab, expected_shapes
+from tinyllm.text.jinja_template import pick_template
+from tinyllm.text.sp_proto import sentencepiece_proto
+from tinyllm.text.tokenizer import Tokenizer
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
+            12: "<d"}
+_STRING, _ARRAY = 8, 9
+_MAX_DEPTH = 8  # arrays of arrays nest at most this deep (llama.cpp writes depth 1)
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
+@dataclass
+class GGUFTensor:
+    name: str
+    shape: tuple[int, ...]  # PyTorch order (GGUF's dims reversed)
+    type: int  # ggml type id
+    offset: int  # absolute byte offset in the file
+    nbytes: int | None  # None for a type we cannot read
+
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPES.get(self.type, (f"type {self.type}",))[0]
+
+
+@dataclass
+class GGUFFile:
+    path: Path
+    version: int
+    metadata: dict = field(repr=False)
+    tensors: dict[str, GGUFTensor] = field(repr=False)
+    _mm: mmap.mmap | None = field(default=None, repr=False)
+
+    def raw(self, name: str) -> np.ndarray:
+        t = self.tensors[name]
+        if t.nbytes is None:
+            raise ValueError(f"{self.path}: tensor {name}: quantization type {t.type_name} is not supported "
+                             f"(supported: {', '.join(supported_types())})")
+        return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The tensor dequantized to fp32, in PyTorch shape order."""
+        t = self.tensors[name]
+        raw = torch.from_numpy(self.raw(name).copy())
+        return dequantize(raw, t.type, t.shape)
+
+    def quantized(self, name: str) -> torch.Tensor | QTensor:
+        """A matrix in its quantized form (gguf_quants.to_qtensor); other tensors fp32."""
+        t = self.tensors[name]
+        return to_qtensor(torch.from_numpy(self.raw(name).copy()), t.type, t.shape)
+
+    def close(self) -> None:
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:  # a numpy view of it is still alive; the GC closes it later
+                pass
+            self._mm = None
+
+
+class _Reader:
+    def __init__(self, buf, path: Path) -> None:
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def take(self, n: int) -> bytes:
+        if self.pos + n > len(self.buf):
+            raise ValueError(f"{self.path} is truncated or not a GGUF file (header runs past its end)")
+        out = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def scalar(self, t: int):
+        fmt = _SCALARS[t]
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        return self.take(self.scalar(10)).decode("utf-8", errors="replace")
+
+    def value(self, t: int, depth: int = 0):
+        if t == _STRING:
+            return self.string()
+        if t == _ARRAY:
+            if depth >= _MAX_DEPTH:
+                raise ValueError(f"{self.path}: GGUF metadata arrays nest more than {_MAX_DEPTH} deep; "
+                                 "the file is corrupt or not from llama.cpp")
+            et, n = self.scalar(4), self.scalar(10)
+            if n > len(self.buf) - self.pos:  # every element takes at least one byte
+                raise ValueError(f"{self.path} is truncated or corrupt (a metadata array of {n} elements "
+                                 "runs past its end)")
+            if et == _STRING:
+                return [self.string() for _ in range(n)]
+            if et in _SCALARS:
+                dt = np.dtype(_SCALARS[et].replace("?", "u1"))
+                return np.frombuffer(self.take(n * dt.itemsize), dtype=dt).tolist()
+            return [self.value(et, depth + 1) for _ in range(n)]  # arrays of arrays
+        if t in _SCALARS:
+            return self.scalar(t)
+        raise ValueError(f"{self.path}: unknown GGUF metadata value type {t}")
+
+
+def read_gguf(path: str | Path) -> GGUFFile:
+    """Parse a GGUF header (metadata and tensor table) without reading tensor data."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"no GGUF file at {path}")
+    with open(path, "rb") as f:
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:
+            raise ValueError(f"{path} is empty, not a GGUF file") from None
+    r = _Reader(mm, path)
+    if r.take(4) != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file (no GGUF magic)")
+    version = r.scalar(4)
+    if version not in (2, 3):
+        raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
+    n_tensors, n_kv = r.scalar(10), r.scalar(10)
+    meta = {}
+    for _ in range(n_kv):
+        key = r.string()
+        meta[key] = r.value(r.scalar(4))
+    infos = []
+    for _ in range(n_tensors):
+        name = r.string()
+        n_dims = r.scalar(4)
+        if n_dims > _MAX_DIMS:
+            raise ValueError(f"{path}: tensor {_short(name)} has {n_dims} dimensions (GGUF allows {_MAX_DIMS}); "
+                             "the file is corrupt")
+        dims = [r.scalar(10) for _ in range(n_dims)]
+        infos.append((name, tuple(reversed(dims)), r.scalar(4), r.scalar(10)))
+    align = meta.get("general.alignment", 32)
+    if type(align) is not int or align <= 0 or align & (align - 1):
+        raise ValueError(f"{path}: general.alignment {align!r} is not a positive power of two; "
+                         "the file is corrupt")
+    start = (r.pos + align - 1) // align * align
+    tensors = {}
+    for name, shape, typ, off in infos:
+        _, block, size = GGML_TYPES.get(typ, (None, None, None))
+        nbytes = None
+        if block is not None:
+            numel = math.prod(shape)  # Python ints: np.prod would wrap past 2^63
+            if shape and shape[-1] % block:
+                raise ValueError(f"{path}: tensor {_short(name)} rows of {shape[-1]} are not whole {block}-blocks")
+            nbytes = numel // block * size
+            if start + off + nbytes > len(mm):
+                raise ValueError(f"{path} is truncated: tensor {_short(name)} runs past the end of the file; "
+                                 "copy or download it again")
+        tensors[name] = GGUFTensor(name, shape, typ, start + off, nbytes)
+    return GGUFFile(path, version, meta, tensors, mm)
+
+
+# ---- llama-architecture files -----------------------------------------------------------
+
+_NAMES = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn_q": "attn.wq", "attn_k": "attn.wk",
+          "attn_v": "attn.wv", "attn_output": "attn.wo", "ffn_gate": "ffn.w1", "ffn_up": "ffn.w3",
+          "ffn_down": "ffn.w2"}
+
+
+_KINDS = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", list: "an array"}
+
+
+def meta(g: GGUFFile, key: str, kind: type, default=None, item: type | None = None):
+    """Metadata `key` checked to be of `kind` (a list of `item`s for list; float takes an int;
+    bool takes 0/1), or `default` when absent; the wrong type is a one-line ValueError."""
+    v = g.metadata.get(key)
+    if v is None:
+        return default
+    ok = {int: lambda x: type(x) is int, float: lambda x: type(x) in (int, float),
+          bool: lambda x: type(x) is bool or x in (0, 1), str: lambda x: type(x) is str}
+    if kind is list:
+        good = type(v) is list and (item is None or all(ok[item](x) for x in v))
+    else:
+        good = ok[kind](v)
+    if not good:
+        what = f"an array of {_KINDS[item].split(' ', 1)[1]}s" if kind is list and item else _KINDS[kind]
+        raise ValueError(f"{g.path}: GGUF metadata {key} should be {what}, not {type(v).__name__} "
+                         f"{_short(v)}; the file is corrupt or was written by a broken converter")
+    return v
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def gguf_config(g: GGUFFile) -> ModelConfig:
+    arch = g.metadata.get("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"{g.path}: GGUF architecture {_short(arch)} is not supported (tinyllm reads llama)")
+
+    def get(key, default=None, kind: type = int):
+        v = meta(g, f"llama.{key}", kind, default)
+        if v is None:
+            raise ValueError(f"{g.path}: GGUF metadata lacks llama.{key}")
+        return v
+
+    if get("expert_count", 0):
+        raise ValueError(f"{g.path}: mixture-of-experts llama models are not supported")
+    scaling = meta(g, "llama.rope.scaling.type", str, "none")
+    if scaling != "none" or "rope_freqs.weight" in g.tensors:
+        raise ValueError(f"{g.path}: rope scaling ({scaling if scaling != 'none' else 'rope_freqs'}) "
+                         "is not supported (only plain RoPE)")
+    heads, dim = int(get("attention.head_count")), int(get("embedding_length"))
+    if isinstance(g.metadata.get("llama.attention.head_count_kv"), list):
+        raise ValueError(f"{g.path}: per-layer key/value head counts are not supported")
+    kv = get("attention.head_count_kv", heads)
+    for key in ("rope.dimension_count", "attention.key_length", "attention.value_length"):
+        if key in {k[len("llama."):] for k in g.metadata} and int(get(key)) != dim // heads:
+            raise ValueError(f"{g.path}: llama.{key} {get(key)} is not embedding_length / head_count "
+                             f"({dim} / {heads}); tinyllm does not support that")
+    emb = g.tensors.get("token_embd.weight")
+    vocab = int(meta(g, "llama.vocab_size", int) or (emb.shape[0] if emb and emb.shape else len(
+        meta(g, "tokenizer.ggml.tokens", list, []))))
+    return ModelConfig(vocab_size=vocab, dim=dim, n_layers=int(get("block_count")), n_heads=heads,
+                       n_kv_heads=int(kv), ffn_dim=int(get("feed_forward_length")),
+                       max_seq_len=int(get("context_length", 2048)),
+                       rope_theta=float(get("rope.freq_base", 10000.0, float)),
+                       norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5, float)),
+                       tie_embeddings="output.weight" not in g.tensors)
+
+
+def _tinyllm_name(name: str) -> str | None:
+    fixed = {"token_embd.weight": "tok_emb.weight", "output_norm.weight": "norm.weight",
+             "output.weight": "lm_head.weight"}
+    if name in fixed:
+        return fixed[name]
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" and parts[2] in _NAMES:
+        return f"blocks.{parts[1]}.{_NAMES[parts[2]]}.weight"
+    return None
+
+
+def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation: per head, interleaved pairs (0,1),(2,3),... back
+    to the rotate-half layout (i, i + head_dim/2). w (n_heads * head_dim, dim)."""
+    rows, cols = w.shape
+    return w.reshape(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def gguf_tokenizer(g: GGUFFile):
+    """Tokenizer (sentencepiece `llama` vocab) or BPETokenizer (`gpt2` vocab) from metadata."""
+    kind, tokens = meta(g, "tokenizer.ggml.model", str), meta(g, "tokenizer.ggml.tokens", list, item=str)
+    if kind is None or not tokens:
+        raise ValueError(f"{g.path} has no tokenizer in its metadata (tokenizer.ggml.model / tokens)")
+    types = meta(g, "tokenizer.ggml.token_type", list, item=int) or [1] * len(tokens)
+    ids = {k: meta(g, f"tokenizer.ggml.{k}_token_id", int) for k in ("bos", "eos", "unknown", "padding")}
+    scores = meta(g, "tokenizer.ggml.scores", list, item=float) or [0.0] * len(tokens)
+    if len(types) != len(tokens) or len(scores) != len(tokens):
+        raise ValueError(f"{g.path}: GGUF tokenizer metadata disagrees: {len(tokens)} tokens, {len(types)} "
+                         f"token types, {len(scores)} scores; the file is corrupt")
+    bad = {k: i for k, i in ids.items() if i is not None and not 0 <= i < len(tokens)}
+    if bad:
+        raise ValueError(f"{g.path}: GGUF tokenizer {', '.join(f'{k} id {i}' for k, i in bad.items())} "
+                         f"is outside its {len(tokens)} tokens; the file is corrupt")
+    if kind == "llama":
+        specials = {ids["bos"], ids["eos"], ids["unknown"], ids["padding"]}
+        # Control pieces other than BOS/EOS/UNK/PAD (e.g. "<|im_start|>") become user-defined,
+        # so text that names them encodes to their ids, as Hugging Face tokenizers do.
+        kinds = [4 if t == 3 and i not in specials else t for i, t in enumerate(types)]
+        proto = sentencepiece_proto(tokens, scores, kinds, ids["unknown"], ids["bos"], ids["eos"],
+                                    ids["padding"], bool(meta(g, "tokenizer.ggml.add_space_prefix", bool, True)))
+        return Tokenizer.from_serialized(proto)
+    if kind == "gpt2":
+        from tinyllm.text.bpe_tokenizer import BPETokenizer
+
+        return BPETokenizer.from_vocab(tokens, meta(g, "tokenizer.ggml.merges", list, [], str), types,
+                                       meta(g, "tokenizer.ggml.pre", str), ids["bos"], ids["eos"], ids["padding"],
+                                       ids["unknown"])
+    raise ValueError(f"{g.path}: GGUF tokenizer model {_short(kind)} is not supported (llama or gpt2)")
+
+
+def inspect_gguf(g: GGUFFile, template: str | None = None) -> ModelSpec:
+    """Validate a read GGUF header (no tensor data): config, tensor names, shapes and types,
+    tokenizer, chat template. The spec's source: (g, {gguf name: tinyllm name})."""
+    cfg = gguf_config(g)
+    want = expected_shapes(cfg)
+    names = {n: _tinyllm_name(n) for n in g.tensors}
+    unknown = sorted(n for n, t in names.items() if t is None or t not in want)
+    missing = sorted(set(want) - set(names.values()))
+    wrong = [f"{n} {g.tensors[n].shape} vs {want[t]}" for n, t in names.items()
+             if t in want and g.tensors[n].shape != want[t]]
+    check_tensors(f"{g.path}: the tensors do not match the metadata", missing, unknown, wrong)
+    bad = sorted({g.tensors[n].type_name for n in names if g.tensors[n].nbytes is None})
+    if bad:
+        raise ValueError(f"{g.path}: quantization type {', '.join(bad)} is not supported "
+                         f"(supported: {', '.join(supported_types())})")
+    tokenizer = gguf_tokenizer(g)
+    check_vocab(g.path, tokenizer.vocab_size, cfg.vocab_size)
+    name = meta(g, "general.name", str) or g.path.stem
+    add_bos = meta(g, "tokenizer.ggml.add_bos_token", bool, g.metadata["tokenizer.ggml.model"] == "llama")
+    chat = pick_template(meta(g, "tokenizer.chat_template", str), tokenizer, bool(add_bos), template, name)
+    stored = frozenset(f for t in g.tensors.values() if (f := held_form(t.type, t.shape)))
+    return ModelSpec(g.path, cfg, tokenizer, chat, name, stored, source=(g, names), close=g.close)
+
+
+def inspect(path: str | Path, template: str | None = None) -> ModelSpec:
+    """Read the header and validate it (inspect_gguf); the spec holds the file open until it is left."""
+    g = read_gguf(path)
+    try:
+        return inspect_gguf(g, template)
+    except BaseException:
+        g.close()
+        raise
+
+
+def tensors(spec: ModelSpec, quant: str, dtype: torch.dtype, progress: Progress | None = None) -> Tensors:
+    """Every tensor under tinyllm's names, Q/K rows un-permuted: dequantized in `dtype` under
+    quant "none", else each matrix in its quantized form."""
+    g, names = spec.source
+    heads = {"attn.wq.weight": spec.config.n_heads, "attn.wk.weight": spec.config.n_kv_heads}
+    state: Tensors = {}
+    for n, t in with_progress(list(names.items()), progress):
+        w = g.tensor(n) if quant == "none" else g.quantized(n)
+        h = next((v for k, v in heads.items() if t.endswith(k)), None)
+        if h is not None and isinstance(w, QTensor):
+            w = w.map(lambda x, h=h: unpermute_qk(x.reshape(x.shape[0], -1), h).reshape(x.shape))
+        elif h is not None:
+            w = unpermute_qk(w, h)
+        state[t] = w.to(dtype) if quant == "none" else w
+    return state
+
+
+def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+              template: str | None = None, quant: str = DEFAULT, group: int = 32,
+              progress: Progress | None = None) -> LoadedModel:
+    """Inspect, then load (tinyllm.formats.model_format.load_model); the name is the file's general.name."""
+    check_quant(quant, group)  # before the path: a bad option is named first
+    with inspect(path, template) as spec:
+        model = load_model(spec, tensors, device, dtype, quant, group, progress)
+    return LoadedModel(model, spec.tokenizer, spec.template, spec.name)

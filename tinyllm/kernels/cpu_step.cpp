@@ -1,0 +1,307 @@
+// The whole batch-1 decode step of a tinyllm.core.model.Transformer on the CPU, as one C++ call
+// (tinyllm/decode/cpu_step.py builds it with cpu_qgemv.cpp and holds it for a decoder).
+//
+// Contract: torch.classes.tinyllm_cpu.Step(tensors, config, eps) holds the model's tensors (no
+// copy) and `forward(tok, pos, first_valid, window) -> logits` runs one decode step:
+//   tensors  [tok_emb w, s, z | norm | lm_head w, s, z | rope cos, sin (L, Dh/2) fp32], then
+//            for each layer [attn_norm | wqkv w, s, z | wo w, s, z | ffn_norm | w13 w, s, z |
+//            w2 w, s, z | k cache, v cache (1, Hkv, rows, Dh) fp32]; a matrix's s and z are
+//            empty tensors where it has none (cpu_matrix.h, Matrix::of, says which forms).
+//   config   [n_layers, dim, n_heads, n_kv_heads, ffn_dim]
+//   tok (1, 1) int64, pos (1,) int64 and first_valid (1,) int64: the StaticKVCache's own
+//   tensors. The step embeds tok, runs every block (RMSNorm, the fused QKV product, RoPE in
+//   the rotate-half layout at pos, K/V written at pos, attention over keys first_valid..pos,
+//   the output product and the residual, RMSNorm, SwiGLU and the residual), the final norm
+//   and lm_head, adds 1 to pos, and returns fresh logits (1, 1, V) fp32.
+//   `forward_greedy(tok, pos, first_valid, window, ring, ring_at, penalty, n_valid)`: forward,
+//   then the StepSampler's greedy push and draw (its ring, ring_at and penalty tensors) into tok;
+//   `forward_sample(..., n_valid, temperature, top_k, top_p, key, counter)` the sampled one
+//   (sampling.draw_sorted's result with sampling.noise_at's noise; the counter advances): both
+//   by the one C++ Sampler (cpu_sampler.h), which torch.classes.tinyllm_cpu.Sampler() also
+//   offers alone: `greedy(logits, tok, ring, ring_at, penalty, n_valid)` and
+//   `sample(logits, tok, ring, ring_at, penalty, n_valid, temperature, top_k, top_p, key,
+//   counter)`, logits (1, V) fp32.
+// That is model.Transformer.forward through a StaticKVCache's decode view, with the same
+// kernels for every product (cpu_qgemv), so it matches the eager step up to fp32 rounding of
+// the norms, RoPE and sums. Refuses (c10::Error, a RuntimeError in Python): a token outside the
+// embedding, pos outside the window or the cache.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "cpu_matrix.h"
+#include "cpu_sampler.h"
+
+namespace {
+
+using tinyllm_cpu::Matrix;
+
+struct Layer {
+  at::Tensor attn_norm, ffn_norm, k, v;
+  Matrix wqkv, wo, w13, w2;
+};
+
+// y = x / sqrt(mean(x^2) + eps) * weight, x and y (n) fp32 (model.RMSNorm).
+void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* y) {
+  float ss = 0.f;
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * weight[i];
+}
+
+// Rotate-half RoPE of `heads` heads of d dims in place: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s).
+void rope(float* x, int64_t heads, int64_t d, const float* cos, const float* sin) {
+  const int64_t h2 = d / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    float* p = x + h * d;
+    for (int64_t j = 0; j < h2; ++j) {
+      const float a = p[j], b = p[j + h2];
+      p[j] = a * cos[j] - b * sin[j];
+      p[j + h2] = b * cos[j] + a * sin[j];
+    }
+  }
+}
+
+template <class T>
+float widen(T v) { return static_cast<float>(v); }
+
+// The C++ Sampler (cpu_sampler.h) on a StepSampler's tensors, batch 1: tensors checked, then
+// tok pushed and the draw from logits written into tok. The Step draws through it, and so does
+// the registered class "Sampler" (tinyllm.decode.cpu_step.native_draw: the parity tests).
+class TensorSampler {
+ public:
+  void greedy(const at::Tensor& logits, const at::Tensor& tok, const at::Tensor& ring, const at::Tensor& ring_at,
+              const at::Tensor& penalty, int64_t n_valid) {
+    push(logits, tok, ring, ring_at, penalty, n_valid);
+    tok.data_ptr<int64_t>()[0] = sampler_.greedy();
+  }
+
+  void sample(const at::Tensor& logits, const at::Tensor& tok, const at::Tensor& ring, const at::Tensor& ring_at,
+              const at::Tensor& penalty, int64_t n_valid, const at::Tensor& temperature, const at::Tensor& top_k,
+              const at::Tensor& top_p, const at::Tensor& key, const at::Tensor& counter) {
+    TORCH_CHECK(temperature.scalar_type() == at::kFloat && top_p.scalar_type() == at::kFloat &&
+                top_k.scalar_type() == at::kLong && key.scalar_type() == at::kLong && key.numel() == 2 &&
+                counter.scalar_type() == at::kLong && counter.numel() == 1,
+                "sample: the StepSampler's settings tensors");
+    push(logits, tok, ring, ring_at, penalty, n_valid);
+    const int64_t* k = key.data_ptr<int64_t>();
+    tok.data_ptr<int64_t>()[0] = sampler_.sample({temperature.data_ptr<float>()[0], top_k.data_ptr<int64_t>()[0],
+                                                  top_p.data_ptr<float>()[0], static_cast<uint64_t>(k[0]),
+                                                  static_cast<uint64_t>(k[1]), counter.data_ptr<int64_t>()});
+  }
+
+ private:
+  void push(const at::Tensor& logits, const at::Tensor& tok, const at::Tensor& ring, const at::Tensor& ring_at,
+            const at::Tensor& penalty, int64_t n_valid) {
+    const int64_t V = logits.size(-1);
+    TORCH_CHECK(logits.scalar_type() == at::kFloat && logits.is_contiguous() && logits.numel() == V &&
+                tok.scalar_type() == at::kLong && tok.numel() == 1, "logits (1, V) fp32 and tok (1, 1) int64");
+    TORCH_CHECK(ring.scalar_type() == at::kLong && ring.dim() == 2 && ring.size(0) == 1 && ring.is_contiguous() &&
+                ring_at.scalar_type() == at::kLong && ring_at.numel() == 1 && penalty.scalar_type() == at::kFloat &&
+                penalty.numel() == 1 && 0 < n_valid && n_valid <= V, "the StepSampler's tensors, batch 1");
+    sampler_.push_and_penalize({ring.data_ptr<int64_t>(), ring.size(1), ring_at.data_ptr<int64_t>(),
+                                penalty.data_ptr<float>()[0], n_valid},
+                               tok.data_ptr<int64_t>()[0], logits.data_ptr<float>(), V);
+  }
+
+  tinyllm_cpu::Sampler sampler_;
+};
+
+class SamplerClass : public torch::CustomClassHolder {
+ public:
+  void greedy(const at::Tensor& logits, const at::Tensor& tok, const at::Tensor& ring, const at::Tensor& ring_at,
+              const at::Tensor& penalty, int64_t n_valid) {
+    s_.greedy(logits, tok, ring, ring_at, penalty, n_valid);
+  }
+  void sample(const at::Tensor& logits, const at::Tensor& tok, const at::Tensor& ring, const at::Tensor& ring_at,
+              const at::Tensor& penalty, int64_t n_valid, const at::Tensor& temperature, const at::Tensor& top_k,
+              const at::Tensor& top_p, const at::Tensor& key, const at::Tensor& counter) {
+    s_.sample(logits, tok, ring, ring_at, penalty, n_valid, temperature, top_k, top_p, key, counter);
+  }
+
+ private:
+  TensorSampler s_;
+};
+
+class Step : public torch::CustomClassHolder {
+ public:
+  Step(std::vector<at::Tensor> t, std::vector<int64_t> config, double eps) : eps_(static_cast<float>(eps)) {
+    TORCH_CHECK(config.size() == 5, "config: [n_layers, dim, n_heads, n_kv_heads, ffn_dim]");
+    L_ = config[0], C_ = config[1], H_ = config[2], Hkv_ = config[3], F_ = config[4];
+    TORCH_CHECK(H_ % Hkv_ == 0 && C_ % H_ == 0, "heads must divide");
+    Dh_ = C_ / H_;
+    TORCH_CHECK(static_cast<int64_t>(t.size()) == 9 + 16 * L_, "expected ", 9 + 16 * L_, " tensors, got ", t.size());
+    auto opt = [](const at::Tensor& x) { return x.numel() ? x : at::Tensor(); };
+    emb_w_ = t[0], emb_s_ = opt(t[1]), emb_z_ = opt(t[2]);
+    norm_ = fp32_vector(t[3], C_, "norm");
+    out_ = Matrix::of(t[4], opt(t[5]), opt(t[6]));
+    cos_ = t[7], sin_ = t[8];
+    TORCH_CHECK(cos_.scalar_type() == at::kFloat && cos_.is_contiguous() && cos_.dim() == 2 &&
+                cos_.size(1) == Dh_ / 2 && sin_.sizes() == cos_.sizes() && sin_.is_contiguous(),
+                "rope tables must be contiguous fp32 (L, head_dim / 2)");
+    check_embedding();
+    TORCH_CHECK(out_.K == C_, "lm_head must take dim inputs");
+    V_ = out_.N;
+    for (int64_t i = 0; i < L_; ++i) {
+      const at::Tensor* p = t.data() + 9 + 16 * i;
+      Layer l{fp32_vector(p[0], C_, "attn_norm"), fp32_vector(p[7], C_, "ffn_norm"), p[14], p[15],
+              Matrix::of(p[1], opt(p[2]), opt(p[3])), Matrix::of(p[4], opt(p[5]), opt(p[6])),
+              Matrix::of(p[8], opt(p[9]), opt(p[10])), Matrix::of(p[11], opt(p[12]), opt(p[13]))};
+      TORCH_CHECK(l.wqkv.N == (H_ + 2 * Hkv_) * Dh_ && l.wqkv.K == C_ && l.wo.N == C_ && l.wo.K == H_ * Dh_ &&
+                  l.w13.N == 2 * F_ && l.w13.K == C_ && l.w2.N == C_ && l.w2.K == F_, "layer ", i, ": matrix shapes");
+      TORCH_CHECK(l.k.dim() == 4 && l.k.size(0) == 1 && l.k.size(1) == Hkv_ && l.k.size(3) == Dh_ &&
+                  l.k.scalar_type() == at::kFloat && l.v.sizes() == l.k.sizes() && l.v.scalar_type() == at::kFloat,
+                  "layer ", i, ": the cache must be fp32 (1, n_kv_heads, rows, head_dim)");
+      layers_.push_back(std::move(l));
+    }
+    rows_ = layers_.empty() ? 0 : layers_[0].k.size(2);
+    x_.resize(C_), h_.resize(C_), o_.resize(C_);
+    qkv_.resize((H_ + 2 * Hkv_) * Dh_), att_.resize(H_ * Dh_);
+  }
+
+  at::Tensor forward(const at::Tensor& tok, const at::Tensor& pos, const at::Tensor& first_valid, int64_t window) {
+    TORCH_CHECK(tok.numel() == 1 && tok.scalar_type() == at::kLong && pos.numel() == 1 &&
+                pos.scalar_type() == at::kLong && first_valid.numel() == 1 && first_valid.scalar_type() == at::kLong,
+                "tok, pos and first_valid: one int64 each (batch 1)");
+    const int64_t id = tok.data_ptr<int64_t>()[0];
+    int64_t& p = pos.data_ptr<int64_t>()[0];
+    const int64_t first = first_valid.data_ptr<int64_t>()[0];
+    TORCH_CHECK(0 <= id && id < emb_w_.size(0), "token id ", id, " is outside the embedding (", emb_w_.size(0), ")");
+    TORCH_CHECK(0 <= p && p < window && p < rows_ && p < cos_.size(0), "position ", p, " is outside the window ",
+                window, " or the cache");
+    embed(id, x_.data());
+    const float *cs = cos_.data_ptr<float>() + p * (Dh_ / 2), *sn = sin_.data_ptr<float>() + p * (Dh_ / 2);
+    const float scale = 1.f / std::sqrt(static_cast<float>(Dh_));
+    const int64_t R = H_ / Hkv_;
+    for (const Layer& l : layers_) {
+      rms_norm(x_.data(), l.attn_norm.data_ptr<float>(), C_, eps_, h_.data());
+      tinyllm_cpu::matvec(l.wqkv, h_.data(), qkv_.data());  // (H + 2 Hkv) Dh: q, k, v
+      float *q = qkv_.data(), *k = q + H_ * Dh_, *v = k + Hkv_ * Dh_;
+      rope(q, H_, Dh_, cs, sn);
+      rope(k, Hkv_, Dh_, cs, sn);
+      float *kc = l.k.data_ptr<float>(), *vc = l.v.data_ptr<float>();
+      for (int64_t h = 0; h < Hkv_; ++h) {  // the cache at (0, h, p, :)
+        std::copy(k + h * Dh_, k + (h + 1) * Dh_, kc + h * l.k.stride(1) + p * l.k.stride(2));
+        std::copy(v + h * Dh_, v + (h + 1) * Dh_, vc + h * l.v.stride(1) + p * l.v.stride(2));
+      }
+      tinyllm_cpu::attend(q, R, l.k, l.v, first, p, scale, att_.data());  // (Hkv, R, Dh)
+      tinyllm_cpu::matvec(l.wo, att_.data(), o_.data());
+      for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i];
+      rms_norm(x_.data(), l.ffn_norm.data_ptr<float>(), C_, eps_, h_.data());
+      tinyllm_cpu::ffn(l.w13, l.w2, h_.data(), o_.data());
+      for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i];
+    }
+    rms_norm(x_.data(), norm_.data_ptr<float>(), C_, eps_, h_.data());
+    at::Tensor logits = at::empty({1, 1, V_}, tok.options().dtype(at::kFloat));
+    tinyllm_cpu::matvec(out_, h_.data(), logits.data_ptr<float>());
+    ++p;
+    return logits;
+  }
+
+  // forward(), then the Sampler's greedy push and draw (StepSampler's ring, ring_at and penalty) into tok.
+  at::Tensor forward_greedy(const at::Tensor& tok, const at::Tensor& pos, const at::Tensor& first_valid,
+                            int64_t window, const at::Tensor& ring, const at::Tensor& ring_at,
+                            const at::Tensor& penalty, int64_t n_valid) {
+    at::Tensor logits = forward(tok, pos, first_valid, window);
+    sampler_.greedy(logits, tok, ring, ring_at, penalty, n_valid);
+    return logits;
+  }
+
+  // forward(), then the Sampler's sampled push and draw (the StepSampler's settings tensors; the
+  // counter advances).
+  at::Tensor forward_sample(const at::Tensor& tok, const at::Tensor& pos, const at::Tensor& first_valid,
+                            int64_t window, const at::Tensor& ring, const at::Tensor& ring_at,
+                            const at::Tensor& penalty, int64_t n_valid, const at::Tensor& temperature,
+                            const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& key,
+                            const at::Tensor& counter) {
+    at::Tensor logits = forward(tok, pos, first_valid, window);
+    sampler_.sample(logits, tok, ring, ring_at, penalty, n_valid, temperature, top_k, top_p, key, counter);
+    return logits;
+  }
+
+ private:
+  static at::Tensor fp32_vector(const at::Tensor& t, int64_t n, const char* what) {
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == n, what, " must be fp32 (", n, ")");
+    return t;
+  }
+
+  void check_embedding() {
+    const auto dt = emb_w_.scalar_type();
+    TORCH_CHECK(emb_w_.dim() == 2 && emb_w_.is_contiguous(), "tok_emb must be a contiguous (V, C) table");
+    if (dt == at::kChar) {
+      TORCH_CHECK(emb_w_.size(1) == C_ && emb_s_.defined() && emb_s_.numel() == emb_w_.size(0) &&
+                  emb_s_.is_contiguous() && (emb_s_.scalar_type() == at::kFloat || emb_s_.scalar_type() == at::kHalf) &&
+                  !emb_z_.defined(), "tok_emb: int8 rows need fp32 or fp16 scales (V,)");
+    } else if (dt == at::kByte) {
+      auto f32_or_f16 = [](const at::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kHalf; };
+      TORCH_CHECK(2 * emb_w_.size(1) == C_ && emb_s_.defined() && emb_z_.defined() && emb_s_.dim() == 2 &&
+                  emb_s_.size(0) == emb_w_.size(0) && C_ % emb_s_.size(1) == 0 && emb_z_.sizes() == emb_s_.sizes() &&
+                  emb_s_.is_contiguous() && emb_z_.is_contiguous() && f32_or_f16(emb_s_) && f32_or_f16(emb_z_),
+                  "tok_emb: int4 rows need scales and zeros (V, C/g), each fp32 or fp16");
+    } else {
+      TORCH_CHECK(emb_w_.size(1) == C_ && (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf),
+                  "tok_emb must be fp32, bf16, fp16, int8 or int4 rows of dim");
+    }
+  }
+
+  // x = row id of the embedding, dequantized or widened (quant_linear.QuantEmbedding, linear.DenseEmbedding).
+  void embed(int64_t id, float* x) const {
+    switch (emb_w_.scalar_type()) {
+      case at::kFloat: return widen_row(emb_w_.data_ptr<float>() + id * C_, x);
+      case at::kBFloat16: return widen_row(emb_w_.data_ptr<at::BFloat16>() + id * C_, x);
+      case at::kHalf: return widen_row(emb_w_.data_ptr<at::Half>() + id * C_, x);
+      case at::kChar: {
+        const int8_t* q = emb_w_.data_ptr<int8_t>() + id * C_;
+        const float s = scale(emb_s_, id);
+        for (int64_t i = 0; i < C_; ++i) x[i] = static_cast<float>(q[i]) * s;
+        return;
+      }
+      default: {
+        const uint8_t* q = emb_w_.data_ptr<uint8_t>() + id * (C_ / 2);
+        const int64_t ng = emb_s_.size(1), g = C_ / ng;
+        for (int64_t i = 0; i < C_; ++i) {
+          const float qv = static_cast<float>(i % 2 ? q[i / 2] >> 4 : q[i / 2] & 15);
+          const int64_t at = id * ng + i / g;
+          x[i] = qv * scale(emb_s_, at) + scale(emb_z_, at);
+        }
+      }
+    }
+  }
+
+  static float scale(const at::Tensor& t, int64_t i) {  // element i of fp32 or fp16 t
+    return t.scalar_type() == at::kHalf ? widen(t.data_ptr<at::Half>()[i]) : t.data_ptr<float>()[i];
+  }
+
+  template <class T>
+  void widen_row(const T* row, float* x) const {
+    for (int64_t i = 0; i < C_; ++i) x[i] = widen(row[i]);
+  }
+
+  int64_t L_, C_, H_, Hkv_, F_, Dh_, V_, rows_;
+  float eps_;
+  at::Tensor emb_w_, emb_s_, emb_z_, norm_, cos_, sin_;
+  Matrix out_;
+  std::vector<Layer> layers_;
+  TensorSampler sampler_;
+  std::vector<float> x_, h_, o_, qkv_, att_;  // the residual row, a normed row, a product's row, q|k|v, attention
+};
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(tinyllm_cpu, m) {
+  m.class_<Step>("Step")
+      .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, double>())
+      .def("forward", &Step::forward)
+      .def("forward_greedy", &Step::forward_greedy)
+      .def("forward_sample", &Step::forward_sample);
+  m.class_<SamplerClass>("Sampler")
+      .def(torch::init<>())
+      .def("greedy", &SamplerClass::greedy)
+      .def("sample", &SamplerClass::sample);
+}

@@ -1,0 +1,280 @@
+"""The Triton kernels behind `tinyllm.kernels.decode_attention` (split-K "flash-decoding").
+
+Contract: importing this module imports Triton (it fails where Triton is missing: import
+`tinyllm.kernels.decode_attention` instead, which guards) and registers two custom ops:
+- `torch.ops.tinyllm.kernels.decode_attention(q, k, v, mask, scale) -> Tensor`, with the contract of
+  `ops.window_attention`: q (B, Hkv, R, D), k and v (B, Hkv, W, D) (any strides: slices of
+  a larger cache are read in place), mask (B, 1, 1, W) bool, True = attend; returns
+  (B, Hkv, R, D) in v's dtype. q, k, v share one dtype, bf16 or fp16; D is 32, 64 or 128.
+- `torch.ops.tinyllm.rope_decode_attention(qkv, cos, sin, pos, first_valid, k_cache, v_cache,
+  window, scale)`: a decode step's RoPE, cache write and attention in one. qkv
+  (B, (Hkv R + 2 Hkv) D) is the step's q, k, v projections before RoPE (model.Attention's
+  wqkv); cos, sin (L, D/2) fp32 the rotary tables (model.Rope), read at row pos; pos (P,) long,
+  P = 1 (every row at one position) or B; first_valid (B,) long; k_cache, v_cache
+  (B, Hkv, rows, D); window W <= rows. Row b attends keys first_valid[b] .. pos[b] of the first
+  W (the mask _StaticDecode.begin_step builds). It rotates q and the new key, writes the new
+  key and value at pos into the caches (the only inputs it mutates), and returns attention
+  over the first W keys, (B, Hkv, R, D): what `model.apply_rope`, an index_copy_ into the
+  caches and `decode_attention` on their first W keys give, to bf16 rounding. Every input is
+  a tensor the step already holds (the tables, the cache's positions): in a compiled step
+  Inductor computed a per-step cos, sin and mask into a copy of its own for each layer's call
+  (14 small kernels a step for the 1.1B).
+
+Two kernels:
+- `_split_kernel`, grid (B*Hkv, cdiv(W, BLOCK_N)): one program per KV head and block of
+  BLOCK_N keys. It computes the R rows' scores (fp32), masks them, and writes the block's
+  partial max m (R,), sum l = sum(exp(s - m)) (R,) and o = exp(s - m) @ v (R, D), fp32.
+  A block with no key to attend writes m = -inf, l = 0, o = 0. For the fused op (NEW) each
+  program also rotates q and the new key itself (a few hundred values), computes its mask from
+  pos and first_valid, takes position pos
+  from the new key and value instead of the cache, and the program whose block holds pos
+  writes them into the cache: no other program reads that position.
+- `_combine_kernel`, grid (B*Hkv, R): one program per query row merges the splits,
+  out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s with M = max_s m_s; a row with no
+  key at all gets 0 (not NaN).
+A window of up to TILE keys runs `_split_kernel` alone (ONE_PASS), grid (B*Hkv, 1): each
+head's program reads the whole window as one tile of keys and writes the result, one kernel a
+layer instead of two.
+
+Why the fused op: RoPE and the two cache writes were four small Inductor kernels a layer
+around the projections (88 of the 1.1B step's 278 kernels, about 110 us of its 860 on the
+H200: docs/BENCHMARKS-LOG.md).
+
+The ops are `torch.library.custom_op`s that launch both kernels themselves, with PDL where
+tinyllm.kernels.pdl allows (each kernel waits on the one before it first thing: every input may be
+fresh). A compiled step calls them as opaque ops, with no graph break; the scratch buffers
+are plain `torch.empty` inside the op, so CUDA graphs capture it. The grid is computed from
+the window's real size at each call: one compile serves every window.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from tinyllm.kernels import pdl
+from tinyllm.kernels.switches import SWITCHES
+
+BLOCK_N = 64  # keys a split program reads
+BLOCK_S = 32  # splits the combine program reads at once (it loops over more)
+# A window of up to TILE keys takes one program a head, one tile of keys (ONE_PASS): one kernel
+# a layer, no combine. Measured in the 1.1B int8 compiled step on the H200 (scripts/step_rules.py
+# --attention), W=128: one tile 698.8-702.7 us, two blocks of 64 walked in
+# turn by one program 713.6, split and combined 715.3-721.2. W=256: one tile of 256 731.8, split
+# 721.7 (one program a head reads its keys slower than four do); merged by the last split
+# program to finish (an atomic count a head) instead of a combine kernel, 733-735 against 717-718.
+# TINYLLM_ATTN_TILE overrides it (0: always split).
+TILE = SWITCHES.attn_tile
+HEAD_DIMS = (32, 64, 128)
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+@triton.jit
+def _rope(x, partner, c, s, D: tl.constexpr):
+    """RoPE ("rotate half") of x (..., D), given each element's partner d +- D/2 (..., D):
+    x c - x' s in the first half, x c + x' s in the second, fp32, then rounded to x's dtype as
+    model.apply_rope does. c, s (D,): cos and sin of d mod D/2."""
+    sign = tl.where(tl.arange(0, D) < D // 2, -1.0, 1.0)
+    return (x.to(tl.float32) * c + sign * partner.to(tl.float32) * s).to(x.dtype)
+
+
+@triton.jit
+def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
+                  W, n_split, Hkv, R, scale,
+                  sq_b, sq_h, sq_r, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sm_b, sm_n,
+                  kn_ptr, vn_ptr, cos_ptr, sin_ptr, pos_ptr, fv_ptr, sn_b, sc_p, sp_b,
+                  D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, NEW: tl.constexpr = False,
+                  ONE_PASS: tl.constexpr = False, PDL: tl.constexpr = False):
+    if PDL:  # every input may come from the kernels just before (the new key and value too)
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // Hkv
+    h = bh % Hkv
+    rows = tl.arange(0, BLOCK_R)  # query rows, padded to >= 16 for tl.dot
+    cols = tl.arange(0, D)
+    row_ok = rows < R
+    n_blocks = tl.cdiv(W, BLOCK_N)
+
+    q_at = q_ptr + b * sq_b + h * sq_h + rows[:, None] * sq_r  # (BLOCK_R, 1)
+    if NEW:  # q, and the new key and value (RoPE'd here), at position p of row b
+        p = tl.load(pos_ptr + b * sp_b)
+        fv = tl.load(fv_ptr + b)  # the row attends keys fv..p
+        c = tl.load(cos_ptr + p * sc_p + cols % (D // 2))  # (D,) fp32: row p of the table
+        s = tl.load(sin_ptr + p * sc_p + cols % (D // 2))
+        half = (cols + D // 2) % D  # each element's partner
+        q = _rope(tl.load(q_at + cols[None, :] * sq_d, mask=row_ok[:, None], other=0.0),
+                  tl.load(q_at + half[None, :] * sq_d, mask=row_ok[:, None], other=0.0), c, s, D)  # (BLOCK_R, D)
+        kn_at = kn_ptr + b * sn_b + h * D
+        k_new = _rope(tl.load(kn_at + cols), tl.load(kn_at + half), c, s, D)  # (D,)
+        v_new = tl.load(vn_ptr + b * sn_b + h * D + cols)  # (D,)
+    else:
+        q = tl.load(q_at + cols[None, :] * sq_d, mask=row_ok[:, None], other=0.0)  # (BLOCK_R, D)
+    # One block of keys a program (its split), or with ONE_PASS every block, merged online.
+    first = 0 if ONE_PASS else split
+    last = n_blocks if ONE_PASS else split + 1
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)  # running max, sum of exp and exp @ v
+    l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, D], dtype=tl.float32)
+    for blk in range(first, last):
+        keys = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        key_in = keys < W
+        if NEW:
+            attend = key_in & (keys <= p) & (keys >= fv)  # (BLOCK_N,)
+        else:
+            attend = tl.load(mask_ptr + b * sm_b + keys * sm_n, mask=key_in, other=0) != 0
+        if NEW:
+            cached = key_in & (keys != p)  # position p is read from the new key and value, not the cache
+        else:
+            cached = key_in
+        k = tl.load(k_ptr + b * sk_b + h * sk_h + keys[:, None] * sk_n + cols[None, :] * sk_d,
+                    mask=cached[:, None], other=0.0)  # (BLOCK_N, D)
+        if NEW:
+            k = tl.where((keys == p)[:, None], k_new[None, :], k)
+        sc = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_R, BLOCK_N) fp32
+        sc = tl.where(attend[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))  # (BLOCK_R,)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp(-inf - 0) = 0
+        alpha = tl.exp(m_i - m_safe)  # 0 on a program's first block: its sums start there, exactly
+        pr = tl.exp(sc - m_safe[:, None])  # (BLOCK_R, BLOCK_N)
+        l_i = l_i * alpha + tl.sum(pr, axis=1)
+        # Keys not attended are never read: whatever a cache holds there (even NaN) stays out.
+        v = tl.load(v_ptr + b * sv_b + h * sv_h + keys[:, None] * sv_n + cols[None, :] * sv_d,
+                    mask=(attend & cached)[:, None], other=0.0)  # (BLOCK_N, D)
+        if NEW:
+            v = tl.where((keys == p)[:, None], v_new[None, :], v)
+            # The block that holds p (the last one, should p lie past the window) writes the new
+            # key and value into the cache: no other program of this kernel reads position p.
+            mine = cols < tl.where(blk == tl.minimum(p // BLOCK_N, n_blocks - 1), D, 0)  # (D,): all or none
+            tl.store(k_ptr + b * sk_b + h * sk_h + p * sk_n + cols * sk_d, k_new, mask=mine)
+            tl.store(v_ptr + b * sv_b + h * sv_h + p * sv_n + cols * sv_d, v_new, mask=mine)
+        acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v)  # (BLOCK_R, D) fp32
+        m_i = m_new
+
+    if ONE_PASS:  # the result itself; a row with no key at all gets 0 (acc = 0), not NaN
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + (bh * R + rows[:, None]) * D + cols[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
+    else:
+        part = (bh * n_split + split) * R + rows  # (BLOCK_R,) index into the (B*Hkv, n_split, R) scratch
+        tl.store(m_ptr + part, m_i, mask=row_ok)
+        tl.store(l_ptr + part, l_i, mask=row_ok)
+        tl.store(o_ptr + part[:, None] * D + cols[None, :], acc, mask=row_ok[:, None])
+
+
+@triton.jit
+def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, n_split, R,
+                    D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    bh = tl.program_id(0)
+    r = tl.program_id(1)
+    lanes = tl.arange(0, BLOCK_S)
+    cols = tl.arange(0, D)
+    # Each lane merges splits lane, lane + BLOCK_S, ... online; the lanes are merged at the end.
+    m_acc = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    l_acc = tl.zeros([BLOCK_S], dtype=tl.float32)
+    o_acc = tl.zeros([BLOCK_S, D], dtype=tl.float32)
+    for start in range(0, n_split, BLOCK_S):
+        splits = start + lanes
+        ok = splits < n_split
+        part = (bh * n_split + splits) * R + r  # (BLOCK_S,)
+        m = tl.load(m_ptr + part, mask=ok, other=float("-inf"))
+        lsum = tl.load(l_ptr + part, mask=ok, other=0.0)
+        o = tl.load(o_ptr + part[:, None] * D + cols[None, :], mask=ok[:, None], other=0.0)  # (BLOCK_S, D)
+        m_new = tl.maximum(m_acc, m)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.exp(m_acc - m_safe)
+        c = tl.exp(m - m_safe)
+        l_acc = l_acc * a + lsum * c
+        o_acc = o_acc * a[:, None] + o * c[:, None]
+        m_acc = m_new
+    big = tl.max(m_acc, axis=0)
+    big_safe = tl.where(big == float("-inf"), 0.0, big)
+    w = tl.exp(m_acc - big_safe)  # (BLOCK_S,)
+    total = tl.sum(l_acc * w, axis=0)
+    acc = tl.sum(o_acc * w[:, None], axis=0)  # (D,)
+    out = acc / tl.where(total > 0.0, total, 1.0)  # no key at all: acc = 0, out = 0
+    tl.store(out_ptr + (bh * R + r) * D + cols, out.to(out_ptr.dtype.element_ty))
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, W: int, new=None) -> Tensor:
+    """The kernels over the first W keys of k and v; new = (k_new, v_new, cos, sin, pos,
+    first_valid), the fused op's extra inputs (then no mask), or None."""
+    B, Hkv, R, D = q.shape
+    if mask is not None:
+        mask = mask.expand(B, 1, 1, W)  # a view: a batch-broadcast mask gets stride 0
+    one_pass = W <= TILE
+    block_n = triton.next_power_of_2(max(W, 16)) if one_pass else BLOCK_N  # keys a program reads
+    n_split = 1 if one_pass else triton.cdiv(W, block_n)
+    block_r = max(16, triton.next_power_of_2(R))
+    dev = q.device
+    out = torch.empty((B, Hkv, R, D), dtype=v.dtype, device=dev)
+    if one_pass:  # no scratch: the one program of each head writes `out` (the buffers go unread)
+        m_buf = l_buf = o_buf = out
+    else:
+        m_buf = torch.empty((B * Hkv, n_split, R), dtype=torch.float32, device=dev)  # each split's max
+        l_buf = torch.empty((B * Hkv, n_split, R), dtype=torch.float32, device=dev)  # and sum of exp
+        o_buf = torch.empty((B * Hkv, n_split, R, D), dtype=torch.float32, device=dev)  # and exp @ v
+    k_new, v_new, cos, sin, pos, first_valid = new or (q, q, q, q, q, q)  # unused without NEW
+    launch = pdl.launch_options(dev)
+    _split_kernel[(B * Hkv, n_split)](
+        q, k, v, q if mask is None else mask, m_buf, l_buf, o_buf, out, W, n_split, Hkv, R, scale,  # no mask: unread
+        q.stride(0), q.stride(1), q.stride(2), q.stride(3),
+        k.stride(0), k.stride(1), k.stride(2), k.stride(3),
+        v.stride(0), v.stride(1), v.stride(2), v.stride(3),
+        0 if mask is None else mask.stride(0), 0 if mask is None else mask.stride(3),
+        k_new, v_new, cos, sin, pos, first_valid, k_new.stride(0), cos.stride(0), pos.stride(0),
+        D=D, BLOCK_R=block_r, BLOCK_N=block_n, NEW=new is not None, ONE_PASS=one_pass, **launch)
+    if not one_pass:
+        _combine_kernel[(B * Hkv, R)](m_buf, l_buf, o_buf, out, n_split, R, D=D, BLOCK_S=BLOCK_S, **launch)
+    return out
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
+    D = q.shape[-1]
+    torch._check(D in HEAD_DIMS, lambda: f"head dim {D} not in {HEAD_DIMS}")
+    torch._check(q.dtype == k.dtype == v.dtype and v.dtype in DTYPES, lambda: "q, k, v: one dtype, bf16 or fp16")
+    torch._check(mask is None or mask.dtype == torch.bool, lambda: "mask must be bool")
+
+
+@torch.library.custom_op("tinyllm::decode_attention", mutates_args=())
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    _check(q, k, v, mask)
+    return _attend(q, k, v, mask, scale, k.shape[2])
+
+
+@decode_attention.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    return q.new_empty(q.shape, dtype=v.dtype)
+
+
+def _heads(qkv: Tensor, k_cache: Tensor) -> tuple[int, int, int, int]:
+    """(B, Hkv, R, D) of a fused call: qkv (B, (Hkv R + 2 Hkv) D), k_cache (B, Hkv, rows, D)."""
+    B, Hkv, _, D = k_cache.shape
+    return B, Hkv, qkv.shape[1] // (Hkv * D) - 2, D
+
+
+@torch.library.custom_op("tinyllm::rope_decode_attention", mutates_args=("k_cache", "v_cache"))
+def rope_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, first_valid: Tensor, k_cache: Tensor,
+                          v_cache: Tensor, window: int, scale: float) -> Tensor:
+    B, Hkv, R, D = _heads(qkv, k_cache)
+    torch._check(qkv.shape == (B, (R + 2) * Hkv * D) and qkv.stride(1) == 1 and k_cache.shape == v_cache.shape
+                 and window <= k_cache.shape[2] and cos.shape[-1] == D // 2 and first_valid.shape == (B,),
+                 lambda: "rope_decode_attention: shapes disagree")
+    q_dim, kv_dim = R * Hkv * D, Hkv * D
+    q = qkv[:, :q_dim].view(B, Hkv, R, D)  # a view: strides (row stride, R D, D, 1)
+    _check(q, k_cache, v_cache, None)
+    new = (qkv[:, q_dim:], qkv[:, q_dim + kv_dim:], cos, sin, pos.expand(B), first_valid)
+    return _attend(q, k_cache, v_cache, None, scale, window, new)
+
+
+@rope_decode_attention.register_fake
+def _(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, first_valid: Tensor, k_cache: Tensor, v_cache: Tensor,
+      window: int, scale: float) -> Tensor:
+    B, Hkv, R, D = _heads(qkv, k_cache)
+    return qkv.new_empty((B, Hkv, R, D))

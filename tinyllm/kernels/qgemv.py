@@ -1,0 +1,70 @@
+"""Quantized matrix-vector products on CUDA: Triton kernels for decode's few rows.
+
+Contract:
+- `linear(x, qt_parts...)`: y = x @ W.T for a QTensor W held in canonical form on the GPU
+  (tinyllm.core.quant): x (M, K) on CUDA, y (M, N) in x's dtype, fp32 accumulation. It reads the
+  int8 / packed int4 weights in place, once per row of x, with the dequantization fused into
+  the product. It is the slow twin `x @ W.dequantize().T`, to fp32 rounding order.
+  With `gated`, W holds SwiGLU's gate and up rows and it returns silu(gate) * up in one kernel.
+  With `norm` (an RMSNorm's weights (K,) and eps) it is the product of RMSNorm(x), and with
+  `residual` (M, N) it returns residual + the product: both inside the same kernel.
+- `supported(x)`: whether to call it: Triton is installed (and not switched off with
+  TINYLLM_QGEMV=0), x is on CUDA, and x has at most MAX_ROWS rows. Wider inputs (a prompt's
+  prefill, a large engine batch) are better served by dequantizing once and one library
+  matrix product, since the kernels read W again for each row.
+- Importing this module never imports Triton (CPU-only installs and CI have none): the kernels
+  (`qgemv_triton`) are imported at the first call, which registers the custom ops
+  `tinyllm::int8_gemv` and `tinyllm::int4_gemv`.
+
+Why: a batch-1 step reads every weight once, so its speed is the weights' bytes over the
+bandwidth. Int8 halves bf16's bytes, int4 quarters them, but only where the product reads
+the quantized bytes themselves: dequantizing to bf16 first writes and reads a bf16 copy, and
+Inductor's generated reduction over int8 ran below cuBLAS's bf16 product (docs/BENCHMARKS-LOG.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from torch import Tensor
+
+from tinyllm.kernels.switches import SWITCHES
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None and SWITCHES.qgemv
+MAX_ROWS = 4
+# Where a product takes its RMSNorm and residual add (quant_linear.TritonLinear.fused). Measured on the H200,
+# 1.1B int8, one call (docs/BENCHMARKS-LOG.md): in the plain step the fold cut the
+# replay from 2,443 to 1,868 us (1,157 kernels to 753); in the compiled step, where Inductor
+# already makes add + RMSNorm one kernel, it cost 16 us (832 against 817). So by default it
+# folds outside a compile only. TINYLLM_QGEMV_FOLD=0: never; =compiled: in the compiled step too.
+FOLD = SWITCHES.qgemv_fold
+
+
+def fold() -> bool:
+    """Whether a product here takes its norm and residual (see FOLD)."""
+    return FOLD == "compiled" or (FOLD != "0" and not torch.compiler.is_compiling())
+
+
+def available() -> bool:
+    """Triton is installed (checked without importing it) and not switched off."""
+    return _HAS_TRITON
+
+
+def supported(x: Tensor) -> bool:
+    return _HAS_TRITON and x.is_cuda and x.shape[:-1].numel() <= MAX_ROWS
+
+
+def linear(x: Tensor, kind: str, qweight: Tensor, scales: Tensor, zeros: Tensor | None, group: int,
+           gated: bool = False, norm: tuple[Tensor, float] | None = None, residual: Tensor | None = None) -> Tensor:
+    """x (M, K) -> (M, N); kind "int8" (zeros None) or "int4". gated: W holds SwiGLU's gate
+    and up (2F rows), and the result is silu(gate) * up, (M, F). norm: (weights (K,), eps) of
+    an RMSNorm applied to x first; residual (M, N): added to the result."""
+    from tinyllm import qgemv_triton  # Triton, and the ops registered, on first use
+
+    x = x.contiguous()
+    g, eps = norm if norm is not None else (None, 0.0)
+    r = None if residual is None else residual.contiguous()
+    if kind == "int8":
+        return qgemv_triton.int8_gemv(x, qweight, scales, gated, g, eps, r)
+    return qgemv_triton.int4_gemv(x, qweight, scales, zeros, group, gated, g, eps, r)

@@ -1,0 +1,62 @@
+"""Every TINYLLM_* environment switch of the library, read once into one frozen `Switches`.
+
+Contract:
+- `SWITCHES`: the switches of this process, read from os.environ when this module is first
+  imported; modules read its fields, never the environment. A switch changed in the
+  environment later (os.environ, monkeypatch.setenv) changes nothing in this process: set it
+  before the process starts (a child process reads its own), or, in a test, replace the object:
+  `monkeypatch.setattr(switches, "SWITCHES", switches.read({...}))` (modules that must see that
+  read `switches.SWITCHES` when they are called; those that fix a constant at import do not).
+- `read(env) -> Switches`: the switches an environment mapping sets; unset or empty ones keep
+  the default, and a value means what it meant when each module read it itself: "0" turns a
+  path off, anything else leaves it on. Refuses (ValueError, one line naming the variable) a
+  TINYLLM_ATTN_TILE that is not a whole number.
+- Most switches exist to measure (a path turned off against the one that runs) or to tune;
+  the defaults are what runs. The app's own folders (TINYLLM_CHAT_DATA_DIR,
+  TINYLLM_CHAT_CONFIG_DIR) are chat_app's, and the C++ kernels read two switches themselves
+  when the library loads: TINYLLM_CPU_VNNI=0 (one-row products on AVX2 even where the CPU has
+  AVX512-VNNI: cpu_vnni.cpp) and TINYLLM_CPU_EXACT_X=1 (int8 products on x as it is:
+  cpu_products.cpp); tinyllm.kernels.cpu_qgemv.use_vnni / use_exact_x change them at run time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Switches:
+    cpu_kernel: bool = True  # TINYLLM_CPU_KERNEL=0: never build or load the CPU kernels (tinyllm.kernels.cpu_qgemv)
+    cache_dir: str = ""  # TINYLLM_CACHE_DIR: where those kernels build ("": XDG_CACHE_HOME/tinyllm, ~/.cache/tinyllm)
+    qgemv: bool = True  # TINYLLM_QGEMV=0: no Triton products for quantized matrices on CUDA (tinyllm.kernels.qgemv)
+    qgemv_fold: str = "plain"  # TINYLLM_QGEMV_FOLD: where those products take their norm and residual: plain | compiled | 0
+    qgemv_blocks: str = ""  # TINYLLM_QGEMV_BLOCKS="P,B,W,S,R": every product's block rule (tinyllm.kernels.qgemv_triton)
+    decode_attn: bool = True  # TINYLLM_DECODE_ATTN=0: no Triton decode attention on CUDA (tinyllm.kernels.decode_attention)
+    rope_attn: bool = True  # TINYLLM_ROPE_ATTN=0: RoPE and the cache write apart from that attention
+    cpu_attn: bool = True  # TINYLLM_CPU_ATTN=0: the compiled CPU step keeps Inductor's attention loop
+    attn_tile: int = 128  # TINYLLM_ATTN_TILE: windows up to this many keys in one tile (0: always split)
+    pdl: str = "1"  # TINYLLM_PDL: 1 | 0 (no PDL) | kernels (our kernels only, not Inductor's: tinyllm.kernels.pdl)
+    trace_dir: str = ""  # TINYLLM_TRACE_DIR: a Chrome trace of each profiled step there (tinyllm.tools.bench_profile)
+
+
+def read(env: Mapping[str, str]) -> Switches:
+    def get(name: str, default: str = "") -> str:
+        return env.get(f"TINYLLM_{name}") or default
+
+    def on(name: str) -> bool:  # "0" turns a path off; anything else leaves it on
+        return get(name) != "0"
+
+    tile = get("ATTN_TILE", "128")
+    try:
+        attn_tile = int(tile)
+    except ValueError:
+        raise ValueError(f"TINYLLM_ATTN_TILE must be a whole number of keys, got {tile!r}") from None
+    return Switches(cpu_kernel=on("CPU_KERNEL"), cache_dir=get("CACHE_DIR"), qgemv=on("QGEMV"),
+                    qgemv_fold=get("QGEMV_FOLD", "plain"), qgemv_blocks=get("QGEMV_BLOCKS"),
+                    decode_attn=on("DECODE_ATTN"), rope_attn=on("ROPE_ATTN"), cpu_attn=on("CPU_ATTN"),
+                    attn_tile=attn_tile, pdl=get("PDL", "1"), trace_dir=get("TRACE_DIR"))
+
+
+SWITCHES = read(os.environ)

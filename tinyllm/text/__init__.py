@@ -1,0 +1,2 @@
+"""The bottom layer: tokenizers and chat templates. Torch-free; imports nothing else of tinyllm.
+"""

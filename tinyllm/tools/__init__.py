@@ -1,0 +1,2 @@
+"""Command-line tools on top of the library: bench, train, datagen, eval.
+"""
