@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING
 from chat_app.chat_model import gone, locate
 from chat_app.events import Failed
 from chat_app.widgets.conversation import UserMessage
-from tinyllm import hub  # no torch, as the next
+from tinyllm.formats import hub  # no torch, as the next
 from tinyllm.formats.model_files import precheck
 
 if TYPE_CHECKING:

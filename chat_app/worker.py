@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from textual.worker import get_current_worker
 
 from chat_app.events import Done, Failed, Loaded, Progress, Started
-from tinyllm import hub  # no torch, as the next
+from tinyllm.formats import hub  # no torch, as the next
 from tinyllm.formats.model_files import precheck
 from tinyllm.session.session_protocol import JOBS, Runs
 

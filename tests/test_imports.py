@@ -154,3 +154,42 @@ def test_upward_imports_finds_one():
 
 def test_no_module_imports_a_layer_above_its_own():
     assert upward_imports(import_graph()) == []
+
+
+def unresolved_imports(mods: dict[str, Path]) -> list[str]:
+    """Each import of a project module that names no module there (a module moved or renamed
+    and an import left behind): `import a.b` or `from a.b import c` with no a.b, and `from pkg
+    import name` where pkg is a package whose __init__ defines no name and has no submodule name."""
+    bad = []
+    for name, path in sorted(mods.items()):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.split(".")[0] in PACKAGES]
+                bad += [f"{name}: import {t}" for t in targets if t not in mods]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                    and node.module.split(".")[0] in PACKAGES:
+                if node.module not in mods:
+                    bad.append(f"{name}: from {node.module}")
+                    continue
+                init = mods[node.module]
+                if init.name != "__init__.py":
+                    continue
+                defined = {n.id for n in ast.walk(ast.parse(init.read_text())) if isinstance(n, ast.Name)} | {
+                    n.name for n in ast.walk(ast.parse(init.read_text()))
+                    if isinstance(n, ast.FunctionDef | ast.ClassDef | ast.alias)}
+                bad += [f"{name}: from {node.module} import {a.name}" for a in node.names
+                        if f"{node.module}.{a.name}" not in mods and a.name not in defined]
+    return bad
+
+
+def test_unresolved_imports_finds_one(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    init, user = tmp_path / "pkg" / "__init__.py", tmp_path / "user.py"
+    init.write_text('"""A package."""\n')
+    user.write_text("from tinyllm import gone\nimport tinyllm.nowhere\nfrom tinyllm.core import model\n")
+    mods = {"tinyllm": init, "tinyllm.core": init, "tinyllm.core.model": init, "tinyllm.user": user}
+    assert unresolved_imports(mods) == ["tinyllm.user: from tinyllm import gone", "tinyllm.user: import tinyllm.nowhere"]
+
+
+def test_every_project_import_names_a_module_that_is_there():
+    assert unresolved_imports(project_modules()) == []

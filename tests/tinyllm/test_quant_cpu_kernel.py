@@ -403,7 +403,7 @@ def test_a_build_killed_midway_leaves_no_lock_that_blocks_the_next(tmp_path):
     folder = cpu_qgemv.build_folder()
     (folder / "lock").write_text("")  # what a build killed inside cpp_extension.load leaves,
     (folder / "built").unlink()  # ... before it could say it was finished
-    code = "from tinyllm import cpu_qgemv; assert cpu_qgemv.available(); print('loaded')"
+    code = "from tinyllm.kernels import cpu_qgemv; assert cpu_qgemv.available(); print('loaded')"
     # The timeout only guards against the hang this test is about; a pass never comes near it.
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and "loaded" in out.stdout, out.stderr[-2000:]

@@ -80,7 +80,7 @@ def test_a_process_started_with_a_switch_reads_it_once():
     are off there without a warning (a deliberate choice); a change to the environment after
     start changes nothing."""
     code = ("import os, warnings; warnings.simplefilter('error')\n"
-            "from tinyllm import cpu_qgemv, switches\n"
+            "from tinyllm.kernels import cpu_qgemv, switches\n"
             "os.environ['TINYLLM_CPU_KERNEL'] = '1'\n"
             "print(switches.SWITCHES.cpu_kernel, cpu_qgemv.available())")
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("TINYLLM_")}, "PYTHONPATH": str(ROOT),

@@ -94,6 +94,6 @@ def rope_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, fi
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
     if q.device.type == "cpu":
         return torch.ops.tinyllm_cpu.decode_attention(q, k, v, mask, scale)  # (B, Hkv, R, D)
-    from tinyllm import decode_attention_triton  # Triton, and the op registered, on first use
+    from tinyllm.kernels import decode_attention_triton  # Triton, and the op registered, on first use
 
     return decode_attention_triton.decode_attention(q, k, v, mask, scale)  # (B, Hkv, R, D)

@@ -60,7 +60,7 @@ def linear(x: Tensor, kind: str, qweight: Tensor, scales: Tensor, zeros: Tensor 
     """x (M, K) -> (M, N); kind "int8" (zeros None) or "int4". gated: W holds SwiGLU's gate
     and up (2F rows), and the result is silu(gate) * up, (M, F). norm: (weights (K,), eps) of
     an RMSNorm applied to x first; residual (M, N): added to the result."""
-    from tinyllm import qgemv_triton  # Triton, and the ops registered, on first use
+    from tinyllm.kernels import qgemv_triton  # Triton, and the ops registered, on first use
 
     x = x.contiguous()
     g, eps = norm if norm is not None else (None, 0.0)
