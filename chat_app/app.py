@@ -258,7 +258,7 @@ class ChatApp(App[None]):
             self.editor.send_edit(event)
         elif self.models.loading_first:  # it waits for the model (chat_app.model_switch)
             await self.models.send_when_loaded(event)
-        elif self._ready_for_reply():
+        elif self.ready_for_reply():
             self.accept(event)
             self.drawer.begin("send", text)
 
@@ -271,7 +271,8 @@ class ChatApp(App[None]):
         """A /command line, as if typed (chat_app.commands)."""
         await self.commands.run(text)
 
-    def _ready_for_reply(self) -> bool:
+    def ready_for_reply(self) -> bool:
+        """A model is open and no reply runs; else a notice says which, and False."""
         if self.session is None:
             self.say("The model is still loading (or failed to load).", "warning")
         elif self.busy:
@@ -293,7 +294,7 @@ class ChatApp(App[None]):
         chat's settings stay for its next message. A last user turn with no reply (a resumed
         chat) gets its reply with the chat's own settings."""
         self.saver.user_acted()
-        if not self._ready_for_reply():
+        if not self.ready_for_reply():
             return
         s = self.session
         assert s is not None
@@ -312,7 +313,7 @@ class ChatApp(App[None]):
         self.saver.user_acted()
         if self.session is not None and not (self.session.messages and self.session.messages[-1].role == "assistant"):
             self.say("No reply to continue yet.", "warning")
-        elif self._ready_for_reply():
+        elif self.ready_for_reply():
             self.drawer.begin("continue_reply", None)
 
     def action_new_chat(self) -> None:

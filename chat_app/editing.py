@@ -55,7 +55,7 @@ class Editor:
         elif app.busy:
             app.say("A reply is still running: wait for it, then press Enter to replace your message "
                     "(Esc cancels the edit).", "warning")
-        elif app._ready_for_reply():  # the model loaded, no reply running (as for a message)
+        elif app.ready_for_reply():  # the model loaded, no reply running (as for a message)
             app.accept(event)
             app.drawer.begin("edit", event.text)
 
