@@ -135,3 +135,28 @@ def test_the_key_is_the_content_not_the_place(tmp_path):
         kernel_build.build_folder("k", *a, FLAGS, root)
     os.utime(a[0][0], (0, 0))  # a file's time is no part of it
     assert kernel_build.build_folder("k", *a, FLAGS, root) == kernel_build.build_folder("k", *b, FLAGS, root)
+
+
+def test_a_build_leaves_the_callers_flags_and_so_its_key_as_they_were(tmp_path, monkeypatch):
+    """cpp_extension.load appends torch's libraries to the extra_ldflags it is given, in place;
+    given the caller's own lists, the build's key changed under it, so the next ensure_built in
+    the same process built again in another folder, and loading that second copy of the library
+    aborted the process (a fresh cache, as CI has). A stand-in load that mutates its arguments as
+    torch's does: the caller's flags, and so the build folder, stay what they were."""
+    from torch.utils import cpp_extension
+
+    def load(name, sources, extra_cflags, extra_ldflags, build_directory, **kwargs):
+        extra_cflags.append("-DADDED_BY_LOAD")
+        extra_ldflags += ["-ltorch", "-lc10"]  # what torch's load does for is_python_module=False
+        library = Path(build_directory) / f"{name}.so"
+        library.write_bytes(b"a library")
+        return str(library)
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    sources, headers = install(tmp_path / "install")
+    flags = (["-O2"], ["-fopenmp"])
+    folder = kernel_build.build_folder("k", sources, headers, flags, tmp_path / "cache")
+    first = ensure_built("k", sources, headers, flags, tmp_path / "cache")
+    assert flags == (["-O2"], ["-fopenmp"]) and not first.cached
+    assert kernel_build.build_folder("k", sources, headers, flags, tmp_path / "cache") == folder
+    assert ensure_built("k", sources, headers, flags, tmp_path / "cache") == kernel_build.Build(first.library, True)

@@ -126,8 +126,11 @@ def _compile(name: str, sources: list[Path], flags: tuple[list[str], list[str]],
     from torch.utils import cpp_extension
 
     cflags, ldflags = flags
-    library = cpp_extension.load(name, [str(p) for p in sources], extra_cflags=cflags, extra_ldflags=ldflags,
-                                 build_directory=str(folder), is_python_module=False, verbose=False)
+    # Copies: load() appends torch's own libraries to extra_ldflags in place, which would change
+    # the caller's flags and so the build's key (the next call would build again, elsewhere).
+    library = cpp_extension.load(name, [str(p) for p in sources], extra_cflags=list(cflags),
+                                 extra_ldflags=list(ldflags), build_directory=str(folder),
+                                 is_python_module=False, verbose=False)
     return Path(str(library))
 
 
