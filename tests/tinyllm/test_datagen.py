@@ -19,7 +19,7 @@ from tinyllm.tools.datagen.dedup import LeakFilter, NearDup, shingles
 from tinyllm.tools.datagen.plan import Meta, expand, load_tasks, plan_round
 from tinyllm.tools.datagen.rounds import Filters, judge_answer, judge_user, run_round
 from tinyllm.tools.datagen.shards import pack, read_rounds, write_round
-from tinyllm.tools.datagen.teacher import BatchSampledEngine, Reply
+from tinyllm.tools.datagen.teacher import Reply
 
 # ---- text filters -------------------------------------------------------------------------
 
@@ -126,45 +126,38 @@ def _prompts(n, vocab=512):
     return [torch.randint(4, vocab, (3 + 5 * i,), generator=g).tolist() for i in range(n)]
 
 
-def test_batched_greedy_equals_the_engine_and_generate():
+def test_admissions_held_back_change_no_greedy_token():
+    """min_admit (the teacher's n_slots // 8) holds waiting requests until that many slots are
+    free: greedy replies still equal generate(), and the step accounting adds up."""
     model = tiny_model()
     prompts = _prompts(5)
-    ref = Engine(model, 3, max_len=64)
     lens = [12, 5, 9, 3, 7]  # requests end at different steps: slots free one at a time
-    ids = [ref.add_request(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts, lens, strict=True)]
-    ref.run_until_done()
-    for min_admit in (1, 2):  # admissions held back for two free slots change no greedy token
-        eng = BatchSampledEngine(model, 3, SamplingParams(max_tokens=12), seed=0, min_admit=min_admit, max_len=64)
-        mine = [eng.add(p, n, ()) for p, n in zip(prompts, lens, strict=True)]
+    for min_admit in (1, 2):
+        eng = Engine(model, 3, max_len=64, min_admit=min_admit)
+        ids = [eng.add_request(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts, lens, strict=True)]
         eng.run_until_done()
-        assert [eng.result(i) for i in mine] == [ref.result(i) for i in ids]
-        # the step accounting: one step per token after each request's first (that one comes
-        # from its admission's prefill), at most 3 live rows a step
-        assert eng.steps >= max(lens) - 1 and eng.rows == sum(n - 1 for n in lens)
-        assert eng.rows <= 3 * eng.steps and eng.admit_s > 0 and eng.decode_s > 0
-    # with a repeat penalty, while prompt + reply fit the 64-id window, as generate() penalizes
-    pen = SamplingParams(repeat_penalty=1.3, max_tokens=10)
-    eng = BatchSampledEngine(model, 2, pen, seed=0, max_len=64)
-    mine = [eng.add(p, 10, ()) for p in prompts[:3]]
-    eng.run_until_done()
-    for p, rid in zip(prompts[:3], mine, strict=True):
-        want = [int(t) for t in generate(model, torch.tensor([p]), 10, pen)]
-        assert eng.result(rid) == want
+        for p, n, rid in zip(prompts, lens, ids, strict=True):
+            assert eng.result(rid) == [int(t) for t in generate(model, torch.tensor([p]), n)]
+        # one step per token after each request's first (that one comes from its admission's
+        # prefill), at most 3 live rows a step
+        st = eng.stats
+        assert st.rows == sum(n - 1 for n in lens) and st.steps >= max(lens) - 1
+        assert st.rows <= 3 * st.steps and st.admitted == 5 and st.admit_s > 0
 
 
-def test_batched_sampling_is_deterministic_for_a_seed():
-    model = tiny_model()
+def test_teacher_replies_are_deterministic_and_do_not_depend_on_the_other_jobs(tiny_teacher):
+    from tinyllm.tools.datagen.teacher import Teacher
+
+    teacher = Teacher(str(tiny_teacher), "cpu", n_slots=3, max_len=128)
     params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, repeat_penalty=1.1, max_tokens=10)
-
-    def run(seed):
-        eng = BatchSampledEngine(model, 3, params, seed=seed, max_len=64)
-        rids = [eng.add(p, 10, ()) for p in _prompts(5)]
-        eng.run_until_done()
-        return [eng.result(r) for r in rids]
-    a = run(5)
-    assert a == run(5)
-    assert a != run(6)
-    assert all(len(r) == 10 for r in a)
+    jobs = [[{"role": "user", "content": f"Tell me about the number {i}."}] for i in range(5)]
+    a = teacher.chat(jobs, params, seed=5)
+    assert a == teacher.chat(jobs, params, seed=5)
+    assert a != teacher.chat(jobs, params, seed=6)
+    # job 0 among others, then beside other jobs: the same reply (its seed is the call's and its index)
+    assert teacher.chat(jobs[:1] + [[{"role": "user", "content": "Something else."}]], params, seed=5)[0] == a[0]
+    assert all(r.n_tokens == 10 or r.finished for r in a)
+    assert teacher.stats.requests == 17 and teacher.stats.steps > 0 and 0 < teacher.stats.occupancy <= 1
 
 
 # ---- a round with a scripted teacher, shards ----------------------------------------------

@@ -1,13 +1,17 @@
 """The continuous batching engine on the CPU (use_graph=False), against one eager
 `generate()` per request; the graphed engine is tested in test_engine_cuda.py on a GPU."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from tests.conftest import tiny_model
 from tinyllm.decode.engine import Engine, TokenEvent
 from tinyllm.decode.generate import generate
-from tinyllm.decode.sampling import SamplingParams
+from tinyllm.decode.row_sampler import TOP_K_MAX
+from tinyllm.decode.sampling import SamplingParams, row_noise, sample, seed_key
+from tinyllm.decode.step_sampler import REPEAT_WINDOW
 
 BUCKETS = (16, 32, 64, 128)
 GREEDY = SamplingParams()
@@ -86,14 +90,18 @@ def test_finished_slot_is_reused_at_once(model):
         assert engine.result(rid) == ref, rid
 
 
-def test_prefill_finish_reuses_slot_within_the_step(model):
+def test_a_request_ending_on_its_first_token_frees_its_slot_at_the_next_step(model):
+    """The first token is drawn and checked on the device (no host sync in an admission): the
+    host reads that it ended with the chain, and the next request takes the slot a step later."""
     engine = Engine(model, 1, max_len=32, buckets=(32,))
     ids = [engine.add_request(prompt(3, s), SamplingParams(max_tokens=1)) for s in range(3)]
     ids.append(engine.add_request(prompt(3, 9), SamplingParams(max_tokens=2)))
-    events = engine.step()  # three one-token requests, then the fourth prefills and decodes
-    assert [(e.request_id, e.finish_reason) for e in events] == [
-        (ids[0], "length"), (ids[1], "length"), (ids[2], "length"), (ids[3], None), (ids[3], "length")]
+    steps = [[(e.request_id, e.finish_reason) for e in engine.step()] for _ in range(4)]
+    assert steps == [[(ids[0], "length")], [(ids[1], "length")], [(ids[2], "length")],
+                     [(ids[3], None), (ids[3], "length")]]
     assert not engine.has_work and engine.step() == []
+    for rid, s, n in zip(ids, (0, 1, 2, 9), (1, 1, 1, 2), strict=True):
+        assert engine.result(rid) == reference(model, prompt(3, s), SamplingParams(max_tokens=n), max_len=32)
 
 
 @torch.no_grad()
@@ -127,18 +135,84 @@ def test_free_and_dead_slots_never_touch_live_rows():
     assert runs[0][0] == reference(model, prompt(10, 1), SamplingParams(max_tokens=40), max_len=64)
 
 
-def test_per_request_sampling_equals_generate_with_the_same_seed(model):
-    """Seeded sampling, a repetition penalty and greedy rows side by side: each request draws
-    from its own generator and context, as one generate() with its params."""
-    params = [SamplingParams(temperature=0.9, top_k=40, seed=7, max_tokens=30),
-              SamplingParams(repeat_penalty=1.3, max_tokens=30),
-              SamplingParams(max_tokens=30),
-              SamplingParams(temperature=1.2, top_p=0.8, repeat_penalty=1.1, seed=3, max_tokens=30)]
+@torch.no_grad()
+def row_reference(model, ids, params, seed, stop_ids=(), max_len=128) -> list[int]:
+    """The slow twin of a sampled engine row: a full forward without a cache each token, then
+    sample() with the row's noise (its seed, its draw count, every id) and the last
+    REPEAT_WINDOW ids of the context for the penalty. Top-p alone chooses among the TOP_K_MAX
+    likeliest ids, as the engine's does (a nucleus of a near-flat distribution is wider)."""
+    if params.top_k == 0 and params.top_p < 1.0:
+        params = replace(params, top_k=TOP_K_MAX)
+    key = torch.tensor([seed_key(seed)])  # (1, 2)
+    every = torch.arange(model.cfg.vocab_size)[None]  # (1, V)
+    ctx, out = list(ids), []
+    while len(out) < params.max_tokens and len(ctx) < max_len:
+        logits, _ = model(torch.tensor([ctx]))  # (1, T, V)
+        noise = row_noise(key, torch.tensor([len(out)]), every)  # (1, V)
+        tok = int(sample(logits[:, -1], params, prev=torch.tensor([ctx[-REPEAT_WINDOW:]]), noise=noise))
+        out.append(tok)
+        ctx.append(tok)
+        if tok in stop_ids:
+            break
+    return out
+
+
+SAMPLED = [SamplingParams(temperature=0.9, top_k=40, seed=7, max_tokens=30),
+           SamplingParams(repeat_penalty=1.3, max_tokens=30),
+           SamplingParams(max_tokens=30),
+           SamplingParams(temperature=1.2, top_p=0.8, repeat_penalty=1.1, seed=3, max_tokens=30),
+           SamplingParams(temperature=0.7, seed=11, max_tokens=30),  # the whole vocabulary
+           SamplingParams(temperature=0.5, top_k=50, top_p=0.9, repeat_penalty=1.1, seed=2**64 - 5, max_tokens=30)]
+
+
+def test_each_sampled_row_draws_as_its_slow_twin(model):
+    """Seeded sampling (top-k, top-p, both, the whole vocabulary), a repetition penalty past its
+    64-id window and greedy rows side by side: each request draws as a full forward and sample()
+    with its own noise and window."""
     engine = Engine(model, 3, max_len=128, buckets=BUCKETS)
-    ids = [engine.add_request(prompt(5 + 7 * i, i), p) for i, p in enumerate(params)]
+    lens = [5 + 17 * i for i in range(len(SAMPLED))]  # up to 90: contexts outgrow the window
+    ids = [engine.add_request(prompt(n, i), p) for i, (n, p) in enumerate(zip(lens, SAMPLED, strict=True))]
     engine.run_until_done()
-    for i, (rid, p) in enumerate(zip(ids, params, strict=True)):
-        assert engine.result(rid) == reference(model, prompt(5 + 7 * i, i), p), i
+    for i, (rid, p) in enumerate(zip(ids, SAMPLED, strict=True)):
+        assert engine.result(rid) == row_reference(model, prompt(lens[i], i), p, engine.requests[rid].seed), i
+
+
+def test_a_sampled_row_draws_the_same_in_any_batch(model):
+    """A seeded request alone in a 1-slot engine, and among six others in a 7-slot engine
+    (joining mid-run, in another slot, chained and overlapped): the same tokens. Another seed
+    draws others."""
+    params = SamplingParams(temperature=1.0, top_k=60, top_p=0.95, repeat_penalty=1.1, seed=123, max_tokens=40)
+    mine = (prompt(12, 99), params, ())
+
+    def alone(p):
+        engine = Engine(model, 1, max_len=128, buckets=BUCKETS)
+        rid = engine.add_request(mine[0], p)
+        engine.run_until_done()
+        return engine.result(rid)
+
+    others = [(prompt(4 + 9 * i, 200 + i), SAMPLED[i % len(SAMPLED)], ()) for i in range(6)]
+    engine = Engine(model, 7, max_len=128, buckets=BUCKETS, chain=4, overlap=True)
+    ids, _ = drive(engine, {0: others[:4], 3: [mine], 5: others[4:]})
+    assert engine.requests[ids[4]].slot != 0
+    assert engine.result(ids[4]) == alone(params)
+    assert alone(params) != alone(replace(params, seed=124))
+
+
+@pytest.mark.parametrize("n_slots, chain, overlap", [(1, 1, False), (7, 1, False), (7, 4, True), (64, 3, True)])
+def test_greedy_equals_generate_at_many_rows_with_admissions(model, n_slots, chain, overlap):
+    """1, 7 and 64 rows, chains of steps read back late or at once, requests joining while
+    others run and more requests than slots: each reply equals one generate()."""
+    n_req = max(3, 2 * n_slots)
+    reqs = [(prompt(1 + (7 * i) % 60, 300 + i), SamplingParams(max_tokens=5 + (11 * i) % 30), ())
+            for i in range(n_req)]
+    engine = Engine(model, n_slots, max_len=128, buckets=BUCKETS, chain=chain, overlap=overlap)
+    ids, steps = drive(engine, {0: reqs[:n_req // 2], 2: reqs[n_req // 2:n_req * 3 // 4], 6: reqs[n_req * 3 // 4:]})
+    for rid, (ids_, params, _) in zip(ids, reqs, strict=True):
+        assert engine.result(rid) == reference(model, ids_, params), rid
+        assert engine.finish_reason(rid) == "length"
+    events = [e for step in steps for e in step]
+    assert len(events) == sum(len(engine.result(r)) for r in ids)
+    assert engine.stats.rows == len(events) - len(ids)  # every token after the first came from a step
 
 
 def test_cancel_frees_the_slot(model):
@@ -189,8 +263,9 @@ def test_errors(model):
 
 
 def test_admission_prefills_groups_within_the_token_budget(model, monkeypatch):
-    """Waiting requests are prefilled together (one right-padded forward per group), at most
-    PREFILL_TOKENS padded tokens a group; greedy and penalized replies still equal generate()."""
+    """Waiting requests are prefilled together (one right-padded forward per group), sorted by
+    length (less padding), at most PREFILL_TOKENS padded tokens a group; greedy and penalized
+    replies still equal generate()."""
     import tinyllm.decode.engine as engine_mod
 
     monkeypatch.setattr(engine_mod, "PREFILL_TOKENS", 64)
@@ -204,7 +279,8 @@ def test_admission_prefills_groups_within_the_token_budget(model, monkeypatch):
             for i, n in enumerate(lens)]
     engine = Engine(model, 4, max_len=128, buckets=BUCKETS)
     ids, _ = drive(engine, {0: reqs})
-    assert groups[:3] == [[50], [10, 30], [5]]  # 2 x 50 and 3 x 30 padded tokens exceed 64
+    # the four first in line, shortest first: 3 x 30 and 2 x 50 padded tokens exceed 64
+    assert groups[:3] == [[5, 10], [30], [50]]
     assert sorted(n for g in groups for n in g) == sorted(lens)
     for rid, (ids_, params, _) in zip(ids, reqs, strict=True):
         assert engine.result(rid) == reference(model, ids_, params), rid

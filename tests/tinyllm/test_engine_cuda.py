@@ -1,6 +1,7 @@
 """The engine's decode step as CUDA graphs (run on the H200): SlotGraphDecoder replay against
 its identical eager step across admissions and releases, the graphed engine against the eager
-engine (bf16, bit for bit) and against one generate() per request (fp32).
+engine (bf16, bit for bit) and against one generate() per request (fp32), and steady-state
+steps with no hidden host sync.
 
 Skipped where there is no CUDA device: a skip here is not a pass."""
 
@@ -9,10 +10,10 @@ import torch
 
 from tinyllm.core.kv_cache import SlotKVCache
 from tinyllm.core.model import ModelConfig, Transformer
-from tinyllm.decode.cuda_graph import SlotGraphDecoder
 from tinyllm.decode.engine import Engine
 from tinyllm.decode.generate import generate
 from tinyllm.decode.sampling import SamplingParams
+from tinyllm.decode.slot_decoder import SlotGraphDecoder
 
 pytestmark = pytest.mark.cuda
 
@@ -50,31 +51,30 @@ SCRIPT = {
 
 @torch.no_grad()
 def run_slots(model, use_graph: bool, toggle_every: int = 0, n_steps: int = 300):
-    """Drive a SlotGraphDecoder through SCRIPT with greedy tokens; returns every prefill's and
-    every step's logits (copied out) and the windows used."""
+    """Drive a SlotGraphDecoder through SCRIPT with greedy tokens (drawn in the step); returns
+    every prefill's and every step's logits (copied out) and the windows used."""
     slots = SlotKVCache(model.cfg.n_layers, 4, 1024, DEVICE)
     dec = SlotGraphDecoder(model, slots, use_graph=use_graph)
     if use_graph:
         dec.capture()
-    tok = torch.zeros(4, 1, dtype=torch.long, device=DEVICE)  # (S, 1)
+    long = SamplingParams(max_tokens=1000)
     outs, windows = [], []
     for i in range(n_steps):
         for action, s, *args in SCRIPT.get(i, ()):
             if action == "release":
                 slots.release(s)
                 continue
-            ids = torch.tensor([prompt(*args)], device=DEVICE)  # (1, T)
-            slots.start_prefill([s], [ids.shape[1]])
-            logits, _ = model(ids, cache=slots, last_only=True)  # (1, 1, V)
+            ids = prompt(*args)
+            slots.start_prefill([s], [len(ids)])
+            logits, _ = model(torch.tensor([ids], device=DEVICE), cache=slots, last_only=True)  # (1, 1, V)
             slots.admit([s])
-            tok[s] = logits[0, -1].argmax()
+            dec.start_rows(slots._prefill_rows, logits[:, -1], [long], [0], [ids], [[]])
             outs.append(logits.clone())
         if toggle_every and i % toggle_every == 0:
             dec.use_graph = not dec.use_graph
         windows.append(dec.bucket(max(n for n, a in zip(slots.lens, slots.active, strict=True) if a) + 1))
-        logits = dec.step(tok)  # (S, 1, V)
+        logits = dec.step(dec.tok)  # (B, 1, V), B = 4 (the one row bucket)
         outs.append(logits.clone())
-        tok = logits[:, -1].argmax(-1, keepdim=True)  # (S, 1)
     return outs, windows
 
 
@@ -113,9 +113,9 @@ def run_engine(model, use_graph: bool, n_slots: int = 4, reqs=None, compile=None
         engine.step()
         i += 1
     ids = [ids[j] for j in range(len(reqs))]
-    if use_graph:  # every bucket captured up front, and no capture during the run
-        assert sorted(w for w, _, _ in graphs) == list(engine.decoder.buckets) == [128, 256, 512, 1024]
-        assert all(engine.decoder.graphs[w][0] is g for w, (g, _) in graphs.items())
+    if use_graph:  # every bucket captured up front, and none of those again during the run
+        assert sorted({w for (w, _), _, _ in graphs}) == list(engine.decoder.buckets) == [128, 256, 512, 1024]
+        assert all(engine.decoder.graphs[key][0] is g for key, (g, _) in graphs.items())
     return [engine.result(r) for r in ids], [engine.finish_reason(r) for r in ids]
 
 
@@ -149,3 +149,33 @@ def test_compiled_graph_engine_equals_compiled_eager_engine_bf16(bf16_model):
     graph, _ = run_engine(bf16_model, use_graph=True, compile="inductor")
     eager, _ = run_engine(bf16_model, use_graph=False, compile="inductor")
     assert graph == eager
+
+
+def test_steady_state_steps_make_no_hidden_host_sync(bf16_model):
+    """Chains of steps, admissions, sampled and greedy rows, ends of every kind and releases,
+    under torch.cuda.set_sync_debug_mode("error"): no operation the engine runs synchronizes
+    with the GPU (no .tolist() of a device tensor, no copy from pageable memory). The one wait
+    a chain has, on the event behind its report's pinned copy, is not such an operation."""
+    def reqs(base):
+        return [(prompt(5 + 37 * i, base + i),
+                 SamplingParams(temperature=0.8 * (i % 2), top_k=50, top_p=0.9, seed=i, max_tokens=20 + 9 * i),
+                 (7,) if i % 3 == 0 else ()) for i in range(12)]
+
+    engine = Engine(bf16_model, 8, max_len=512, compile=None)
+    engine.decoder.greedy = False  # the sampling variant's graphs too (a capture synchronizes)
+    engine.decoder.capture(steps=engine.chain)
+    for args in reqs(0):  # warm: first uses (cuBLAS handles, the prefill's kernels)
+        engine.add_request(*args)
+    engine.run_until_done()
+    ids = []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i, args in enumerate(reqs(100)):
+            ids.append(engine.add_request(*args))
+            if i % 3 == 0:
+                engine.step()
+        engine.run_until_done()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(engine.is_finished(r) for r in ids)
+    assert engine.stats.chains >= engine.stats.steps // engine.chain

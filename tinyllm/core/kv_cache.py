@@ -48,6 +48,13 @@ def padded_causal_mask(start: int, T: int, first_valid: Tensor) -> Tensor:
     return ((causal & valid) | (k_pos == q_pos))[:, None]  # (B, 1, T, S)
 
 
+def device_ids(ids: list[int], device: torch.device) -> Tensor:
+    """ids as a long tensor on `device`, copied from pinned memory without waiting (a plain
+    torch.tensor(ids, device=cuda) copies from pageable memory, which waits for the stream)."""
+    host = torch.tensor(ids, dtype=torch.long, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
+
+
 def check_dtype(held: Tensor, new: Tensor) -> None:
     if held.dtype != new.dtype:
         raise ValueError(f"cache holds {held.dtype}, got {new.dtype}: reset the cache or cast the model")
@@ -154,6 +161,8 @@ class SlotKVCache:
         self._slot_ids = torch.arange(n_slots, device=self.device)  # the decode write's row index
         self.prefill_slots: list[int] | None = None
         self.prefill_lens: list[int] = []
+        self._prefill_list: list[int] = []
+        self._prefill_rows = self._slot_ids[:0]
         self.attn_kwargs: dict = {}
 
     def start_prefill(self, slots: list[int], lens: list[int]) -> None:
@@ -166,14 +175,15 @@ class SlotKVCache:
         if len(set(slots)) != len(slots) or len(lens) != len(slots):
             raise ValueError(f"need distinct slots and one length each, got {slots} and {lens}")
         self.prefill_slots, self.prefill_lens = list(slots), list(lens)
+        self._prefill_list, self._prefill_rows = list(slots), device_ids(slots, self.device)  # (k,) once, not per layer
 
     def admit(self, slots: list[int]) -> None:
         """Mark prefilled slots live: decode steps advance them from now on."""
         for s in slots:
             self.active[s] = True
-        idx = torch.tensor(slots, device=self.device)
-        self._lens_dev[idx] = torch.tensor([self.lens[s] for s in slots], device=self.device)
-        self._active_dev[idx] = 1
+        idx = self._prefill_rows if slots == self._prefill_list else device_ids(slots, self.device)
+        self._lens_dev.index_copy_(0, idx, device_ids([self.lens[s] for s in slots], self.device))
+        self._active_dev.index_fill_(0, idx, 1)
 
     def release(self, slot: int) -> None:
         self.active[slot] = False
@@ -186,8 +196,10 @@ class SlotKVCache:
 
     # -- what the decoder asks of a cache ---------------------------------------------------
 
-    def decode(self, window: int) -> _SlotDecode:
-        return _SlotDecode(self, window)
+    def decode(self, window: int, rows: int | None = None) -> _SlotDecode:
+        """The view one decode step runs through: the first `rows` slots (all by default) over
+        the first `window` keys."""
+        return _SlotDecode(self, window, self.n_slots if rows is None else rows)
 
     def ensure(self, i: int, like: Tensor) -> None:
         """Allocate layer i's K/V on first use, shaped like `like` (S, Hkv, T, D)'s heads."""
@@ -199,18 +211,20 @@ class SlotKVCache:
         check_dtype(self.k[i], like)
 
     def keys_needed(self, steps: int) -> int:
-        need = max((self.lens[s] for s in range(self.n_slots) if self.active[s]), default=0) + steps
-        if need > self.max_len:
-            raise ValueError(f"a slot is full (max_len {self.max_len})")
-        return need
+        """Keys the next `steps` steps attend at most. A slot stops advancing (on the device) once
+        its sequence reaches max_len, so no slot ever needs more than max_len keys."""
+        longest = max((self.lens[s] for s in range(self.n_slots) if self.active[s]), default=0)
+        return min(longest + steps, self.max_len)
 
     def step_state(self) -> list[Tensor]:
         return [self._lens_dev]
 
     def advance_host(self, steps: int = 1) -> None:
+        """The host lengths move as if every live slot ran all `steps` (an upper bound: a slot the
+        device finished stops earlier), capped at max_len - 1, the most a live slot ever holds."""
         for s in range(self.n_slots):
             if self.active[s]:
-                self.lens[s] += steps
+                self.lens[s] = min(self.lens[s] + steps, self.max_len - 1)
 
     # -- prefill (the cache protocol) --------------------------------------------------------
 
@@ -232,17 +246,17 @@ class SlotKVCache:
 
 
 class _SlotDecode:
-    """The cache protocol for one decode step of every slot over W keys: each slot takes one
-    token at its own position `_lens_dev[s]`, masked past its length."""
+    """The cache protocol for one decode step of the first `rows` slots over W keys: each slot
+    takes one token at its own position `_lens_dev[s]`, masked past its length."""
 
-    def __init__(self, cache: SlotKVCache, window: int):
-        self.cache, self.window = cache, window
+    def __init__(self, cache: SlotKVCache, window: int, rows: int):
+        self.cache, self.window, self.rows = cache, window, rows
         self.attn_kwargs: dict = {}
 
     def begin_step(self, T: int, rope) -> tuple[Tensor, Tensor]:
         if T != 1:
             raise ValueError("decode mode takes one token per slot")
-        lens = self.cache._lens_dev
+        lens = self.cache._lens_dev[:self.rows]
         k_pos = torch.arange(self.window, device=lens.device)
         valid = k_pos[None, :] <= lens[:, None]  # (S, W)
         self.attn_kwargs = {"attn_mask": valid[:, None, None, :]}  # (S, 1, 1, W)
@@ -254,21 +268,22 @@ class _SlotDecode:
         return ViewLayer(self, i)
 
     def update(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        c, W = self.cache, self.window
+        c, W, B = self.cache, self.window, self.rows
         c.ensure(i, k)  # a capture before any admission decodes first
-        # Each slot writes at its own length, as an index_put_ (k (S, Hkv, 1, D) -> (S, Hkv, D) at
+        # Each slot writes at its own length, as an index_put_ (k (B, Hkv, 1, D) -> (B, Hkv, D) at
         # [slot, :, len]): Inductor keeps it in place. A scatter_ there became a functional
-        # scatter of the whole cache and a copy back into it, every layer, every step (issue 35).
-        pos = c._lens_dev.clamp(max=c.max_len - 1)  # (S,)
-        c.k[i][c._slot_ids, :, pos] = k[:, :, 0]
-        c.v[i][c._slot_ids, :, pos] = v[:, :, 0]
-        return c.k[i][:, :, :W], c.v[i][:, :, :W]  # (S, Hkv, W, D)
+        # scatter of the whole cache and a copy back into it, every layer, every step.
+        pos = c._lens_dev[:B].clamp(max=c.max_len - 1)  # (B,)
+        c.k[i][c._slot_ids[:B], :, pos] = k[:, :, 0]
+        c.v[i][c._slot_ids[:B], :, pos] = v[:, :, 0]
+        return c.k[i][:B, :, :W], c.v[i][:B, :, :W]  # (B, Hkv, W, D)
 
     def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> None:
         return None  # each slot at its own position: no fused op takes that
 
     def end_step(self, T: int) -> None:
-        self.cache._lens_dev.add_(self.cache._active_dev)  # captured into the graph
+        c = self.cache
+        c._lens_dev[:self.rows].add_(c._active_dev[:self.rows])  # captured into the graph
 
 
 class ViewLayer:
@@ -305,9 +320,8 @@ class _SlotLayerKV:
         c, i = self.cache, self.i
         T = k.shape[2]  # (B, Hkv, T, D)
         c.ensure(i, k)
-        rows = torch.tensor(c.prefill_slots, device=k.device)  # (B,)
-        c.k[i][rows, :, :T] = k
-        c.v[i][rows, :, :T] = v
+        c.k[i][c._prefill_rows, :, :T] = k  # rows (B,) built once by start_prefill: no copy per layer
+        c.v[i][c._prefill_rows, :, :T] = v
         return k, v  # a prefill from position 0 sees exactly its own keys
 
     def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> None:

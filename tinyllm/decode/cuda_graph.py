@@ -20,8 +20,9 @@ the cache protocol for one decode step over W keys (a view; the cache itself sta
 prefill mode), `cache.keys_needed(steps)` the window a run of `steps` steps needs,
 `cache.step_state()` the device tensors a step advances (a capture's warm-up puts them
 back), `cache.advance_host(steps)` the host-side bookkeeping. `GraphDecoder` runs it over a
-`StaticKVCache` (one request, B rows), `SlotGraphDecoder` over a `SlotKVCache` (the
-continuous engine). `use_graph=None` means graphs where the model is on CUDA.
+`StaticKVCache` (one request, B rows); tinyllm.decode.slot_decoder's `SlotGraphDecoder` over a
+`SlotKVCache` (the continuous engine), with a sampler and stop rules per row. `use_graph=None`
+means graphs where the model is on CUDA. `Readback` copies a run's ids to the host behind it.
 
 The step samples inside itself (`StepSampler`: greedy, temperature, top-k, top-p, repetition
 penalty, seeded noise) and writes the next id into its own input buffer `tok`, so `step(dec.tok)`
@@ -57,7 +58,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tinyllm.core.kv_cache import KVCache, SlotKVCache, ViewLayer
+from tinyllm.core.kv_cache import KVCache, ViewLayer
 from tinyllm.core.model import Transformer
 from tinyllm.decode.sampling_params import SamplingParams
 from tinyllm.decode.saved_step import SavedStep
@@ -410,14 +411,35 @@ class _Decoder:
 @dataclass
 class Chunk:
     """The ids of one launched run, read on the host when wanted (one sync per chunk)."""
-    steps: int
-    host: Tensor  # (B, steps); pinned on CUDA, filled once `done` has passed
+    steps: int  # the columns to read
+    host: Tensor  # (B, >= steps); pinned on CUDA, filled once `done` has passed
     done: torch.cuda.Event | None
 
     def ids(self) -> list[list[int]]:
         if self.done is not None:
             self.done.synchronize()
         return self.host[:, :self.steps].tolist()
+
+
+class Readback:
+    """Copies of a device buffer (a decoder's `out`) to the host, taken behind the work that
+    fills it without waiting: pinned host buffers used in turn, each copy followed by an event."""
+
+    def __init__(self, src: Tensor, n: int = 3):
+        self.src = src
+        self.host = [src.new_zeros(src.shape, device="cpu", pin_memory=src.is_cuda) for _ in range(n)]
+        self.next = 0
+
+    def take(self, cols: int) -> Chunk:
+        host = self.host[self.next]
+        self.next = (self.next + 1) % len(self.host)
+        if not self.src.is_cuda:
+            host.copy_(self.src)
+            return Chunk(cols, host, None)
+        host.copy_(self.src, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return Chunk(cols, host, done)
 
 
 class GraphDecoder(_Decoder):
@@ -439,9 +461,7 @@ class GraphDecoder(_Decoder):
         cache = StaticKVCache(model.cfg.n_layers, batch, self.max_len, model.device)
         super().__init__(model, cache, batch, buckets or default_buckets(self.max_len), self.max_len,
                          use_graph, compile, n_valid)
-        self._host = [self.out.new_zeros(self.out.shape, device="cpu", pin_memory=self.out.is_cuda)
-                      for _ in range(3)]  # chunks in flight read back into these, in turn
-        self._next_host = 0
+        self._readback = Readback(self.out)  # chunks in flight are read back through it
 
     @property
     def n(self) -> int:
@@ -476,31 +496,4 @@ class GraphDecoder(_Decoder):
         """run(steps, capture) without waiting for it: the ids are copied to the host behind
         it, and the caller reads them from the Chunk (after launching the next one, say)."""
         self.run(steps, capture)
-        host = self._host[self._next_host]
-        self._next_host = (self._next_host + 1) % len(self._host)
-        if not self.out.is_cuda:
-            host.copy_(self.out)
-            return Chunk(steps, host, None)
-        host.copy_(self.out, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        return Chunk(steps, host, done)
-
-
-class SlotGraphDecoder(_Decoder):
-    """The continuous engine's decode step (one token per SlotKVCache slot) as CUDA graphs
-    (4.11b). Admission, release and prefill stay eager in the engine.
-
-    The batch is always n_slots rows (free slots compute too), and slot lengths and active
-    flags live in fixed device tensors that admit()/release() update in place. The one
-    changing shape is the attention window: the smallest bucket that holds the longest
-    slot + 1. Replay advances the device lengths; the host lengths move after it.
-    use_graph=False runs the identical windowed step eagerly.
-    """
-
-    def __init__(self, model: Transformer, slots: SlotKVCache,
-                 buckets: tuple[int, ...] | None = None, use_graph: bool | None = True,
-                 compile: str | None = None):
-        self.slots = slots
-        super().__init__(model, slots, slots.n_slots, buckets or default_buckets(slots.max_len), slots.max_len,
-                         use_graph, compile)
+        return self._readback.take(steps)

@@ -1,35 +1,51 @@
-"""Continuous batching: many requests decode together, one token per slot per step.
+"""Continuous batching: many requests decode together, each slot's token drawn and its end checked
+inside one graphed step, in chains of steps read back without waiting.
 
 Contract:
-- `Engine(model, n_slots, max_len=None, use_graph=None, buckets=None, compile=None)` owns a
-  `SlotKVCache` of n_slots rows and a `SlotGraphDecoder` over it (`compile="inductor"`
-  compiles its step, as for GraphDecoder). With graphs (the default on CUDA) every
-  bucket is captured ahead of time, in the constructor; `use_graph=False` runs the identical
-  step eagerly (the only mode on a CPU).
+- `Engine(model, n_slots, max_len=None, use_graph=None, buckets=None, compile=None, chain=None,
+  overlap=None, min_admit=1, row_buckets=None)` owns a `SlotKVCache` of n_slots rows and a
+  `SlotGraphDecoder` over it (tinyllm.decode.slot_decoder; `compile="inductor"` compiles its
+  step). With graphs (the default on CUDA) the greedy chains' graphs for every (key bucket,
+  row bucket) are captured in the constructor (`capture_s`), the sampling ones when first
+  needed; `use_graph=False` runs the identical steps eagerly (the only mode on a CPU).
 - `add_request(prompt_ids, params, stop_ids) -> request id` queues a request (first come,
   first served). A request's whole sequence, prompt plus reply, fits in max_len tokens.
-- `step() -> list[TokenEvent]` first admits waiting requests into free slots (one eager,
-  right-padded prefill per group of up to PREFILL_TOKENS padded tokens, which yields each
-  request's first token), then runs one decode step for every live slot (one token each). Free slots compute too, into their
-  own rows, and never advance. A request finishes on a stop id (the stop token ends the
-  reply, as `generate()` yields it: "stop"), after params.max_tokens tokens ("length"), or
-  when prompt plus reply reach max_len ("full"); its slot is released at once and taken by
-  the next waiting request at the start of the next step, before the next decode.
-- Sampling is per request: rows that are plain greedy share one argmax; every other row
-  goes through `sample()` with its own generator (seeded by params.seed) and its own context
-  (for the repetition penalty), so a request draws as one `generate()` with the same params.
-  Under greedy, replies equal one `generate()` per request (tested on a CPU in fp32).
+- `step() -> list[TokenEvent]`:
+  1. admits waiting requests into the lowest free slots: the next n_free waiting ones, sorted
+     by length and prefilled eagerly in right-padded groups of at most PREFILL_TOKENS padded
+     tokens; each request's first token is drawn on the device (no host sync);
+  2. launches a chain of `chain` decode steps of the live slots (one replay with graphs; the
+     default is 8 on CUDA, 1 on a CPU);
+  3. reads one chain's report and returns its events, in the order the tokens were drawn:
+     with `overlap` (the default on CUDA) the chain launched before, while the GPU runs this
+     one; without it, this one.
+  A request ends on a stop id ("stop": the stop token ends the reply, as `generate()` yields
+  it), after params.max_tokens tokens ("length"), or when prompt plus reply reach max_len
+  ("full"). The step finds that on the device (the row stops advancing there); the host
+  releases the slot when it reads it, and the next waiting request takes it at the next step.
+  A request that ends on its first token therefore holds its slot for one chain.
+  `min_admit` holds waiting requests back until that many slots are free (or every waiting one
+  fits, or nothing runs): each admission is an eager prefill, cheaper in groups.
+- Sampling is per request, inside the step (tinyllm.decode.row_sampler): a request draws as
+  `sample()` with its params, noise from its seed (params.seed; None: a random one) and the
+  last REPEAT_WINDOW ids of its context, so its draws do not depend on which requests share
+  its batch. Greedy replies equal one `generate()` per request (tested on a CPU in fp32, with
+  the repetition penalty while the context fits its window).
 - `is_finished(id)`, `result(id)` (the reply so far), `finish_reason(id)`, `cancel(id)`
-  ("cancelled", frees the slot), `run_until_done() -> {id: reply}`.
-- One host sync per step (the new tokens, to check stops) and one per admitted group.
-Refuses (ValueError): an empty prompt or one that leaves no room for a reply, ids outside
-the vocabulary, unknown request ids, n_slots < 1, max_len above the model's max_seq_len.
+  ("cancelled", frees the slot; tokens of chains in flight are dropped), `run_until_done() ->
+  {id: reply}`, `stats` (EngineStats: steps, live rows, chains, admissions, host time).
+- Host syncs: one per chain read (an event on its pinned copy), none in admission.
+Refuses (ValueError): an empty prompt or one that leaves no room for a reply, ids outside the
+vocabulary, top_k above TOP_K_MAX, more than MAX_STOPS stop ids, unknown request ids,
+n_slots < 1, max_len above the model's max_seq_len, a chain outside [1, MAX_RUN].
 """
 
 from __future__ import annotations
 
 import itertools
 import operator
+import random
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -38,13 +54,16 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from tinyllm.core.kv_cache import SlotKVCache
+from tinyllm.core.kv_cache import SlotKVCache, device_ids
 from tinyllm.core.model import Transformer
-from tinyllm.decode.cuda_graph import SlotGraphDecoder
-from tinyllm.decode.sampling import SamplingParams, make_generator, sample
+from tinyllm.decode.cuda_graph import MAX_RUN, Chunk
+from tinyllm.decode.row_sampler import TOP_K_MAX
+from tinyllm.decode.sampling import SamplingParams
+from tinyllm.decode.slot_decoder import FULL, LENGTH, MAX_STOPS, STOP, SlotGraphDecoder
 
 GREEDY = SamplingParams()  # the default: argmax, 256 tokens at most
 PREFILL_TOKENS = 16384  # padded tokens in one admission prefill (bounds its activations)
+REASONS = {STOP: "stop", LENGTH: "length", FULL: "full"}
 
 
 class TokenEvent(NamedTuple):
@@ -58,20 +77,37 @@ class Request:
     id: int
     prompt: list[int]
     params: SamplingParams
-    stop_ids: frozenset[int]
+    stop_ids: list[int]
+    seed: int
     tokens: list[int] = field(default_factory=list)  # the reply so far
     finish_reason: str | None = None
     slot: int | None = None  # the slot it runs (or ran) in; None while waiting
-    generator: torch.Generator | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    @property
-    def plain_greedy(self) -> bool:
-        """Argmax of the raw logits: shares the batched argmax, needs no context."""
-        return self.params.greedy and self.params.repeat_penalty == 1.0
+
+@dataclass
+class EngineStats:
+    steps: int = 0  # decode steps launched
+    rows: int = 0  # live rows over those steps (tokens drawn by decode steps)
+    chains: int = 0  # runs launched (one replay each with graphs)
+    admitted: int = 0  # requests prefilled
+    admit_s: float = 0.0  # host time in admissions (prefills launched, first tokens drawn)
+    wait_s: float = 0.0  # host time waiting for a chain's report
+    step_s: float = 0.0  # host time in step(), waits included
+    kv_tokens: int = 0  # cached positions the live rows' attention covered, summed over steps
+
+    def occupancy(self, n_slots: int) -> float:
+        return self.rows / max(self.steps, 1) / n_slots
+
+
+@dataclass
+class _Launched:
+    chunk: Chunk
+    owners: list[tuple[int, Request]]  # (slot, request) live when it was launched
+    steps: int
 
 
 class Engine:
@@ -79,25 +115,30 @@ class Engine:
 
     def __init__(self, model: Transformer, n_slots: int, max_len: int | None = None,
                  use_graph: bool | None = None, buckets: tuple[int, ...] | None = None,
-                 compile: str | None = None):
+                 compile: str | None = None, chain: int | None = None, overlap: bool | None = None,
+                 min_admit: int = 1, row_buckets: tuple[int, ...] | None = None):
         cfg = model.cfg
         if n_slots < 1:
             raise ValueError(f"n_slots must be >= 1, got {n_slots}")
         max_len = max_len or cfg.max_seq_len
         if not 2 <= max_len <= cfg.max_seq_len:
             raise ValueError(f"max_len must be in [2, max_seq_len {cfg.max_seq_len}], got {max_len}")
-        if use_graph is None:
-            use_graph = model.device.type == "cuda"
-        self.model, self.n_slots, self.max_len = model, n_slots, max_len
+        cuda = model.device.type == "cuda"
+        self.chain = chain or (8 if cuda else 1)
+        if not 1 <= self.chain <= MAX_RUN:
+            raise ValueError(f"chain must be in [1, {MAX_RUN}] steps, got {self.chain}")
+        self.overlap = cuda if overlap is None else overlap
+        self.model, self.n_slots, self.max_len, self.min_admit = model, n_slots, max_len, min_admit
         self.slots = SlotKVCache(cfg.n_layers, n_slots, max_len, model.device)
-        self.decoder = SlotGraphDecoder(model, self.slots, buckets, use_graph, compile)
-        self.capture_s = self.decoder.capture() if use_graph else 0.0
-        device = model.device
-        self._ctx = torch.zeros(n_slots, max_len, dtype=torch.long, device=device)  # (S, L) ids so far
+        self.decoder = SlotGraphDecoder(model, self.slots, buckets, cuda if use_graph is None else use_graph,
+                                        compile, row_buckets)
+        self.capture_s = self.decoder.capture(steps=self.chain) if self.decoder.use_graph else 0.0
         self._owner: list[Request | None] = [None] * n_slots
         self._waiting: deque[Request] = deque()
+        self._inflight: deque[_Launched] = deque()
         self._ids = itertools.count()
         self.requests: dict[int, Request] = {}
+        self.stats = EngineStats()
 
     # -- requests ------------------------------------------------------------------------
 
@@ -107,15 +148,20 @@ class Engine:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         prompt = self._check_ids(prompt_ids, "prompt_ids")
-        stops = frozenset(self._check_ids(stop_ids, "stop_ids"))
+        stops = sorted(set(self._check_ids(stop_ids, "stop_ids")))
         if not prompt:
             raise ValueError("empty prompt: give at least one token id (e.g. the BOS id)")
         if len(prompt) >= self.max_len:
             raise ValueError(f"prompt of {len(prompt)} tokens leaves no room for a reply in max_len "
                              f"{self.max_len}: shorten it to at most {self.max_len - 1} tokens or "
                              "raise max_len")
-        req = Request(next(self._ids), prompt, params, stops,
-                      generator=make_generator(params, self.model.device))
+        if params.top_k > TOP_K_MAX:
+            raise ValueError(f"top_k must be at most {TOP_K_MAX} in the engine (it samples among the "
+                             f"{TOP_K_MAX} likeliest ids), got {params.top_k}")
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop ids a request, got {len(stops)}")
+        seed = random.getrandbits(64) if params.seed is None else params.seed
+        req = Request(next(self._ids), prompt, params, stops, seed)
         self.requests[req.id] = req
         self._waiting.append(req)
         return req.id
@@ -159,7 +205,7 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self._waiting) or any(self.slots.active)
+        return bool(self._waiting) or any(self.slots.active) or bool(self._inflight)
 
     def run_until_done(self) -> dict[int, list[int]]:
         """Step until nothing waits or runs; returns every request's reply by id."""
@@ -171,84 +217,95 @@ class Engine:
 
     @torch.no_grad()
     def step(self) -> list[TokenEvent]:
-        """Admit waiting requests into free slots, then decode one token for every live slot."""
+        """Admit, launch a chain, read one chain's report (see the module docstring)."""
+        t0 = time.perf_counter()
         events: list[TokenEvent] = []
-        self._admit_waiting(events)
+        self._admit_waiting()
         if any(self.slots.active):
-            self._decode(events)
+            self._launch()
+        while len(self._inflight) > (1 if self.overlap and any(self.slots.active) else 0):
+            self._read(self._inflight.popleft(), events)
+        self.stats.step_s += time.perf_counter() - t0
         return events
 
-    def _admit_waiting(self, events: list[TokenEvent]) -> None:
-        while self._waiting and (free := self.slots.free_slots()):
-            group = self._take_group(len(free))
-            logits = self._prefill(free[:len(group)], group)  # (k, V)
-            toks = self._sample(list(enumerate(group)), logits, logits.argmax(dim=-1))  # (k,)
-            self.decoder.tok[[r.slot for r in group]] = toks[:, None]  # the next step's input
-            for req, tok in zip(group, toks.tolist(), strict=True):  # the admission's one sync
-                self._emit(req, tok, events)  # may release the slot again at once
+    def _admit_waiting(self) -> None:
+        free = self.slots.free_slots()
+        if not self._waiting or not free:
+            return
+        if len(free) < min(self.min_admit, len(self._waiting)) and any(self.slots.active):
+            return
+        t0 = time.perf_counter()
+        take = [self._waiting.popleft() for _ in range(min(len(free), len(self._waiting)))]
+        take.sort(key=lambda r: len(r.prompt))  # like lengths together: less padding
+        at = 0
+        for group in self._groups(take):
+            self._prefill(free[at:at + len(group)], group)
+            at += len(group)
+        self.stats.admitted += len(take)
+        self.stats.admit_s += time.perf_counter() - t0
 
-    def _take_group(self, n_free: int) -> list[Request]:
-        """The next waiting requests (first come, first served) for one prefill: at most
-        n_free, and at most PREFILL_TOKENS padded tokens unless a single prompt is longer."""
-        group: list[Request] = []
-        longest = 0
-        while self._waiting and len(group) < n_free:
-            n = len(self._waiting[0].prompt)
-            if group and max(longest, n) * (len(group) + 1) > PREFILL_TOKENS:
-                break
-            longest = max(longest, n)
-            group.append(self._waiting.popleft())
-        return group
+    @staticmethod
+    def _groups(reqs: list[Request]) -> list[list[Request]]:
+        """reqs (sorted by length) in runs of at most PREFILL_TOKENS padded tokens each (a
+        single longer prompt is a run of its own)."""
+        groups: list[list[Request]] = []
+        for req in reqs:
+            n = len(req.prompt)
+            if groups and n * (len(groups[-1]) + 1) <= PREFILL_TOKENS:
+                groups[-1].append(req)
+            else:
+                groups.append([req])
+        return groups
 
     def _prefill(self, slots: list[int], group: list[Request]) -> Tensor:
-        """Eagerly fill slots[r] with group[r]'s prompt, all in one right-padded forward;
-        returns each prompt's last-position logits (k, V)."""
+        """Eagerly fill slots[r] with group[r]'s prompt, all in one right-padded forward, and
+        start their rows: first tokens drawn on the device. Returns the last logits (k, V)."""
         lens = [len(r.prompt) for r in group]
-        rows = [r.prompt + [0] * (max(lens) - n) for r, n in zip(group, lens, strict=True)]
-        idx = torch.tensor(rows, dtype=torch.long, device=self.model.device)  # (k, T)
-        last = torch.tensor(lens, device=self.model.device) - 1  # (k,)
+        dev = self.model.device
+        idx = device_ids([t for r in group for t in r.prompt + [0] * (max(lens) - len(r.prompt))], dev)
         self.slots.start_prefill(slots, lens)
-        logits, _ = self.model(idx, cache=self.slots, at=last)  # (k, 1, V)
+        logits, _ = self.model(idx.view(len(group), -1), cache=self.slots, at=device_ids([n - 1 for n in lens], dev))
         self.slots.admit(slots)
-        for r, (s, req, n) in enumerate(zip(slots, group, lens, strict=True)):
+        for s, req in zip(slots, group, strict=True):
             req.slot, self._owner[s] = s, req
-            if not req.plain_greedy:
-                self._ctx[s, :n] = idx[r, :n]
+        self.decoder.start_rows(self.slots._prefill_rows, logits[:, 0], [r.params for r in group],
+                                [r.seed for r in group], [r.prompt for r in group], [r.stop_ids for r in group])
         return logits[:, 0]
 
-    def _sample(self, rows: list[tuple[int, Request]], logits: Tensor, nxt: Tensor) -> Tensor:
-        """logits (N, V); nxt (N,) their argmax; rows: (row, request). Overwrites the rows of
-        requests that are not plain greedy with their draw (as generate() draws); returns nxt."""
-        for j, req in rows:
-            if not req.plain_greedy:
-                n = len(req.prompt) + len(req.tokens)
-                prev = self._ctx[req.slot:req.slot + 1, :n]  # (1, n): prompt and reply so far
-                nxt[j:j + 1] = sample(logits[j:j + 1], req.params, req.generator, prev=prev)
-        return nxt
+    def _launch(self) -> None:
+        owners = [(s, r) for s, r in enumerate(self._owner) if r is not None]
+        lens = sum(self.slots.lens[s] for s, _ in owners)
+        steps = self.chain
+        self.decoder.greedy = all(r.params.greedy for _, r in owners)
+        chunk = self.decoder.launch(steps)
+        self._inflight.append(_Launched(chunk, owners, steps))
+        st = self.stats
+        st.chains += 1
+        st.steps += steps
+        st.kv_tokens += lens * steps + len(owners) * steps * (steps + 1) // 2
 
-    def _decode(self, events: list[TokenEvent]) -> None:
-        live = [(s, r) for s, r in enumerate(self._owner) if r is not None]
-        # The step leaves every slot's argmax in decoder.tok, its next input (S, 1).
-        logits = self.decoder.step(self.decoder.tok)[:, -1]  # (S, V); a static buffer with graphs
-        nxt = self._sample(live, logits, self.decoder.tok[:, 0])  # (S,), a view of decoder.tok
-        toks = nxt.tolist()  # the one host sync of the step
-        for s, req in live:
-            self._emit(req, toks[s], events)
-
-    def _emit(self, req: Request, tok: int, events: list[TokenEvent]) -> None:
-        req.tokens.append(tok)
-        n = len(req.prompt) + len(req.tokens)  # sequence length with this token
-        if tok in req.stop_ids:
-            req.finish_reason = "stop"
-        elif len(req.tokens) >= req.params.max_tokens:
-            req.finish_reason = "length"
-        elif n >= self.max_len:
-            req.finish_reason = "full"
-        if req.finished:
-            self._release(req)
-        elif not req.plain_greedy:
-            self._ctx[req.slot, n - 1] = tok  # n - 1 < max_len: the context of the next sample
-        events.append(TokenEvent(req.id, tok, req.finish_reason))
+    def _read(self, launched: _Launched, events: list[TokenEvent]) -> None:
+        """Emit one chain's tokens, column by column (the order they were drawn), and end the
+        requests whose rows ended in it."""
+        t0 = time.perf_counter()
+        report = launched.chunk.ids()  # (S, MAX_RUN + 2): the one host sync of a chain
+        self.stats.wait_s += time.perf_counter() - t0
+        rows = [(s, req) for s, req in launched.owners if not req.finished]
+        last: dict[int, int] = {}  # slot -> the index of its last event
+        for j in range(launched.steps + 1):
+            for s, req in rows:
+                tok = report[s][j]
+                if (tok >= 0 and j > 0) or (j == 0 and not req.tokens):  # column 0: a first token
+                    req.tokens.append(tok)
+                    self.stats.rows += j > 0
+                    last[s] = len(events)
+                    events.append(TokenEvent(req.id, tok, None))
+        for s, req in rows:
+            code = report[s][-1]
+            if code in REASONS:
+                req.finish_reason = REASONS[code]
+                events[last[s]] = events[last[s]]._replace(finish_reason=req.finish_reason)
+                self._release(req)
 
     def _release(self, req: Request) -> None:
         s = req.slot

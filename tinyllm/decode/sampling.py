@@ -14,7 +14,10 @@ Contract:
   settings as tensors and one descending sort; `draw_sorted(x, temperature, top_k, top_p,
   noise)`, a draw with all settings as tensors; `noise_at(key, counter, batch, vocab)`, the
   counter-based Exponential(1) noise (a hash of seed, counter, row and id: the same on every
-  device, no generator state), and `seed_key(seed)`, a 64-bit seed as its two 32-bit halves.
+  device, no generator state), `row_noise(key, counter, ids)`, the same noise with a seed and
+  counter per row and no row index (a row's draws then do not depend on its batch: the
+  continuous engine's, tinyllm.decode.row_sampler), and `seed_key(seed)`, a 64-bit seed as its
+  two 32-bit halves.
 """
 
 from __future__ import annotations
@@ -101,6 +104,17 @@ def noise_at(key: Tensor, counter: Tensor, batch: int, vocab: int) -> Tensor:
     idx = torch.arange(batch * vocab, device=device, dtype=torch.long).view(batch, vocab)  # (B, V)
     h = _mix(_mix(idx ^ salt) ^ key[1:2])  # (B, V) in [0, 2^32)
     u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))  # (B, V) uniform in (0, 1)
+    return -torch.log(u)
+
+
+def row_noise(key: Tensor, counter: Tensor, ids: Tensor) -> Tensor:
+    """Exponential(1) noise (N, K) float32 for the vocabulary ids `ids` (N, K) of N rows, each
+    with its own key (N, 2) int64 (a seed's two halves) and counter (N,) int64 (its draw's
+    number). A hash of (key, counter, id) alone: the same row draws the same noise in any batch,
+    at any slot, for the ids it is asked about in any order."""
+    salt = _mix(_mix(key[:, 0:1] ^ (counter[:, None] & _M32)) ^ key[:, 1:2])  # (N, 1)
+    h = _mix(_mix(ids ^ salt) ^ key[:, 1:2])  # (N, K) in [0, 2^32)
+    u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))  # (N, K) uniform in (0, 1)
     return -torch.log(u)
 
 
