@@ -315,3 +315,27 @@ def test_the_compiled_slot_write_is_in_place():
     assert torch.equal(cache.k[0], want_k) and torch.equal(cache.v[0], want_v)
     cache_shape = f"({S}, {H}, {cache.rows}, {D})"
     assert f"empty_strided_cpu({cache_shape}" not in code and "copy_" not in code, code
+
+
+def test_the_compiled_slot_step_allocates_nothing_cache_sized():
+    """The whole slot step (model, sampler, end rules) under Inductor, with static shapes so
+    that sizes are literals in its code: no buffer has the cache's length (max_len + 1 = 77
+    positions, a size nothing else has), so no cache-sized temporary and no copy back (a
+    scatter_ cache write made one of each, every layer, every step)."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    engine = Engine(tiny_model(), 4, max_len=76, buckets=(32, 76))
+    engine.add_request(prompt(5, 1), SamplingParams(max_tokens=8))
+    engine.add_request(prompt(9, 2), SamplingParams(repeat_penalty=1.2, max_tokens=8))
+    engine.step()  # admitted and one eager step: the caches exist
+    dec, rows = engine.decoder, engine.slots.rows
+    before = [t.clone() for t in engine.slots.k]
+    torch._dynamo.reset()
+    with torch.no_grad():
+        _, codes = run_and_get_code(torch.compile(dec.plain_step, fullgraph=True, dynamic=False), 32, 4)
+    code = "\n".join(codes)
+    allocs = re.findall(r"empty_strided_cpu\(\(([^)]*)\)", code)
+    assert allocs and all(str(rows) not in re.split(r"[ ,]+", a) for a in allocs), allocs
+    assert any(not torch.equal(a, b) for a, b in zip(before, engine.slots.k, strict=True))  # written in place
