@@ -34,11 +34,32 @@ def test_decode_metrics(capsys):
     assert "decode_tok_s" in err and "bucket_tok_s" in err  # the table
 
 
+ENGINE_ROWS = ["engine_tok_s", "engine_step_ms", "engine_live_rows", "engine_host_us", "engine_syncs_per_step",
+               "engine_kv_mib", "engine_kv_gb_s", "engine_admit_ms"]
+
+
 def test_engine_metrics(capsys):
     rc, recs, _ = run(capsys, "--engine", "--concurrency", "1,3")
     assert rc == 0
-    assert [(r["metric"], r["concurrency"]) for r in recs] == [("engine_tok_s", 1), ("engine_tok_s", 3)]
-    assert all(r["value"] > 0 and r["unit"] == "tok/s" for r in recs)
+    assert [(r["metric"], r["concurrency"]) for r in recs] == [(m, c) for c in (1, 3) for m in ENGINE_ROWS]
+    assert all(r["value"] > 0 and r["workload"] == "uniform" for r in recs)
+    by = {(r["metric"], r["concurrency"]): r for r in recs}
+    # 3 requests of 3 greedy tokens: the first from each prefill, two decode steps, every row live
+    assert by["engine_live_rows", 3]["value"] == 3 and by["engine_step_ms", 3]["unit"] == "ms"
+    assert by["engine_syncs_per_step", 3]["value"] == 1 and by["engine_syncs_per_step", 3]["flagged"] == 0
+    # K/V the live rows attend a step: 3 rows over 65 and 66 keys (2 layers, 2 KV heads of 16, fp32)
+    assert by["engine_kv_mib", 3]["value"] * 2**20 == pytest.approx(3 * 65.5 * 2 * 2 * 2 * 16 * 4, rel=1e-3)
+
+
+def test_engine_teacher_workload_and_guard(capsys):
+    rc, recs, _ = run(capsys, "--engine", "--concurrency", "2", "--engine-workload", "teacher")
+    assert rc == 0 and [r["metric"] for r in recs] == ENGINE_ROWS
+    assert all(r["workload"] == "teacher" for r in recs)
+    rc, recs, _ = run(capsys, "--engine-guard", "--compile", "off")
+    assert rc == 0
+    assert [(r["metric"], r.get("max_len")) for r in recs] == [
+        ("engine_tok_s", 256), ("engine_tok_s", 4096), ("engine_guard_ratio", None)]
+    assert recs[2]["value"] == pytest.approx(recs[1]["value"] / recs[0]["value"], rel=1e-3)
 
 
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):

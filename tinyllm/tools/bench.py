@@ -25,8 +25,11 @@ Metrics (batch 1, greedy, unless said):
                    plain and compiled ("impl"); --no-buckets skips it
   bw_fraction      for each bucket: (weight bytes + K/V window bytes read per step) x tok/s
                    over bandwidth_gb_s
-  engine_tok_s     with --engine (instead of the above): aggregate tokens/s of the continuous
-                   engine at each --concurrency (prefill included), and engine_capture_s
+  engine_*         with --engine (instead of the above): the continuous engine at each
+                   --concurrency, on --engine-workload uniform or teacher: engine_tok_s and
+                   where a step's time goes (tinyllm.tools.bench_engine states the rows);
+                   with --engine-guard, engine_tok_s at max_len 256 and 4096 on a small model
+                   and engine_guard_ratio (the cost of a token must not grow with max_len)
   replay_us        with --profile (instead of the above, CUDA): one step's graph replay, plain
                    and compiled, first and last bucket; kernels_per_step, and the top kernels
                    on stderr (tinyllm.tools.bench_profile)
@@ -57,14 +60,13 @@ from tinyllm.core.model import PRESETS, ModelConfig, Transformer
 from tinyllm.core.quant_linear import logical_params, quantized_bytes
 from tinyllm.decode import cpu_step
 from tinyllm.decode.cuda_graph import GraphDecoder, StaticKVCache
-from tinyllm.decode.engine import Engine
 from tinyllm.decode.generate import generate
 from tinyllm.decode.sampling import SamplingParams
 from tinyllm.formats.load_policy import resolve_device
 from tinyllm.formats.quant_rule import DEFAULT, QUANTS, quant_help
+from tinyllm.tools.bench_engine import WORKLOADS, bench_engine, bench_guard
 
 DECODE_START = 32  # prompt tokens before a decode run
-ENGINE_PROMPT = 64  # prompt tokens of each engine request
 
 
 class Report:
@@ -270,29 +272,6 @@ def bench_buckets(model: Transformer, dec: GraphDecoder, steps: int, repeats: in
         prev = w
 
 
-@torch.no_grad()
-def bench_engine(model: Transformer, concurrency: list[int], steps: int, repeats: int,
-                 report: Report, compile: str | None) -> None:
-    prompt_len = min(ENGINE_PROMPT, model.cfg.max_seq_len // 2)
-    steps = min(steps, model.cfg.max_seq_len - prompt_len)
-    params = SamplingParams(max_tokens=steps)
-    for c in concurrency:
-        engine = Engine(model, c, max_len=prompt_len + steps, compile=compile)
-        impl = "graph" if engine.decoder.use_graph else "static_eager"
-        impl += "_compiled" if compile else ""
-        if engine.decoder.use_graph:
-            report("engine_capture_s", engine.capture_s, "s", concurrency=c, impl=impl)
-        prompts = [random_ids(model, prompt_len, seed=i)[0].tolist() for i in range(c)]
-
-        def fn(engine=engine, prompts=prompts) -> None:
-            for p in prompts:
-                engine.add_request(p, params)
-            engine.run_until_done()
-        s = median_s(timed(fn, model.device), repeats)
-        report("engine_tok_s", c * steps / s, "tok/s", concurrency=c, prompt_len=prompt_len, steps=steps,
-               impl=impl)
-
-
 # -- peers ------------------------------------------------------------------------------------
 
 def hf_model(model: Transformer):
@@ -410,6 +389,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="TTFT prompt lengths, those within max_seq_len (default 128,512,2048)")
     p.add_argument("--engine", action="store_true", help="measure the continuous engine instead")
     p.add_argument("--concurrency", type=int_list, help="engine requests at once (default 1,8,32,64 / 1,4)")
+    p.add_argument("--engine-workload", default="uniform", choices=WORKLOADS,
+                   help="uniform: 64-token prompts, greedy; teacher: 50-600-token prompts, the teacher's answer "
+                        "sampling, max_len 1024")
+    p.add_argument("--engine-guard", action="store_true",
+                   help="the compiled engine at max_len 256 and 4096 on a small model, and their ratio")
     p.add_argument("--chat-turns", type=int, help="measure time to first token over N chat turns instead")
     p.add_argument("--profile", action="store_true",
                    help="CUDA: replay time and kernels of one step, plain and compiled, first and last bucket")
@@ -467,9 +451,12 @@ def run(args: argparse.Namespace) -> Report:
         bench_profile(model, report, random_ids(model, DECODE_START))
         return report
     compile = args.compile == "on" or (args.compile == "auto" and cuda)
+    if args.engine_guard:  # compiled unless --compile off: what it guards is the compiled step
+        bench_guard(report, None if args.compile == "off" else "inductor", repeats)
+        return report
     if args.engine:
         bench_engine(model, args.concurrency or ([1, 8, 32, 64] if cuda else [1, 4]), steps, repeats, report,
-                     "inductor" if compile else None)
+                     "inductor" if compile else None, args.engine_workload)
         return report
     bandwidth = measure_bandwidth(device, repeats)
     report("bandwidth_gb_s", bandwidth / 1e9, "GB/s")
