@@ -251,3 +251,32 @@ def test_cli_on_the_tiny_model_is_deterministic_and_resumes(tiny_teacher, tmp_pa
     users = tmp_path / "a" / "users.txt.xz"
     assert users.is_file()
     assert _run(tiny_teacher, tmp_path / "c", "--seed", "1", "--dedup-with", str(users)) == 0
+
+
+def test_rounds_side_by_side_write_what_rounds_in_turn_write(tiny_teacher):
+    """Three rounds through one engine, two at a time (tinyllm.tools.datagen.stream), against
+    the same rounds one teacher call at a time: the same conversations and stats, in round
+    order, with the engine fuller (occupancy counts live rows per step: no clock involved)."""
+    from tinyllm.tools.datagen.rounds import round_steps
+    from tinyllm.tools.datagen.stream import stream_rounds
+    from tinyllm.tools.datagen.teacher import Teacher
+
+    tasks = load_tasks()
+
+    def teacher_and_filters():
+        return Teacher(str(tiny_teacher), "cpu", n_slots=8, max_len=256), Filters(LeakFilter([]))
+
+    seq, filters = teacher_and_filters()
+    want = [run_round(seq, tasks, filters, 3, r, 32, max_tokens=10) for r in range(3)]
+    side, filters = teacher_and_filters()
+    started = []
+
+    def more():
+        started.append(len(started))
+        return len(started) <= 3
+    got = list(stream_rounds(side, lambda r: round_steps(tasks, filters, 3, r, 32, side.count, 10), 0, 2, more))
+    assert [r for r, _ in got] == [0, 1, 2]
+    assert [res for _, res in got] == want
+    assert sum(st.get("drop.truncated", 0) + st.get("conversations", 0) for _, st in want) > 5  # answers were written
+    assert side.stats.tokens == seq.stats.tokens and side.stats.requests == seq.stats.requests
+    assert side.stats.occupancy > seq.stats.occupancy

@@ -5,15 +5,17 @@
     python -m tinyllm.tools.datagen --pack-only --out data/teacher      # rounds -> shards again
 
 Contract:
-- Runs rounds (`rounds.run_round`, `--round-size` first turns each) until the kept
+- Runs rounds (`rounds.round_steps`, `--round-size` first turns each; `--in-flight` of them
+  side by side through the teacher's one engine, tinyllm.tools.datagen.stream) until the kept
   conversations hold `--tokens` teacher tokens (all turns, system prompts included), or
   `--minutes` would be passed by one more round, or after `--rounds` rounds; then packs
   OUT/teacher-NNN.jsonl.xz shards (<= 15 MiB each, `shards.pack`; named apart from
   tinychat-distill's chat-NNN so both can sit in one training folder) and writes
   OUT/stats.json (totals, by source, drops).
 - Resumable: OUT/state.json holds the seed, the next round and the totals; a second call
-  with the same OUT continues (round r is a function of the seed and r; the dedup and
-  answer sets are rebuilt from OUT/rounds/). Another --seed into the same OUT is refused.
+  with the same OUT continues (round r is a function of the seed, r and the rounds kept
+  before it; the dedup and answer sets are rebuilt from OUT/rounds/; an unfinished round is
+  redone). Another --seed into the same OUT is refused.
   A run into another folder (a fresh machine) skips the first turns of earlier runs given
   with --dedup-with (each run writes OUT/users.txt.xz when it packs).
 - Held-out prompts kept out of the data (`dedup.LeakFilter`): every eval prompt's user turns
@@ -38,7 +40,7 @@ from pathlib import Path
 
 from tinyllm.tools.datagen.dedup import LeakFilter
 from tinyllm.tools.datagen.plan import load_tasks
-from tinyllm.tools.datagen.rounds import Filters, run_round
+from tinyllm.tools.datagen.rounds import Filters, round_steps
 from tinyllm.tools.datagen.shards import pack, read_rounds, write_round
 
 STATE = "state.json"
@@ -111,6 +113,7 @@ def write_users(out: Path) -> None:
 
 
 def generate(args) -> dict:
+    from tinyllm.tools.datagen.stream import stream_rounds
     from tinyllm.tools.datagen.teacher import Teacher
 
     out = Path(args.out)
@@ -130,25 +133,33 @@ def generate(args) -> dict:
                       compile="inductor" if args.compile else None)
     print(json.dumps({"event": "start", "leak_prompts": len(filters.leak), "resumed_round": state["next_round"],
                       "setup_s": round(time.perf_counter() - t0, 1)}), flush=True)
-    last = 0.0
-    rounds = 0
-    while state["tokens"] < args.tokens and not (args.rounds and rounds >= args.rounds):
-        rounds += 1
-        elapsed = time.perf_counter() - t0
-        if args.minutes and elapsed + 1.2 * last > args.minutes * 60:
-            break
-        tr = time.perf_counter()
-        r = state["next_round"]
-        convs, stats = run_round(teacher, tasks, filters, args.seed, r, args.round_size, args.max_tokens)
+    first, rounds = state["next_round"], [0]  # the first round of this call, and how many started
+    round_s: list[float] = []  # how long each finished round took, start to end
+
+    def more() -> bool:
+        """Start another round? Not past --tokens or --rounds, nor past --minutes by one more round."""
+        if state["tokens"] >= args.tokens or (args.rounds and rounds[0] >= args.rounds):
+            return False
+        last = round_s[-1] if round_s else 0.0
+        if args.minutes and time.perf_counter() - t0 + 1.2 * last / args.in_flight > args.minutes * 60:
+            return False
+        rounds[0] += 1
+        started[first + rounds[0] - 1] = time.perf_counter()
+        return True
+
+    started: dict[int, float] = {}
+    steps = lambda r: round_steps(tasks, filters, args.seed, r, args.round_size, teacher.count,  # noqa: E731
+                                  args.max_tokens)
+    for r, (convs, stats) in stream_rounds(teacher, steps, first, args.in_flight, more):
         write_round(out, r, convs)
         state["next_round"] = r + 1
         state["conversations"] += len(convs)
         state["tokens"] += stats.get("tokens", 0)
         state["stats"] = dict(Counter(state["stats"]) + Counter(stats))
         save_state(out, state)
-        last = time.perf_counter() - tr
+        round_s.append(time.perf_counter() - started.pop(r))
         print(json.dumps({"round": r, "conversations": len(convs), "total_conversations": state["conversations"],
-                          "total_tokens": state["tokens"], "round_s": round(last, 1),
+                          "total_tokens": state["tokens"], "round_s": round(round_s[-1], 1),
                           "teacher_tok_s": round(teacher.stats.tok_per_s),
                           "generated": teacher.stats.tokens, "elapsed": round(time.perf_counter() - t0, 1),
                           **teacher.stats.timing(),
@@ -167,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--round-size", type=int, default=4000, help="first turns planned per round")
     ap.add_argument("--slots", type=int, default=64, help="concurrent requests in the engine")
+    ap.add_argument("--in-flight", type=int, default=2,
+                    help="rounds run side by side through the engine (1: one after another)")
     ap.add_argument("--max-len", type=int, default=1024, help="prompt + reply tokens per request")
     ap.add_argument("--max-tokens", type=int, default=0,
                     help="cap on every reply (smoke runs; 0: 120 for written prompts, 384 for answers)")

@@ -12,8 +12,12 @@ Contract:
                the teacher, SmolLM / Hugging Face), "echo" (repeats the question),
                "wrong_math" (a known answer missed), "system_ignored" (a stored system
                prompt's check failed), "dup_answer"
-- `run_round(teacher, tasks, filters, seed, r, n) -> (conversations, stats)`: deterministic
-  for a seed, a round index and a teacher on one device. Each conversation is
+- `round_steps(tasks, filters, seed, r, n, count)`: round r as a generator of `Ask`s (the
+  teacher calls it waits on, one at a time), sent each call's replies, returning
+  (conversations, stats); `run_round(teacher, tasks, filters, seed, r, n) -> (conversations,
+  stats)` answers its Asks with teacher.chat in turn (tinyllm.tools.datagen.stream runs
+  several rounds' Asks through one engine side by side). Deterministic for a seed, a round
+  index, the filters' state and a teacher on one device. Each conversation is
   {"messages": [system?, user, assistant, (user, assistant)...], "src": ..., "round": r};
   the system message is stored only when it is one of tasks["system_prompts"] (others
   are answered under tasks["hidden_system"], which is not stored). stats counts first turns
@@ -24,7 +28,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from dataclasses import replace
+from collections.abc import Generator
+from dataclasses import dataclass, replace
 
 from tinyllm.decode.sampling import SamplingParams
 from tinyllm.text.textcheck import check_reply, has_loop, is_english, normalize
@@ -95,9 +100,34 @@ def _context(tasks: dict, conv: list[dict]) -> list[dict]:
     return [{"role": "system", "content": tasks["hidden_system"]}] + conv
 
 
+@dataclass
+class Ask:
+    """One teacher call a round waits on: jobs (message lists), their sampling and seed, and
+    the text that starts each reply (or None)."""
+    jobs: list[list[dict]]
+    params: SamplingParams
+    seed: int
+    prefills: list[str] | None = None
+
+
 def run_round(teacher, tasks: dict, filters: Filters, seed: int, r: int, n: int,
               max_tokens: int | None = None) -> tuple[list[dict], dict]:
-    """See the module docstring; max_tokens caps every reply (smoke runs on a CPU)."""
+    """See the module docstring: `round_steps` with each Ask answered by teacher.chat in turn."""
+    steps = round_steps(tasks, filters, seed, r, n, teacher.count, max_tokens)
+    replies = None
+    while True:
+        try:
+            ask = steps.send(replies)
+        except StopIteration as done:
+            return done.value
+        replies = teacher.chat(ask.jobs, ask.params, ask.seed, ask.prefills)
+
+
+def round_steps(tasks: dict, filters: Filters, seed: int, r: int, n: int, count, max_tokens: int | None = None
+                ) -> Generator[Ask, list, tuple[list[dict], dict]]:
+    """Round r as a generator: it yields each Ask and is sent the replies (a list of Reply, in
+    order); it returns (conversations, stats). `count(text)` counts teacher tokens. Driven by
+    run_round (one call at a time) or tinyllm.tools.datagen.stream (rounds side by side)."""
     write, answer = WRITE, ANSWER
     if max_tokens:
         write = replace(WRITE, max_tokens=min(WRITE.max_tokens, max_tokens))
@@ -105,8 +135,8 @@ def run_round(teacher, tasks: dict, filters: Filters, seed: int, r: int, n: int,
     stats: Counter = Counter()
     items, metas = plan_round(tasks, seed, r, n)
     # 1. the teacher writes first turns
-    replies = teacher.chat([[{"role": "user", "content": m.prompt}] for m in metas], write,
-                           stage_seed(seed, r, "write"), [m.prefill for m in metas])
+    replies = yield Ask([[{"role": "user", "content": m.prompt}] for m in metas], write,
+                        stage_seed(seed, r, "write"), [m.prefill for m in metas])
     for meta, rep in zip(metas, replies, strict=True):
         items += expand(meta, rep.text, rep.finished)
     stats["planned"] = n
@@ -122,7 +152,7 @@ def run_round(teacher, tasks: dict, filters: Filters, seed: int, r: int, n: int,
     # 2. answers
     convs = [([{"role": "system", "content": it.system["text"]}] if it.system else [])
              + [{"role": "user", "content": it.user}] for it in kept]
-    replies = teacher.chat([_context(tasks, c) for c in convs], answer, stage_seed(seed, r, "answer"))
+    replies = yield Ask([_context(tasks, c) for c in convs], answer, stage_seed(seed, r, "answer"))
     done: list[tuple[Item, list[dict]]] = []
     for it, conv, rep in zip(kept, convs, replies, strict=True):
         if not _keep_answer(rep, it.user, it.expect, it.system and it.system["check"], filters, stats, "drop"):
@@ -134,26 +164,26 @@ def run_round(teacher, tasks: dict, filters: Filters, seed: int, r: int, n: int,
         pick = [(it, c) for it, c in done if sum(m["role"] == "user" for m in c) == turn - 1
                 and rng.random() < share]
         share = tasks["third_turn_share"]
-        _follow_up(teacher, tasks, filters, pick, rng, stats, (write, stage_seed(seed, r, f"write{turn}")),
-                   (answer, stage_seed(seed, r, f"answer{turn}")))
+        yield from _follow_up(tasks, filters, pick, rng, stats, (write, stage_seed(seed, r, f"write{turn}")),
+                              (answer, stage_seed(seed, r, f"answer{turn}")))
     out = []
     for it, conv in done:
         out.append({"messages": conv, "src": it.src, "round": r})
         stats["conversations"] += 1
         stats["turns"] += sum(m["role"] == "user" for m in conv)
-        stats["tokens"] += sum(teacher.count(m["content"]) for m in conv)
+        stats["tokens"] += sum(count(m["content"]) for m in conv)
     return out, dict(stats)
 
 
-def _follow_up(teacher, tasks: dict, filters: Filters, pick: list, rng, stats: Counter,
-               write: tuple[SamplingParams, int], answer: tuple[SamplingParams, int]) -> None:
+def _follow_up(tasks: dict, filters: Filters, pick: list, rng, stats: Counter,
+               write: tuple[SamplingParams, int], answer: tuple[SamplingParams, int]) -> Generator[Ask, list, None]:
     """Append a user turn and its answer to each picked conversation (in place), or nothing."""
     if not pick:
         return
     by_teacher = [rng.random() < tasks["followup_teacher_share"] for _ in pick]
     metas = [[{"role": "user", "content": tasks["followup_meta"].format(q=c[-2]["content"], a=c[-1]["content"])}]
              for (_, c), t in zip(pick, by_teacher, strict=True) if t]
-    written = iter(teacher.chat(metas, *write))
+    written = iter((yield Ask(metas, *write)) if metas else [])
     asks: list[tuple[list[dict], str]] = []
     for (_, conv), t in zip(pick, by_teacher, strict=True):
         if t:
@@ -167,8 +197,9 @@ def _follow_up(teacher, tasks: dict, filters: Filters, pick: list, rng, stats: C
             stats[f"drop.followup.{why}"] += 1
             continue
         asks.append((conv, q))
-    replies = teacher.chat([_context(tasks, c + [{"role": "user", "content": q}]) for c, q in asks],
-                           *answer)
+    if not asks:
+        return
+    replies = yield Ask([_context(tasks, c + [{"role": "user", "content": q}]) for c, q in asks], *answer)
     for (conv, q), rep in zip(asks, replies, strict=True):
         check = None
         if conv[0]["role"] == "system":

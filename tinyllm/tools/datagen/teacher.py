@@ -12,7 +12,10 @@ Contract:
   batch's kernels). Jobs whose prompt leaves fewer than 16 tokens for a reply come back
   empty, unfinished. `prefills` start replies (a numbered list's "1.").
 - One engine for the teacher's life (n_slots rows, min_admit n_slots // 8: admissions, each
-  an eager prefill, come in groups rather than one per finished request).
+  an eager prefill, come in groups rather than one per finished request). `submit(messages,
+  params, seed, prefill) -> request id` and `reply(rid, prefill) -> Reply` are chat's two
+  halves, for a caller that steps the engine itself (tinyllm.tools.datagen.stream);
+  `add_time(t0)` counts the time since t0 in stats.
 - `Teacher.stats` counts generated tokens and seconds spent in the engine, and where those
   seconds went (tinyllm.decode.engine's EngineStats): decode steps, the live rows they carried
   (`occupancy`: rows per step over n_slots), admissions (`admit_s`) and the time spent waiting
@@ -142,10 +145,11 @@ class Teacher:
         engine = self.engine()
         engine.run_until_done()
         out = [self.reply(rid, pre) for rid, pre in zip(rids, prefills, strict=True)]
-        self._timed(t0)
+        self.add_time(t0)
         return out
 
-    def _timed(self, t0: float) -> None:
+    def add_time(self, t0: float) -> None:
+        """Count the engine time since t0 (perf_counter) in stats, and take its counts."""
         if self.model.device.type == "cuda":
             torch.cuda.synchronize()
         self.stats.seconds += time.perf_counter() - t0
