@@ -425,6 +425,10 @@ def run(args: argparse.Namespace) -> Report:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    if args.engine_guard:  # its own small model; compiled unless --compile off: what it guards is the compiled step
+        report = Report(model="guard-2x192", device="cpu", dtype="float32", quant="none")  # a CPU guard
+        bench_guard(report, None if args.compile == "off" else "inductor", repeats)
+        return report
     from tinyllm.formats.load_policy import holding
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(args.dtype)
@@ -451,9 +455,6 @@ def run(args: argparse.Namespace) -> Report:
         bench_profile(model, report, random_ids(model, DECODE_START))
         return report
     compile = args.compile == "on" or (args.compile == "auto" and cuda)
-    if args.engine_guard:  # compiled unless --compile off: what it guards is the compiled step
-        bench_guard(report, None if args.compile == "off" else "inductor", repeats)
-        return report
     if args.engine:
         bench_engine(model, args.concurrency or ([1, 8, 32, 64] if cuda else [1, 4]), steps, repeats, report,
                      "inductor" if compile else None, args.engine_workload)
