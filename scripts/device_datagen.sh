@@ -88,7 +88,7 @@ case "${1:-gen}" in
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
     mkdir -p "$DIR"
     setsid nohup bash -c "$(declare -f datagen); GGUF=$GGUF DIR=$DIR TOKENS=${TOKENS:-60000000} SEED=${SEED:-0} \
-      ROUND=${ROUND:-4000} EXTRA='${EXTRA:-}' datagen ${MINUTES:-26}" >> "$DIR.log" 2>&1 < /dev/null &
+      ROUND=${ROUND:-4000} SLOTS=${SLOTS:-64} EXTRA='${EXTRA:-}' datagen ${MINUTES:-26}" >> "$DIR.log" 2>&1 < /dev/null &
     WAIT=${WAIT:-480} collect
     ;;
   collect)
