@@ -205,14 +205,40 @@ def test_greedy_equals_generate_at_many_rows_with_admissions(model, n_slots, cha
     n_req = max(3, 2 * n_slots)
     reqs = [(prompt(1 + (7 * i) % 60, 300 + i), SamplingParams(max_tokens=5 + (11 * i) % 30), ())
             for i in range(n_req)]
+    reqs[1] = (prompt(120, 1), SamplingParams(max_tokens=30), ())  # fills its slot: "full" after 8
+    for i in range(2, n_req, 3):  # a stop id the greedy reply reaches, mid-chain
+        ids_, params, _ = reqs[i]
+        reqs[i] = (ids_, params, (reference(model, ids_, params)[3],))
     engine = Engine(model, n_slots, max_len=128, buckets=BUCKETS, chain=chain, overlap=overlap)
     ids, steps = drive(engine, {0: reqs[:n_req // 2], 2: reqs[n_req // 2:n_req * 3 // 4], 6: reqs[n_req * 3 // 4:]})
-    for rid, (ids_, params, _) in zip(ids, reqs, strict=True):
-        assert engine.result(rid) == reference(model, ids_, params), rid
-        assert engine.finish_reason(rid) == "length"
+    for rid, (ids_, params, stops) in zip(ids, reqs, strict=True):
+        want = reference(model, ids_, params, stops)
+        assert engine.result(rid) == want, rid
+        reason = "stop" if stops else "full" if len(ids_) + len(want) == 128 else "length"
+        assert engine.finish_reason(rid) == reason, rid
+    assert engine.finish_reason(ids[1]) == "full" and "stop" in {engine.finish_reason(r) for r in ids}
     events = [e for step in steps for e in step]
     assert len(events) == sum(len(engine.result(r)) for r in ids)
     assert engine.stats.rows == len(events) - len(ids)  # every token after the first came from a step
+
+
+def test_cancel_with_chains_in_flight(model):
+    """Chains of 4 read a chain late: a request cancelled meanwhile gets none of the tokens in
+    flight, its slot goes to the next request, and the others equal generate()."""
+    engine = Engine(model, 2, max_len=64, buckets=(64,), chain=4, overlap=True)
+    a = engine.add_request(prompt(4, 1), SamplingParams(max_tokens=40))
+    b = engine.add_request(prompt(5, 2), SamplingParams(max_tokens=20))
+    c = engine.add_request(prompt(6, 3), SamplingParams(max_tokens=9))
+    engine.step()  # a and b admitted, a chain launched, nothing read yet
+    engine.step()  # the first chain read (5 tokens each), the second in flight
+    seen = engine.result(a)
+    assert len(seen) == 5
+    engine.cancel(a)
+    engine.run_until_done()
+    assert engine.result(a) == seen and engine.finish_reason(a) == "cancelled"
+    assert engine.requests[c].slot == engine.requests[a].slot
+    for rid, (n, seed, m) in ((b, (5, 2, 20)), (c, (6, 3, 9))):
+        assert engine.result(rid) == reference(model, prompt(n, seed), SamplingParams(max_tokens=m), max_len=64)
 
 
 def test_cancel_frees_the_slot(model):
