@@ -2,7 +2,7 @@
 
 Contract: importing this module imports Triton (it fails where Triton is missing: import
 `tinyllm.kernels.decode_attention` instead, which guards) and registers two custom ops:
-- `torch.ops.tinyllm.kernels.decode_attention(q, k, v, mask, scale) -> Tensor`, with the contract of
+- `torch.ops.tinyllm.decode_attention(q, k, v, mask, scale) -> Tensor`, with the contract of
   `ops.window_attention`: q (B, Hkv, R, D), k and v (B, Hkv, W, D) (any strides: slices of
   a larger cache are read in place), mask (B, 1, 1, W) bool, True = attend; returns
   (B, Hkv, R, D) in v's dtype. q, k, v share one dtype, bf16 or fp16; D is 32, 64 or 128.
@@ -11,11 +11,15 @@ Contract: importing this module imports Triton (it fails where Triton is missing
   (B, (Hkv R + 2 Hkv) D) is the step's q, k, v projections before RoPE (model.Attention's
   wqkv); cos, sin (L, D/2) fp32 the rotary tables (model.Rope), read at row pos; pos (P,) long,
   P = 1 (every row at one position) or B; first_valid (B,) long; k_cache, v_cache
-  (B, Hkv, rows, D); window W <= rows. Row b attends keys first_valid[b] .. pos[b] of the first
-  W (the mask _StaticDecode.begin_step builds). It rotates q and the new key, writes the new
-  key and value at pos into the caches (the only inputs it mutates), and returns attention
-  over the first W keys, (B, Hkv, R, D): what `model.apply_rope`, an index_copy_ into the
-  caches and `decode_attention` on their first W keys give, to bf16 rounding. Every input is
+  (B, Hkv, rows, D); window W <= rows, pos[b] < rows. Row b attends keys first_valid[b] ..
+  pos[b] of the first W (the mask _StaticDecode.begin_step builds for one position,
+  _SlotDecode.begin_step for one per slot). It rotates q and the new key, writes the new key
+  and value at pos into the caches (the only inputs it mutates), and returns attention over
+  the first W keys, (B, Hkv, R, D): what `model.apply_rope`, an index_copy_ (index_put_ for
+  a position per row) into the caches and `decode_attention` on their first W keys give, to
+  bf16 rounding. The caches past pos[b] are never read (NaN there changes nothing), and a
+  row's keys cost in proportion to pos[b] + 1, not W: a slot cache's free rows (pos 0) and
+  short ones in a long window cost almost nothing. Every input is
   a tensor the step already holds (the tables, the cache's positions): in a compiled step
   Inductor computed a per-step cos, sin and mask into a copy of its own for each layer's call
   (14 small kernels a step for the 1.1B).
@@ -26,15 +30,17 @@ Two kernels:
   partial max m (R,), sum l = sum(exp(s - m)) (R,) and o = exp(s - m) @ v (R, D), fp32.
   A block with no key to attend writes m = -inf, l = 0, o = 0. For the fused op (NEW) each
   program also rotates q and the new key itself (a few hundred values), computes its mask from
-  pos and first_valid, takes position pos
-  from the new key and value instead of the cache, and the program whose block holds pos
-  writes them into the cache: no other program reads that position.
+  pos and first_valid, loads only the keys and values it attends (first_valid .. pos), takes
+  position pos from the new key and value instead of the cache, and the program whose block
+  holds pos (the last block, should pos lie past the window) writes them into the cache: no
+  other program reads that position. A program whose block starts past pos (and is not that
+  last block) runs no iteration and writes the empty partial, m = -inf, l = 0, o = 0.
 - `_combine_kernel`, grid (B*Hkv, R): one program per query row merges the splits,
   out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s with M = max_s m_s; a row with no
   key at all gets 0 (not NaN).
 A window of up to TILE keys runs `_split_kernel` alone (ONE_PASS), grid (B*Hkv, 1): each
 head's program reads the whole window as one tile of keys and writes the result, one kernel a
-layer instead of two.
+layer instead of two (NEW: it loads the keys up to pos only).
 
 Why the fused op: RoPE and the two cache writes were four small Inductor kernels a layer
 around the projections (88 of the 1.1B step's 278 kernels, about 110 us of its 860 on the
@@ -116,6 +122,10 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
     # One block of keys a program (its split), or with ONE_PASS every block, merged online.
     first = 0 if ONE_PASS else split
     last = n_blocks if ONE_PASS else split + 1
+    if NEW:  # no block past p's: a program whose block starts past p runs no iteration and
+        # writes the empty partial (m = -inf, l = 0, o = 0), which the combine skips. The block
+        # that writes the new key and value, min(p // BLOCK_N, n_blocks - 1), is always walked.
+        last = tl.minimum(last, (p // BLOCK_N + 1).to(tl.int32))
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)  # running max, sum of exp and exp @ v
     l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, D], dtype=tl.float32)
@@ -124,11 +134,11 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
         key_in = keys < W
         if NEW:
             attend = key_in & (keys <= p) & (keys >= fv)  # (BLOCK_N,)
+            # Only the keys attended are loaded (a row's cost is its length, not W), and
+            # position p is read from the new key and value, not the cache.
+            cached = attend & (keys != p)
         else:
             attend = tl.load(mask_ptr + b * sm_b + keys * sm_n, mask=key_in, other=0) != 0
-        if NEW:
-            cached = key_in & (keys != p)  # position p is read from the new key and value, not the cache
-        else:
             cached = key_in
         k = tl.load(k_ptr + b * sk_b + h * sk_h + keys[:, None] * sk_n + cols[None, :] * sk_d,
                     mask=cached[:, None], other=0.0)  # (BLOCK_N, D)
