@@ -1,10 +1,13 @@
-"""decode_attention (split-K Triton kernel) against window_attention and a float64 reference.
+"""decode_attention (split-K Triton kernel) against window_attention and a float64 reference,
+and the fused rope_decode_attention against its twin, over a static cache (one position) and
+a slot cache (a position per slot: SlotKVCache's decode view, the engine's compiled step).
 
-The CUDA tests run on the H200 (skipped without CUDA: a skip is not a pass). The CPU test runs
-the same kernels under Triton's interpreter (TRITON_INTERPRET=1, in a subprocess so that the
-variable is set before Triton is imported); it is skipped where Triton is not installed (CI).
-The interpreter computes tl.dot on bf16 wrongly (measured with Triton 3.9: values off by 1e9),
-so it runs fp16; bf16 is tested on CUDA."""
+The CUDA tests run on the H200 (skipped without CUDA: a skip is not a pass). The interpreter
+tests run the same kernels on a CPU under Triton's interpreter (TRITON_INTERPRET=1, in a
+subprocess so that the variable is set before Triton is imported, on this process's
+PYTHONPATH: Triton may be installed outside the venv); they are skipped where Triton is not
+installed (CI). The interpreter computes tl.dot on bf16 wrongly (measured with Triton 3.9:
+values off by 1e9), so they run fp16; bf16 is tested on CUDA."""
 
 import importlib.util
 import os
@@ -92,6 +95,74 @@ def check_rope_case(B, Hkv, R, D, W, first_valid, pos, *, dtype=torch.bfloat16, 
     others = torch.arange(rows, device=device) != pos
     for got, want in ((kc, kc_ref), (vc, vc_ref)):  # nothing else written (NaN stays NaN)
         assert torch.equal(got[:, :, others].nan_to_num(7.0), want[:, :, others].nan_to_num(7.0)), case
+
+
+def check_slot_case(Hkv, R, D, W, lens, rows, *, dtype=torch.bfloat16, device="cuda", tol=1e-2, seed=0):
+    """A SlotKVCache's decode view of its first `rows` slots over W keys, the slots at lengths
+    `lens` (0: a free slot): `rope_attend` (the fused op, a position per slot) against its
+    unfused twin (begin_step's rows of the tables, apply_rope, update's index_put_ at each
+    length, window_attention over begin_step's mask), and the same in float64. The fused op's
+    caches hold NaN from each slot's length on (never read: the op writes the new key and value
+    at the length itself); the result is finite and equal, and afterwards the caches differ
+    from the twin's only at each slot's length, by rounding, still hold NaN past it, and the
+    slots past `rows` are untouched."""
+    from tinyllm.core.kv_cache import SlotKVCache
+    from tinyllm.core.model import Rope, apply_rope
+
+    S, B = len(lens), rows
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    cache = SlotKVCache(1, S, W + 36, device)  # cache rows W + 37: keys past the window too
+    kc = torch.randn(S, Hkv, cache.rows, D, generator=g).to(device, dtype)
+    vc = torch.randn(S, Hkv, cache.rows, D, generator=g).to(device, dtype)
+    qkv = torch.randn(B, (R + 2) * Hkv * D, generator=g).to(device, dtype)
+    rope = Rope(D, 4096, 10000.0, device)
+    cache._lens_dev.copy_(torch.tensor(lens))
+    scale = D ** -0.5
+
+    cache.k[0], cache.v[0] = kc.clone(), vc.clone()  # the twin's caches
+    view = cache.decode(W, B)
+    cos, sin = view.begin_step(1, rope)  # (B, 1, D/2): each slot's row
+    q, k, v = qkv[:, None].split([R * Hkv * D, Hkv * D, Hkv * D], dim=-1)  # (B, 1, n) each
+    q = apply_rope(q.view(B, 1, Hkv * R, D).transpose(1, 2), cos, sin).view(B, Hkv, R, D)
+    k = apply_rope(k.view(B, 1, Hkv, D).transpose(1, 2), cos, sin)  # (B, Hkv, 1, D)
+    v = v.view(B, 1, Hkv, D).transpose(1, 2)
+    k_win, v_win = view.update(0, k, v)  # (B, Hkv, W, D), written at each slot's length
+    mask = view.attn_kwargs["attn_mask"]  # (B, 1, 1, W)
+    slow = window_attention(q, k_win, v_win, mask, scale)
+    ref = window_attention(q.double(), k_win.double(), v_win.double(), mask, scale)
+    kc_ref, vc_ref = cache.k[0], cache.v[0]
+
+    for s, n in enumerate(lens):  # what the fused op never reads, and the position it writes
+        kc[s, :, n:], vc[s, :, n:] = float("nan"), float("nan")
+    before = kc.clone(), vc.clone()
+    cache.k[0], cache.v[0] = kc, vc
+    view = cache.decode(W, B)
+    view.begin_step(1, rope)
+    y = view.rope_attend(0, qkv, cos, sin, scale)  # (B, Hkv, R, D); writes kc, vc at each length
+    case = (Hkv, R, D, W, lens, rows)
+    assert y is not None and y.shape == (B, Hkv, R, D) and y.dtype == dtype, case
+    assert torch.isfinite(y).all() and rel_err(y, ref) < tol, (case, rel_err(y, ref))
+    assert rel_err(y, slow.double()) < 1.5e-2, (case, rel_err(y, slow.double()))
+    at, pos = torch.arange(B, device=device), torch.tensor(lens[:B], device=device)
+    torch.testing.assert_close(kc[at, :, pos], kc_ref[at, :, pos], rtol=1e-2, atol=1e-2)  # RoPE'd: rounding
+    assert torch.equal(vc[at, :, pos], vc_ref[at, :, pos]), case
+    for s, n in enumerate(lens[:B]):  # nothing else written: the keys before the length as they were, NaN past it
+        for got, want in ((kc, kc_ref), (vc, vc_ref)):
+            assert torch.equal(got[s, :, :n], want[s, :, :n]) and got[s, :, n + 1:].isnan().all(), (case, s)
+    for got, old in zip((kc, vc), before, strict=True):  # the slots past `rows`: not the step's
+        assert torch.equal(got[B:].nan_to_num(7.0), old[B:].nan_to_num(7.0)), case
+
+
+# Slot caches (Hkv, R, D, W, lens, rows): free slots (0), lengths at block edges (63, 64, 127,
+# W - 1), a window much longer than most slots, 35 splits (the combine loops twice), a step over
+# the first rows of the cache only; W <= 128 is one tile a head at the default TILE, the longer
+# windows split and combined.
+SLOT_CASES = [
+    (2, 3, 64, 1024, [0, 5, 0, 130, 64, 63, 1023, 0], 8),
+    (2, 8, 128, 128, [0, 127, 3, 0, 64, 90, 0, 12], 4),
+    (1, 1, 32, 256, [200, 0, 1], 3),
+    (4, 4, 64, 2200, [0, 17, 0, 2150, 0, 1, 40, 0], 6),
+]
 
 
 def check_compiled_rope_in_place(device="cuda", dtype=torch.bfloat16):
@@ -253,7 +324,7 @@ def test_compiled_graph_reads_the_cache_in_place():
     torch.testing.assert_close(fn(q, kc, vc, mask), step(q, kc, vc, mask), rtol=0, atol=0)
     nodes = [n for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
     assert not [n for n in nodes if "scatter" in str(n.target) or "copy" in str(n.target)], graphs[0].code
-    calls = [n for n in nodes if n.target is torch.ops.tinyllm.kernels.decode_attention.default]
+    calls = [n for n in nodes if n.target is torch.ops.tinyllm.decode_attention.default]
     assert len(calls) == 1, graphs[0].code
     for arg in calls[0].args[1:3]:  # k and v: slices of the cache inputs, read in place
         assert "slice" in str(arg.target), graphs[0].code
@@ -293,6 +364,183 @@ def test_model_decode_with_the_kernel_matches_window_attention(monkeypatch):
     fast = run("eager")  # Dynamo traces the step (each layer calls the fused op), no Inductor
     assert len(calls) >= cfg.n_layers and set(calls) == {"rope_decode_attention"}
     assert ((fast - slow).norm() / slow.norm()).item() < 2e-2
+
+
+@cuda
+@pytest.mark.parametrize("tile", [None, 0, 4096])
+def test_slot_rope_attention_against_its_twin(tile, monkeypatch):
+    """A position per slot: tile None (the default: W = 128 one tile a head, longer windows
+    split), 0 (every window split and combined), 4096 (every window one tile a head)."""
+    from tinyllm.kernels import decode_attention_triton as T
+
+    if tile is not None:
+        monkeypatch.setattr(T, "TILE", tile)
+    for i, case in enumerate(SLOT_CASES):
+        check_slot_case(*case, seed=i)
+
+
+def tiny_slot_model(device="cuda", dtype=torch.bfloat16):
+    from tinyllm.core.model import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_name("tiny", vocab_size=1024, dim=192, n_layers=3, n_heads=6,
+                                n_kv_heads=2, ffn_dim=512, max_seq_len=1024)  # D = 32, R = 3
+    return Transformer(cfg).init_weights(0).to(device, dtype).eval()
+
+
+@torch.no_grad()
+def check_compiled_slot_step(steps, device="cuda", dtype=torch.bfloat16):
+    """The compiled slot step (the fused op, a position per slot) against the plain step
+    (index_put_ and window_attention over the mask), fed the same tokens: the live slots'
+    logits agree to 16-bit rounding at every step; the compiled step calls the fused op. 16
+    slots, the live ones among the first 8: each step runs the row bucket of 8."""
+    from torch._inductor.utils import run_and_get_code
+
+    from tinyllm.core.kv_cache import SlotKVCache
+    from tinyllm.decode.sampling import SamplingParams
+    from tinyllm.decode.slot_decoder import SlotGraphDecoder
+
+    model = tiny_slot_model(device, dtype)
+    g = torch.Generator().manual_seed(1)
+    live = {1: 5, 3: 100, 4: 64, 6: 230}  # slot -> prompt length; slots 0, 2, 5, 7 stay free
+    prompts = {s: torch.randint(0, 1024, (n,), generator=g).tolist() for s, n in live.items()}
+    toks = torch.randint(0, 1024, (steps, 16, 1), generator=g).to(device)  # (steps, S, 1)
+
+    def run(compile: str | None) -> torch.Tensor:
+        slots = SlotKVCache(model.cfg.n_layers, 16, 1024, device)
+        dec = SlotGraphDecoder(model, slots, use_graph=False, compile=compile)  # row buckets 8, 16
+        for s, ids in prompts.items():
+            slots.start_prefill([s], [len(ids)])
+            logits, _ = model(torch.tensor([ids], device=device), cache=slots, last_only=True)  # (1, 1, V)
+            slots.admit([s])
+            dec.start_rows(slots._prefill_rows, logits[:, -1], [SamplingParams(max_tokens=1000)], [0], [ids], [[]])
+        out = torch.stack([dec.step(t)[:, -1].float() for t in toks])  # (steps, B, V)
+        assert dec.rows == 8, dec.rows
+        return out
+
+    slow = run(None)
+    fast, codes = run_and_get_code(run, "inductor")
+    assert "rope_decode_attention" in "\n".join(codes)
+    rows = sorted(live)
+    for i in range(steps):
+        assert rel_err(fast[i, rows], slow[i, rows].double()) < 2e-2, i
+
+
+@torch.no_grad()
+def check_fused_slot_step_in_place(device="cuda", dtype=torch.bfloat16):
+    """The compiled slot step with the fused op, static shapes (sizes are literals in its code),
+    the row bucket of 8 of 16 slots: no buffer has the cache's length (max_len + 1 = 77
+    positions, a size nothing else has), so the op writes the whole caches in place, with no
+    cache-sized temporary and no copy back, and every layer's cache changes."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    from tinyllm.core.kv_cache import SlotKVCache
+    from tinyllm.decode.sampling import SamplingParams
+    from tinyllm.decode.slot_decoder import SlotGraphDecoder
+
+    model = tiny_slot_model(device, dtype)
+    slots = SlotKVCache(model.cfg.n_layers, 16, 76, device)
+    dec = SlotGraphDecoder(model, slots, buckets=(32, 76), use_graph=False)
+    for s, n in ((1, 5), (6, 9)):
+        ids = list(range(3, 3 + n))
+        slots.start_prefill([s], [n])
+        logits, _ = model(torch.tensor([ids], device=device), cache=slots, last_only=True)  # (1, 1, V)
+        slots.admit([s])
+        dec.start_rows(slots._prefill_rows, logits[:, -1], [SamplingParams(max_tokens=8)], [0], [ids], [[]])
+    before = [t.clone() for t in slots.k]
+    _, codes = run_and_get_code(torch.compile(dec.plain_step, fullgraph=True, dynamic=False), 32, 8)
+    code = "\n".join(codes)
+    allocs = re.findall(r"empty_strided_\w+\(\(([^)]*)\)", code)
+    assert "rope_decode_attention" in code and allocs, code
+    assert all(str(slots.rows) not in re.split(r"[ ,]+", a) for a in allocs), allocs
+    assert all(not torch.equal(a, b) for a, b in zip(before, slots.k, strict=True))
+
+
+@cuda
+def test_compiled_slot_step_writes_the_whole_caches_in_place():
+    check_fused_slot_step_in_place()
+
+
+@cuda
+@torch.no_grad()
+def test_compiled_engine_step_takes_the_fused_op_and_equals_its_eager_twin():
+    """Engine(n_slots=8, compile="inductor"): its compiled step calls rope_decode_attention in
+    every layer (a position per slot) and never the masked op, and replaying it in graphs gives
+    the same greedy tokens as running it eagerly, bit for bit, with slots joining, finishing
+    and standing free, over row buckets of 4 and 8 slots."""
+    from torch._inductor.utils import run_and_get_code
+
+    from tinyllm.decode.engine import Engine
+    from tinyllm.decode.sampling import SamplingParams
+
+    model = tiny_slot_model()
+    g = torch.Generator().manual_seed(0)
+    lens = (3, 200, 40, 1, 500, 25, 130, 60, 11, 300)
+    reqs = [(4 * i if i % 3 else 0, torch.randint(0, 1024, (n,), generator=g).tolist(),
+             SamplingParams(max_tokens=20 + 13 * i)) for i, n in enumerate(lens)]
+
+    def run(use_graph: bool) -> list[list[int]]:
+        engine = Engine(model, 8, max_len=1024, use_graph=use_graph, compile="inductor", row_buckets=(4, 8))
+        ids, i = {}, 0
+        while len(ids) < len(reqs) or engine.has_work:
+            for j, (at, prompt, params) in enumerate(reqs):
+                if at == i:
+                    ids[j] = engine.add_request(prompt, params)
+            engine.step()
+            i += 1
+        return [engine.result(ids[j]) for j in range(len(reqs))]
+
+    eager, codes = run_and_get_code(run, False)
+    code = "\n".join(codes)
+    n_fused = code.count("rope_decode_attention.default(")
+    assert n_fused >= model.cfg.n_layers and n_fused % model.cfg.n_layers == 0, code
+    assert "tinyllm.decode_attention.default(" not in code, code  # the masked op: not in a slot step
+    assert run(True) == eager
+    assert all(len(toks) == params.max_tokens for toks, (_, _, params) in zip(eager, reqs, strict=True))
+
+
+@cuda
+def test_compiled_slot_step_with_the_fused_op_matches_the_plain_step():
+    check_compiled_slot_step(60)  # windows of 256, then 512 keys
+
+
+# -- CPU -------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def test_slot_decode_hands_the_fused_op_each_slots_length(monkeypatch):
+    """_SlotDecode.rope_attend's call, without Triton: the first B slots' device lengths as
+    positions (each slot writes at its own), zeros held once by the cache as first_valid, the
+    whole tables and the layer's whole caches, and the window; None where the op can't take
+    the inputs (a CPU's, here) or before the layer's K/V exist."""
+    from tinyllm.core.kv_cache import SlotKVCache
+    from tinyllm.core.model import Rope
+
+    S, Hkv, R, D, W = 8, 2, 3, 16, 32
+    cache = SlotKVCache(n_layers=2, n_slots=S, max_len=64)
+    cache.ensure(0, torch.zeros(S, Hkv, 1, D))
+    cache._lens_dev.copy_(torch.tensor([0, 7, 0, 31, 2, 0, 0, 5]))
+    rope = Rope(D, 128, 10000.0)
+    view = cache.decode(W)
+    cos, sin = view.begin_step(1, rope)
+    qkv = torch.randn(S, (R + 2) * Hkv * D)
+    assert view.rope_attend(0, qkv, cos, sin, 0.25) is None  # a CPU: the op takes CUDA tensors only
+
+    calls = []
+    monkeypatch.setattr(da, "rope_supported", lambda qkv, k, v: True)
+    monkeypatch.setattr(da, "rope_decode_attention", lambda *a: calls.append(a) or a[0].new_zeros(len(a[0]), Hkv, R, D))
+    assert view.rope_attend(1, qkv, cos, sin, 0.25) is None and not calls  # layer 1 unallocated: the plain path
+    for B in (S, 4):  # two steps' views: every slot, then the first 4
+        view = cache.decode(W, B)
+        cos, sin = view.begin_step(1, rope)
+        assert view.rope_attend(0, qkv[:B], cos, sin, 0.25).shape == (B, Hkv, R, D)
+    for (x, cos1, sin1, pos, fv, k, v, w, scale), B in zip(calls, (S, 4), strict=True):
+        assert x.shape[0] == B and cos1 is rope.cos and sin1 is rope.sin and (w, scale) == (W, 0.25)
+        assert k is cache.k[0] and v is cache.v[0]  # the whole caches: the op uses their first B rows
+        assert pos.tolist() == [0, 7, 0, 31, 2, 0, 0, 5][:B] and pos.data_ptr() == cache._lens_dev.data_ptr()
+        assert fv.tolist() == [0] * B and fv.dtype == torch.long
+        assert fv.data_ptr() == cache._first_valid.data_ptr()  # held by the cache, not made per step
 
 
 # -- CPU, Triton's interpreter ----------------------------------------------------------------
@@ -342,13 +590,100 @@ INTERPRETED = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (its interpreter)")
-def test_kernels_under_the_triton_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", INTERPRETED], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=600)
+SLOT_INTERPRETED = textwrap.dedent("""
+    import numpy as np
+    import torch
+    from triton.runtime import interpreter
+    from tinyllm.kernels import decode_attention as da
+    from tinyllm.kernels import decode_attention_triton as T
+    from tests.tinyllm.test_decode_attention import SLOT_CASES, check_slot_case
+
+    da.rope_supported = lambda qkv, k, v: True  # the view's check wants CUDA tensors; these are a CPU's
+    for tile in (0, 128, 4096):  # every window split; the default; every window one tile a head
+        T.TILE = tile
+        for i, case in enumerate(SLOT_CASES):
+            check_slot_case(*case, dtype=torch.float16, device="cpu", tol=2e-3, seed=i)
+
+    # What the fused op reads of the caches, and how many blocks each program walks: the
+    # interpreter's loads (addresses where the mask holds) and products, spied on.
+    builder, loads, dots = interpreter.interpreter_builder, [], [0]
+    real_load, real_dot = builder.create_masked_load, builder.create_dot
+    def load(ptrs, mask, *args):
+        loads.append(ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)].astype(np.int64))
+        return real_load(ptrs, mask, *args)
+    def dot(*args):
+        dots[0] += 1
+        return real_dot(*args)
+    builder.create_masked_load, builder.create_dot = load, dot
+    for tile in (0, 4096):
+        T.TILE = tile
+        for Hkv, R, D, W, lens, B in SLOT_CASES:  # a step over the first B of S slots
+            S, rows = len(lens), W + 37
+            g = torch.Generator().manual_seed(W)
+            qkv = torch.randn(B, (R + 2) * Hkv * D, generator=g).half()
+            kc, vc = torch.randn(2, S, Hkv, rows, D, generator=g).half()
+            rope = torch.rand(rows, D // 2)
+            loads.clear()
+            dots[0] = 0
+            da.rope_decode_attention(qkv, rope, rope, torch.tensor(lens[:B]), torch.zeros(B, dtype=torch.long),
+                                     kc, vc, W, D ** -0.5)
+            got = np.concatenate(loads)
+            for cache in (kc, vc):
+                at = got[(got >= cache.data_ptr()) & (got < cache.data_ptr() + cache.nbytes)] - cache.data_ptr()
+                slot, key = at // (Hkv * rows * D * 2), at // (D * 2) % rows
+                assert len(at) and (slot < B).all(), (tile, W, lens, B)
+                assert (key < torch.tensor(lens).numpy()[slot]).all(), (tile, W, lens, B)
+            walked = [1 if W <= tile else n // T.BLOCK_N + 1 for n in lens[:B]]  # blocks each head walks
+            assert dots[0] == 2 * Hkv * sum(walked), (tile, W, lens, B, dots[0], walked)
+    print("ok")
+""")
+
+
+COMPILED_SLOT_INTERPRETED = textwrap.dedent("""
+    import torch
+    from tinyllm.core import ops
+    from tinyllm.kernels import decode_attention as da
+    from tests.tinyllm.test_decode_attention import check_compiled_slot_step, check_fused_slot_step_in_place
+
+    # A CPU's ops and the op's check take the fused op as CUDA's do: the compiled CPU step
+    # (Inductor, C++ wrapper) then calls it through the model and the slot cache's decode view.
+    da.rope_supported = lambda qkv, k, v: True
+    ops.CpuOps.rope_attend = ops.CudaOps.rope_attend
+    check_compiled_slot_step(3, "cpu", torch.float16)
+    check_fused_slot_step_in_place("cpu", torch.float16)
+    print("ok")
+""")
+
+
+def run_interpreted(script: str) -> None:
+    """Run `script` in a child with TRITON_INTERPRET=1 (read when Triton is imported), on the
+    same path as this process (Triton may lie outside the venv)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
     print(r.stdout)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (its interpreter)")
+def test_kernels_under_the_triton_interpreter():
+    run_interpreted(INTERPRETED)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (its interpreter)")
+def test_slot_rope_attention_under_the_triton_interpreter():
+    """The fused op with a position per slot (SLOT_CASES) against its twin, as the CUDA test;
+    and what it reads: no key or value of the caches at or past a slot's length, and each head
+    walks the blocks up to its slot's length only (free slots: one block)."""
+    run_interpreted(SLOT_INTERPRETED)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (its interpreter)")
+def test_compiled_slot_step_under_the_triton_interpreter():
+    """The compiled slot step's fused op through the model, as the CUDA tests, in fp16: 3 steps
+    against the plain step, and the caches written in place."""
+    run_interpreted(COMPILED_SLOT_INTERPRETED)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None or torch.cuda.is_available(),

@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from tinyllm.kernels import decode_attention
+
 
 def causal_kwargs(start: int, T: int, device) -> dict:
     """SDPA kwargs for T queries at positions start..start+T-1 over keys 0..start+T-1."""
@@ -159,6 +161,7 @@ class SlotKVCache:
         self._lens_dev = torch.zeros(n_slots, dtype=torch.long, device=self.device)
         self._active_dev = torch.zeros(n_slots, dtype=torch.long, device=self.device)
         self._slot_ids = torch.arange(n_slots, device=self.device)  # the decode write's row index
+        self._first_valid = torch.zeros(n_slots, dtype=torch.long, device=self.device)  # no slot is left-padded
         self.prefill_slots: list[int] | None = None
         self.prefill_lens: list[int] = []
         self._prefill_list: list[int] = []
@@ -247,7 +250,9 @@ class SlotKVCache:
 
 class _SlotDecode:
     """The cache protocol for one decode step of the first `rows` slots over W keys: each slot
-    takes one token at its own position `_lens_dev[s]`, masked past its length."""
+    takes one token at its own position `_lens_dev[s]`, masked past its length. On CUDA, in a
+    compiled step, `rope_attend` runs RoPE, the write and the attention as one op that reads
+    each slot's keys up to its length only."""
 
     def __init__(self, cache: SlotKVCache, window: int, rows: int):
         self.cache, self.window, self.rows = cache, window, rows
@@ -262,6 +267,7 @@ class _SlotDecode:
         self.attn_kwargs = {"attn_mask": valid[:, None, None, :]}  # (S, 1, 1, W)
         cos = rope.cos.index_select(0, lens)[:, None]  # (S, 1, D/2)
         sin = rope.sin.index_select(0, lens)[:, None]
+        self.rope = rope  # its tables, for rope_attend
         return cos, sin
 
     def layer(self, i: int) -> ViewLayer:
@@ -278,8 +284,23 @@ class _SlotDecode:
         c.v[i][c._slot_ids[:B], :, pos] = v[:, :, 0]
         return c.k[i][:B, :, :W], c.v[i][:B, :, :W]  # (B, Hkv, W, D)
 
-    def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> None:
-        return None  # each slot at its own position: no fused op takes that
+    def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> Tensor | None:
+        """Layer i's RoPE, cache write and attention over the window for the first B = `rows`
+        slots, one op on CUDA (decode_attention.rope_decode_attention, a position per slot): qkv
+        (B, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D); None where the op can't take them, or before
+        the layer's K/V exist (the unfused step allocates them). The op reads the tables at each
+        slot's length and masks past it itself (cos, sin and attn_kwargs hold the same values,
+        left unused), and takes the whole caches (their first B rows are the step's).
+        Each slot writes at its length unclamped, where `update` clamps it to max_len - 1: the
+        same position, since a slot's length never passes max_len - 1 (a slot whose sequence
+        reaches max_len stops advancing) and free slots sit at 0; a write at max_len would
+        still land in the cache's spare row (rows = max_len + 1)."""
+        c, B = self.cache, self.rows
+        if c.k[i] is None or not decode_attention.rope_supported(qkv, c.k[i], c.v[i]):
+            return None
+        return decode_attention.rope_decode_attention(qkv, self.rope.cos, self.rope.sin, c._lens_dev[:B],
+                                                      c._first_valid[:B], c.k[i], c.v[i], self.window,
+                                                      scale)  # (B, Hkv, R, D)
 
     def end_step(self, T: int) -> None:
         c = self.cache

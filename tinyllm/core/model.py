@@ -27,7 +27,7 @@ Contract:
   the positions are picked. SwiGLU is `w13.swiglu(w2, x, norm)`.
 - A windowed decode step (T=1 with a bool mask) attends through `ops.window_attention`; where
   the ops run RoPE, the cache write and the attention as one op (`ops.rope_attend`: CUDA's
-  compiled step over a static cache), the step hands them the raw projections instead.
+  compiled step over a static or slot cache), the step hands them the raw projections instead.
 - `native_parts()`: the model's tensors in the order the native CPU step reads them
   (tinyllm.decode.cpu_step), each matrix's from its layer (`Linear.native_parts`).
 - Refuses: sequences longer than `max_seq_len` (ValueError), configs whose heads don't divide.

@@ -18,8 +18,9 @@ Contract:
   the first reply went from 7.4 to 11.8 s).
 - `ops.rope_attend(kv, qkv, cos, sin, scale) -> Tensor | None`: a decode step's (T = 1) RoPE,
   cache write and attention as one op, inside a compile on CUDA, where the cache layer `kv`
-  runs it (`kv.rope_attend`: a static cache's decode view, decode_attention.rope_decode_attention):
-  qkv (B, 1, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D); None elsewhere, and the model runs them apart.
+  runs it (`kv.rope_attend`: a static or slot cache's decode view,
+  decode_attention.rope_decode_attention): qkv (B, 1, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D);
+  None elsewhere, and the model runs them apart.
 - `ops.sdpa(q, k, v, attn_kwargs, cached)`: F.scaled_dot_product_attention; attention over a
   cache (`cached`) outside a compile never takes cuDNN's kernel (CACHED_SDPA), and inside a
   compile no backend is named (the context would stop AOTAutograd's cache: warm starts).

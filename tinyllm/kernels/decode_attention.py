@@ -18,9 +18,10 @@ Contract:
   (scores and weights are not rounded to bf16), and also gives 0 to a row with no key.
 - `rope_decode_attention(qkv, cos, sin, pos, first_valid, k_cache, v_cache, window, scale)`:
   RoPE, the cache write and the attention of a decode step in one op (decode_attention_triton
-  states its contract); its slow twin is model.apply_rope, an index_copy_ into the caches and
-  window_attention. `rope_supported(qkv, k_cache, v_cache)` says when it takes its inputs
-  (never with TINYLLM_ROPE_ATTN=0, which keeps RoPE and the cache write apart, to measure).
+  states its contract); its slow twin is model.apply_rope, an index_copy_ into the caches (an
+  index_put_ where each row has its own position) and window_attention.
+  `rope_supported(qkv, k_cache, v_cache)` says when it takes its inputs (never with
+  TINYLLM_ROPE_ATTN=0, which keeps RoPE and the cache write apart, to measure).
 - `available()`: whether Triton is installed (and not switched off: TINYLLM_DECODE_ATTN=0).
   Importing this module never imports Triton (CPU-only installs and CI have none): the
   kernels (`decode_attention_triton`) are imported at the first call, which registers the

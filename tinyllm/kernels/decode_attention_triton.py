@@ -11,18 +11,19 @@ Contract: importing this module imports Triton (it fails where Triton is missing
   (B, (Hkv R + 2 Hkv) D) is the step's q, k, v projections before RoPE (model.Attention's
   wqkv); cos, sin (L, D/2) fp32 the rotary tables (model.Rope), read at row pos; pos (P,) long,
   P = 1 (every row at one position) or B; first_valid (B,) long; k_cache, v_cache
-  (B, Hkv, rows, D); window W <= rows, pos[b] < rows. Row b attends keys first_valid[b] ..
-  pos[b] of the first W (the mask _StaticDecode.begin_step builds for one position,
-  _SlotDecode.begin_step for one per slot). It rotates q and the new key, writes the new key
-  and value at pos into the caches (the only inputs it mutates), and returns attention over
-  the first W keys, (B, Hkv, R, D): what `model.apply_rope`, an index_copy_ (index_put_ for
-  a position per row) into the caches and `decode_attention` on their first W keys give, to
-  bf16 rounding. The caches past pos[b] are never read (NaN there changes nothing), and a
-  row's keys cost in proportion to pos[b] + 1, not W: a slot cache's free rows (pos 0) and
-  short ones in a long window cost almost nothing. Every input is
-  a tensor the step already holds (the tables, the cache's positions): in a compiled step
-  Inductor computed a per-step cos, sin and mask into a copy of its own for each layer's call
-  (14 small kernels a step for the 1.1B).
+  (B', Hkv, rows, D), B' >= B, row b of qkv using row b of the caches (a slot cache's step
+  over its first B slots hands over its whole caches); window W <= rows, pos[b] < rows. Row b
+  attends keys first_valid[b] .. pos[b] of the first W (the mask _StaticDecode.begin_step
+  builds for one position, _SlotDecode.begin_step for one per slot). It rotates q and the new
+  key, writes the new key and value at pos into the caches (the only inputs it mutates), and
+  returns attention over the first W keys, (B, Hkv, R, D): what `model.apply_rope`, an
+  index_copy_ (index_put_ for a position per row) into the caches and `decode_attention` on
+  their first W keys give, to bf16 rounding. The caches past pos[b] are never read (NaN there
+  changes nothing): a row's loads grow with pos[b] + 1, not W, and a split program past it
+  walks nothing, so a slot cache's free rows (pos 0) and short ones in a long window cost
+  almost nothing. Every input is a tensor the step already holds (the tables, the cache's
+  positions): in a compiled step Inductor computed a per-step cos, sin and mask into a copy of
+  its own for each layer's call (14 small kernels a step for the 1.1B).
 
 Two kernels:
 - `_split_kernel`, grid (B*Hkv, cdiv(W, BLOCK_N)): one program per KV head and block of
@@ -122,9 +123,9 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
     # One block of keys a program (its split), or with ONE_PASS every block, merged online.
     first = 0 if ONE_PASS else split
     last = n_blocks if ONE_PASS else split + 1
-    if NEW:  # no block past p's: a program whose block starts past p runs no iteration and
-        # writes the empty partial (m = -inf, l = 0, o = 0), which the combine skips. The block
-        # that writes the new key and value, min(p // BLOCK_N, n_blocks - 1), is always walked.
+    if NEW:  # no block past p's: a program whose block starts past p runs no iteration and writes
+        # the empty partial (m = -inf, l = 0, o = 0), which weighs nothing in the combine. The
+        # block that writes the new key and value, min(p // BLOCK_N, n_blocks - 1), is always walked.
         last = tl.minimum(last, (p // BLOCK_N + 1).to(tl.int32))
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)  # running max, sum of exp and exp @ v
     l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
@@ -264,9 +265,9 @@ def _(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
 
 
 def _heads(qkv: Tensor, k_cache: Tensor) -> tuple[int, int, int, int]:
-    """(B, Hkv, R, D) of a fused call: qkv (B, (Hkv R + 2 Hkv) D), k_cache (B, Hkv, rows, D)."""
-    B, Hkv, _, D = k_cache.shape
-    return B, Hkv, qkv.shape[1] // (Hkv * D) - 2, D
+    """(B, Hkv, R, D) of a fused call: qkv (B, (Hkv R + 2 Hkv) D), k_cache (>= B, Hkv, rows, D)."""
+    _, Hkv, _, D = k_cache.shape
+    return qkv.shape[0], Hkv, qkv.shape[1] // (Hkv * D) - 2, D
 
 
 @torch.library.custom_op("tinyllm::rope_decode_attention", mutates_args=("k_cache", "v_cache"))
@@ -274,7 +275,8 @@ def rope_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, fi
                           v_cache: Tensor, window: int, scale: float) -> Tensor:
     B, Hkv, R, D = _heads(qkv, k_cache)
     torch._check(qkv.shape == (B, (R + 2) * Hkv * D) and qkv.stride(1) == 1 and k_cache.shape == v_cache.shape
-                 and window <= k_cache.shape[2] and cos.shape[-1] == D // 2 and first_valid.shape == (B,),
+                 and k_cache.shape[0] >= B and window <= k_cache.shape[2] and cos.shape[-1] == D // 2
+                 and first_valid.shape == (B,),
                  lambda: "rope_decode_attention: shapes disagree")
     q_dim, kv_dim = R * Hkv * D, Hkv * D
     q = qkv[:, :q_dim].view(B, Hkv, R, D)  # a view: strides (row stride, R D, D, 1)
