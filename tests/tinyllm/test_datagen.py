@@ -256,7 +256,8 @@ def test_cli_on_the_tiny_model_is_deterministic_and_resumes(tiny_teacher, tmp_pa
 def test_rounds_side_by_side_write_what_rounds_in_turn_write(tiny_teacher):
     """Three rounds through one engine, two at a time (tinyllm.tools.datagen.stream), against
     the same rounds one teacher call at a time: the same conversations and stats, in round
-    order, with the engine fuller (occupancy counts live rows per step: no clock involved)."""
+    order, with the engine fuller (occupancy counts live rows per step: no clock involved),
+    and prompts encoded only as slots need them."""
     from tinyllm.tools.datagen.rounds import round_steps
     from tinyllm.tools.datagen.stream import stream_rounds
     from tinyllm.tools.datagen.teacher import Teacher
@@ -269,6 +270,9 @@ def test_rounds_side_by_side_write_what_rounds_in_turn_write(tiny_teacher):
     seq, filters = teacher_and_filters()
     want = [run_round(seq, tasks, filters, 3, r, 32, max_tokens=10) for r in range(3)]
     side, filters = teacher_and_filters()
+    engine, waiting = side.engine(), []
+    step = engine.step
+    engine.step = lambda: (waiting.append(engine.waiting), step())[1]
     started = []
 
     def more():
@@ -280,3 +284,4 @@ def test_rounds_side_by_side_write_what_rounds_in_turn_write(tiny_teacher):
     assert sum(st.get("drop.truncated", 0) + st.get("conversations", 0) for _, st in want) > 5  # answers were written
     assert side.stats.tokens == seq.stats.tokens and side.stats.requests == seq.stats.requests
     assert side.stats.occupancy > seq.stats.occupancy
+    assert max(waiting) == 8  # the jobs of a call (32 and more) are fed as slots free, 8 waiting at most

@@ -31,7 +31,8 @@ Contract:
   last REPEAT_WINDOW ids of its context, so its draws do not depend on which requests share
   its batch. Greedy replies equal one `generate()` per request (tested on a CPU in fp32, with
   the repetition penalty while the context fits its window).
-- `is_finished(id)`, `result(id)` (the reply so far), `finish_reason(id)`, `cancel(id)`
+- `is_finished(id)`, `result(id)` (the reply so far), `finish_reason(id)`, `waiting` (requests
+  not yet admitted), `cancel(id)`
   ("cancelled", frees the slot; tokens of chains in flight are dropped), `run_until_done() ->
   {id: reply}`, `stats` (EngineStats: steps, live rows, chains, admissions, host time).
 - Host syncs: one per chain read (an event on its pinned copy), none in admission.
@@ -202,6 +203,11 @@ class Engine:
             self._waiting.remove(req)
         else:
             self._release(req)
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued and not yet admitted."""
+        return len(self._waiting)
 
     @property
     def has_work(self) -> bool:

@@ -4,12 +4,14 @@ Contract:
 - `stream_rounds(teacher, start(r), first, in_flight, more()) -> iterator of (r, result)`:
   rounds first, first + 1, ... each a generator made by `start(r)` (rounds.round_steps: it
   yields the `Ask`s it waits on, is sent their replies, returns its result). Up to
-  `in_flight` rounds run at once: every job of each round's current Ask is queued in the
-  teacher's one engine (`Teacher.submit`, job i seeded `job_seed(ask.seed, i)`, as
-  `Teacher.chat` seeds it), and the moment an Ask's last request ends its round is sent the
-  replies and its next Ask's jobs join the engine, while the other rounds' requests run on.
-  A new round starts (when `more()` says so) as soon as fewer than `in_flight` run. Results
-  come out in round order.
+  `in_flight` rounds run at once. Each round's current Ask feeds the teacher's one engine
+  (`Teacher.submit`, job i seeded `job_seed(ask.seed, i)`, as `Teacher.chat` seeds it), the
+  oldest round's jobs first, and only as far as the engine has slots to fill: at most
+  n_slots requests wait at a time, so prompts are encoded a few at a time between steps
+  while the device runs the chain in flight, not thousands at once while it idles. The
+  moment an Ask's last request ends, its round is sent the replies and its next Ask's jobs
+  queue up while the other rounds' requests run on. A new round starts (when `more()` says
+  so) as soon as fewer than `in_flight` run. Results come out in round order.
 - A round's replies do not depend on which other requests share the engine (the engine
   samples each row with its own noise), so a round's text is that of `rounds.run_round` on
   the same filters' state. What interleaving changes is that state: a round's dedup sees
@@ -22,6 +24,7 @@ reply's steps at falling occupancy), and the next round waited for the last one'
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Iterator
 
 from tinyllm.tools.datagen.rounds import Ask
@@ -33,42 +36,52 @@ class _Round:
         self.r, self.steps = r, steps
         self.ask: Ask | None = None
         self.rids: list[int | None] = []
-        self.left = 0  # requests of the current Ask still running
+        self.todo: deque[int] = deque()  # jobs of the current Ask not yet in the engine
+        self.left = 0  # jobs of the current Ask not yet ended
         self.result = None
 
 
 def stream_rounds(teacher: Teacher, start: Callable[[int], Generator], first: int, in_flight: int,
                   more: Callable[[], bool]) -> Iterator[tuple[int, object]]:
     engine = teacher.engine()
-    running: dict[int, _Round] = {}  # round -> its state
+    running: dict[int, _Round] = {}  # round -> its state, oldest first
     owner: dict[int, _Round] = {}  # request id -> its round
     done: dict[int, object] = {}  # finished rounds waiting for the ones before them
     next_r, next_out = first, first
 
-    def advance(rnd: _Round, replies: list | None) -> None:
-        """Send the round its replies (None: start it); queue its next Ask, or keep its result."""
-        while True:
-            try:
-                rnd.ask = rnd.steps.send(replies)
-            except StopIteration as end:
-                done[rnd.r] = end.value
-                del running[rnd.r]
-                return
-            ask = rnd.ask
-            pre = ask.prefills or [""] * len(ask.jobs)
-            rnd.rids = [teacher.submit(m, ask.params, job_seed(ask.seed, i), p)
-                        for i, (m, p) in enumerate(zip(ask.jobs, pre, strict=True))]
-            rnd.left = sum(rid is not None for rid in rnd.rids)
-            for rid in rnd.rids:
-                if rid is not None:
-                    owner[rid] = rnd
-            if rnd.left:
-                return
-            replies = answers(rnd)  # nothing to run (no jobs, or none fits): straight on
+    def prefill(rnd: _Round, i: int) -> str:
+        return rnd.ask.prefills[i] if rnd.ask.prefills else ""
 
-    def answers(rnd: _Round) -> list:
-        pre = rnd.ask.prefills or [""] * len(rnd.rids)
-        return [teacher.reply(rid, p) for rid, p in zip(rnd.rids, pre, strict=True)]
+    def advance(rnd: _Round, replies: list | None) -> None:
+        """Send the round its replies (None: start it): its next Ask's jobs queue up, or it ends."""
+        try:
+            rnd.ask = rnd.steps.send(replies)
+        except StopIteration as end:
+            done[rnd.r] = end.value
+            del running[rnd.r]
+            return
+        n = len(rnd.ask.jobs)
+        rnd.rids, rnd.todo, rnd.left = [None] * n, deque(range(n)), n
+        if not n:
+            advance(rnd, [])
+
+    def ended(rnd: _Round) -> None:
+        """One job of the round's Ask has ended (or could not start)."""
+        rnd.left -= 1
+        if rnd.left == 0:
+            advance(rnd, [teacher.reply(rid, prefill(rnd, i)) for i, rid in enumerate(rnd.rids)])
+
+    def feed() -> None:
+        """Queue the oldest rounds' jobs while fewer than n_slots requests wait."""
+        for rnd in list(running.values()):
+            while rnd.todo and engine.waiting < engine.n_slots:
+                i = rnd.todo.popleft()
+                ask = rnd.ask
+                rid = rnd.rids[i] = teacher.submit(ask.jobs[i], ask.params, job_seed(ask.seed, i), prefill(rnd, i))
+                if rid is None:
+                    ended(rnd)  # its prompt leaves no room: an empty reply (the round may move on)
+                else:
+                    owner[rid] = rnd
 
     t0 = time.perf_counter()
     while True:
@@ -83,10 +96,8 @@ def stream_rounds(teacher: Teacher, start: Callable[[int], Generator], first: in
             next_out += 1
         if not running:
             break
+        feed()
         for ev in engine.step():
             if ev.finish_reason is not None and ev.request_id in owner:
-                rnd = owner.pop(ev.request_id)
-                rnd.left -= 1
-                if rnd.left == 0:
-                    advance(rnd, answers(rnd))
+                ended(owner.pop(ev.request_id))
     teacher.add_time(t0)
