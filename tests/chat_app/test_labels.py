@@ -146,7 +146,9 @@ async def test_model_names_are_plain_text(make_app, ckpt, tmp_path):
         await send(pilot, f"/model {gguf}")
         await wait_until(pilot, lambda: app.session is not None and app.session.name == FILE,
                          what="the GGUF to load")
-        assert any(n.startswith(f"Now chatting with {FILE_SHOWN}, in a new chat") for n in notices(app))
+        # the notice comes once the switch has cleared the old chat, after the session is set
+        await wait_until(pilot, lambda: any(n.startswith(f"Now chatting with {FILE_SHOWN}, in a new chat")
+                                            for n in notices(app)), what="the switch's notice")
         await send(pilot, "hi")
         await pilot.press("ctrl+o")
         await pilot.pause()
