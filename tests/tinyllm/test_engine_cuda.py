@@ -114,7 +114,7 @@ def run_engine(model, use_graph: bool, n_slots: int = 4, reqs=None, compile=None
         i += 1
     ids = [ids[j] for j in range(len(reqs))]
     if use_graph:  # every bucket captured up front, and none of those again during the run
-        assert sorted({w for (w, _), _, _ in graphs}) == list(engine.decoder.buckets) == [128, 256, 512, 1024]
+        assert sorted({w for (w, _), *_ in graphs}) == list(engine.decoder.buckets) == [128, 256, 512, 1024]
         assert all(engine.decoder.graphs[key][0] is g for key, (g, _) in graphs.items())
     return [engine.result(r) for r in ids], [engine.finish_reason(r) for r in ids]
 

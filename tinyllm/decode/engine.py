@@ -282,7 +282,7 @@ class Engine:
         owners = [(s, r) for s, r in enumerate(self._owner) if r is not None]
         lens = sum(self.slots.lens[s] for s, _ in owners)
         steps = self.chain
-        self.decoder.greedy = all(r.params.greedy for _, r in owners)
+        self.decoder.sampler.pick_variant([r.params for _, r in owners])
         chunk = self.decoder.launch(steps)
         self._inflight.append(_Launched(chunk, owners, steps))
         st = self.stats

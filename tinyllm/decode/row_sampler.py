@@ -12,8 +12,10 @@ Contract:
 - Inside the step: `push(ids, rows)` adds the ids just fed (rows, 1) to the first `rows` rows'
   rings; `draw(logits, rows)` draws the first `rows` rows' next ids (rows,) and advances their
   counters. `draw_at(idx, logits)` draws for the rows idx (the admission's first token).
-  `greedy` (host-side, True when no live row samples) picks the step's variant: argmax after
-  the penalty, with no top-k and no noise.
+  `pick_variant(params)` (host-side, from the live rows' settings) picks the step's variant:
+  `greedy` (no live row samples: argmax after the penalty, no top-k, no noise), else sampling
+  among the candidates, with `whole` also racing the whole vocabulary for the rows that ask
+  it (a pass over every row's V ids: only where some row needs it).
 - A row draws as `sample(logits, params, prev=its last REPEAT_WINDOW ids, noise=row_noise(key,
   counter, every id))` (tinyllm.decode.sampling) draws (tested row by row), with two limits:
   top-k and top-p choose among the TOP_K_MAX likeliest ids (a `topk`, never a sort of the whole
@@ -47,7 +49,8 @@ class RowSampler:
         self.counter = torch.zeros(n_rows, **i64)  # (S,) draws so far
         self.ring = torch.zeros(n_rows, REPEAT_WINDOW, **i64)  # (S, R) the latest ids, in any order
         self.ring_at = torch.zeros(n_rows, **i64)  # (S,) where the next pushed id goes
-        self.greedy = True  # host-side: which variant of the step runs
+        self.greedy = True  # host-side, with `whole`: which variant of the step runs
+        self.whole = False  # some sampling row draws from the whole vocabulary (top_k 0, top_p 1)
         self._row_ids = torch.arange(n_rows, **i64)
         self._vocab_ids = torch.arange(vocab, **i64)
 
@@ -114,7 +117,14 @@ class RowSampler:
         probs = vals.masked_fill(drop, float("-inf")).softmax(dim=-1)
         choice = (probs / row_noise(key, counter, ids)).argmax(dim=-1, keepdim=True)  # (N, 1)
         picked = ids.gather(1, choice)[:, 0]  # (N,)
-        every = self._vocab_ids.expand(x.shape[0], -1)  # (N, V)
-        raced = (x.softmax(dim=-1) / row_noise(key, counter, every)).argmax(dim=-1)  # the whole vocabulary
-        whole = (top_k == 0) & (top_p[:, 0] >= 1.0)
-        return torch.where(greedy, best, torch.where(whole, raced, picked))
+        if self.whole:  # a variant of its own: the noise of every id costs a pass over (N, V)
+            every = self._vocab_ids.expand(x.shape[0], -1)  # (N, V)
+            raced = (x.softmax(dim=-1) / row_noise(key, counter, every)).argmax(dim=-1)  # the whole vocabulary
+            picked = torch.where((top_k == 0) & (top_p[:, 0] >= 1.0), raced, picked)
+        return torch.where(greedy, best, picked)
+
+    def pick_variant(self, params: list[SamplingParams]) -> None:
+        """The variant the live rows' settings need: greedy where none samples, `whole` where
+        one samples with neither top-k nor top-p."""
+        self.greedy = all(p.greedy for p in params)
+        self.whole = any(not p.greedy and p.top_k == 0 and p.top_p >= 1.0 for p in params)

@@ -9,7 +9,8 @@ Contract:
   run's steps, and the smallest row bucket (`row_buckets`: 8, 16, ... n_slots) that holds the
   highest live slot. The step computes the first B slots only (free slots among them compute
   too, into their own rows, and never advance); the engine fills the lowest free slots first.
-  One graph per (W, B, steps, sampler variant); the compiled step serves them all.
+  One graph per (W, B, steps, sampler variant: greedy, sampling, sampling with a row over the
+  whole vocabulary); the compiled step serves them all.
 - Each step feeds `tok`, samples every row with its own settings (tinyllm.decode.row_sampler)
   and applies the row's end rules (`RowLimits`): a stop id ends it ("stop"), its token budget
   ("length"), its sequence reaching max_len ("full"). An ended row stops advancing at once (its
@@ -120,7 +121,7 @@ class SlotGraphDecoder(_Decoder):
 
     @property
     def captured_windows(self) -> list[int]:
-        return sorted({w for (w, _), _, _ in self.graphs})
+        return sorted({w for (w, _), *_ in self.graphs})
 
     def start_rows(self, idx: Tensor, logits: Tensor, params: list[SamplingParams], seeds: list[int],
                    tails: list[list[int]], stops: list[list[int]]) -> None:
@@ -128,9 +129,10 @@ class SlotGraphDecoder(_Decoder):
         rules, draw and check their first tokens, and make them the next step's input."""
         self.sampler.load(idx, params, seeds, tails)
         self.limits.load(idx, stops, [[p.max_tokens] for p in params])
-        greedy, self.sampler.greedy = self.sampler.greedy, all(p.greedy for p in params)
+        variant = self.sampler.greedy, self.sampler.whole
+        self.sampler.pick_variant(params)
         first = self.sampler.draw_at(idx, logits)  # (k,)
-        self.sampler.greedy = greedy
+        self.sampler.greedy, self.sampler.whole = variant
         self.limits.check_at(idx, first, self.slots)
         self.tok.index_copy_(0, idx, first[:, None])
 
@@ -175,7 +177,7 @@ class SlotGraphDecoder(_Decoder):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for shape in itertools.product(windows or self.buckets, self.row_buckets):
-            key = (shape, steps, self.sampler.greedy)
+            key = (shape, steps, self.sampler.greedy, self.sampler.whole)
             if key not in self.graphs:
                 self.graphs[key] = self._record(shape, steps)
         torch.cuda.synchronize()
@@ -188,7 +190,7 @@ class SlotGraphDecoder(_Decoder):
         if not 1 <= steps <= MAX_RUN:
             raise ValueError(f"steps must be in [1, {MAX_RUN}], got {steps}")
         shape = self.shape(steps)
-        key = (shape, steps, self.sampler.greedy)
+        key = (shape, steps, self.sampler.greedy, self.sampler.whole)
         if self.use_graph and (capture or key in self.graphs):
             if key not in self.graphs:
                 self.graphs[key] = self._record(shape, steps)
