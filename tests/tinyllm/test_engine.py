@@ -73,7 +73,7 @@ def test_finished_slot_is_reused_at_once(model):
     d = engine.add_request(prompt(6, 4), SamplingParams(max_tokens=1))  # finishes on its prefill
     e = engine.add_request(prompt(7, 5), SamplingParams(max_tokens=5))
     first = engine.step()  # prefill a, b (1 token each), one decode (1 more each)
-    assert [ev.request_id for ev in first] == [a, b, a, b]
+    assert [ev.request_id for ev in first] == [a, a, b, b]  # request by request, each in order
     assert engine.step()[0] == TokenEvent(a, engine.result(a)[-1], "length")
     slot_a = engine.requests[a].slot
     # the very next step: c (first in line) takes a's slot before the decode
@@ -220,6 +220,21 @@ def test_greedy_equals_generate_at_many_rows_with_admissions(model, n_slots, cha
     events = [e for step in steps for e in step]
     assert len(events) == sum(len(engine.result(r)) for r in ids)
     assert engine.stats.rows == len(events) - len(ids)  # every token after the first came from a step
+
+
+def test_finish_events_only(model):
+    """token_events=False: step() returns one event a request, when it ends (its last token and
+    the reason); the replies are the same."""
+    reqs = [(prompt(3 + 5 * i, 40 + i), SamplingParams(max_tokens=4 + 3 * i), ()) for i in range(5)]
+    runs = []
+    for token_events in (True, False):
+        engine = Engine(model, 2, max_len=64, buckets=(64,), chain=3, overlap=True, token_events=token_events)
+        ids, steps = drive(engine, {0: reqs})
+        runs.append(([engine.result(r) for r in ids], [e for step in steps for e in step]))
+    (replies, every), (same, ends) = runs
+    assert same == replies
+    assert ends == [e for e in every if e.finish_reason is not None]
+    assert sorted(e.request_id for e in ends) == list(range(5)) and all(e.finish_reason == "length" for e in ends)
 
 
 def test_cancel_with_chains_in_flight(model):

@@ -16,14 +16,17 @@ Contract:
      tokens; each request's first token is drawn on the device (no host sync);
   2. launches a chain of `chain` decode steps of the live slots (one replay with graphs; the
      default is 8 on CUDA, 1 on a CPU);
-  3. reads one chain's report and returns its events, in the order the tokens were drawn:
-     with `overlap` (the default on CUDA) the chain launched before, while the GPU runs this
-     one; without it, this one.
+  3. reads one chain's report and returns its events, request by request (slot order), each
+     request's tokens in the order drawn: with `overlap` (the default on CUDA) the chain
+     launched before, while the GPU runs this one; without it, this one.
   A request ends on a stop id ("stop": the stop token ends the reply, as `generate()` yields
   it), after params.max_tokens tokens ("length"), or when prompt plus reply reach max_len
   ("full"). The step finds that on the device (the row stops advancing there); the host
   releases the slot when it reads it, and the next waiting request takes it at the next step.
   A request that ends on its first token therefore holds its slot for one chain.
+  `token_events=False`: step() returns only the events that end a request (its last token
+  and the reason), for callers that read replies with `result` (the teacher, the bench):
+  at 512 rows a chain's 4,096 token events were most of the host's time reading it.
   `min_admit` holds waiting requests back until that many slots are free (or every waiting one
   fits, or nothing runs): each admission is an eager prefill, cheaper in groups.
 - Sampling is per request, inside the step (tinyllm.decode.row_sampler): a request draws as
@@ -117,7 +120,7 @@ class Engine:
     def __init__(self, model: Transformer, n_slots: int, max_len: int | None = None,
                  use_graph: bool | None = None, buckets: tuple[int, ...] | None = None,
                  compile: str | None = None, chain: int | None = None, overlap: bool | None = None,
-                 min_admit: int = 1, row_buckets: tuple[int, ...] | None = None):
+                 min_admit: int = 1, row_buckets: tuple[int, ...] | None = None, token_events: bool = True):
         cfg = model.cfg
         if n_slots < 1:
             raise ValueError(f"n_slots must be >= 1, got {n_slots}")
@@ -130,6 +133,7 @@ class Engine:
             raise ValueError(f"chain must be in [1, {MAX_RUN}] steps, got {self.chain}")
         self.overlap = cuda if overlap is None else overlap
         self.model, self.n_slots, self.max_len, self.min_admit = model, n_slots, max_len, min_admit
+        self.token_events = token_events
         self.slots = SlotKVCache(cfg.n_layers, n_slots, max_len, model.device)
         self.decoder = SlotGraphDecoder(model, self.slots, buckets, cuda if use_graph is None else use_graph,
                                         compile, row_buckets)
@@ -291,26 +295,29 @@ class Engine:
         st.kv_tokens += lens * steps + len(owners) * steps * (steps + 1) // 2
 
     def _read(self, launched: _Launched, events: list[TokenEvent]) -> None:
-        """Emit one chain's tokens, column by column (the order they were drawn), and end the
+        """Emit one chain's tokens, request by request (each in the order drawn), and end the
         requests whose rows ended in it."""
         t0 = time.perf_counter()
         report = launched.chunk.ids()  # (S, MAX_RUN + 2): the one host sync of a chain
         self.stats.wait_s += time.perf_counter() - t0
-        rows = [(s, req) for s, req in launched.owners if not req.finished]
-        last: dict[int, int] = {}  # slot -> the index of its last event
-        for j in range(launched.steps + 1):
-            for s, req in rows:
-                tok = report[s][j]
-                if (tok >= 0 and j > 0) or (j == 0 and not req.tokens):  # column 0: a first token
-                    req.tokens.append(tok)
-                    self.stats.rows += j > 0
-                    last[s] = len(events)
-                    events.append(TokenEvent(req.id, tok, None))
-        for s, req in rows:
-            code = report[s][-1]
-            if code in REASONS:
-                req.finish_reason = REASONS[code]
-                events[last[s]] = events[last[s]]._replace(finish_reason=req.finish_reason)
+        end = launched.steps + 1
+        for s, req in launched.owners:
+            if req.finished:
+                continue  # cancelled, or ended in a chain read before: what came after is dropped
+            row = report[s]
+            drawn = [t for t in row[1:end] if t >= 0]  # what the row drew while live
+            self.stats.rows += len(drawn)
+            new = drawn if req.tokens else [row[0], *drawn]  # column 0: an admitted row's first token
+            req.tokens += new
+            reason = REASONS.get(row[-1])
+            if self.token_events:
+                events += [TokenEvent(req.id, t, None) for t in new]
+            if reason is not None:
+                req.finish_reason = reason
+                if self.token_events:
+                    events[-1] = events[-1]._replace(finish_reason=reason)
+                else:
+                    events.append(TokenEvent(req.id, new[-1], reason))
                 self._release(req)
 
     def _release(self, req: Request) -> None:

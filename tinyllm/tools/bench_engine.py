@@ -108,7 +108,7 @@ def bench_engine(model: Transformer, concurrency: list[int], steps: int, repeats
                  compile: str | None, workload: str = "uniform") -> None:
     for c in concurrency:
         reqs, max_len = _requests(model, workload, c, steps)
-        engine = Engine(model, c, max_len=max_len, compile=compile)
+        engine = Engine(model, c, max_len=max_len, compile=compile, token_events=False)
         impl = ("graph" if engine.decoder.use_graph else "static_eager") + ("_compiled" if compile else "")
         ctx = dict(concurrency=c, impl=impl, workload=workload)
         if engine.decoder.use_graph:

@@ -108,7 +108,7 @@ class Teacher:
         """One engine for the teacher's life: a compiled step and its graphs are made once."""
         if self._engine is None:
             self._engine = Engine(self.model, self.n_slots, max_len=self.max_len, compile=self.compile,
-                                  min_admit=max(1, self.n_slots // 8))
+                                  min_admit=max(1, self.n_slots // 8), token_events=False)
         return self._engine
 
     def submit(self, messages: list[dict], params: SamplingParams, seed: int, prefill: str = "") -> int | None:
