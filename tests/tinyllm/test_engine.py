@@ -380,3 +380,26 @@ def test_the_compiled_slot_step_allocates_nothing_cache_sized():
     allocs = re.findall(r"empty_strided_cpu\(\(([^)]*)\)", code)
     assert allocs and all(str(rows) not in re.split(r"[ ,]+", a) for a in allocs), allocs
     assert any(not torch.equal(a, b) for a, b in zip(before, engine.slots.k, strict=True))  # written in place
+
+
+def test_one_compiled_step_serves_every_window_and_row_bucket():
+    """The compiled step takes the window and the row count as dynamic sizes: a run that uses
+    two windows and two row buckets traces one graph (a retrace on the H200 costs 20-100 s)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    engine = Engine(tiny_model(), 16, max_len=256, buckets=(128, 256), compile="inductor", chain=2)
+    early = [(prompt(5 + i, 500 + i), SamplingParams(max_tokens=6), ()) for i in range(3)]  # 8 rows, window 128
+    late = [(prompt(120 + 5 * i, 600 + i), SamplingParams(max_tokens=20), ()) for i in range(12)]  # 16, 256
+    shapes = set()
+    ids, i = [], 0
+    while i < 10 or engine.has_work:
+        ids += [engine.add_request(*args) for args in {0: early, 6: late}.get(i, ())]
+        engine.step()
+        shapes.add((engine.decoder.window, engine.decoder.rows))
+        i += 1
+    assert {(128, 8), (256, 16)} <= shapes
+    assert counters["stats"]["unique_graphs"] == 1
+    for rid, (ids_, params, _) in zip(ids, early + late, strict=True):
+        assert engine.result(rid) == reference(model=engine.model, ids=ids_, params=params, max_len=256), rid
