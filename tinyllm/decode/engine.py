@@ -3,7 +3,7 @@ inside one graphed step, in chains of steps read back without waiting.
 
 Contract:
 - `Engine(model, n_slots, max_len=None, use_graph=None, buckets=None, compile=None, chain=None,
-  overlap=None, min_admit=1, row_buckets=None)` owns a `SlotKVCache` of n_slots rows and a
+  overlap=None, min_admit=1, row_buckets=None, token_events=True)` owns a `SlotKVCache` of n_slots rows and a
   `SlotGraphDecoder` over it (tinyllm.decode.slot_decoder; `compile="inductor"` compiles its
   step). With graphs (the default on CUDA) the greedy chains' graphs for every (key bucket,
   row bucket) are captured in the constructor (`capture_s`), the sampling ones when first
@@ -35,9 +35,9 @@ Contract:
   its batch. Greedy replies equal one `generate()` per request (tested on a CPU in fp32, with
   the repetition penalty while the context fits its window).
 - `is_finished(id)`, `result(id)` (the reply so far), `finish_reason(id)`, `waiting` (requests
-  not yet admitted), `cancel(id)`
-  ("cancelled", frees the slot; tokens of chains in flight are dropped), `run_until_done() ->
-  {id: reply}`, `stats` (EngineStats: steps, live rows, chains, admissions, host time).
+  not yet admitted), `cancel(id)` ("cancelled", frees the slot; tokens of chains in flight are
+  dropped), `run_until_done() -> {id: reply}`, `stats` (EngineStats: steps, live rows, chains,
+  admissions, host time).
 - Host syncs: one per chain read (an event on its pinned copy), none in admission.
 Refuses (ValueError): an empty prompt or one that leaves no room for a reply, ids outside the
 vocabulary, top_k above TOP_K_MAX, more than MAX_STOPS stop ids, unknown request ids,
