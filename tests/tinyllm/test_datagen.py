@@ -251,6 +251,9 @@ def test_cli_on_the_tiny_model_is_deterministic_and_resumes(tiny_teacher, tmp_pa
     users = tmp_path / "a" / "users.txt.xz"
     assert users.is_file()
     assert _run(tiny_teacher, tmp_path / "c", "--seed", "1", "--dedup-with", str(users)) == 0
+    capsys.readouterr()
+    assert _run(tiny_teacher, tmp_path / "d", "--in-flight", "0") == 2
+    assert capsys.readouterr().err == "error: --in-flight must be at least 1, got 0\n"
 
 
 def test_rounds_side_by_side_write_what_rounds_in_turn_write(tiny_teacher):

@@ -25,7 +25,8 @@ Contract:
 - One JSON line per round on stdout: round, conversations, kept tokens so far, tokens the
   teacher generated in this call (kept or not) and its tok/s, where the engine's time went
   (`TeacherStats.timing`: steps, occupancy, ms a step, admissions), drops by reason.
-Refuses (ValueError -> one line on stderr, exit 2): a missing teacher, a seed mismatch.
+Refuses (ValueError -> one line on stderr, exit 2): a missing teacher, a seed mismatch,
+--in-flight below 1.
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ def generate(args) -> dict:
     from tinyllm.tools.datagen.stream import stream_rounds
     from tinyllm.tools.datagen.teacher import Teacher
 
+    if args.in_flight < 1:
+        raise ValueError(f"--in-flight must be at least 1, got {args.in_flight}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
