@@ -38,7 +38,6 @@ class _Round:
         self.rids: list[int | None] = []
         self.todo: deque[int] = deque()  # jobs of the current Ask not yet in the engine
         self.left = 0  # jobs of the current Ask not yet ended
-        self.result = None
 
 
 def stream_rounds(teacher: Teacher, start: Callable[[int], Generator], first: int, in_flight: int,
