@@ -110,15 +110,23 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
 
 
-class _LayerKV:
-    """One layer's view of a KVCache or StaticKVCache in prefill mode."""
+class _PrefillLayer:
+    """One layer of a cache in prefill mode: its attention kwargs are the cache's, and it has no
+    fused RoPE, write and attention (a decode view's only). Subclasses write K/V (`update`)."""
 
-    def __init__(self, cache: KVCache, i: int):
+    def __init__(self, cache, i: int):
         self.cache, self.i = cache, i
 
     @property
     def attn_kwargs(self) -> dict:
         return self.cache.attn_kwargs
+
+    def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> None:
+        return None
+
+
+class _LayerKV(_PrefillLayer):
+    """One layer's view of a KVCache or StaticKVCache in prefill mode."""
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         c, i = self.cache, self.i
@@ -134,9 +142,6 @@ class _LayerKV:
         c.k[i][:, :, c.n:end] = k
         c.v[i][:, :, c.n:end] = v
         return c.k[i][:, :, :end], c.v[i][:, :, :end]  # (B, Hkv, n + T, D)
-
-    def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> None:
-        return None  # RoPE, the write and attention as one op: a decode view's only
 
 
 class SlotKVCache:
@@ -327,15 +332,8 @@ class ViewLayer:
         return self.view.rope_attend(self.i, qkv, cos, sin, scale)
 
 
-class _SlotLayerKV:
+class _SlotLayerKV(_PrefillLayer):
     """One layer of a SlotKVCache prefill."""
-
-    def __init__(self, cache: SlotKVCache, i: int):
-        self.cache, self.i = cache, i
-
-    @property
-    def attn_kwargs(self) -> dict:
-        return self.cache.attn_kwargs
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         c, i = self.cache, self.i
@@ -344,6 +342,3 @@ class _SlotLayerKV:
         c.k[i][c._prefill_rows, :, :T] = k  # rows (B,) built once by start_prefill: no copy per layer
         c.v[i][c._prefill_rows, :, :T] = v
         return k, v  # a prefill from position 0 sees exactly its own keys
-
-    def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> None:
-        return None  # RoPE, the write and attention as one op: a decode view's only
