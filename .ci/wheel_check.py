@@ -11,7 +11,9 @@ else), and runs this with VENV's python from a folder outside the clone, stdin c
    it is under MAX_WHEEL_MB;
 2. this python imports chat_app, tinyllm and tinyllm_models from its own site-packages (never
    the clone), the default model is found there, the `tinyllm-chat` entry point is
-   chat_app.__main__:main, and the `tinyllm-chat --help` it installed names that model;
+   chat_app.__main__:main, and the `tinyllm-chat --help` it installed names that model; the
+   seed's names import from the seed's paths (tinyllm.cuda_graph, tinyllm.kv_cache, tinyllm.model)
+   and `tinyllm --help`, the library's command, lists its subcommands;
 3. the app, built from the command line `tinyllm-chat` gets with no --model, runs headless under
    Textual's Pilot: a prompt typed into it and sent with Enter gets a non-empty reply from the
    default model within REPLY_TIMEOUT_S.
@@ -87,6 +89,13 @@ def check_installed(clone: Path) -> Path:
                                stdin=subprocess.DEVNULL, timeout=120, env=dict(os.environ, COLUMNS="1000"))
     assert help_text.returncode == 0, help_text.stderr
     assert f"(default: {DEFAULT_MODEL})" in help_text.stdout, help_text.stdout
+    seed = ("from tinyllm.cuda_graph import default_buckets, StaticKVCache, StaticLayerKV, GraphDecoder, "
+            "SlotGraphDecoder; from tinyllm.kv_cache import causal_kwargs, padded_causal_mask; "
+            "from tinyllm.model import Transformer")
+    subprocess.run([sys.executable, "-c", seed], check=True, stdin=subprocess.DEVNULL, timeout=120)
+    tools = subprocess.run([str(bin_dir / "tinyllm"), "--help"], capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, timeout=120)
+    assert tools.returncode == 0 and "convert" in tools.stdout, (tools.stdout, tools.stderr)
     print(f"installed: {bin_dir / 'tinyllm-chat'}; default model {DEFAULT_MODEL}")
     return DEFAULT_MODEL
 

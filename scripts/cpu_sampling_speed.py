@@ -10,8 +10,8 @@ import time
 
 import torch
 
+from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.decode import cpu_step
-from tinyllm.decode.cuda_graph import GraphDecoder
 from tinyllm.decode.sampling import SamplingParams
 from tinyllm.formats.open_model import open_any
 

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.formats.open_model import open_any
 from tinyllm.kernels import cpu_qgemv
 from tinyllm.tools.bench import random_ids

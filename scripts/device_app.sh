@@ -10,7 +10,7 @@
 #                                 the second launch finds the compile in the cache), LIMIT s each
 #   preset NAME DST               a checkpoint of a preset's shape, random bf16 weights
 #   tests LIMIT                   the CUDA tests (-m cuda)
-#   lib LIMIT TAG ARGS...         python -m tinyllm.tools.bench ARGS (the library's own numbers)
+#   lib LIMIT TAG ARGS...         tinyllm-bench ARGS (the library's own numbers)
 #   ab OLD MODEL TOKENS LIMIT N   the app bench of this tree and of OLD (a `git archive` of an
 #                                 earlier commit's tinyllm/ and chat_app/), alternated N times
 #                                 after one cold run each: a refactor's before and after, one machine
@@ -63,7 +63,7 @@ tests)
   ;;
 lib)
   limit=$1 t=$2; shift 2
-  timeout "$limit" python3 -m tinyllm.tools.bench "$@" > "$OUT/lib_$t.jsonl" 2> "$OUT/lib_$t.err"
+  timeout "$limit" python3 -m tinyllm.tools.cli bench "$@" > "$OUT/lib_$t.jsonl" 2> "$OUT/lib_$t.err"
   echo "== lib $t rc=$?"; grep -E '"(decode_tok_s|weights_mib|rss_mib)"' "$OUT/lib_$t.jsonl" | cut -c1-170
   ;;
 ab)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Teacher data on the H200 (issue 14): `python -m tinyllm.tools.datagen` over SmolLM2-135M-Instruct.
+# Teacher data on the H200 (issue 14): `tinyllm datagen` over SmolLM2-135M-Instruct.
 # docs/DATA.md has the whole procedure; in short:
 #
 # The teacher GGUF (98 MB) is larger than what one device call carries (64 MiB including the
@@ -50,13 +50,13 @@ receive() {
 }
 
 datagen() {  # generate into $DIR for $1 minutes, no packing
-  python3 -m tinyllm.tools.datagen --teacher "$GGUF" --device cuda --compile --tokens "${TOKENS:-60000000}" \
+  python3 -m tinyllm.tools.cli datagen --teacher "$GGUF" --device cuda --compile --tokens "${TOKENS:-60000000}" \
     --seed "${SEED:-0}" --round-size "${ROUND:-4000}" --slots "${SLOTS:-64}" --minutes "$1" --out "$DIR" --no-pack ${EXTRA:-}
 }
 
 collect() {
   sleep "${WAIT:-0}"
-  python3 -m tinyllm.tools.datagen --pack-only --out "$DIR" --workers 12 | tail -1
+  python3 -m tinyllm.tools.cli datagen --pack-only --out "$DIR" --workers 12 | tail -1
   cp "$DIR/users.txt.xz" "$OUT/" 2>/dev/null
   grep -v '^{"round"' "$DIR.log" | tail -4
   grep '^{"round"' "$DIR.log" | tail -3

@@ -31,13 +31,13 @@ case "${1:-check}" in
       tests/tinyllm/test_bench.py 2>&1 | tail -25
     conc=$([ "$DEVICE" = cuda ] && echo 64,256,512 || echo 2,4)
     steps=$([ "$DEVICE" = cuda ] && echo 256 || echo 4)
-    timeout 240 python3 -m tinyllm.tools.bench --preset 125m --device "$DEVICE" --engine --concurrency "$conc" \
+    timeout 240 python3 -m tinyllm.tools.cli bench --preset 125m --device "$DEVICE" --engine --concurrency "$conc" \
       --steps "$steps" --repeats 2 --compile on --peers off > "$OUT/engine-125m.jsonl" 2> "$OUT/engine-125m.err"
     echo "bench exit $?"; tail -30 "$OUT/engine-125m.err"
     ;;
   teacher)
     bash scripts/device_datagen.sh receive || { echo "teacher not complete: carry the remaining parts first"; exit 3; }
-    timeout 200 python3 -m tinyllm.tools.bench --model "$GGUF" --device "$DEVICE" --engine --engine-workload teacher \
+    timeout 200 python3 -m tinyllm.tools.cli bench --model "$GGUF" --device "$DEVICE" --engine --engine-workload teacher \
       --concurrency 256 --repeats 1 --compile on > "$OUT/engine-teacher.jsonl" 2> "$OUT/engine-teacher.err"
     echo "bench exit $?"; tail -12 "$OUT/engine-teacher.err"
     SEED=${SEED:-12}

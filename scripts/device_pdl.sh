@@ -64,7 +64,7 @@ i=0
 for v in ${VARIANTS--}; do
   env_args=$(echo "$v" | tr ';' ' '); [ "$v" = "-" ] && env_args=""
   trace=""; [ $i = 0 ] && trace="TINYLLM_TRACE_DIR=$L/traces"
-  env $env_args $trace timeout "${PROF_S:-130}" python3 -m tinyllm.tools.bench --preset tinyllama-1.1b --device cuda \
+  env $env_args $trace timeout "${PROF_S:-130}" python3 -m tinyllm.tools.cli bench --preset tinyllama-1.1b --device cuda \
       --quant int8 --profile > $L/profile_$i.jsonl 2> $L/profile_$i.err
   echo "$i [$v] rc=$? compiled replay_us: $(grep '"compiled"' $L/profile_$i.jsonl | grep replay_us | sed 's/.*"value": \([0-9.]*\).*window": \([0-9]*\).*/W=\2 \1/' | tr '\n' ' ')"
   echo "$v" > $L/profile_$i.variant
@@ -87,7 +87,7 @@ echo "fastest: [$best]"
 for q in ${QUANTS:-int8}; do
   [ "${BENCH_S:-120}" = 0 ] && break
   env_args=$(echo "$best" | tr ';' ' '); [ "$best" = "-" ] && env_args=""
-  env $env_args timeout "${BENCH_S:-120}" python3 -m tinyllm.tools.bench --preset tinyllama-1.1b --device cuda --quant "$q" \
+  env $env_args timeout "${BENCH_S:-120}" python3 -m tinyllm.tools.cli bench --preset tinyllama-1.1b --device cuda --quant "$q" \
       --compile on --peers off --steps 128 --repeats 3 --prompt-lens 128 --no-buckets > $L/tinyllama_$q.jsonl 2> $L/tinyllama_$q.err
   echo "tinyllama $q [$best] rc=$?"; summarize
 done
@@ -95,7 +95,7 @@ if [ -n "${SMOL_GZ:-}" ]; then
   zcat "$SMOL_GZ" > /tmp/smol.gguf
   rule=""; [ -s /tmp/best_int4 ] && rule="TINYLLM_QGEMV_BLOCKS=$(cat /tmp/best_int4)"
   for q in ${SMOL_QUANTS:-keep none}; do
-    env $rule timeout "${BENCH_S:-120}" python3 -m tinyllm.tools.bench --model /tmp/smol.gguf --device cuda --quant "$q" \
+    env $rule timeout "${BENCH_S:-120}" python3 -m tinyllm.tools.cli bench --model /tmp/smol.gguf --device cuda --quant "$q" \
         --compile on --peers off --steps 128 --repeats 3 --prompt-lens 128 --no-buckets > $L/smol_$q.jsonl 2> $L/smol_$q.err
     echo "smollm2 $q [$rule] rc=$?"; summarize
   done

@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 
 for q in ${QUANTS:-int8 int4 none}; do
   [ "${BENCH_S:-115}" = 0 ] && break
-  timeout "${BENCH_S:-115}" python3 -m tinyllm.tools.bench --preset tinyllama-1.1b --device cuda --quant "$q" --compile on \
+  timeout "${BENCH_S:-115}" python3 -m tinyllm.tools.cli bench --preset tinyllama-1.1b --device cuda --quant "$q" --compile on \
       --peers off --steps 128 --repeats 3 --prompt-lens 128 --no-buckets > "$OUT/tinyllama_$q.jsonl" 2> "$OUT/tinyllama_$q.err"
   echo "tinyllama $q rc=$?"; grep -h '"decode_tok_s"' "$OUT/tinyllama_$q.jsonl" | cut -c1-40,150-220
 done
@@ -38,7 +38,7 @@ fi
 G=data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ -f "$G" ]; then
   for q in none keep; do
-    timeout 60 python3 -m tinyllm.tools.bench --model "$G" --device cuda --quant "$q" --compile on --peers off \
+    timeout 60 python3 -m tinyllm.tools.cli bench --model "$G" --device cuda --quant "$q" --compile on --peers off \
         --steps 128 --repeats 3 --prompt-lens 128 --no-buckets > "$OUT/smollm2_$q.jsonl" 2> "$OUT/smollm2_$q.err"
   done
 fi

@@ -39,7 +39,7 @@ if [ "${BENCH_S:-0}" != 0 ]; then
   for r in ${BENCH_RUNS:-$runs}; do
     IFS=: read -r m q e <<< "$r"; src="--preset $m"; [ -f "$m" ] && src="--model $m"
     f="$OUT/bench_$(basename "$m" .gguf)_$q${e:+_${e//[^A-Za-z0-9]/_}}"
-    env ${e:-} timeout "$BENCH_S" python3 -m tinyllm.tools.bench $src --device cuda --quant "$q" --compile on --peers off --steps 128 \
+    env ${e:-} timeout "$BENCH_S" python3 -m tinyllm.tools.cli bench $src --device cuda --quant "$q" --compile on --peers off --steps 128 \
         --repeats 3 --prompt-lens 128 --no-buckets > "$f.jsonl" 2> "$f.err"
     echo "$m $q ${e:-} rc=$? $(grep '"decode_tok_s"' "$f.jsonl" | sed 's/.*"value": \([0-9.]*\).*"impl": "\([a-z_]*\)".*/\2 \1/' | tr '\n' ' ')"
   done

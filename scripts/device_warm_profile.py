@@ -9,7 +9,7 @@ import time
 t0 = time.perf_counter()
 import torch  # noqa: E402
 
-from tinyllm.decode.cuda_graph import GraphDecoder  # noqa: E402
+from tinyllm.cuda_graph import GraphDecoder  # noqa: E402
 from tinyllm.tools.bench import random_model  # noqa: E402
 
 t_import = time.perf_counter() - t0

@@ -18,7 +18,7 @@ import os, time, torch
 # Chosen by the tree's layout, not by trying: the venv's editable install would find the new
 # layout's modules for an old tree and mix the two.
 if os.path.isdir(os.path.join(os.environ["TREE"], "tinyllm", "core")):
-    from tinyllm.core.model import ModelConfig, Transformer
+    from tinyllm.model import ModelConfig, Transformer
     from tinyllm.decode.engine import Engine
     from tinyllm.decode.sampling import SamplingParams
 else:  # the layout before the layer folders

@@ -8,7 +8,7 @@ import time
 import torch
 
 from tests.conftest import tiny_model
-from tinyllm.decode.cuda_graph import MAX_RUN, Chunk
+from tinyllm.cuda_graph import MAX_RUN, Chunk
 from tinyllm.decode.engine import Engine, Request, _Launched
 from tinyllm.decode.sampling import SamplingParams
 

@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.kernels import decode_attention_triton as A
 from tinyllm.kernels import qgemv_triton as T
 from tinyllm.tools.bench import load_model, random_ids

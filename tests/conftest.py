@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from tinyllm.core.model import ModelConfig, Transformer
+from tinyllm.model import ModelConfig, Transformer
 
 HANG_S = 900  # the slowest test takes about 60 s on the 2-core CPU
 _stderr = -1  # the terminal's stderr, which pytest's capturing of a test's output leaves alone

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from tinyllm.core.model import ModelConfig, Transformer
 from tinyllm.kernels import cpu_qgemv
+from tinyllm.model import ModelConfig, Transformer
 from tinyllm.tools.bench import kv_bytes, main, weight_bytes
 
 

@@ -141,7 +141,7 @@ def test_a_bf16_checkpoint_on_the_cpu_keeps_bf16_matrices_and_computes_as_fp32(t
     bit, the compiled step matches them, and norms and activations stay fp32. The compiled step
     here is the one without the AVX2 kernel (Inductor's loop with the widening fused into its
     loads); test_quant_cpu_kernel.py runs it with the kernel's op."""
-    from tinyllm.decode.cuda_graph import GraphDecoder
+    from tinyllm.cuda_graph import GraphDecoder
     from tinyllm.kernels import cpu_qgemv
 
     monkeypatch.setattr(cpu_qgemv, "loaded", lambda: False)

@@ -5,7 +5,7 @@ captured into the bucket graphs (test_cuda_graph_cuda.py checks replay against i
 import torch
 
 from tests.tinyllm.test_engine import prompt, reference
-from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.decode.engine import Engine
 from tinyllm.decode.sampling import SamplingParams
 

@@ -8,7 +8,7 @@ import torch
 
 from tests.conftest import tiny_model
 from tinyllm.core.ops import window_attention
-from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.decode.generate import generate
 from tinyllm.kernels import cpu_qgemv, decode_attention
 

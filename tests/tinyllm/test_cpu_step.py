@@ -9,8 +9,8 @@ import torch
 from tests.conftest import tiny_model
 from tinyllm.core.linear import DenseLinear
 from tinyllm.core.quant_linear import QuantEmbedding, QuantLinear
+from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.decode import cpu_step
-from tinyllm.decode.cuda_graph import GraphDecoder
 from tinyllm.decode.sampling import SamplingParams
 from tinyllm.formats.build import quantize_model
 from tinyllm.kernels import cpu_qgemv

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from tinyllm.core.kv_cache import KVCache
-from tinyllm.decode.cuda_graph import GraphDecoder, default_buckets, pick_bucket
+from tinyllm.cuda_graph import GraphDecoder, default_buckets, pick_bucket
 from tinyllm.decode.sampling import SamplingParams
+from tinyllm.kv_cache import KVCache
 
 TOL = 1e-4
 

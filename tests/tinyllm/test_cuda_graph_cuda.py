@@ -5,9 +5,9 @@ Skipped where there is no CUDA device: a skip here is not a pass."""
 import pytest
 import torch
 
-from tinyllm.core.model import ModelConfig, Transformer
-from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.decode.sampling import SamplingParams, sample
+from tinyllm.model import ModelConfig, Transformer
 
 pytestmark = pytest.mark.cuda
 

@@ -61,7 +61,7 @@ def check_rope_case(B, Hkv, R, D, W, first_valid, pos, *, dtype=torch.bfloat16, 
     """rope_decode_attention against its slow twin: apply_rope, index_copy_ into the caches,
     window_attention (and the same in float64). The caches hold NaN past pos and before
     first_valid (never read); afterwards they differ from the twin's only at pos, by rounding."""
-    from tinyllm.core.model import Rope, apply_rope
+    from tinyllm.model import Rope, apply_rope
 
     g = torch.Generator(device="cpu").manual_seed(seed)
     rows = W + 37
@@ -106,8 +106,8 @@ def check_slot_case(Hkv, R, D, W, lens, rows, *, dtype=torch.bfloat16, device="c
     at the length itself); the result is finite and equal, and afterwards the caches differ
     from the twin's only at each slot's length, by rounding, still hold NaN past it, and the
     slots past `rows` are untouched."""
-    from tinyllm.core.kv_cache import SlotKVCache
-    from tinyllm.core.model import Rope, apply_rope
+    from tinyllm.kv_cache import SlotKVCache
+    from tinyllm.model import Rope, apply_rope
 
     S, B = len(lens), rows
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -338,8 +338,8 @@ def test_compiled_graph_reads_the_cache_in_place():
 def test_model_decode_with_the_kernel_matches_window_attention(monkeypatch):
     """The model's compiled static decode step on CUDA (bf16) goes through the kernel, the plain
     step through window_attention, and their logits agree to bf16 rounding."""
-    from tinyllm.core.model import ModelConfig, Transformer
-    from tinyllm.decode.cuda_graph import GraphDecoder
+    from tinyllm.cuda_graph import GraphDecoder
+    from tinyllm.model import ModelConfig, Transformer
 
     torch.manual_seed(0)
     cfg = ModelConfig.from_name("tiny", vocab_size=1024, dim=192, n_layers=3, n_heads=6,
@@ -380,7 +380,7 @@ def test_slot_rope_attention_against_its_twin(tile, monkeypatch):
 
 
 def tiny_slot_model(device="cuda", dtype=torch.bfloat16):
-    from tinyllm.core.model import ModelConfig, Transformer
+    from tinyllm.model import ModelConfig, Transformer
 
     torch.manual_seed(0)
     cfg = ModelConfig.from_name("tiny", vocab_size=1024, dim=192, n_layers=3, n_heads=6,
@@ -396,9 +396,9 @@ def check_compiled_slot_step(steps, device="cuda", dtype=torch.bfloat16):
     slots, the live ones among the first 8: each step runs the row bucket of 8."""
     from torch._inductor.utils import run_and_get_code
 
-    from tinyllm.core.kv_cache import SlotKVCache
+    from tinyllm.cuda_graph import SlotGraphDecoder
     from tinyllm.decode.sampling import SamplingParams
-    from tinyllm.decode.slot_decoder import SlotGraphDecoder
+    from tinyllm.kv_cache import SlotKVCache
 
     model = tiny_slot_model(device, dtype)
     g = torch.Generator().manual_seed(1)
@@ -436,9 +436,9 @@ def check_fused_slot_step_in_place(device="cuda", dtype=torch.bfloat16):
 
     from torch._inductor.utils import run_and_get_code
 
-    from tinyllm.core.kv_cache import SlotKVCache
+    from tinyllm.cuda_graph import SlotGraphDecoder
     from tinyllm.decode.sampling import SamplingParams
-    from tinyllm.decode.slot_decoder import SlotGraphDecoder
+    from tinyllm.kv_cache import SlotKVCache
 
     model = tiny_slot_model(device, dtype)
     slots = SlotKVCache(model.cfg.n_layers, 16, 76, device)
@@ -514,8 +514,8 @@ def test_slot_decode_hands_the_fused_op_each_slots_length(monkeypatch):
     positions (each slot writes at its own), zeros held once by the cache as first_valid, the
     whole tables and the layer's whole caches, and the window; None where the op can't take
     the inputs (a CPU's, here) or before the layer's K/V exist."""
-    from tinyllm.core.kv_cache import SlotKVCache
-    from tinyllm.core.model import Rope
+    from tinyllm.kv_cache import SlotKVCache
+    from tinyllm.model import Rope
 
     S, Hkv, R, D, W = 8, 2, 3, 16, 32
     cache = SlotKVCache(n_layers=2, n_slots=S, max_len=64)

@@ -335,7 +335,7 @@ def test_the_compiled_slot_write_is_in_place():
     `copy_`-named kernel writing the cache input)."""
     from torch._inductor.utils import run_and_get_code
 
-    from tinyllm.core.kv_cache import SlotKVCache
+    from tinyllm.kv_cache import SlotKVCache
 
     S, H, D, W = 8, 2, 16, 32
     cache = SlotKVCache(n_layers=1, n_slots=S, max_len=64)

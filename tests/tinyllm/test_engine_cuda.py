@@ -8,12 +8,12 @@ Skipped where there is no CUDA device: a skip here is not a pass."""
 import pytest
 import torch
 
-from tinyllm.core.kv_cache import SlotKVCache
-from tinyllm.core.model import ModelConfig, Transformer
+from tinyllm.cuda_graph import SlotGraphDecoder
 from tinyllm.decode.engine import Engine
 from tinyllm.decode.generate import generate
 from tinyllm.decode.sampling import SamplingParams
-from tinyllm.decode.slot_decoder import SlotGraphDecoder
+from tinyllm.kv_cache import SlotKVCache
+from tinyllm.model import ModelConfig, Transformer
 
 pytestmark = pytest.mark.cuda
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from tests.tinyllm.formats_common import SMOL_TEMPLATE, TEXTS, need, train_bpe
-from tinyllm.core.model import ModelConfig, Transformer
 from tinyllm.formats.convert import main as convert_main
 from tinyllm.formats.gguf import dequantize, read_gguf, unpermute_qk
 from tinyllm.formats.open_model import inspect_any, open_any
+from tinyllm.model import ModelConfig, Transformer
 from tinyllm.text.tokenizer import StreamDecoder, Tokenizer
 from tinyllm.tools.testing import make_tiny_tokenizer
 

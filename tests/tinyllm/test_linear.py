@@ -9,7 +9,6 @@ import torch
 from tests.conftest import tiny_model
 from tinyllm.core import quant
 from tinyllm.core.linear import DenseEmbedding, DenseLinear, HalfCpuLinear, dense_linear
-from tinyllm.core.model import RMSNorm
 from tinyllm.core.quant import QTensor, quantize
 from tinyllm.core.quant_linear import (
     CpuQgemvLinear,
@@ -24,6 +23,7 @@ from tinyllm.core.quant_linear import (
 )
 from tinyllm.formats.build import build_transformer, quantize_model
 from tinyllm.kernels import cpu_qgemv, qgemv
+from tinyllm.model import RMSNorm
 
 N, K = 96, 128  # N a multiple of 16 (aten's int4 kernel), K of 32 (the groups)
 CPU, CUDA, META = torch.device("cpu"), torch.device("cuda"), torch.device("meta")

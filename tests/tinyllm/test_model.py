@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from tinyllm.core.kv_cache import KVCache
-from tinyllm.core.model import ModelConfig, Transformer
 from tinyllm.core.ops import CpuOps, CudaOps, Ops, ops_for
-from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.decode.generate import generate
+from tinyllm.kv_cache import KVCache
+from tinyllm.model import ModelConfig, Transformer
 
 TOL = 1e-4
 

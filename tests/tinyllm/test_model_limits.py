@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from tinyllm.core.model import ModelConfig, Rope, Transformer
+from tinyllm.model import ModelConfig, Rope, Transformer
 
 
 @pytest.mark.parametrize("field,value", [("n_layers", 1_000_000), ("dim", 10**9), ("max_seq_len", 2 * 10**7),

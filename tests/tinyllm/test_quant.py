@@ -9,7 +9,7 @@ from tests.conftest import tiny_model
 from tinyllm.core.linear import DenseLinear
 from tinyllm.core.quant import fbgemm_available, pack_int4, quantize, unpack_int4
 from tinyllm.core.quant_linear import CpuQgemvLinear, DequantLinear, QuantEmbedding, QuantLinear, quant_linear
-from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.formats.build import quantize_model
 from tinyllm.formats.checkpoint import load_checkpoint, save_checkpoint
 from tinyllm.kernels import cpu_qgemv

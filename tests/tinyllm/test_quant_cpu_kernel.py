@@ -11,7 +11,7 @@ import torch
 from tests.conftest import tiny_model
 from tinyllm.core.quant import QTensor, quantize
 from tinyllm.core.quant_linear import CpuQgemvLinear, quant_linear
-from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.decode.generate import generate
 from tinyllm.formats.build import build_transformer, quantize_model
 from tinyllm.formats.checkpoint import load_checkpoint

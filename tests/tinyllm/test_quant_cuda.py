@@ -6,11 +6,11 @@ Skipped where there is no CUDA device: a skip here is not a pass."""
 import pytest
 import torch
 
-from tinyllm.core.model import ModelConfig, Transformer
 from tinyllm.core.quant import quantize
 from tinyllm.core.quant_linear import TritonLinear, quant_linear
-from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.formats.build import quantize_model
+from tinyllm.model import ModelConfig, Transformer
 
 pytestmark = pytest.mark.cuda
 

@@ -5,9 +5,9 @@ tracing the step, never to an error; a damaged file is compiled anew."""
 import pytest
 import torch
 
+from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.decode import saved_step
 from tinyllm.decode.compile_step import compile_step
-from tinyllm.decode.cuda_graph import GraphDecoder
 from tinyllm.decode.saved_step import SavedStep
 
 MAX_LEN = 128

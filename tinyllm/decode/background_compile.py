@@ -52,11 +52,11 @@ from contextlib import contextmanager
 
 import torch
 
-from tinyllm.core.model import Transformer
+from tinyllm.cuda_graph import prepare_compile
 from tinyllm.decode import saved_step
 from tinyllm.decode.compile_child import Spec, saved_path, warm_up
 from tinyllm.decode.compile_step import compile_step, lower_priority
-from tinyllm.decode.cuda_graph import prepare_compile
+from tinyllm.model import Transformer
 
 COMPILE_SWITCH_S = 0.0005  # the switch interval while a compile runs (the default is 5 ms)
 PAUSED_SWITCH_S = 0.00001  # and while a reply prefills beside it (paused())

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from tinyllm.core.model import Transformer
+from tinyllm.cuda_graph import GraphDecoder, prepare_compile
 from tinyllm.decode import saved_step
-from tinyllm.decode.cuda_graph import GraphDecoder, prepare_compile
+from tinyllm.model import Transformer
 
 
 def compile_step(model: Transformer, batch: int, max_len: int, backend: str, n_valid: int | None,

@@ -4,7 +4,7 @@ inside one graphed step, in chains of steps read back without waiting.
 Contract:
 - `Engine(model, n_slots, max_len=None, use_graph=None, buckets=None, compile=None, chain=None,
   overlap=None, min_admit=1, row_buckets=None, token_events=True)` owns a `SlotKVCache` of n_slots rows and a
-  `SlotGraphDecoder` over it (tinyllm.decode.slot_decoder; `compile="inductor"` compiles its
+  `SlotGraphDecoder` over it (tinyllm.cuda_graph; `compile="inductor"` compiles its
   step). With graphs (the default on CUDA) the greedy chains' graphs for every (key bucket,
   row bucket) are captured in the constructor (`capture_s`), the sampling ones when first
   needed; `use_graph=False` runs the identical steps eagerly (the only mode on a CPU).
@@ -58,12 +58,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from tinyllm.core.kv_cache import SlotKVCache, device_ids
-from tinyllm.core.model import Transformer
-from tinyllm.decode.cuda_graph import MAX_RUN, Chunk
+from tinyllm.cuda_graph import MAX_RUN, Chunk, SlotGraphDecoder
+from tinyllm.decode.row_limits import FULL, LENGTH, MAX_STOPS, STOP
 from tinyllm.decode.row_sampler import TOP_K_MAX
 from tinyllm.decode.sampling import SamplingParams
-from tinyllm.decode.slot_decoder import FULL, LENGTH, MAX_STOPS, STOP, SlotGraphDecoder
+from tinyllm.kv_cache import SlotKVCache, device_ids
+from tinyllm.model import Transformer
 
 GREEDY = SamplingParams()  # the default: argmax, 256 tokens at most
 PREFILL_TOKENS = 16384  # padded tokens in one admission prefill (bounds its activations)

@@ -15,9 +15,9 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from tinyllm.core.kv_cache import KVCache
-from tinyllm.core.model import Transformer
 from tinyllm.decode.sampling import SamplingParams, make_generator, sample
+from tinyllm.kv_cache import KVCache
+from tinyllm.model import Transformer
 
 
 @torch.no_grad()

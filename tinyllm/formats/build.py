@@ -24,12 +24,12 @@ import torch
 from torch import nn
 
 from tinyllm.core.linear import dense_embedding, dense_linear
-from tinyllm.core.model import ModelConfig, Transformer
 from tinyllm.core.quant import QTensor
 from tinyllm.core.quant_linear import QuantEmbedding, quant_linear
 from tinyllm.formats.load_policy import check_quant, holding, matrix_dtype, stored_forms
 from tinyllm.formats.matrix_forms import hold_matrices
 from tinyllm.formats.tensor_checks import check_finite
+from tinyllm.model import ModelConfig, Transformer
 
 
 def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor], device: torch.device,

@@ -34,13 +34,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from tinyllm.core.model import ModelConfig, Transformer
 from tinyllm.core.quant import QTensor, held_exactly
 from tinyllm.formats.load_policy import check_quant
 from tinyllm.formats.model_files import INDEX, WEIGHTS, read_safetensors_header, weight_files
 from tinyllm.formats.model_format import ModelSpec, Progress, Tensors, load_model, with_progress
 from tinyllm.formats.quant_rule import DEFAULT
 from tinyllm.formats.tensor_checks import check_vocab, expected_shapes, match_tensors
+from tinyllm.model import ModelConfig, Transformer
 from tinyllm.text.chat_template import ChatTemplate, get_template
 from tinyllm.text.jinja_template import template_from_dict
 from tinyllm.text.tokenizer import Tokenizer

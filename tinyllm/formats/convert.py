@@ -1,4 +1,4 @@
-"""python -m tinyllm.formats.convert SRC DST: write a tinyllm checkpoint folder from a Hugging Face
+"""tinyllm convert SRC DST: write a tinyllm checkpoint folder from a Hugging Face
 folder or a GGUF file (or re-save a tinyllm folder).
 
 Contract: DST gets config.json (ModelConfig, name, chat template: a built-in's name, or for
@@ -90,7 +90,7 @@ def _save_dtype(src: Path, dtype: str) -> torch.dtype:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tinyllm.formats.convert",
+    p = argparse.ArgumentParser(prog="tinyllm convert",
                                 description="Write a tinyllm checkpoint folder from a Hugging Face folder "
                                             "(llama/mistral) or a llama GGUF file.")
     p.add_argument("src", type=Path, help="Hugging Face folder, .gguf file, or tinyllm folder")

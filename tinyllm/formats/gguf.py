@@ -44,13 +44,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tinyllm.core.model import ModelConfig
 from tinyllm.core.quant import QTensor
 from tinyllm.formats.gguf_quants import GGML_TYPES, dequantize, held_form, supported_types, to_qtensor
 from tinyllm.formats.load_policy import check_quant
 from tinyllm.formats.model_format import LoadedModel, ModelSpec, Progress, Tensors, load_model, with_progress
 from tinyllm.formats.quant_rule import DEFAULT
 from tinyllm.formats.tensor_checks import check_tensors, check_vocab, expected_shapes
+from tinyllm.model import ModelConfig
 from tinyllm.text.jinja_template import pick_template
 from tinyllm.text.sp_proto import sentencepiece_proto
 from tinyllm.text.tokenizer import Tokenizer

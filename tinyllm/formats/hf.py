@@ -39,12 +39,12 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from tinyllm.core.model import ModelConfig
 from tinyllm.formats.load_policy import check_quant
 from tinyllm.formats.model_files import read_safetensors_header, weight_files
 from tinyllm.formats.model_format import LoadedModel, ModelSpec, Progress, Tensors, load_model, with_progress
 from tinyllm.formats.quant_rule import DEFAULT
 from tinyllm.formats.tensor_checks import check_tensors, check_vocab, expected_shapes
+from tinyllm.model import ModelConfig
 from tinyllm.text.jinja_template import pick_template
 from tinyllm.text.sp_proto import sentencepiece_piece
 from tinyllm.text.tokenizer import Tokenizer

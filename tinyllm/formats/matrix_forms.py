@@ -3,7 +3,7 @@
 Contract: `hold_matrices(cfg, state, quant, int4_as, group, forms, half)` pops every matrix
 (tok_emb, lm_head unless tied, each block's seven projections) out of `state`, tinyllm's
 names, and returns them in their forms with each block's wq/wk/wv fused into `attn.wqkv`
-and w1/w3 into `ffn.w13` (row-concatenated, tinyllm.core.model's layout); what is left in
+and w1/w3 into `ffn.w13` (row-concatenated, tinyllm.model's layout); what is left in
 `state` is the norms. `quant` is resolved (tinyllm.formats.load_policy: never "auto"):
 - "none": every matrix dense (a QTensor dequantized);
 - "keep": as `state` holds it, a kept int4 matrix as `int4_as` says ("int8": requantized);
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from tinyllm.core.model import ModelConfig
 from tinyllm.core.quant import QTensor, cat, fits, quantize
+from tinyllm.model import ModelConfig
 
 FUSED = {"attn.wqkv": ("attn.wq", "attn.wk", "attn.wv"), "ffn.w13": ("ffn.w1", "ffn.w3")}
 LINEARS = ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "ffn.w1", "ffn.w3", "ffn.w2")

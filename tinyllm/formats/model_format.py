@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 import torch
 
-from tinyllm.core.model import ModelConfig, Transformer
 from tinyllm.core.quant import QTensor
 from tinyllm.formats.build import build_transformer
 from tinyllm.formats.load_policy import check_quant, holding
 from tinyllm.formats.quant_rule import DEFAULT
+from tinyllm.model import ModelConfig, Transformer
 from tinyllm.text.chat_template import ChatTemplate
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from tinyllm.core.model import ModelConfig, Transformer
 from tinyllm.core.quant import GROUPS, QTensor
+from tinyllm.model import ModelConfig, Transformer
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -1,4 +1,4 @@
-// The whole batch-1 decode step of a tinyllm.core.model.Transformer on the CPU, as one C++ call
+// The whole batch-1 decode step of a tinyllm.model.Transformer on the CPU, as one C++ call
 // (tinyllm/decode/cpu_step.py builds it with cpu_qgemv.cpp and holds it for a decoder).
 //
 // Contract: torch.classes.tinyllm_cpu.Step(tensors, config, eps) holds the model's tensors (no

@@ -51,12 +51,12 @@ from pathlib import Path
 
 import torch
 
-from tinyllm.core.model import Transformer
-from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.decode.sampling import SamplingParams
 from tinyllm.formats.load_policy import resolve_device
 from tinyllm.formats.model_format import Progress
 from tinyllm.formats.quant_rule import DEFAULT
+from tinyllm.model import Transformer
 from tinyllm.session.chat_events import Finished, Message, Prefilled, StepStats, Token
 from tinyllm.session.conversation import Conversation, or_restore, stop_ids
 from tinyllm.session.decode_runner import CHUNK, DecodeRunner

@@ -38,10 +38,10 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from tinyllm.core.model import Transformer
-from tinyllm.decode.cuda_graph import MAX_RUN, Chunk, GraphDecoder
+from tinyllm.cuda_graph import MAX_RUN, Chunk, GraphDecoder
 from tinyllm.decode.sampling import SamplingParams
 from tinyllm.decode.step_sampler import REPEAT_WINDOW
+from tinyllm.model import Transformer
 from tinyllm.session.chat_events import Finished, Prefilled, StepStats, Token
 from tinyllm.session.step_policy import StepPolicy
 from tinyllm.text.tokenizer import StreamDecoder, Tokenizer

@@ -37,11 +37,11 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
-from tinyllm.core.model import Transformer
+from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.decode import cpu_step
 from tinyllm.decode.background_compile import BackgroundCompile
 from tinyllm.decode.compile_child import Spec
-from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.model import Transformer
 
 
 class StepPolicy:

@@ -56,14 +56,14 @@ from collections.abc import Callable
 
 import torch
 
-from tinyllm.core.model import PRESETS, ModelConfig, Transformer
 from tinyllm.core.quant_linear import logical_params, quantized_bytes
+from tinyllm.cuda_graph import GraphDecoder, StaticKVCache
 from tinyllm.decode import cpu_step
-from tinyllm.decode.cuda_graph import GraphDecoder, StaticKVCache
 from tinyllm.decode.generate import generate
 from tinyllm.decode.sampling import SamplingParams
 from tinyllm.formats.load_policy import resolve_device
 from tinyllm.formats.quant_rule import DEFAULT, QUANTS, quant_help
+from tinyllm.model import PRESETS, ModelConfig, Transformer
 from tinyllm.tools.bench_engine import WORKLOADS, bench_engine, bench_guard
 
 DECODE_START = 32  # prompt tokens before a decode run

@@ -38,9 +38,9 @@ import warnings
 
 import torch
 
-from tinyllm.core.model import ModelConfig, Transformer
 from tinyllm.decode.engine import Engine
 from tinyllm.decode.sampling import SamplingParams
+from tinyllm.model import ModelConfig, Transformer
 
 ENGINE_PROMPT = 64  # prompt tokens of each uniform request
 TEACHER_ANSWER = SamplingParams(temperature=0.5, top_k=50, top_p=0.9, repeat_penalty=1.1, max_tokens=384)

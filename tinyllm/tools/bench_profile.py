@@ -15,7 +15,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from tinyllm.decode.cuda_graph import GraphDecoder
+from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.kernels.switches import SWITCHES
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from tinyllm.core.model import ModelConfig, Transformer
+from tinyllm.model import ModelConfig, Transformer
 from tinyllm.text.tokenizer import Tokenizer, train_sentencepiece
 
 CHAT_TEXT = """Hello! How are you today? I am fine, thank you.

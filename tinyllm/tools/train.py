@@ -1,4 +1,4 @@
-"""Train a chat tokenizer and a small chat model: `python -m tinyllm.tools.train tokenizer|model ...`.
+"""Train a chat tokenizer and a small chat model: `tinyllm train tokenizer|model ...`.
 
   tokenizer  trains a byte-fallback BPE sentencepiece model on a sample of the training split
              (ChatML-rendered, "<|im_start|>"/"<|im_end|>" as special pieces) -> OUT/tokenizer.model
@@ -40,9 +40,9 @@ from pathlib import Path
 
 import torch
 
-from tinyllm.core.model import ModelConfig, Transformer
 from tinyllm.formats.checkpoint import save_checkpoint
 from tinyllm.formats.load_policy import resolve_device
+from tinyllm.model import ModelConfig, Transformer
 from tinyllm.text.chat_template import get_template
 from tinyllm.text.tokenizer import Tokenizer
 from tinyllm.tools import data
@@ -121,7 +121,7 @@ def resolve_tokenizer(path: str) -> Path:
     p = Path(path)
     p = p / "tokenizer.model" if p.is_dir() else p
     if not p.is_file():
-        raise FileNotFoundError(f"no tokenizer at {path}; run `python -m tinyllm.tools.train tokenizer` first")
+        raise FileNotFoundError(f"no tokenizer at {path}; run `tinyllm train tokenizer` first")
     return p
 
 
@@ -417,7 +417,7 @@ def _field_comments() -> dict[str, str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tinyllm.tools.train", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="tinyllm train", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("tokenizer", help="train the sentencepiece tokenizer")
     t.add_argument("--data", default="data/tinychat-distill")

@@ -1,6 +1,6 @@
-"""Move a teacher model onto a new sentencepiece vocabulary: `python -m tinyllm.tools.vocab_transfer`.
+"""Move a teacher model onto a new sentencepiece vocabulary: `tinyllm vocab-transfer`.
 
-    python -m tinyllm.tools.vocab_transfer --teacher data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+    tinyllm vocab-transfer --teacher data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
         --tokenizer runs/tok16384 --out runs/transfer
 
 Contract:
@@ -18,7 +18,7 @@ Contract:
     else (a byte piece for a byte the teacher has no token for) the mean of all its rows ("none").
 - `transfer(teacher, tokenizer, out)` opens the teacher GGUF dequantized (fp32), keeps every
   other weight as it is, ties the head to the new table and writes a tinyllm checkpoint folder
-  (fp32, ChatML) that `python -m tinyllm.tools.train model --init OUT` fine-tunes.
+  (fp32, ChatML) that `tinyllm train model --init OUT` fine-tunes.
 Refuses (ValueError, one line, exit 2): a teacher without a byte-level BPE vocabulary, a
 special piece the teacher lacks.
 """
@@ -122,7 +122,7 @@ def transfer(teacher: str | Path, tokenizer: str | Path, out: str | Path, name: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tinyllm.tools.vocab_transfer", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="tinyllm vocab-transfer", description=__doc__.split("\n")[0])
     ap.add_argument("--teacher", required=True, help="the teacher GGUF (byte-level BPE vocabulary)")
     ap.add_argument("--tokenizer", required=True, help="the new tokenizer.model, or a folder holding one")
     ap.add_argument("--out", required=True, help="the tinyllm checkpoint folder to write")

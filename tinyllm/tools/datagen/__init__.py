@@ -1,4 +1,4 @@
-"""Teacher-written training conversations (issue 14; docs/DATA.md): `python -m tinyllm.tools.datagen`.
+"""Teacher-written training conversations (issue 14; docs/DATA.md): `tinyllm datagen`.
 
   tasks.json    the topic and task lists, system prompts, follow-ups, shares (data, not code)
   plan.py       a round's seeded picks from them; cleaning what the teacher writes

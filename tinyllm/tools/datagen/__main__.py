@@ -1,8 +1,8 @@
-"""`python -m tinyllm.tools.datagen`: teacher-written chat conversations for training (issue 14).
+"""`tinyllm datagen`: teacher-written chat conversations for training (issue 14).
 
-    python -m tinyllm.tools.datagen --teacher data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \\
+    tinyllm datagen --teacher data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --device cuda --compile --tokens 60000000 --out data/teacher
-    python -m tinyllm.tools.datagen --pack-only --out data/teacher      # rounds -> shards again
+    tinyllm datagen --pack-only --out data/teacher      # rounds -> shards again
 
 Contract:
 - Runs rounds (`rounds.round_steps`, `--round-size` first turns each; `--in-flight` of them
@@ -171,7 +171,7 @@ def generate(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tinyllm.tools.datagen", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="tinyllm datagen", description=__doc__.split("\n")[0])
     ap.add_argument("--teacher", default="data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", help="model that writes")
     ap.add_argument("--out", default="data/teacher", help="output folder (shards, rounds/, state.json)")
     ap.add_argument("--device", default="cuda")

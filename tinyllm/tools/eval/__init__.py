@@ -1,4 +1,4 @@
-"""Our judge of answers (issue 14; docs/DATA.md): `python -m tinyllm.tools.eval --model PATH`.
+"""Our judge of answers (issue 14; docs/DATA.md): `tinyllm eval --model PATH`.
 
   prompts.jsonl / prompts.py   124 prompts written for this project, 112 with a checker
   __main__.py                  answers with the app's defaults, scores, the report

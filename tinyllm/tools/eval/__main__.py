@@ -1,7 +1,7 @@
-"""`python -m tinyllm.tools.eval --model PATH`: judge a model's answers with the app's defaults.
+"""`tinyllm eval --model PATH`: judge a model's answers with the app's defaults.
 
-    python -m tinyllm.tools.eval --model models/tinychat --device cpu
-    python -m tinyllm.tools.eval --model data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --stride 6 --heldout-rows 4
+    tinyllm eval --model models/tinychat --device cpu
+    tinyllm eval --model data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --stride 6 --heldout-rows 4
 
 Contract:
 - Every prompt of `tinyllm.tools.eval.prompts` (or every --stride-th, the first --limit) is answered by a
@@ -100,7 +100,7 @@ def table(name: str, s: dict, held: dict | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tinyllm.tools.eval", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="tinyllm eval", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="models/tinychat", help="tinyllm folder, Hugging Face folder or .gguf")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: the app's)")

@@ -20,7 +20,7 @@ the cache protocol for one decode step over W keys (a view; the cache itself sta
 prefill mode), `cache.keys_needed(steps)` the window a run of `steps` steps needs,
 `cache.step_state()` the device tensors a step advances (a capture's warm-up puts them
 back), `cache.advance_host(steps)` the host-side bookkeeping. `GraphDecoder` runs it over a
-`StaticKVCache` (one request, B rows); tinyllm.decode.slot_decoder's `SlotGraphDecoder` over a
+`StaticKVCache` (one request, B rows); `SlotGraphDecoder` (below) over a
 `SlotKVCache` (the continuous engine), with a sampler and stop rules per row. `use_graph=None`
 means graphs where the model is on CUDA. `Readback` copies a run's ids to the host behind it.
 
@@ -51,6 +51,7 @@ tinyllm.decode.cpu_step.use_native), and `compile` then reads its name.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,12 +59,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tinyllm.core.kv_cache import KVCache, ViewLayer
-from tinyllm.core.model import Transformer
+from tinyllm.decode.row_limits import RowLimits
+from tinyllm.decode.row_sampler import RowSampler
 from tinyllm.decode.sampling_params import SamplingParams
 from tinyllm.decode.saved_step import SavedStep
 from tinyllm.decode.step_sampler import StepSampler
 from tinyllm.kernels import cpu_qgemv, decode_attention, pdl
+from tinyllm.kv_cache import KVCache, LayerKV, SlotKVCache, ViewLayer
+from tinyllm.model import Transformer
 
 MAX_RUN = 16  # the most steps one run chains (the width of `out`)
 
@@ -75,6 +78,11 @@ def default_buckets(max_len: int, first: int = 128) -> tuple[int, ...]:
         out.append(b)
         b *= 2
     return (*out, max_len)
+
+
+def default_row_buckets(n_slots: int, first: int = 8) -> tuple[int, ...]:
+    """The slot decoder's row buckets: first, 2*first, ... below n_slots, then n_slots itself."""
+    return default_buckets(n_slots, first)
 
 
 def pick_bucket(buckets: tuple[int, ...], n_keys: int) -> int:
@@ -113,6 +121,9 @@ class StaticKVCache(KVCache):
         super().end_step(T)
         self.pos.fill_(self.n)
 
+    def layer(self, i: int) -> StaticLayerKV:
+        return StaticLayerKV(self, i)
+
     # -- what the decoder asks of a cache ---------------------------------------------------
 
     def decode(self, window: int) -> _StaticDecode:
@@ -129,6 +140,13 @@ class StaticKVCache(KVCache):
 
     def advance_host(self, steps: int) -> None:
         self.n += steps
+
+
+class StaticLayerKV(LayerKV):
+    """Layer i of a StaticKVCache as a prefill writes it (the seed's protocol): `attn_kwargs`
+    (the cache's, set by begin_step) and `update(k, v)`, which writes the T new positions at n
+    and returns every key so far, (B, Hkv, n + T, D). A decode step's layers are its view's
+    (`decode(W).layer(i)`), which write at the device position instead."""
 
 
 class _StaticDecode:
@@ -497,3 +515,112 @@ class GraphDecoder(_Decoder):
         it, and the caller reads them from the Chunk (after launching the next one, say)."""
         self.run(steps, capture)
         return self._readback.take(steps)
+
+
+class SlotGraphDecoder(_Decoder):
+    """The continuous engine's decode step over a SlotKVCache; see the module docstring."""
+
+    def __init__(self, model: Transformer, slots: SlotKVCache, buckets: tuple[int, ...] | None = None,
+                 use_graph: bool | None = True, compile: str | None = None,
+                 row_buckets: tuple[int, ...] | None = None):
+        self.slots = slots
+        super().__init__(model, slots, slots.n_slots, buckets or default_buckets(slots.max_len), slots.max_len,
+                         use_graph, compile)
+        S, device = slots.n_slots, model.device
+        self.sampler = RowSampler(S, model.cfg.vocab_size, device)
+        self.limits = RowLimits(S, slots.max_len, device)
+        self.row_buckets = tuple(sorted(row_buckets or default_row_buckets(S)))
+        if self.row_buckets[-1] < S:
+            raise ValueError(f"largest row bucket {self.row_buckets[-1]} < n_slots {S}")
+        self.out = torch.zeros(S, MAX_RUN + 2, dtype=torch.long, device=device)  # a run's report
+        self._readback = Readback(self.out)
+        self.rows = S  # the row bucket of the last run
+
+    @property
+    def captured_windows(self) -> list[int]:
+        return sorted({w for (w, _), *_ in self.graphs})
+
+    def start_rows(self, idx: Tensor, logits: Tensor, params: list[SamplingParams], seeds: list[int],
+                   tails: list[list[int]], stops: list[list[int]]) -> None:
+        """Rows idx (k,), just prefilled (their last logits (k, V)): load their settings and end
+        rules, draw and check their first tokens, and make them the next step's input."""
+        self.sampler.load(idx, params, seeds, tails)
+        self.limits.load(idx, stops, [[p.max_tokens] for p in params])
+        variant = self.sampler.greedy, self.sampler.whole
+        self.sampler.pick_variant(params)
+        first = self.sampler.draw_at(idx, logits)  # (k,)
+        self.sampler.greedy, self.sampler.whole = variant
+        self.limits.check_at(idx, first, self.slots)
+        self.tok.index_copy_(0, idx, first[:, None])
+
+    # -- the step -------------------------------------------------------------------------
+
+    def plain_step(self, window: int, rows: int) -> tuple[Tensor, Tensor]:
+        """One decode step of the first `rows` slots over `window` keys, in Python (what a
+        compile traces): feeds `tok`, leaves the draws there. Returns logits (rows, 1, V) and
+        what each row drew (rows,), -1 where it was not live."""
+        tok = self.tok[:rows]  # (B, 1)
+        logits, _ = self.model(tok, cache=self.slots.decode(window, rows))  # (B, 1, V)
+        self.sampler.push(tok, rows)
+        nxt = self.sampler.draw(logits[:, -1], rows)  # (B,)
+        drawn = self.limits.check(nxt, self.slots, rows)
+        tok.copy_(nxt[:, None])
+        return logits, drawn
+
+    def _steps(self, shape: tuple[int, int], steps: int) -> Tensor:
+        window, rows = shape
+        self.out[:rows, 0].copy_(self.tok[:rows, 0])
+        for i in range(steps):
+            logits, drawn = self._step_fn(window, rows)
+            self.out[:rows, i + 1].copy_(drawn)
+        self.out[:rows, -1].copy_(self.limits.code[:rows])
+        return logits
+
+    def _state(self) -> list[Tensor]:
+        return [*self.slots.step_state(), self.slots._active_dev, self.tok, *self.sampler.state(),
+                *self.limits.state()]
+
+    def shape(self, steps: int) -> tuple[int, int]:
+        """(W, B) of the next run of `steps` steps."""
+        highest = max((s for s in range(self.slots.n_slots) if self.slots.active[s]), default=0)
+        return self.bucket(self.slots.keys_needed(steps)), pick_bucket(self.row_buckets, highest + 1)
+
+    @torch.no_grad()
+    def capture(self, windows: tuple[int, ...] | None = None, steps: int = 1) -> float:
+        """Capture the graphs of `steps`-step runs for every (window, row bucket) ahead of time
+        (default: every key bucket), for the sampler's current variant. Returns seconds."""
+        if not self.use_graph:
+            raise ValueError("capture needs use_graph=True")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for shape in itertools.product(windows or self.buckets, self.row_buckets):
+            key = (shape, steps, self.sampler.greedy, self.sampler.whole)
+            if key not in self.graphs:
+                self.graphs[key] = self._record(shape, steps)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    @torch.no_grad()
+    def run(self, steps: int = 1, capture: bool = True) -> Tensor:
+        """`steps` decode steps of the live rows, reported in `out`; one replay with graphs.
+        Returns the last step's logits (B, 1, V) (with graphs a static buffer)."""
+        if not 1 <= steps <= MAX_RUN:
+            raise ValueError(f"steps must be in [1, {MAX_RUN}], got {steps}")
+        shape = self.shape(steps)
+        key = (shape, steps, self.sampler.greedy, self.sampler.whole)
+        if self.use_graph and (capture or key in self.graphs):
+            if key not in self.graphs:
+                self.graphs[key] = self._record(shape, steps)
+            graph, logits = self.graphs[key]
+            graph.replay()
+        else:
+            logits = self._steps(shape, steps)
+        self.slots.advance_host(steps)
+        self.window, self.rows = shape
+        return logits
+
+    @torch.no_grad()
+    def launch(self, steps: int, capture: bool = True) -> Chunk:
+        """run(steps, capture), its report copied to the host behind it: read it from the Chunk."""
+        self.run(steps, capture)
+        return self._readback.take(self.out.shape[1])

@@ -103,8 +103,8 @@ class KVCache:
     def end_step(self, T: int) -> None:
         self.n += T
 
-    def layer(self, i: int) -> _LayerKV:
-        return _LayerKV(self, i)
+    def layer(self, i: int) -> LayerKV:
+        return LayerKV(self, i)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
@@ -125,7 +125,7 @@ class _PrefillLayer:
         return None
 
 
-class _LayerKV(_PrefillLayer):
+class LayerKV(_PrefillLayer):
     """One layer's view of a KVCache or StaticKVCache in prefill mode."""
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
