@@ -169,6 +169,10 @@ class _StaticDecode:
     def layer(self, i: int) -> ViewLayer:
         return ViewLayer(self, i)
 
+    @property
+    def query_pos(self) -> Tensor:
+        return self.cache.pos[None]  # (1, 1): the device position, as the graph reads it
+
     def update(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         c = self.cache
         c.k[i].index_copy_(2, c.pos, k)  # (B, Hkv, max_len + 1, D) at pos
@@ -241,7 +245,8 @@ class _Decoder:
     def __init__(self, model: Transformer, cache, batch: int, buckets: tuple[int, ...], max_len: int,
                  use_graph: bool | None, compile: str | None, n_valid: int | None = None):
         self.model, self.cache, self.compile = model, cache, compile
-        model.rope.ensure(model.rope.max_seq_len)  # the tables `rope.cos` reads: never built in a capture/compile
+        for rope in model.ropes:  # the tables `rope.cos` reads: never built in a capture/compile
+            rope.ensure(rope.max_seq_len)
         self.buckets = tuple(sorted(buckets))
         if self.buckets[-1] < max_len:
             raise ValueError(f"largest bucket {self.buckets[-1]} < max_len {max_len}")

@@ -4,6 +4,7 @@ A cache owns K/V storage and the positions of the tokens in it. The model calls:
   cos, sin = cache.begin_step(T, rope)   # RoPE rows for the T new tokens; sets attn kwargs
   k, v = cache.layer(i).update(k, v)     # store the new K/V, return every key this step sees
   cache.layer(i).attn_kwargs             # passed to SDPA (is_causal or attn_mask)
+  cache.layer(i).query_pos               # (B | 1, T) the queries' positions (sliding-window layers' masks)
   cache.layer(i).rope_attend(qkv, cos, sin, scale)  # RoPE, write and attention as one op, or None
   cache.end_step(T)                      # advance the position
 
@@ -94,6 +95,7 @@ class KVCache:
         if self.n + T > self.max_len:
             raise ValueError(f"KV cache full: {self.n} + {T} tokens > max_len {self.max_len}")
         cos, sin = rope(T, self.n)
+        self._queries = (self.n, T)
         if self.padded:
             self.attn_kwargs = {"attn_mask": padded_causal_mask(self.n, T, self.first_valid)}
         else:
@@ -105,6 +107,12 @@ class KVCache:
 
     def layer(self, i: int) -> LayerKV:
         return LayerKV(self, i)
+
+    @property
+    def query_pos(self) -> Tensor:
+        """(1, T): the positions of this step's queries (layers with a window build their mask from them)."""
+        start, T = self._queries
+        return torch.arange(start, start + T, device=self.device)[None]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
@@ -120,6 +128,10 @@ class _PrefillLayer:
     @property
     def attn_kwargs(self) -> dict:
         return self.cache.attn_kwargs
+
+    @property
+    def query_pos(self) -> Tensor:
+        return self.cache.query_pos
 
     def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> None:
         return None
@@ -242,6 +254,7 @@ class SlotKVCache:
             raise ValueError(f"KV cache full: prompt of {T} tokens > max_len {self.max_len}")
         cos, sin = rope(T, 0)
         self.attn_kwargs = causal_kwargs(0, T, cos.device)
+        self.query_pos = torch.arange(T, device=self.device)[None]  # (1, T): every slot prefills from 0
         return cos, sin
 
     def end_step(self, T: int) -> None:
@@ -277,6 +290,10 @@ class _SlotDecode:
 
     def layer(self, i: int) -> ViewLayer:
         return ViewLayer(self, i)
+
+    @property
+    def query_pos(self) -> Tensor:
+        return self.cache._lens_dev[:self.rows, None]  # (B, 1): each slot's own position
 
     def update(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         c, W, B = self.cache, self.window, self.rows
@@ -322,6 +339,10 @@ class ViewLayer:
     @property
     def attn_kwargs(self) -> dict:
         return self.view.attn_kwargs
+
+    @property
+    def query_pos(self) -> Tensor:
+        return self.view.query_pos
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         return self.view.update(self.i, k, v)

@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from tinyllm.core.linear import DenseEmbedding, DenseLinear, Embedding, Linear
 from tinyllm.core.nn_module import Module
 from tinyllm.core.ops import Ops, ops_for
+from tinyllm.core.rope import Rope, apply_rope
 
 
 @dataclass
@@ -52,13 +53,29 @@ class ModelConfig:
     vocab_size: int = 32000  # tokens in the tokenizer (embedding and output rows)
     dim: int = 512  # residual stream width
     n_layers: int = 8  # transformer blocks
-    n_heads: int = 8  # query heads; head_dim = dim // n_heads
+    n_heads: int = 8  # query heads
     n_kv_heads: int = 8  # key/value heads (grouped-query attention when < n_heads)
-    ffn_dim: int = 1408  # SwiGLU hidden width
+    ffn_dim: int = 1408  # gated FFN hidden width
     max_seq_len: int = 2048  # longest sequence RoPE tables and caches are built for
     rope_theta: float = 10000.0  # RoPE base frequency
     norm_eps: float = 1e-5  # RMSNorm epsilon
     tie_embeddings: bool = False  # output projection shares the embedding matrix
+    # -- what the model families add (the defaults are Llama's; FAMILIES below names each) --
+    family: str = "llama"  # the family the config came from: shown to the user, changes no math
+    head_dim: int = 0  # width of one head; 0: dim // n_heads (Qwen 3 and Gemma set their own)
+    qkv_bias: bool = False  # q/k/v projections carry a bias (Qwen 2)
+    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen 3, Gemma 3)
+    act: str = "silu"  # the FFN gate's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
+    post_norms: bool = False  # RMSNorm on the attention's and the FFN's outputs too (Gemma 2/3)
+    embed_scale: float = 1.0  # embeddings are multiplied by this (Gemma: sqrt(dim))
+    attn_scale: float = 0.0  # attention's query scale; 0: head_dim ** -0.5 (Gemma: query_pre_attn_scalar)
+    attn_softcap: float = 0.0  # attention scores -> cap * tanh(scores / cap); 0: none (Gemma 2)
+    final_softcap: float = 0.0  # the same on the output logits (Gemma 2)
+    sliding_window: int = 0  # keys a local layer attends (itself included); 0: none
+    local_layers: tuple[int, ...] = ()  # layers that attend only the sliding window (Gemma 2/3)
+    rope_local_theta: float = 0.0  # the local layers' RoPE base; 0: rope_theta (Gemma 3: 10,000)
+    rope_scaling: dict | None = None  # the global RoPE's scaling: {"type": "linear" | "llama3" | "longrope", ...}
+    rotary_dim: int = 0  # leading dims of a head that RoPE turns; 0: all of them (Phi-4-mini: 3/4)
 
     def __post_init__(self) -> None:
         # Every size is checked before anything is allocated: a config (or a GGUF header) that
@@ -71,21 +88,40 @@ class ModelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ValueError(f"model config {name} must be a positive finite number, got {value!r}")
-        if self.dim % self.n_heads:
-            raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
+        for name in ("embed_scale", "attn_scale", "attn_softcap", "final_softcap", "rope_local_theta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ValueError(f"model config {name} must be a finite number >= 0, got {value!r}")
+        if self.act not in ACTIVATIONS:
+            raise ValueError(f"model config act {self.act!r} is not one of {sorted(ACTIVATIONS)}")
+        if self.head_dim == 0:
+            if self.dim % self.n_heads:
+                raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
+            self.head_dim = self.dim // self.n_heads
+        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or not 1 <= self.head_dim <= 1024:
+            raise ValueError(f"model config head_dim must be an integer from 1 to 1024, got {self.head_dim!r}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
-        if (self.dim // self.n_heads) % 2:
-            raise ValueError(f"head_dim {self.dim // self.n_heads} must be even for RoPE")
-        n_params = self.n_layers * (2 * self.dim * self.dim + 2 * self.dim * self.head_dim * self.n_kv_heads
+        if self.rotary_dim == 0:
+            self.rotary_dim = self.head_dim
+        if not 0 < self.rotary_dim <= self.head_dim or self.rotary_dim % 2:
+            raise ValueError(f"rotary_dim {self.rotary_dim} must be even and at most head_dim {self.head_dim}")
+        self.local_layers = tuple(self.local_layers)
+        if any(not 0 <= i < self.n_layers for i in self.local_layers):
+            raise ValueError(f"local_layers {self.local_layers} name a layer past n_layers {self.n_layers}")
+        if self.local_layers and not 0 < self.sliding_window:
+            raise ValueError("local_layers need a sliding_window")
+        check_rope_scaling(self.rope_scaling, self.rotary_dim)
+        n_params = self.n_layers * (2 * self.dim * self.q_dim + 2 * self.dim * self.head_dim * self.n_kv_heads
                                     + 3 * self.dim * self.ffn_dim) + 2 * self.vocab_size * self.dim
         if n_params > MAX_PARAMS:
             raise ValueError(f"model config describes {n_params / 1e9:.0f}B parameters; "
                              f"tinyllm opens models up to {MAX_PARAMS / 1e9:.0f}B")
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
+    def q_dim(self) -> int:
+        """The width of all query heads side by side (dim, unless head_dim is set apart)."""
+        return self.n_heads * (self.head_dim or self.dim // self.n_heads)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -103,6 +139,28 @@ class ModelConfig:
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
+
+
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+ROPE_SCALING = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                                  "original_max_position_embeddings"),
+                "longrope": ("short_factor", "long_factor", "original_max_position_embeddings")}
+
+
+def check_rope_scaling(scaling: dict | None, rotary_dim: int) -> None:
+    """ValueError unless `scaling` is None or one of ROPE_SCALING with its keys."""
+    if scaling is None:
+        return
+    kind = scaling.get("type") if isinstance(scaling, dict) else None
+    if kind not in ROPE_SCALING:
+        raise ValueError(f"rope scaling {kind!r} is not supported (tinyllm runs {', '.join(ROPE_SCALING)})")
+    missing = [k for k in ROPE_SCALING[kind] if k not in scaling]
+    if missing:
+        raise ValueError(f"{kind} rope scaling lacks {missing}")
+    if kind == "longrope":
+        for k in ("short_factor", "long_factor"):
+            if len(scaling[k]) != rotary_dim // 2:
+                raise ValueError(f"longrope {k} has {len(scaling[k])} values, not rotary_dim / 2 = {rotary_dim // 2}")
 
 
 # Upper bounds on every size (far above any model tinyllm runs; they only stop nonsense).
@@ -123,73 +181,6 @@ PRESETS: dict[str, dict] = {
 }
 
 
-class Rope:
-    """Rotary position tables: cos, sin (L, head_dim // 2), fp32, for positions 0..L-1.
-
-    Built when first used, at the length used: `rope(T, start)` grows the tables (doubling,
-    up to max_seq_len) to cover start+T; `ensure(n)` does so ahead of time. Nothing is built
-    by the constructor, so a model made on the meta device (checkpoint inspection) allocates
-    no table, and a huge max_seq_len costs nothing until positions that far are used. `cos`
-    / `sin` are the whole tables (built at max_seq_len when first read), for caches that
-    gather rows at device-side positions (`rope.cos.index_select(0, pos)`); ModelConfig
-    bounds max_seq_len. Tables are computed on the CPU (never under a meta device), then moved.
-    """
-
-    def __init__(self, head_dim: int, max_seq_len: int, theta: float, device=None):
-        self.head_dim, self.max_seq_len, self.theta = head_dim, max_seq_len, theta
-        self.device = torch.device(device or "cpu")
-        self._cos: Tensor | None = None
-        self._sin: Tensor | None = None
-        self.built = 0  # rows in the tables
-
-    def ensure(self, n: int) -> None:
-        """Tables for positions 0..n-1 at least."""
-        if n > self.max_seq_len:
-            raise ValueError(f"positions up to {n} exceed max_seq_len {self.max_seq_len}")
-        if n <= self.built:
-            return
-        n = min(self.max_seq_len, max(n, 2 * self.built, 256))
-        inv_freq = 1.0 / self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64, device="cpu")
-                                        / self.head_dim)
-        t = torch.arange(n, dtype=torch.float64, device="cpu")
-        freqs = torch.outer(t, inv_freq)  # (L, D/2)
-        self._cos, self._sin = freqs.cos().float().to(self.device), freqs.sin().float().to(self.device)
-        self.built = n
-
-    @property
-    def cos(self) -> Tensor:
-        self.ensure(self.max_seq_len)
-        assert self._cos is not None
-        return self._cos
-
-    @property
-    def sin(self) -> Tensor:
-        self.ensure(self.max_seq_len)
-        assert self._sin is not None
-        return self._sin
-
-    def __call__(self, T: int, start: int = 0) -> tuple[Tensor, Tensor]:
-        self.ensure(start + T)
-        assert self._cos is not None and self._sin is not None
-        return self._cos[start:start + T], self._sin[start:start + T]
-
-    def to(self, device) -> Rope:
-        self.device = torch.device(device)
-        if self._cos is not None and self._sin is not None:
-            self._cos, self._sin = self._cos.to(device), self._sin.to(device)
-        return self
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (B, H, T, D); cos/sin (T, D/2) shared by all rows, or (B, T, D/2) per row."""
-    if cos.dim() == 3:
-        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D/2)
-    xf = x.float()
-    x1, x2 = xf.chunk(2, dim=-1)  # (B, H, T, D/2) each
-    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return out.type_as(x)
-
-
 class RMSNorm(Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -202,56 +193,134 @@ class RMSNorm(Module):
         return xf.type_as(x) * self.weight
 
 
-def fuse_linears(module: nn.Module, fused: str, parts: dict[str, int]) -> None:
+def fuse_linears(module: nn.Module, fused: str, parts: dict[str, int], bias: str | None = None) -> None:
     """Keep `module.<fused>` (one layer whose output rows are the parts' rows, in order) in
     memory, but save and load it as the separate `<part>.<tensor>` entries: `weight` for a
-    dense layer; `qweight`, `scales` (and `zeros`) for a quantized layer, whose rows split alike."""
+    dense layer; `qweight`, `scales` (and `zeros`) for a quantized layer, whose rows split alike.
+    `bias` names the module's own Parameter holding the parts' biases side by side, saved and
+    loaded as `<part>.bias`."""
 
     def split(mod, state, prefix, _meta) -> None:
-        head = f"{prefix}{fused}."
-        for key in [k for k in state if k.startswith(head)]:
-            t = state.pop(key)
-            for name, rows in zip(parts, t.split(list(parts.values())), strict=True):
-                state[f"{prefix}{name}.{key[len(head):]}"] = rows.clone()  # own storage: files refuse shared tensors
+        heads = [(f"{prefix}{fused}.", "")] + ([(f"{prefix}{bias}", "bias")] if bias else [])
+        for head, leaf in heads:
+            for key in [k for k in state if k.startswith(head) and (leaf or True)]:
+                if leaf and key != head:
+                    continue
+                t = state.pop(key)
+                tail = leaf or key[len(head):]
+                for name, rows in zip(parts, t.split(list(parts.values())), strict=True):
+                    state[f"{prefix}{name}.{tail}"] = rows.clone()  # own storage: files refuse shared tensors
 
     def join(mod, state, prefix, *_args) -> None:
-        for leaf in ("weight", "qweight", "scales", "zeros"):
+        for leaf in ("weight", "qweight", "scales", "zeros", "bias"):
             keys = [f"{prefix}{name}.{leaf}" for name in parts]
             if all(k in state for k in keys):
-                state[f"{prefix}{fused}.{leaf}"] = torch.cat([state.pop(k) for k in keys])
+                target = f"{prefix}{bias}" if leaf == "bias" and bias else f"{prefix}{fused}.{leaf}"
+                state[target] = torch.cat([state.pop(k) for k in keys])
 
     module.register_state_dict_post_hook(split)
     module.register_load_state_dict_pre_hook(join)
 
 
+def positions(T: int, device) -> Tensor:
+    """(1, T): the query positions of a forward without a cache."""
+    return torch.arange(T, device=device)[None]
+
+
+def softcap(x: Tensor, cap: float) -> Tensor:
+    """cap * tanh(x / cap): x squashed into (-cap, cap) (Gemma 2's scores and logits)."""
+    return torch.tanh(x / cap) * cap
+
+
+def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, cap: float) -> Tensor:
+    """q (B, H, T, D) over k, v (B, H, S, D), keys outside the bool mask (broadcast to (B, H, T, S))
+    ignored, scores soft-capped where cap > 0: the attention of layers SDPA cannot run
+    (a sliding window is a mask; a soft-cap is not). Scores and softmax in fp32."""
+    scores = (q @ k.transpose(-1, -2)).float() * scale  # (B, H, T, S)
+    if cap:
+        scores = softcap(scores, cap)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim=-1).to(v.dtype) @ v  # (B, H, T, D)
+
+
 class Attention(Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.q_dim, self.kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = cfg.attn_scale ** -0.5 if cfg.attn_scale else cfg.head_dim ** -0.5
+        self.cap = cfg.attn_softcap
+        self.sdpa_scale = {"scale": self.scale} if cfg.attn_scale else {}  # SDPA's default is head_dim ** -0.5
+        self.local = layer in cfg.local_layers  # attends the sliding window, with the local RoPE
+        self.window = cfg.sliding_window if self.local else 0
         self.wqkv: Linear = DenseLinear(cfg.dim, self.q_dim + 2 * self.kv_dim)
         self.wo: Linear = DenseLinear(self.q_dim, cfg.dim)
-        fuse_linears(self, "wqkv", {"wq": self.q_dim, "wk": self.kv_dim, "wv": self.kv_dim})
+        self.bqkv = nn.Parameter(torch.zeros(self.q_dim + 2 * self.kv_dim)) if cfg.qkv_bias else None
+        fuse_linears(self, "wqkv", {"wq": self.q_dim, "wk": self.kv_dim, "wv": self.kv_dim},
+                     bias="bqkv" if cfg.qkv_bias else None)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        # The fused op (RoPE, cache write and attention in one: ops.rope_attend) runs the plain
+        # layer only: every head's dims rotated, no norm between projection and RoPE, the full
+        # context, no soft-cap, the model's one RoPE table.
+        self.fusable = not (cfg.qk_norm or self.window or self.cap or cfg.rotary_dim < cfg.head_dim
+                            or (self.local and cfg.rope_local_theta))
 
-    def forward(self, x: Tensor, norm: RMSNorm, cos: Tensor, sin: Tensor, kv, ops: Ops) -> Tensor:
-        """x + attention(norm(x)): the block's first half, skip connection included."""
+    def forward(self, x: Tensor, norm: RMSNorm, cos: Tensor, sin: Tensor, kv, ops: Ops,
+                post: RMSNorm | None = None) -> Tensor:
+        """x + attention(norm(x)) (x + post(attention(norm(x))) with a post-norm): the block's first
+        half, skip connection included."""
         B, T, _ = x.shape
         qkv = self.wqkv.fused(x, norm=norm)  # (B, T, q_dim + 2 kv_dim)
-        if kv is not None and (y := ops.rope_attend(kv, qkv, cos, sin, self.scale)) is not None:
+        if self.bqkv is not None:
+            qkv = qkv + self.bqkv
+        if (self.fusable and kv is not None
+                and (y := ops.rope_attend(kv, qkv, cos, sin, self.scale)) is not None):
             # (B, Hkv, R, D): RoPE, the cache write and attention in one op
-            return self.wo.fused(y.reshape(B, 1, -1), residual=x)
+            return self._out(y.reshape(B, 1, -1), x, post)
         q, k, v = qkv.split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
-        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        q = q.view(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, Hkv, D)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # each head's dims normalized
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, Hkv, T, D)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if kv is None:
-            y = self._attend(q, k, v, {"is_causal": True}, ops, cached=False)
+            kwargs = {"is_causal": True}
+            if not self.plain:
+                kwargs = {"attn_mask": self._mask({}, positions(T, x.device), T)}
+            y = self._attend(q, k, v, kwargs, ops, cached=False)
         else:
             k, v = kv.update(k, v)  # (B, Hkv, S, D): every key this step may see
-            y = self._attend(q, k, v, kv.attn_kwargs, ops, cached=True)
-        return self.wo.fused(y, residual=x)
+            kwargs = kv.attn_kwargs
+            if not self.plain:
+                kwargs = {"attn_mask": self._mask(kwargs, kv.query_pos, k.shape[2])}
+            y = self._attend(q, k, v, kwargs, ops, cached=True)
+        return self._out(y, x, post)
+
+    @property
+    def plain(self) -> bool:
+        """Attention as SDPA runs it: no window, no soft-cap."""
+        return not (self.window or self.cap)
+
+    def _out(self, y: Tensor, x: Tensor, post: RMSNorm | None) -> Tensor:
+        if post is None:
+            return self.wo.fused(y, residual=x)  # (B, T, C)
+        return x + post(self.wo(y))
+
+    def _mask(self, kwargs: dict, q_pos: Tensor, S: int) -> Tensor:
+        """The bool mask (B | 1, 1, T, S) of a layer with a window or a soft-cap: the cache's own
+        mask (or causal, where it has none), and keys past the window from each query cut off.
+        q_pos (B | 1, T): the queries' positions; keys are positions 0..S-1."""
+        k_pos = torch.arange(S, device=q_pos.device)  # (S,)
+        qp = q_pos[:, None, :, None]  # (B | 1, 1, T, 1)
+        mask = kwargs.get("attn_mask")
+        if mask is None:
+            mask = k_pos <= qp  # (B | 1, 1, T, S)
+        if self.window:
+            mask = mask & (k_pos > qp - self.window)
+        return mask
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, attn_kwargs: dict, ops: Ops, cached: bool) -> Tensor:
         """(B, T, H D): the heads' outputs, side by side, before the output projection."""
@@ -263,15 +332,18 @@ class Attention(Module):
             # is per key, so it broadcasts over them.
             q = q.view(B, self.n_kv_heads, rep, self.head_dim)  # (B, Hkv, rep, D)
             mask = attn_kwargs.get("attn_mask")
-            if mask is not None:  # a windowed (static or slot) decode step
-                y = ops.window_attention(q, k, v, mask, self.scale)  # (B, Hkv, rep, D)
+            if mask is not None:  # a windowed (static or slot) decode step, or a layer's own mask
+                y = ops.window_attention(q, k, v, mask.view(mask.shape[0], 1, 1, -1), self.scale, self.cap)
             else:
-                y = ops.sdpa(q, k, v, attn_kwargs, cached)  # (B, Hkv, rep, D)
+                y = ops.sdpa(q, k, v, {**attn_kwargs, **self.sdpa_scale}, cached)  # (B, Hkv, rep, D)
             return y.reshape(B, 1, -1)
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)  # (B, H, S, D)
             v = v.repeat_interleave(rep, dim=1)
-        y = ops.sdpa(q, k, v, attn_kwargs, cached)  # (B, H, T, D)
+        if self.cap:
+            y = masked_attention(q, k, v, attn_kwargs["attn_mask"], self.scale, self.cap)  # (B, H, T, D)
+        else:
+            y = ops.sdpa(q, k, v, {**attn_kwargs, **self.sdpa_scale}, cached)  # (B, H, T, D)
         return y.transpose(1, 2).reshape(B, T, -1)
 
 
@@ -280,25 +352,42 @@ class FeedForward(Module):
         super().__init__()
         self.w13: Linear = DenseLinear(cfg.dim, 2 * cfg.ffn_dim)  # gate (w1) and up (w3)
         self.w2: Linear = DenseLinear(cfg.ffn_dim, cfg.dim)  # down
+        self.act = cfg.act
         fuse_linears(self, "w13", {"w1": cfg.ffn_dim, "w3": cfg.ffn_dim})
 
-    def forward(self, x: Tensor, norm: RMSNorm) -> Tensor:
-        """x + w2(silu(gate) * up) of norm(x): the block's second half, skip connection included
-        (w13's kernel may run it in fewer ops: Linear.swiglu)."""
-        return self.w13.swiglu(self.w2, x, norm)  # (B, T, C)
+    def forward(self, x: Tensor, norm: RMSNorm, post: RMSNorm | None = None) -> Tensor:
+        """x + w2(act(gate) * up) of norm(x) (x + post(...) with a post-norm): the block's second
+        half, skip connection included (SwiGLU without a post-norm may run in fewer ops: Linear.swiglu)."""
+        if self.act == "silu" and post is None:
+            return self.w13.swiglu(self.w2, x, norm)  # (B, T, C)
+        gate, up = self.w13.fused(x, norm=norm).chunk(2, dim=-1)  # (B, T, F) each
+        y = ACTIVATIONS[self.act](gate) * up
+        return self.w2.fused(y, residual=x) if post is None else x + post(self.w2(y))
 
 
 class Block(Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, layer)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = FeedForward(cfg)
+        self.post_attn_norm = RMSNorm(cfg.dim, cfg.norm_eps) if cfg.post_norms else None
+        self.post_ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps) if cfg.post_norms else None
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv, ops: Ops) -> Tensor:
-        x = self.attn(x, self.attn_norm, cos, sin, kv, ops)  # x + attn(attn_norm(x))
-        return self.ffn(x, self.ffn_norm)  # x + ffn(ffn_norm(x))
+        x = self.attn(x, self.attn_norm, cos, sin, kv, ops, self.post_attn_norm)  # x + attn(attn_norm(x))
+        return self.ffn(x, self.ffn_norm, self.post_ffn_norm)  # x + ffn(ffn_norm(x))
+
+
+def native_unsupported(cfg: ModelConfig) -> list[str]:
+    """What of `cfg` the native CPU step (tinyllm.decode.cpu_step) does not run, in words."""
+    checks = {"a head width other than dim / heads": cfg.head_dim * cfg.n_heads != cfg.dim,
+              "q/k/v biases": cfg.qkv_bias, "q/k norms": cfg.qk_norm, f"{cfg.act} FFN": cfg.act != "silu",
+              "post-norms": cfg.post_norms, "embedding scale": cfg.embed_scale != 1.0,
+              "attention scale": bool(cfg.attn_scale), "soft-caps": bool(cfg.attn_softcap or cfg.final_softcap),
+              "sliding window": bool(cfg.local_layers), "partial rotary": cfg.rotary_dim != cfg.head_dim}
+    return [what for what, on in checks.items() if on]
 
 
 class Transformer(Module):
@@ -310,20 +399,23 @@ class Transformer(Module):
         meta = torch.empty(0).is_meta
         self.tok_emb: Embedding = DenseEmbedding(cfg.vocab_size, cfg.dim,
                                                  _weight=torch.empty(cfg.vocab_size, cfg.dim) if meta else None)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head: Linear = DenseLinear(cfg.dim, cfg.vocab_size)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
-        self.rope = Rope(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.rope = Rope(cfg.rotary_dim, cfg.max_seq_len, cfg.rope_theta, scaling=cfg.rope_scaling)
+        # The local layers' own RoPE (Gemma 3: base 10,000 beside the global layers' 1,000,000)
+        self.rope_local = (Rope(cfg.rotary_dim, cfg.max_seq_len, cfg.rope_local_theta)
+                           if cfg.local_layers and cfg.rope_local_theta else None)
         self.ops = ops_for(self.tok_emb.weight.device)  # the attention's ops (tinyllm.core.ops)
 
     def init_weights(self, seed: int = 0) -> Transformer:
         """Small-normal init (std 0.02; residual outputs scaled by 1/sqrt(2 * n_layers))."""
         g = torch.Generator().manual_seed(seed)
         for name, p in self.named_parameters():
-            if name.endswith("norm.weight"):
-                nn.init.ones_(p)
+            if name.endswith("norm.weight") or name.endswith("bqkv"):
+                nn.init.ones_(p) if name.endswith("norm.weight") else nn.init.zeros_(p)
                 continue
             std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("wo.weight", "w2.weight")) else 0.02
             with torch.no_grad():
@@ -340,8 +432,14 @@ class Transformer(Module):
         weights move (`.to()`), or are assigned (tinyllm.formats.build)."""
         device = self.tok_emb.weight.device
         if device.type != "meta":
-            self.rope.to(device)
+            for rope in self.ropes:
+                rope.to(device)
         self.ops = ops_for(device)
+
+    @property
+    def ropes(self) -> list[Rope]:
+        """Every RoPE table the model reads (a decoder builds them whole before a capture)."""
+        return [self.rope] + ([self.rope_local] if self.rope_local is not None else [])
 
     @property
     def device(self) -> torch.device:
@@ -364,9 +462,16 @@ class Transformer(Module):
             cos, sin = self.rope(T, 0)
         else:
             cos, sin = cache.begin_step(T, self.rope)
+        local = (cos, sin)
+        if self.rope_local is not None:  # the same positions in the local table: (B | 1, T, R/2)
+            q_pos = positions(T, idx.device) if cache is None else cache.layer(0).query_pos
+            local = self.rope_local.cos[q_pos], self.rope_local.sin[q_pos]
         x = self.tok_emb(idx).to(self.dtype)  # (B, T, C)
+        if self.cfg.embed_scale != 1.0:
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, cache.layer(i) if cache is not None else None, self.ops)
+            c, s = local if block.attn.local else (cos, sin)
+            x = block(x, c, s, cache.layer(i) if cache is not None else None, self.ops)
         if cache is not None:
             cache.end_step(T)
         if last_only:
@@ -374,6 +479,8 @@ class Transformer(Module):
         elif at is not None:
             x = x[torch.arange(B, device=x.device), at][:, None]  # (B, 1, C)
         logits = self.lm_head.fused(x, norm=self.norm)  # (B, T, V)
+        if self.cfg.final_softcap:
+            logits = softcap(logits.float(), self.cfg.final_softcap).to(logits.dtype)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
@@ -392,6 +499,9 @@ class Transformer(Module):
             except ValueError as e:
                 raise ValueError(f"{name} is {e}") from None
 
+        missing = native_unsupported(self.cfg)
+        if missing:
+            raise ValueError(f"the native CPU step does not run {self.cfg.family}'s {', '.join(missing)} yet")
         self.rope.ensure(self.rope.max_seq_len)
         head = [*parts("tok_emb", self.tok_emb), self.norm.weight.detach(), *parts("lm_head", self.lm_head),
                 self.rope.cos, self.rope.sin]

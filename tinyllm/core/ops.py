@@ -6,9 +6,10 @@ Contract:
   device (model.Transformer.ops, chosen again when its weights move) and hands them to its
   layers; the model's own code holds only the math. A matrix's product is its layer's kernel
   (tinyllm.core.linear, tinyllm.core.quant_linear), not these ops'.
-- `ops.window_attention(q, k, v, mask, scale)`: one decode position over a window of W keys:
+- `ops.window_attention(q, k, v, mask, scale, cap=0.0)`: one decode position over a window of W keys:
   q (B, Hkv, R, D), the R query heads that share a KV head; k, v (B, Hkv, W, D); mask
-  (B, 1, 1, W) bool, True = attend -> (B, Hkv, R, D). Outside a compile, `window_attention`
+  (B, 1, 1, W) bool, True = attend -> (B, Hkv, R, D); scores soft-capped where cap > 0 (the
+  kernels take cap = 0 only). Outside a compile, `window_attention`
   (the reference, below); inside one, the device's kernel where it takes these inputs
   (tinyllm.kernels.decode_attention: the split-K Triton kernel on CUDA, the threaded C++ op on a CPU
   where tinyllm.kernels.cpu_qgemv is loaded), else the reference, on a CPU written as products and
@@ -40,7 +41,7 @@ from tinyllm.kernels import decode_attention
 CACHED_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def window_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+def window_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, cap: float = 0.0) -> Tensor:
     """One decode position over a fixed window of W keys, keys outside `mask` ignored: the
     reference every decode attention kernel is tested against (shapes: the module docstring).
 
@@ -53,16 +54,20 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
     in a dynamic-shape compile, which restarts the trace (a warm start then traces twice).
     """
     scores = (q @ k.transpose(-1, -2)).float() * scale  # (B, Hkv, R, W)
+    if cap:  # soft-capped scores (Gemma 2): cap * tanh(scores / cap)
+        scores = torch.tanh(scores / cap) * cap
     scores = scores.masked_fill(~mask, float("-inf"))
     return scores.softmax(dim=-1).to(v.dtype) @ v  # (B, Hkv, R, D)
 
 
-def window_attention_loops(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+def window_attention_loops(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, cap: float = 0.0) -> Tensor:
     """window_attention with its two products written as products and sums, which Inductor makes
     loops of its own (fused with the softmax, one thread: cuda_graph.compiled): a library
     batched product is an OpenMP region of its own per call, and at R <= 8 rows the wake-up
     costs more than the product (the compiled CPU step)."""
     scores = (q[..., :, None, :] * k[..., None, :, :]).sum(-1).float() * scale  # (B, Hkv, R, W)
+    if cap:
+        scores = torch.tanh(scores / cap) * cap
     p = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(v.dtype)
     return (p[..., None] * v[..., None, :, :]).sum(-2)  # (B, Hkv, R, D)
 
@@ -70,8 +75,9 @@ def window_attention_loops(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale:
 class Ops:
     """The reference: no kernel of ours (see the module docstring)."""
 
-    def window_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
-        return window_attention(q, k, v, mask, scale)  # (B, Hkv, R, D)
+    def window_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float,
+                         cap: float = 0.0) -> Tensor:
+        return window_attention(q, k, v, mask, scale, cap)  # (B, Hkv, R, D)
 
     def rope_attend(self, kv, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> Tensor | None:
         return None
@@ -86,21 +92,23 @@ class Ops:
 class CpuOps(Ops):
     """A CPU's: the threaded C++ decode attention, or Inductor's loops, in a compiled step."""
 
-    def window_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
-        if torch.compiler.is_compiling() and decode_attention.supported(q, k, v, mask):
+    def window_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float,
+                         cap: float = 0.0) -> Tensor:
+        if torch.compiler.is_compiling() and not cap and decode_attention.supported(q, k, v, mask):
             return decode_attention.decode_attention(q, k, v, mask, scale)  # (B, Hkv, R, D)
         if torch.compiler.is_dynamo_compiling():
-            return window_attention_loops(q, k, v, mask, scale)
-        return window_attention(q, k, v, mask, scale)
+            return window_attention_loops(q, k, v, mask, scale, cap)
+        return window_attention(q, k, v, mask, scale, cap)
 
 
 class CudaOps(Ops):
     """CUDA's: the Triton decode attention, and RoPE and the cache write inside it, in a compiled step."""
 
-    def window_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
-        if torch.compiler.is_compiling() and decode_attention.supported(q, k, v, mask):
+    def window_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float,
+                         cap: float = 0.0) -> Tensor:
+        if torch.compiler.is_compiling() and not cap and decode_attention.supported(q, k, v, mask):
             return decode_attention.decode_attention(q, k, v, mask, scale)  # (B, Hkv, R, D)
-        return window_attention(q, k, v, mask, scale)
+        return window_attention(q, k, v, mask, scale, cap)
 
     def rope_attend(self, kv, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> Tensor | None:
         if qkv.shape[1] != 1 or not torch.compiler.is_compiling():

@@ -1,5 +1,6 @@
-"""Hugging Face Llama-family folders (config.json model_type "llama" or "mistral"): map their
-weights onto `Transformer`, and take the tokenizer, BOS/EOS and chat template from the folder.
+"""Hugging Face folders of the families tinyllm runs (config.json model_type llama, mistral,
+qwen2, qwen3, gemma2, gemma3_text, gemma3's text model, phi3): map their weights onto the one
+`Transformer`, and take the tokenizer, BOS/EOS and chat template from the folder.
 
 A folder holds config.json, model.safetensors (or model-0000i-of-0000n.safetensors shards
 with model.safetensors.index.json), a tokenizer (tokenizer.model for sentencepiece, or
@@ -8,10 +9,17 @@ tokenizer.json, which needs the `tokenizers` extra), and usually tokenizer_confi
 
 Contract:
 - `hf_config(raw, where) -> ModelConfig` maps config.json: hidden_size, layers, heads,
-  num_key_value_heads, intermediate_size, rope_theta (or rope_parameters["rope_theta"]),
-  rms_norm_eps, max_position_embeddings, tie_word_embeddings. HF Llama q/k weights already
-  use the rotate-half layout, so no permutation. Mistral's sliding window caps max_seq_len
-  (within the window attention is exact).
+  num_key_value_heads, head_dim, intermediate_size, RoPE (rope_parameters, or rope_theta and
+  rope_scaling: linear, llama3, longrope; partial_rotary_factor), rms_norm_eps,
+  max_position_embeddings, tie_word_embeddings, and each family's own: Qwen 2's q/k/v biases,
+  Qwen 3's q/k norms, Gemma's GeGLU, post-norms, embedding scale, query_pre_attn_scalar,
+  soft-caps, sliding-window layers (layer_types, or the family's pattern) and their own RoPE
+  base, Phi-3's fused qkv_proj / gate_up_proj (split by rows on load). Gemma's norms scale by
+  (1 + w): the loader adds the 1, so the model's norm is the plain one (llama.cpp's GGUF
+  converter does the same). HF q/k weights already use the rotate-half layout, so no
+  permutation. Mistral's sliding window caps max_seq_len (within the window attention is
+  exact); Phi-3's LongRoPE runs its short factors, max_seq_len capped at the original context
+  (long contexts are issue 44's).
 - The format's two functions (tinyllm.formats.model_format): `inspect(path, template=None) ->
   ModelSpec` validates config, every tensor's name, shape and dtype (safetensors headers),
   the tokenizer and the chat template without reading a weight; `tensors(spec, quant, dtype,
@@ -25,9 +33,10 @@ Contract:
   the built-in named by `template`; else the folder's Jinja template when it splits per
   message (jinja_template.py); else a built-in guessed from the template or the model name
   (with a warning when a Jinja template did not split); else chatml.
-Refuses (ValueError/FileNotFoundError, one line): other model types, a head_dim that is not
-hidden_size / heads, rope scaling, attention/MLP biases, activations other than silu,
-quantized (GPTQ/AWQ/bitsandbytes) weights, .bin-only weights, a missing tokenizer.
+Refuses (ValueError/FileNotFoundError, one line): other model types, rope scaling other than
+linear/llama3/longrope, MLP biases (and attention biases outside Qwen 2), activations other
+than silu and tanh-GELU, Qwen's use_sliding_window, quantized (GPTQ/AWQ/bitsandbytes) weights,
+.bin-only weights, a missing tokenizer.
 """
 
 from __future__ import annotations
@@ -51,72 +60,174 @@ from tinyllm.text.tokenizer import Tokenizer
 
 __all__ = ["hf_config", "inspect", "load_hf", "tensors"]
 
-SUPPORTED = ("llama", "mistral")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3")
 _HINT = "a Hugging Face folder holds config.json, model.safetensors (or shards) and a tokenizer"
+ACTS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
 def hf_config(raw: dict, where: str = "config.json") -> ModelConfig:
+    """config.json -> ModelConfig: each family is a mapping onto the one model's fields."""
     mt = raw.get("model_type")
     if mt not in SUPPORTED:
         raise ValueError(f"{where}: model_type {mt!r} is not supported "
                          f"(tinyllm reads {', '.join(SUPPORTED)})")
+    if mt == "gemma3":  # the multimodal Gemma 3: its text model only
+        raw = {**raw.get("text_config", {}), "model_type": "gemma3_text",
+               "tie_word_embeddings": raw.get("tie_word_embeddings", True)}
+        mt = "gemma3_text"
     if raw.get("quantization_config"):
         q = raw["quantization_config"]
         method = q.get("quant_method", "?") if isinstance(q, dict) else str(q)[:40]
         raise ValueError(f"{where}: quantized weights ({method}) are not supported; "
                          "use an fp16/bf16/fp32 model")
-    act = raw.get("hidden_act", raw.get("hidden_activation", "silu"))
-    if act != "silu":
-        raise ValueError(f"{where}: hidden_act {act!r} is not supported (only silu)")
-    for bias in ("attention_bias", "mlp_bias"):
-        if raw.get(bias):
-            raise ValueError(f"{where}: {bias}=true is not supported (tinyllm's layers have no biases)")
-    rope = raw.get("rope_parameters") or {}
-    if not isinstance(rope, dict):
-        raise ValueError(f"{where}: rope_parameters should be an object, not {str(rope)[:40]!r}")
-    scaling = raw.get("rope_scaling") or rope
-    kind = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else scaling
-    if kind not in (None, "default"):
-        raise ValueError(f"{where}: rope scaling {kind!r} is not supported (only plain RoPE)")
+    gemma = mt.startswith("gemma")
+    act = raw.get("hidden_activation") or raw.get("hidden_act") or ("gelu_pytorch_tanh" if gemma else "silu")
+    if act not in ACTS:
+        raise ValueError(f"{where}: hidden_act {act!r} is not supported (silu or gelu_pytorch_tanh)")
+    if raw.get("mlp_bias"):
+        raise ValueError(f"{where}: mlp_bias=true is not supported (tinyllm's FFN has no biases)")
+    if raw.get("attention_bias") and mt != "qwen2":
+        raise ValueError(f"{where}: attention_bias=true is not supported for {mt}")
+    if raw.get("use_sliding_window") and mt in ("qwen2", "qwen3"):
+        raise ValueError(f"{where}: use_sliding_window=true is not supported for {mt}")
     try:
-        dim, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
-        head_dim = raw.get("head_dim")
-        if head_dim is not None and int(head_dim) != dim // heads:
-            raise ValueError(f"{where}: head_dim {head_dim} is not hidden_size / num_attention_heads "
-                             f"({dim} / {heads}); tinyllm does not support that")
+        dim, heads, n_layers = int(raw["hidden_size"]), int(raw["num_attention_heads"]), int(raw["num_hidden_layers"])
+        head_dim = int(raw.get("head_dim") or dim // heads)
         max_len = int(raw.get("max_position_embeddings", 2048))
-        if mt == "mistral" and raw.get("sliding_window"):
-            max_len = min(max_len, int(raw["sliding_window"]))
-        return ModelConfig(
-            vocab_size=int(raw["vocab_size"]), dim=dim, n_layers=int(raw["num_hidden_layers"]), n_heads=heads,
+        global_rope, local_rope = _rope_parameters(raw, where)
+        theta = float(global_rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
+        scaling = _rope_scaling(global_rope, raw, max_len, where)
+        rotary = int(head_dim * float(global_rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))))
+        if scaling and scaling["type"] == "longrope":
+            # Until long contexts land (issue 44), the short factors over the original context.
+            max_len = min(max_len, int(scaling["original_max_position_embeddings"]))
+        window = int(raw.get("sliding_window") or 0)
+        local: tuple[int, ...] = ()
+        if mt == "mistral" and window:
+            max_len = min(max_len, window)  # within the window attention is exact
+        elif window and (gemma or mt == "phi3"):
+            local = _local_layers(raw, mt, n_layers)
+        if mt == "phi3" and window >= max_len:
+            local = ()
+        cfg = dict(
+            vocab_size=int(raw["vocab_size"]), dim=dim, n_layers=n_layers, n_heads=heads,
             n_kv_heads=int(raw.get("num_key_value_heads") or heads), ffn_dim=int(raw["intermediate_size"]),
-            max_seq_len=max_len, rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 10000.0))),
-            norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            tie_embeddings=bool(raw.get("tie_word_embeddings", False)))
+            max_seq_len=max_len, rope_theta=theta, norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            tie_embeddings=bool(raw.get("tie_word_embeddings", gemma)), family=mt.removesuffix("_text"),
+            head_dim=head_dim, qkv_bias=mt == "qwen2", qk_norm=mt in ("qwen3", "gemma3_text"),
+            act=ACTS[act], rope_scaling=scaling, rotary_dim=rotary,
+            sliding_window=window if local else 0, local_layers=local)
+        if gemma:
+            cfg.update(post_norms=True, embed_scale=dim ** 0.5,
+                       attn_scale=float(raw.get("query_pre_attn_scalar") or head_dim),
+                       attn_softcap=float(raw.get("attn_logit_softcapping") or 0.0),
+                       final_softcap=float(raw.get("final_logit_softcapping") or 0.0))
+        if local and local_rope is not None:
+            cfg["rope_local_theta"] = float(local_rope.get("rope_theta", 10000.0))
+        elif local and raw.get("rope_local_base_freq"):
+            cfg["rope_local_theta"] = float(raw["rope_local_base_freq"])
+        return ModelConfig(**cfg)
     except KeyError as e:
         raise ValueError(f"{where} lacks {e.args[0]!r}") from None
     except (TypeError, ValueError) as e:
-        if "tinyllm" in str(e):
-            raise
+        if "tinyllm" in str(e) or "rope" in str(e) or "model config" in str(e):
+            raise ValueError(f"{where}: {e}") from None
         raise ValueError(f"{where}: {e}") from None
 
 
-def _hf_names(cfg: ModelConfig) -> dict[str, str]:
-    """Hugging Face tensor name -> tinyllm name."""
-    names = {"model.embed_tokens.weight": "tok_emb.weight", "model.norm.weight": "norm.weight",
-             "lm_head.weight": "lm_head.weight"}
+def _rope_parameters(raw: dict, where: str) -> tuple[dict, dict | None]:
+    """(the global layers' RoPE parameters, the local layers' or None): transformers 5 writes
+    `rope_parameters` (per layer type for Gemma 3), older files `rope_theta` and `rope_scaling`."""
+    rope = raw.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise ValueError(f"rope_parameters should be an object, not {str(rope)[:40]!r}")
+    if "full_attention" in rope:
+        return rope["full_attention"] or {}, rope.get("sliding_attention")
+    scaling = raw.get("rope_scaling")
+    return ({**scaling, **rope} if isinstance(scaling, dict) else rope), None
+
+
+def _rope_scaling(rope: dict, raw: dict, max_len: int, where: str) -> dict | None:
+    """tinyllm's rope_scaling (tinyllm.core.rope) from Hugging Face's parameters, or None."""
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind in (None, "default"):
+        return None
+    if kind == "linear":
+        return {"type": "linear", "factor": float(rope["factor"])}
+    if kind == "llama3":
+        return {"type": "llama3", "factor": float(rope["factor"]), "low_freq_factor": float(rope["low_freq_factor"]),
+                "high_freq_factor": float(rope["high_freq_factor"]),
+                "original_max_position_embeddings": int(rope["original_max_position_embeddings"])}
+    if kind == "longrope":
+        old = int(rope.get("original_max_position_embeddings") or raw["original_max_position_embeddings"])
+        return {"type": "longrope", "short_factor": [float(f) for f in rope["short_factor"]],
+                "long_factor": [float(f) for f in rope["long_factor"]], "original_max_position_embeddings": old,
+                "factor": float(rope.get("factor") or max_len / old),
+                "attention_factor": rope.get("attention_factor")}
+    raise ValueError(f"rope scaling {kind!r} is not supported (tinyllm runs linear, llama3 and longrope)")
+
+
+def _local_layers(raw: dict, mt: str, n_layers: int) -> tuple[int, ...]:
+    """The layers that attend only the sliding window."""
+    types = raw.get("layer_types")
+    if types:
+        return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    if mt == "gemma2":
+        return tuple(range(0, n_layers, 2))  # even layers slide, odd ones see everything
+    if mt == "gemma3_text":
+        pattern = int(raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6)
+        return tuple(i for i in range(n_layers) if (i + 1) % pattern)
+    return tuple(range(n_layers))  # Phi-3: every layer
+
+
+# tinyllm's tensors split out of one Hugging Face tensor (Phi-3's fused projections), by rows
+Split = tuple[tuple[str, int], ...]
+
+
+def _hf_names(cfg: ModelConfig) -> dict[str, str | Split]:
+    """Hugging Face tensor name -> tinyllm name (or the names and rows of its parts)."""
+    names: dict[str, str | Split] = {"model.embed_tokens.weight": "tok_emb.weight", "model.norm.weight": "norm.weight",
+                                     "lm_head.weight": "lm_head.weight"}
+    gemma = cfg.family.startswith("gemma")
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     for i in range(cfg.n_layers):
         h, t = f"model.layers.{i}.", f"blocks.{i}."
         names.update({h + "input_layernorm.weight": t + "attn_norm.weight",
-                      h + "post_attention_layernorm.weight": t + "ffn_norm.weight",
-                      h + "self_attn.q_proj.weight": t + "attn.wq.weight",
-                      h + "self_attn.k_proj.weight": t + "attn.wk.weight",
-                      h + "self_attn.v_proj.weight": t + "attn.wv.weight",
                       h + "self_attn.o_proj.weight": t + "attn.wo.weight",
-                      h + "mlp.gate_proj.weight": t + "ffn.w1.weight",
-                      h + "mlp.up_proj.weight": t + "ffn.w3.weight",
                       h + "mlp.down_proj.weight": t + "ffn.w2.weight"})
+        if gemma:
+            names.update({h + "post_attention_layernorm.weight": t + "post_attn_norm.weight",
+                          h + "pre_feedforward_layernorm.weight": t + "ffn_norm.weight",
+                          h + "post_feedforward_layernorm.weight": t + "post_ffn_norm.weight"})
+        else:
+            names[h + "post_attention_layernorm.weight"] = t + "ffn_norm.weight"
+        if cfg.family == "phi3":
+            names[h + "self_attn.qkv_proj.weight"] = ((t + "attn.wq.weight", q), (t + "attn.wk.weight", kv),
+                                                      (t + "attn.wv.weight", kv))
+            names[h + "mlp.gate_up_proj.weight"] = ((t + "ffn.w1.weight", cfg.ffn_dim), (t + "ffn.w3.weight", cfg.ffn_dim))
+        else:
+            for p, tl in (("q", "wq"), ("k", "wk"), ("v", "wv")):
+                names[h + f"self_attn.{p}_proj.weight"] = t + f"attn.{tl}.weight"
+                if cfg.qkv_bias:
+                    names[h + f"self_attn.{p}_proj.bias"] = t + f"attn.{tl}.bias"
+            names.update({h + "mlp.gate_proj.weight": t + "ffn.w1.weight", h + "mlp.up_proj.weight": t + "ffn.w3.weight"})
+        if cfg.qk_norm:
+            names.update({h + "self_attn.q_norm.weight": t + "attn.q_norm.weight",
+                          h + "self_attn.k_norm.weight": t + "attn.k_norm.weight"})
     return names
+
+
+def _strip_prefix(name: str) -> str | None:
+    """A multimodal Gemma 3's text tensors under the text model's own names; None for the rest."""
+    for head in ("model.language_model.", "language_model.model."):
+        if name.startswith(head):
+            return "model." + name[len(head):]
+    if name.startswith("language_model.lm_head."):
+        return name[len("language_model."):]
+    if name.startswith(("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                        "model.multi_modal_projector.")):
+        return None
+    return name
 
 
 def _read_json(path: Path) -> dict:
@@ -140,20 +251,36 @@ def inspect(path: str | Path, template: str | None = None) -> ModelSpec:
     cfg = hf_config(raw, str(path / "config.json"))
     files = weight_files(path, _HINT)
     where: dict[str, Path] = {}
+    stored: dict[str, str] = {}  # the name as Hugging Face's text model has it -> the name in the file
     shapes: dict[str, tuple[int, ...]] = {}
     for f in files:
         for k, t in read_safetensors_header(f).items():
+            name = _strip_prefix(k)
+            if name is None:
+                continue  # a multimodal model's vision tower: not read
             if t["dtype"] not in ("F32", "F16", "BF16"):
                 raise ValueError(f"{f}: tensor {k} has dtype {t['dtype']}; tinyllm reads F32, F16 and BF16")
-            where[k], shapes[k] = f, tuple(t["shape"])
+            where[name], shapes[name], stored[name] = f, tuple(t["shape"]), k
     names = _hf_names(cfg)
     if not cfg.tie_embeddings and "lm_head.weight" not in where:
         cfg.tie_embeddings = True  # no output matrix stored: the embeddings serve (as transformers ties)
     want = expected_shapes(cfg)
     unknown = sorted(k for k in where if k not in names and not k.endswith("rotary_emb.inv_freq"))
-    found = {names[k]: k for k in where if k in names and names[k] in want}
+    found: dict[str, str] = {}  # tinyllm name -> Hugging Face name
+    wrong = []
+    for k in where:
+        target = names.get(k)
+        if isinstance(target, tuple):  # a fused tensor: its parts' rows, stacked
+            parts = [(tl, rows) for tl, rows in target if tl in want]
+            need = (sum(want[tl][0] for tl, _ in parts), *want[parts[0][0]][1:])
+            if shapes[k] != need:
+                wrong.append(f"{k} {shapes[k]} vs {need}")
+            found.update({tl: k for tl, _ in parts})
+        elif target in want:
+            found[target] = k
+            if shapes[k] != want[target]:
+                wrong.append(f"{target} {shapes[k]} vs {want[target]}")
     missing = sorted(set(want) - set(found))
-    wrong = [f"{found[k]} {shapes[found[k]]} vs {want[k]}" for k in found if shapes[found[k]] != want[k]]
     check_tensors(f"{path}: config.json does not match the weights", missing, unknown, wrong)
     tokenizer = load_hf_tokenizer(path, raw)
     check_vocab(path, tokenizer.vocab_size, cfg.vocab_size)
@@ -161,21 +288,28 @@ def inspect(path: str | Path, template: str | None = None) -> ModelSpec:
     name = raw.get("_name_or_path") or path.name
     source = _jinja_source(path, tok_cfg)
     chat = pick_template(source, tokenizer, _add_bos(tokenizer, tok_cfg), template, name)
-    plan: dict[Path, dict[str, str]] = {}
-    for tl, hf in found.items():
-        plan.setdefault(where[hf], {})[hf] = tl
+    plan: dict[Path, dict[str, str | Split]] = {}
+    for hf in set(found.values()):
+        plan.setdefault(where[hf], {})[stored[hf]] = names[hf]
     return ModelSpec(path, cfg, tokenizer, chat, name, frozenset(), source=plan)
 
 
 def tensors(spec: ModelSpec, quant: str, dtype: torch.dtype, progress: Progress | None = None) -> Tensors:
     """Every weight as stored, under tinyllm's names (`quant` and `dtype` change nothing here)."""
-    plan: dict[Path, dict[str, str]] = spec.source
+    plan: dict[Path, dict[str, str | Split]] = spec.source
+    gemma = spec.config.family.startswith("gemma")
     state: Tensors = {}
     with ExitStack() as files:
         opened = {f: files.enter_context(safe_open(str(f), framework="pt")) for f in plan}
         reads = [(opened[f], hf, tl) for f, names in plan.items() for hf, tl in names.items()]
         for st, hf, tl in with_progress(reads, progress):
-            state[tl] = st.get_tensor(hf)
+            t = st.get_tensor(hf)
+            if isinstance(tl, tuple):  # Phi-3's fused projections, split by rows
+                state.update({name: part for (name, _), part in zip(tl, t.split([r for _, r in tl]), strict=True)})
+            elif gemma and tl.endswith("norm.weight"):
+                state[tl] = t.float() + 1  # Gemma's norms scale by (1 + w): held as the plain norm's w
+            else:
+                state[tl] = t
     return state
 
 
