@@ -62,7 +62,8 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
 
     p = _Parser(prog=PROG, description="Chat with a small local language model in the terminal.")
     p.add_argument("--model", type=Path, default=None,
-                   help="tinyllm checkpoint folder, Hugging Face folder (llama/mistral) or .gguf file, "
+                   help="tinyllm checkpoint folder, Hugging Face folder (Llama, Mistral, Qwen 2/3, Gemma 2/3, "
+                        "Phi-3) or .gguf file, "
                         "or hf:OWNER/REPO[:FILE] to download one from the Hugging Face Hub "
                         f"(default: {DEFAULT_MODEL})")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto")

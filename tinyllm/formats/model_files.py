@@ -31,7 +31,8 @@ from pathlib import Path
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 TOKENIZERS = ("tokenizer.model", "tokenizer.json")
-_KINDS = "a tinyllm checkpoint folder, a Hugging Face folder (llama/mistral) or a .gguf file"
+_KINDS = ("a tinyllm checkpoint folder, a Hugging Face folder (Llama, Mistral, Qwen 2/3, Gemma 2/3, Phi-3) "
+          "or a .gguf file")
 
 
 def classify(path: str | Path) -> tuple[str, Path]:
