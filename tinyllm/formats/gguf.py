@@ -1,5 +1,6 @@
 """GGUF files (llama.cpp's format): read the header and tensors, dequantize to fp32, and import a
-`llama`-architecture file as a tinyllm Transformer, tokenizer and chat template.
+file of the architectures tinyllm runs (llama, qwen2, qwen3, gemma2, gemma3, phi3; their
+mapping onto the one Transformer is gguf_arch.py's) as a Transformer, tokenizer and chat template.
 
 Our own reader (about 100 lines over numpy): the `gguf` package is not needed at run time;
 tests use it to write files and as the reference dequantizer.
@@ -16,21 +17,26 @@ Contract:
   block types -> int8 per row; tinyllm.core.quant), what every quant but "none" reads.
 - The format's two functions (tinyllm.formats.model_format): `inspect(path, template=None) ->
   ModelSpec` reads the header and validates it (config, tensor names, shapes and types,
-  tokenizer, chat template) without reading tensor data, its `stored` forms the ones
-  `quantized` gives (gguf_quants.held_form); leaving the spec closes the file.
-  `tensors(spec, quant, dtype, progress)`: under quant "none" every tensor dequantized, in
-  `dtype`; under any other each matrix in its quantized form (`quantized`), tinyllm.formats.build
-  turning it into the form `quant` asks for. `load_gguf(path, device, dtype, template=None,
+  tokenizer, chat template) without reading tensor data (but the few floats of the RoPE factor
+  tensors), its `stored` forms the ones `quantized` gives (gguf_quants.held_form); leaving the
+  spec closes the file. `tensors(spec, quant, dtype, progress)`: under quant "none" every tensor
+  dequantized, in `dtype`; under any other each matrix in its quantized form (`quantized`),
+  tinyllm.formats.build turning it into the form `quant` asks for. Phi-3's fused attn_qkv and
+  ffn_up are split by rows (on either form). `load_gguf(path, device, dtype, template=None,
   quant="auto", group=32, progress=None) -> LoadedModel` runs both and builds
-  (tinyllm.formats.model_format.load_model). llama architecture only. llama.cpp's converter permutes
-  the Q/K rows of each head from the Hugging Face "rotate half" layout into the interleaved
-  one; `tensors` undoes it (on either form), so our rotate-half RoPE sees what the model was
-  trained with. The tokenizer comes from the metadata: `llama` (SentencePiece) vocabularies
-  become a sentencepiece model proto (built here, no protobuf needed) for `Tokenizer`; `gpt2`
-  BPE vocabularies a `BPETokenizer` (needs the `tokenizers` extra). The chat template is the file's own Jinja template when
-  it splits per message, else a built-in one named by `template` or guessed.
-Refuses (ValueError, one line): other architectures, rope scaling, MoE, missing tokenizer
-metadata, unknown tensor types, tensors that do not match the metadata.
+  (tinyllm.formats.model_format.load_model). llama.cpp's converter permutes the Q/K rows of
+  each head from the Hugging Face "rotate half" layout into the interleaved one for the llama
+  architecture only (gguf_arch.PERMUTED; the others run NEOX RoPE, rotate-half as stored);
+  `tensors` undoes it (on either form), so our rotate-half RoPE sees what the model was
+  trained with. The tokenizer comes from the metadata: `llama` (SentencePiece, Gemma's too)
+  vocabularies become a sentencepiece model proto (built here, no protobuf needed) for
+  `Tokenizer`; `gpt2` BPE vocabularies a `BPETokenizer` with the pre-tokenizer
+  `tokenizer.ggml.pre` names (needs the `tokenizers` extra). The chat template is the file's
+  own Jinja template when it splits per message, else a built-in one named by `template` or
+  guessed.
+Refuses (ValueError, one line): other architectures, MoE, RoPE scaling other than linear,
+llama3 factors and LongRoPE (gguf_arch), missing tokenizer metadata, unknown tensor types,
+tensors that do not match the metadata.
 """
 
 from __future__ import annotations
@@ -45,12 +51,12 @@ import numpy as np
 import torch
 
 from tinyllm.core.quant import QTensor
+from tinyllm.formats.gguf_arch import PERMUTED, Split, gguf_config, gguf_names, meta, short
 from tinyllm.formats.gguf_quants import GGML_TYPES, dequantize, held_form, supported_types, to_qtensor
 from tinyllm.formats.load_policy import check_quant
 from tinyllm.formats.model_format import LoadedModel, ModelSpec, Progress, Tensors, load_model, with_progress
 from tinyllm.formats.quant_rule import DEFAULT
 from tinyllm.formats.tensor_checks import check_tensors, check_vocab, expected_shapes
-from tinyllm.model import ModelConfig
 from tinyllm.text.jinja_template import pick_template
 from tinyllm.text.sp_proto import sentencepiece_proto
 from tinyllm.text.tokenizer import Tokenizer
@@ -176,7 +182,7 @@ def read_gguf(path: str | Path) -> GGUFFile:
         name = r.string()
         n_dims = r.scalar(4)
         if n_dims > _MAX_DIMS:
-            raise ValueError(f"{path}: tensor {_short(name)} has {n_dims} dimensions (GGUF allows {_MAX_DIMS}); "
+            raise ValueError(f"{path}: tensor {short(name)} has {n_dims} dimensions (GGUF allows {_MAX_DIMS}); "
                              "the file is corrupt")
         dims = [r.scalar(10) for _ in range(n_dims)]
         infos.append((name, tuple(reversed(dims)), r.scalar(4), r.scalar(10)))
@@ -192,94 +198,16 @@ def read_gguf(path: str | Path) -> GGUFFile:
         if block is not None:
             numel = math.prod(shape)  # Python ints: np.prod would wrap past 2^63
             if shape and shape[-1] % block:
-                raise ValueError(f"{path}: tensor {_short(name)} rows of {shape[-1]} are not whole {block}-blocks")
+                raise ValueError(f"{path}: tensor {short(name)} rows of {shape[-1]} are not whole {block}-blocks")
             nbytes = numel // block * size
             if start + off + nbytes > len(mm):
-                raise ValueError(f"{path} is truncated: tensor {_short(name)} runs past the end of the file; "
+                raise ValueError(f"{path} is truncated: tensor {short(name)} runs past the end of the file; "
                                  "copy or download it again")
         tensors[name] = GGUFTensor(name, shape, typ, start + off, nbytes)
     return GGUFFile(path, version, meta, tensors, mm)
 
 
-# ---- llama-architecture files -----------------------------------------------------------
-
-_NAMES = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn_q": "attn.wq", "attn_k": "attn.wk",
-          "attn_v": "attn.wv", "attn_output": "attn.wo", "ffn_gate": "ffn.w1", "ffn_up": "ffn.w3",
-          "ffn_down": "ffn.w2"}
-
-
-_KINDS = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", list: "an array"}
-
-
-def meta(g: GGUFFile, key: str, kind: type, default=None, item: type | None = None):
-    """Metadata `key` checked to be of `kind` (a list of `item`s for list; float takes an int;
-    bool takes 0/1), or `default` when absent; the wrong type is a one-line ValueError."""
-    v = g.metadata.get(key)
-    if v is None:
-        return default
-    ok = {int: lambda x: type(x) is int, float: lambda x: type(x) in (int, float),
-          bool: lambda x: type(x) is bool or x in (0, 1), str: lambda x: type(x) is str}
-    if kind is list:
-        good = type(v) is list and (item is None or all(ok[item](x) for x in v))
-    else:
-        good = ok[kind](v)
-    if not good:
-        what = f"an array of {_KINDS[item].split(' ', 1)[1]}s" if kind is list and item else _KINDS[kind]
-        raise ValueError(f"{g.path}: GGUF metadata {key} should be {what}, not {type(v).__name__} "
-                         f"{_short(v)}; the file is corrupt or was written by a broken converter")
-    return v
-
-
-def _short(v) -> str:
-    r = repr(v)
-    return r if len(r) <= 40 else r[:37] + "..."
-
-
-def gguf_config(g: GGUFFile) -> ModelConfig:
-    arch = g.metadata.get("general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{g.path}: GGUF architecture {_short(arch)} is not supported (tinyllm reads llama)")
-
-    def get(key, default=None, kind: type = int):
-        v = meta(g, f"llama.{key}", kind, default)
-        if v is None:
-            raise ValueError(f"{g.path}: GGUF metadata lacks llama.{key}")
-        return v
-
-    if get("expert_count", 0):
-        raise ValueError(f"{g.path}: mixture-of-experts llama models are not supported")
-    scaling = meta(g, "llama.rope.scaling.type", str, "none")
-    if scaling != "none" or "rope_freqs.weight" in g.tensors:
-        raise ValueError(f"{g.path}: rope scaling ({scaling if scaling != 'none' else 'rope_freqs'}) "
-                         "is not supported (only plain RoPE)")
-    heads, dim = int(get("attention.head_count")), int(get("embedding_length"))
-    if isinstance(g.metadata.get("llama.attention.head_count_kv"), list):
-        raise ValueError(f"{g.path}: per-layer key/value head counts are not supported")
-    kv = get("attention.head_count_kv", heads)
-    for key in ("rope.dimension_count", "attention.key_length", "attention.value_length"):
-        if key in {k[len("llama."):] for k in g.metadata} and int(get(key)) != dim // heads:
-            raise ValueError(f"{g.path}: llama.{key} {get(key)} is not embedding_length / head_count "
-                             f"({dim} / {heads}); tinyllm does not support that")
-    emb = g.tensors.get("token_embd.weight")
-    vocab = int(meta(g, "llama.vocab_size", int) or (emb.shape[0] if emb and emb.shape else len(
-        meta(g, "tokenizer.ggml.tokens", list, []))))
-    return ModelConfig(vocab_size=vocab, dim=dim, n_layers=int(get("block_count")), n_heads=heads,
-                       n_kv_heads=int(kv), ffn_dim=int(get("feed_forward_length")),
-                       max_seq_len=int(get("context_length", 2048)),
-                       rope_theta=float(get("rope.freq_base", 10000.0, float)),
-                       norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5, float)),
-                       tie_embeddings="output.weight" not in g.tensors)
-
-
-def _tinyllm_name(name: str) -> str | None:
-    fixed = {"token_embd.weight": "tok_emb.weight", "output_norm.weight": "norm.weight",
-             "output.weight": "lm_head.weight"}
-    if name in fixed:
-        return fixed[name]
-    parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" and parts[2] in _NAMES:
-        return f"blocks.{parts[1]}.{_NAMES[parts[2]]}.weight"
-    return None
+# ---- importing a file ----------------------------------------------------------------
 
 
 def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -318,20 +246,28 @@ def gguf_tokenizer(g: GGUFFile):
         return BPETokenizer.from_vocab(tokens, meta(g, "tokenizer.ggml.merges", list, [], str), types,
                                        meta(g, "tokenizer.ggml.pre", str), ids["bos"], ids["eos"], ids["padding"],
                                        ids["unknown"])
-    raise ValueError(f"{g.path}: GGUF tokenizer model {_short(kind)} is not supported (llama or gpt2)")
+    raise ValueError(f"{g.path}: GGUF tokenizer model {short(kind)} is not supported (llama or gpt2)")
 
 
 def inspect_gguf(g: GGUFFile, template: str | None = None) -> ModelSpec:
-    """Validate a read GGUF header (no tensor data): config, tensor names, shapes and types,
-    tokenizer, chat template. The spec's source: (g, {gguf name: tinyllm name})."""
+    """Validate a read GGUF header (no tensor data but the RoPE factors): config, tensor names,
+    shapes and types, tokenizer, chat template. The spec's source: (g, gguf_names(g, cfg))."""
     cfg = gguf_config(g)
     want = expected_shapes(cfg)
-    names = {n: _tinyllm_name(n) for n in g.tensors}
-    unknown = sorted(n for n, t in names.items() if t is None or t not in want)
-    missing = sorted(set(want) - set(names.values()))
-    wrong = [f"{n} {g.tensors[n].shape} vs {want[t]}" for n, t in names.items()
-             if t in want and g.tensors[n].shape != want[t]]
-    check_tensors(f"{g.path}: the tensors do not match the metadata", missing, unknown, wrong)
+    names = gguf_names(g, cfg)
+    found: dict[str, tuple[int, ...]] = {}  # tinyllm name -> its shape in the file
+    unknown, wrong = [], []
+    for n, t in names.items():
+        shape = g.tensors[n].shape
+        parts = ((t, shape[0]),) if isinstance(t, str) else t or ()
+        if isinstance(t, tuple) and sum(r for _, r in t) != shape[0]:
+            wrong.append(f"{n} {shape} vs {sum(r for _, r in t)} rows")
+        for part, rows in parts:
+            found[part] = (rows, *shape[1:])
+        unknown += [n] if t is None or any(p not in want for p, _ in parts) else []
+    missing = sorted(set(want) - set(found))
+    wrong += [f"{t} {s} vs {want[t]}" for t, s in found.items() if t in want and s != want[t]]
+    check_tensors(f"{g.path}: the tensors do not match the metadata", missing, sorted(unknown), wrong)
     bad = sorted({g.tensors[n].type_name for n in names if g.tensors[n].nbytes is None})
     if bad:
         raise ValueError(f"{g.path}: quantization type {', '.join(bad)} is not supported "
@@ -356,20 +292,40 @@ def inspect(path: str | Path, template: str | None = None) -> ModelSpec:
 
 
 def tensors(spec: ModelSpec, quant: str, dtype: torch.dtype, progress: Progress | None = None) -> Tensors:
-    """Every tensor under tinyllm's names, Q/K rows un-permuted: dequantized in `dtype` under
-    quant "none", else each matrix in its quantized form."""
+    """Every tensor under tinyllm's names (fused Phi-3 tensors split by rows; llama's Q/K rows
+    un-permuted): dequantized in `dtype` under quant "none", else each matrix in its quantized form."""
     g, names = spec.source
-    heads = {"attn.wq.weight": spec.config.n_heads, "attn.wk.weight": spec.config.n_kv_heads}
+    cfg = spec.config
+    heads = {"attn.wq.weight": cfg.n_heads, "attn.wk.weight": cfg.n_kv_heads} if cfg.family in PERMUTED else {}
     state: Tensors = {}
     for n, t in with_progress(list(names.items()), progress):
         w = g.tensor(n) if quant == "none" else g.quantized(n)
-        h = next((v for k, v in heads.items() if t.endswith(k)), None)
-        if h is not None and isinstance(w, QTensor):
-            w = w.map(lambda x, h=h: unpermute_qk(x.reshape(x.shape[0], -1), h).reshape(x.shape))
-        elif h is not None:
-            w = unpermute_qk(w, h)
-        state[t] = w.to(dtype) if quant == "none" else w
+        for part, rows, start in _parts(t):
+            x = w if part == t else _rows(w, start, rows)
+            h = next((v for k, v in heads.items() if part.endswith(k)), None)
+            if h is not None and isinstance(x, QTensor):
+                x = x.map(lambda y, h=h: unpermute_qk(y.reshape(y.shape[0], -1), h).reshape(y.shape))
+            elif h is not None:
+                x = unpermute_qk(x, h)
+            state[part] = x.to(dtype) if quant == "none" else x
     return state
+
+
+def _parts(t: str | Split) -> list[tuple[str, int, int]]:
+    """(tinyllm name, rows, first row) of each part of a GGUF tensor (one part: the whole)."""
+    if isinstance(t, str):
+        return [(t, 0, 0)]
+    out, start = [], 0
+    for name, rows in t:
+        out.append((name, rows, start))
+        start += rows
+    return out
+
+
+def _rows(w: torch.Tensor | QTensor, start: int, rows: int) -> torch.Tensor | QTensor:
+    if isinstance(w, QTensor):
+        return w.map(lambda y: y[start:start + rows].contiguous())
+    return w[start:start + rows].contiguous()
 
 
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,

@@ -37,12 +37,18 @@ _INSTALL = "pip install tokenizers (a dependency of tinyllm-chat since issue 34)
 _BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 # GGUF token types (llama.cpp's llama_token_type)
 _CONTROL, _USER_DEFINED = 3, 4
-# GGUF `tokenizer.ggml.pre` names -> the split regex in front of the byte-level mapping.
-# None: GPT-2's own regex (ByteLevel(use_regex=True)).
+# GGUF `tokenizer.ggml.pre` names -> the split regex in front of the byte-level mapping (the
+# original regexes of the models' tokenizer.json, which llama.cpp's llama-vocab.cpp adapts):
+# llama-bpe (Llama 3), qwen2 (Qwen 2/2.5/3), gpt-4o (Phi-4-mini). None: GPT-2's own regex.
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _PRE = {"default": None, "gpt2": None, "gpt-2": None, "smollm": "digits", "llama-bpe": _LLAMA3_SPLIT,
-        "llama3": _LLAMA3_SPLIT}
+        "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "gpt-4o": _GPT4O_SPLIT}
 
 
 def require_tokenizers():
