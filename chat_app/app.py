@@ -100,6 +100,8 @@ class ChatApp(App[None]):
         Binding("ctrl+t", "copy_reply", "Copy reply", show=False, tooltip="copy the last reply (Markdown source)"),
         Binding("ctrl+g", "toggle_graphs", "Fast", tooltip="the fast step on/off from the next step, "
                 "mid-reply too: CUDA graphs on a GPU, the native C++ step on a CPU"),
+        Binding("f2", "toggle_thinking", "Think", tooltip="thinking on/off from the next reply (/set thinking "
+                "on|off): the chat template's own switch, enable_thinking (Qwen 3); only where it has one"),
         Binding("f1", "help", "Help", tooltip="this help"),
         Binding("ctrl+q", "quit", "Quit", tooltip="quit", priority=True),
         Binding("ctrl+c", "help_quit", "Copy", show=False, tooltip="copy the selection or what is picked "
@@ -346,6 +348,10 @@ class ChatApp(App[None]):
             self.say(f"No fast step to switch here: this CPU session has no native C++ step ({why}); "
                      "--compile on runs it where the model allows.", "warning")
 
+    def action_toggle_thinking(self) -> None:
+        """F2: the chat template's thinking switch the other way (as /set thinking does)."""
+        self.commands.switch_thinking(None, self.say)
+
     def action_chats(self) -> None:
         self.chats.show_list()
 
@@ -356,11 +362,16 @@ class ChatApp(App[None]):
         self.reader.copy_or_hint()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """The palette opens over the chat only, where what it chooses acts (not over F1 or the chat list)."""
+        """The palette opens over the chat only, where what it chooses acts (not over F1 or the
+        chat list); F2 (thinking) is there only where the model's template has the switch."""
+        if action == "toggle_thinking":
+            return self.session is not None and getattr(self.session, "thinking", None) is not None
         return action != "command_palette" or len(self.screen_stack) == 1
 
     def action_help(self) -> None:
         keys = INPUT_KEYS + READING_KEYS + [(key_name(b.key), b.tooltip) for b in self.BINDINGS
                                             if isinstance(b, Binding) and self.check_action(b.action, ())]
         commands = [(f"/{name} {args}".rstrip(), does) for name, (args, does) in COMMANDS.items()]
-        self.push_screen(HelpScreen(keys, commands))
+        s = self.session
+        model = f"{s.name} ({s.family})" if s is not None and getattr(s, "family", "") else ""
+        self.push_screen(HelpScreen(keys, commands, model))

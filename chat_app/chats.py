@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from chat_app.editing import EDITED
 from chat_app.store import Resumed, Saved, StoreError
 from chat_app.widgets.chat_list import ChatList
+from chat_app.worker import THINKING
 from tinyllm.decode.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -108,6 +109,8 @@ class ChatSwitcher:
         pairs = [("system", store.system or "")]
         app.queue_job("load_messages", pairs + [(m.role, m.content) for m in saved if m.role != "system"])
         for name, value in store.settings.items():
+            if name == THINKING and value in ("on", "off"):  # the template's switch (chat_app.worker)
+                continue
             try:
                 SamplingParams().with_value(name, value)  # what /set checks
             except ValueError as e:

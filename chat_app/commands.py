@@ -11,9 +11,11 @@ worker thread, with a toast when done (a note when it could not). This module ne
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from chat_app.history import write_regular
+from chat_app.worker import THINKING
 
 if TYPE_CHECKING:
     from chat_app.app import ChatApp
@@ -53,6 +55,9 @@ class CommandRunner:
     async def command_set(self, arg: str) -> None:
         name, _, value = arg.partition(" ")
         name = name.replace("-", "_")
+        if name == THINKING:
+            self.switch_thinking(value.strip(), self.app.note)
+            return
         if self.app.session is None or not value.strip():
             self.app.note("usage: /set NAME VALUE (after the model has loaded)", "error")
             return
@@ -63,6 +68,30 @@ class CommandRunner:
             return
         self.app.save(self.app.store.set_setting, name, value.strip())  # kept with the chat
         self.app.note(f"{name} = {getattr(self.app.session.params, name)} (from the next reply)")
+
+    def switch_thinking(self, value: str | None, tell: Callable[[str, str], None]) -> None:
+        """/set thinking on|off, and the key (value None: the other way): the chat template's
+        own switch (enable_thinking) from the next reply, kept with the chat like /set's values."""
+        s = self.app.session
+        if s is None:
+            tell("The model is still loading.", "warning")
+            return
+        if s.thinking is None:
+            tell(f"/set thinking does not apply: {s.name}'s chat template has no thinking switch (enable_thinking).",
+                 "error")
+            return
+        if value not in (None, "on", "off"):
+            tell("usage: /set thinking on|off", "error")
+            return
+        on = not s.thinking if value is None else value == "on"
+        try:
+            s.set_thinking(on)
+        except ValueError as e:
+            tell(str(e), "error")
+            return
+        self.app.save(self.app.store.set_setting, THINKING, "on" if on else "off")  # kept with the chat
+        self.app.status.show(thinking=on)
+        tell(f"thinking {'on' if on else 'off'} (from the next reply)", "information")
 
     async def command_edits(self, arg: str) -> None:
         self.app.editor.show_edits()  # chat_app.editing
@@ -114,7 +143,9 @@ class CommandRunner:
         p = s.params
         seed = "random" if p.seed is None else p.seed
         chat = self.app.store.settings
-        self.app.note(f"Model: {s.name} on {s.device} ({s.dtype}), context {s.max_len:,} positions.\n"
+        think = "" if getattr(s, "thinking", None) is None else f"; thinking {'on' if s.thinking else 'off'}"
+        family = f", family {s.family}" if getattr(s, "family", "") else ""
+        self.app.note(f"Model: {s.name} on {s.device} ({s.dtype}){family}, context {s.max_len:,} positions{think}.\n"
                       f"System prompt: {s.system or '(none)'}\n"
                       f"Sampling: temperature {p.temperature}, top_p {p.top_p}, top_k {p.top_k}, "
                       f"repeat_penalty {p.repeat_penalty}, max_tokens {p.max_tokens:,}, seed {seed}; Ctrl+R when greedy: "

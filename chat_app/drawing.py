@@ -224,6 +224,8 @@ class Drawer:
                 app.note(f"System prompt set: {echo(system)}" if system else "System prompt cleared.")
         elif item.kind == "load_messages":
             app.status.show(position=len(s.context))
+        elif item.kind == "params":  # a chat's settings, its thinking switch among them
+            app.status.show(thinking=getattr(s, "thinking", None))
         elif item.kind == "restart":
             app.models.restarted()
             app.say("The model process is running again.")

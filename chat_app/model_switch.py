@@ -228,7 +228,8 @@ class ModelSwitcher:
         app.refresh_bindings()
         app.status.show(state="ready", name=s.name, device=s.device, weights=s.weights,
                         graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
-                        position=len(s.context), step=s.step_kind, capped=s.max_len < s.model_max_len)
+                        position=len(s.context), step=s.step_kind, capped=s.max_len < s.model_max_len,
+                        family=getattr(s, "family", ""), thinking=getattr(s, "thinking", None))
         if s.log_error and not self._log_error_said:
             self._log_error_said = True
             app.say(f"The model process's log {s.log_error}; it logs nothing, and chatting works.", "warning")

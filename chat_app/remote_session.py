@@ -3,7 +3,7 @@
 The app's worker thread uses it as it would a ChatSession: `send(text)` / `edit(text)` /
 `regenerate()` / `continue_reply()` return the reply's events (Prefilled, Token, Finished from
 tinyllm.session.chat_events, which import no torch), `new_chat()`, `set_system()` and
-`load_messages()` block until done, and `stop()`, `set_graphs()` and `set_param()` take
+`load_messages()` block until done, and `stop()`, `set_graphs()`, `set_thinking()` and `set_param()` take
 effect at once, from any thread, also mid-reply. Each is one Call through the protocol's JOBS
 table. Errors come back as ValueError with the child's message. The session's public state
 (`name`, `device`, `messages`, `params`, `step_kind`, ...) is `state`, a SessionState as of the
@@ -27,7 +27,7 @@ be opened raises ValueError when the path, files or options are wrong (the child
 message) and RuntimeError when the machine is (out of memory, the process died). `path` is
 the model's path, `pid` the child's process id. `ended` says why the child is gone (killed,
 crashed, closed), "" while it runs; `restart(messages)` then starts a new one in its place
-(the same object: whoever holds the session keeps it).
+(the same object: whoever holds the session keeps it), with the old one's settings and thinking switch.
 """
 
 from __future__ import annotations
@@ -91,6 +91,8 @@ class RemoteSession:
     compile_error = _mirrored("compile_error")
     timeline = _mirrored("timeline")
     last_stats = _mirrored("last_stats")
+    family = _mirrored("family")
+    thinking = _mirrored("thinking")
 
     def __init__(self, open_kwargs: dict[str, Any], progress: Callable[[Progress], None] | None = None,
                  **changes: Any):
@@ -162,10 +164,13 @@ class RemoteSession:
         """After the child ended: a new one with the same options and the old one's settings
         and graphs switch (as last mirrored), the conversation `messages` loaded into it."""
         params, use_graph = {k: "none" if v is None else str(v) for k, v in vars(self.params).items()}, self.use_graph
+        thinking = self.thinking
         self.close()  # reaps the old one
         self._start(progress)
         for name, value in params.items():
             self.set_param(name, value)
+        if thinking is not None and self.thinking is not None and self.thinking != thinking:
+            self.set_thinking(thinking)
         if self.use_graph != use_graph:  # graphs, or on a CPU the native step
             self.set_graphs(use_graph)
         self.load_messages(messages)
@@ -273,6 +278,9 @@ class RemoteSession:
 
     def set_graphs(self, on: bool) -> None:
         self._run("set_graphs", on)
+
+    def set_thinking(self, on: bool) -> None:
+        self._run("set_thinking", on)
 
     def stop(self) -> None:
         """Ask the reply to finish after the current token (no wait for the answer). A child

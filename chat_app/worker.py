@@ -5,7 +5,8 @@ exclusive): it opens the session (`open_session(progress=..., **changes)`: a Mod
 and then runs the jobs the UI thread queues with `put(kind, arg)`, in order, until the app
 cancels it. A job is a session job (tinyllm.session.session_protocol's JOBS: the Session method of
 that name, called with arg, none when arg is None; a REPLY streams) or one of the app's own:
-"params" (a chat's /set values over the launch's), "open" (a barrier before a saved chat
+"params" (a chat's /set values over the launch's, "thinking" among them where the model's
+template has that switch), "open" (a barrier before a saved chat
 opens), "restart" (a new model process in place of one that ended, reloaded with the given
 messages), "model" ((path, system, keep_chat): another model, opened beside the old one in a
 new process; the old one ends only once the new one has loaded, and answers on if it fails).
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     from textual.app import App
 
     from tinyllm.session.session_protocol import ModelProcess
+
+
+THINKING = "thinking"  # the chat's setting ("on" / "off") for the template's thinking switch, not a sampling one
 
 
 def streams(kind: str) -> bool:
@@ -74,10 +78,16 @@ class SessionWorker:
     def _run_jobs(self, session: ModelProcess, worker) -> Any:
         """Run jobs until cancelled (None) or until a "model" job (its argument)."""
         launch = {k: "none" if v is None else str(v) for k, v in vars(session.params).items()}
+        launch_thinking = getattr(session, "thinking", None)  # None: the template has no switch
 
         def set_params(settings: dict[str, str]) -> None:  # a chat's /set values over the launch's
             for name, value in {**launch, **settings}.items():
-                session.set_param(name, value)
+                if name != THINKING:
+                    session.set_param(name, value)
+            if launch_thinking is not None:  # the template's switch (another model's chat: none here)
+                want = launch_thinking if THINKING not in settings else settings[THINKING] == "on"
+                if session.thinking != want:
+                    session.set_thinking(want)
 
         own: dict[str, Callable[[Any], None]] = {"params": set_params, "open": lambda _: None,
                                                  "restart": lambda pairs: session.restart(pairs, self.report_progress)}

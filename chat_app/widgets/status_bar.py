@@ -4,12 +4,13 @@ Shows, in this order: decode tokens/s, the attention bucket W, position / max_le
 the context is less than the model's: --max-len lifts it), the state (loading / ready /
 generating), the model name, time to first token, which decode step runs ("compiling…" while
 the compiled step is built in the background, then "compiled"; "native" / "eager" on a CPU),
-CUDA graphs (ON / OFF; left out on a CPU, where there are none) and the device with the
-weights as held ("cpu int4", "cuda bf16": a quantized model's matrices, not the activations'
-float32). The live numbers come first: they are what a narrow terminal keeps, and notices
+CUDA graphs (ON / OFF; left out on a CPU, where there are none), the device with the weights
+as held ("cpu int4", "cuda bf16": a quantized model's matrices, not the activations' float32),
+and where the chat template has a thinking switch, "think on" / "think off". The model family
+("qwen3") follows the name. The live numbers come first: they are what a narrow terminal keeps, and notices
 (shown above the bar) never cover them. When the line does not fit, the model name is
 shortened ("Smollm2 135M 8k…") and the fields after it are left out, the least useful first:
-the decode step, then CUDA graphs, then TTFT; the device and weights go last: the name is
+the decode step, then CUDA graphs, then TTFT, then the family; thinking and the device and weights go last: the name is
 shortened (to 12 characters at least) to keep them, so at 80 and 100 columns they stay. The
 app calls `show(**fields)` at most once per drained batch;
 fields not known yet render as "-". `line` holds the whole plain text, `shown` what fits. The
@@ -27,7 +28,7 @@ STEPS = {"plain": "", "compiling": "compiling…", "compiled": "compiled", "nati
 NAME_MIN = 12  # a long model name is cut to no less than this
 NAME_NARROW = 20  # ... and to this below NARROW columns, so growing numbers do not push it around
 NARROW = 100
-KEEP = ("device", "ttft", "graphs", "step")  # the fields after the name, the most useful first
+KEEP = ("device", "think", "family", "ttft", "graphs", "step")  # the fields after the name, the most useful first
 
 
 def shorten(name: str, width: int) -> str:
@@ -73,10 +74,12 @@ class StatusBar(Static):
         """The fields after the name, in the order shown ("" for one not shown)."""
         f = self.fields
         ttft, graphs = f.get("ttft_ms"), f.get("graphs")
-        return {"ttft": f"TTFT {ttft:.0f} ms" if ttft is not None else "TTFT -",
+        return {"family": str(f.get("family") or ""),
+                "ttft": f"TTFT {ttft:.0f} ms" if ttft is not None else "TTFT -",
                 "step": STEPS.get(str(f.get("step", "plain")), ""),
                 "graphs": "" if graphs is None else f"graphs {'ON' if graphs else 'OFF'}",
-                "device": f"{f.get('device', '-')} {f.get('weights', '-')}"}
+                "device": f"{f.get('device', '-')} {f.get('weights', '-')}",
+                "think": "" if f.get("thinking") is None else f"think {'on' if f['thinking'] else 'off'}"}
 
     def _fit(self, parts: list[str], name: str, width: int) -> str:
         """The live fields, the state, the name (shortened) and as many others as fit, the

@@ -114,6 +114,11 @@ class ChatSession:
         return self.model.cfg.max_seq_len
 
     @property
+    def family(self) -> str:
+        """The model family ("llama", "qwen3", "gemma3", ...: tinyllm.model.ModelConfig)."""
+        return getattr(self.model.cfg, "family", "")
+
+    @property
     def dtype(self) -> str:
         return str(self.model.dtype).removeprefix("torch.")
 
@@ -238,6 +243,18 @@ class ChatSession:
     def stop(self) -> None:
         """Ask the running reply to finish after the current token."""
         self.runner.stop()
+
+    @property
+    def thinking(self) -> bool | None:
+        """The chat template's thinking switch (Qwen 3's enable_thinking); None: it has none."""
+        return self.conversation.thinking
+
+    def set_thinking(self, on: bool) -> None:
+        """Thinking on/off from the next reply (its generation prompt; an earlier turn is sent
+        back as the template renders it either way). ValueError where the template has no switch."""
+        if self.conversation.thinking is None:
+            raise ValueError("thinking does not apply: this model's chat template has no enable_thinking switch")
+        self.conversation.thinking = bool(on)
 
     def set_param(self, name: str, value: str) -> None:
         self.params = self.params.with_value(name, value)

@@ -17,6 +17,7 @@ class Message:
     content: str
     ids: list[int] = field(default_factory=list, repr=False)  # what this message adds to the context
     stopped: bool = False  # an assistant reply cut short by stop()
+    prompt: int = 0  # a user turn's last ids that are the generation prompt's thinking switch (Conversation)
 
 
 @dataclass

@@ -25,6 +25,14 @@ Contract:
   in max_len, the oldest whole turns leave the context (the system prompt stays; a turn starts
   at a user message), trimming to 3/4 of max_len so the next turns fit without another
   re-prefill. `messages` keeps everything said; `first_message` is the first one the model sees.
+- Thinking (a template with a switch, Qwen 3's `enable_thinking`: ChatTemplate.thinking):
+  `thinking` is on, off, or None where the template has no switch. A user turn ends with the
+  generation prompt as the switch stands when its reply opens (its last `prompt` ids: Qwen 3
+  with thinking off, `<think>\n\n</think>\n\n`; regenerate renders it again). Once a later
+  turn follows, the turn before is what the template renders for an earlier one: the user
+  turn without that tail, the reply without its reasoning (`ChatTemplate.visible`: Qwen 3
+  sends back only the text after `</think>`), and the cache keeps the prefix it shares with
+  that. Templates without a switch or reasoning tag are never re-rendered.
 - Errors are ValueErrors that say what to do, and leave the conversation unchanged: an empty
   message, one too long for the context, a system prompt that leaves no room for a message and
   its reply (`set_system` refuses it; where one came in anyway, each message's error names the
@@ -86,6 +94,7 @@ class Conversation:
         self.messages: list[Message] = []
         self.context: list[int] = []
         self.first_message = 0
+        self.thinking: bool | None = template.thinking_default  # None: the template has no switch
         # Before each user turn was added (by its index): first_message, and the positions the
         # cache held. An edit of that turn starts again from there (a turn not added here, a
         # resumed chat's, from first_message 0, as load did, and the prefix the cache shares).
@@ -117,6 +126,14 @@ class Conversation:
         system = self.system if first else None
         return self.encode(self.template.render_user(content, system) + self.template.assistant_prefix)
 
+    def prompt_ids(self) -> list[int]:
+        """The generation prompt's tail after assistant_prefix as the thinking switch stands
+        ([] where the template has none, or adds nothing)."""
+        if self.thinking is None:
+            return []
+        tail = self.template.thinking[0 if self.thinking else 1]
+        return self.encode(tail) if tail else []
+
     def head_ids(self) -> list[int]:
         """The ids before the first message: BOS, and the system prompt where it stands alone."""
         ids = [self.tokenizer.bos_id] if self.template.bos else []
@@ -125,7 +142,8 @@ class Conversation:
         return ids
 
     def _reply_ids(self, content: str, stopped: bool = False) -> Message:
-        ids = self.encode(content) + self.encode(self.template.assistant_suffix)
+        """A reply as the template renders it before a later turn (its reasoning left out)."""
+        ids = self.encode(self.template.visible(content)) + self.encode(self.template.assistant_suffix)
         return Message("assistant", content, ids, stopped=stopped)
 
     # ---- the context ------------------------------------------------------------------
@@ -136,7 +154,7 @@ class Conversation:
         ids = self.head_ids()
         for i, m in enumerate(self.messages[first:]):
             if m.role == "user" and i == 0 and self.template.system_in_first_user:
-                ids += self.user_ids(m.content, True)
+                ids += self.user_ids(m.content, True) + (m.ids[-m.prompt:] if m.prompt else [])
             else:
                 ids += m.ids
         keep = 0
@@ -215,7 +233,38 @@ class Conversation:
                 self.messages.append(Message("user", content, self.user_ids(content, len(self.messages) == 0)))
             else:
                 self.messages.append(self._reply_ids(content))
+        if self.messages and self.messages[-1].role == "user":  # ready for its reply
+            self.messages[-1] = self._prompted(self.messages[-1])
         self.rebuild()
+
+    # ---- the generation prompt, and earlier turns as the template renders them ----------
+
+    def _prompted(self, m: Message) -> Message:
+        """User turn `m` ending with the generation prompt as the thinking switch stands now."""
+        tail = self.prompt_ids()
+        return Message("user", m.content, m.ids[:len(m.ids) - m.prompt] + tail, prompt=len(tail))
+
+    def _settle(self) -> Callable[[], None] | None:
+        """The last turn as the template renders it once another follows: the user turn
+        without its generation prompt's tail, the reply without its reasoning; the context is
+        rebuilt (the cache keeps the prefix it shares). Returns what puts them back (the
+        caller rebuilds); None where nothing changed."""
+        at = next((i for i in range(len(self.messages) - 1, -1, -1) if self.messages[i].role == "user"), None)
+        if at is None:
+            return None
+        old = self.messages[at:]
+        new = [Message("user", m.content, m.ids[:len(m.ids) - m.prompt]) if m.role == "user" and m.prompt else
+               self._reply_ids(m.content, m.stopped) if m.role == "assistant" and
+               self.template.visible(m.content) != m.content else m for m in old]
+        if all(a is b for a, b in zip(old, new, strict=True)):
+            return None
+        self.messages[at:] = new
+        self.rebuild(self.first_message)
+
+        def back() -> None:
+            self.messages[at:at + len(old)] = old
+
+        return back
 
     # ---- turns ------------------------------------------------------------------------
 
@@ -224,16 +273,26 @@ class Conversation:
         many messages were dropped, undo: the turn taken back and the dropped turns returned)."""
         if not text.strip():
             raise ValueError("empty message")
+        was_first = self.first_message
+        settled = self._settle()
         first = self.first_message >= len(self.messages)  # no earlier turn in the context
-        ids = self.user_ids(text, first)
-        was_first, held = self.first_message, self.cache.n
-        dropped = self.fit(len(ids), max_tokens)
+        ids, tail = self.user_ids(text, first), self.prompt_ids()
+        held = self.cache.n
+        try:
+            dropped = self.fit(len(ids) + len(tail), max_tokens)
+        except ValueError:
+            if settled is not None:
+                settled()
+                self.rebuild(was_first)
+            raise
         self._first_before[len(self.messages)], self._cache_before[len(self.messages)] = was_first, held
-        self.messages.append(Message("user", text, ids))
-        self.context = self.context + ids
+        self.messages.append(Message("user", text, ids + tail, prompt=len(tail)))
+        self.context = self.context + ids + tail
 
         def undo() -> None:
             self.messages.pop()
+            if settled is not None:
+                settled()
             self.rebuild(was_first)
 
         return dropped, undo
@@ -273,10 +332,20 @@ class Conversation:
         if not self.messages:
             raise ValueError("there is no reply to regenerate")
         if self.messages[-1].role == "user":
+            self.messages[-1] = self._prompted(self.messages[-1])  # the thinking switch as it stands now
+            self.rebuild(self.first_message)
             return None
         old = self.messages.pop()
+        asked = self.messages[-1]
+        self.messages[-1] = self._prompted(asked)
         self.rebuild(self.first_message)
-        return self._put_back(old)
+
+        def undo() -> None:
+            self.messages[-1] = asked
+            self.messages.append(old)
+            self.rebuild(self.first_message)
+
+        return undo
 
     def reopen_reply(self) -> tuple[Message, list[int], Callable[[], None]]:
         """Open the last reply again: the context ends with its ids less the closing suffix, so

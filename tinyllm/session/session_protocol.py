@@ -47,7 +47,7 @@ from tinyllm.session.chat_events import Finished, Message, Prefilled, StepStats,
 
 Event = Prefilled | Token | Finished
 Job = Literal["send", "edit", "regenerate", "continue_reply", "new_chat", "set_system", "load_messages",
-              "set_param", "set_graphs", "stop"]
+              "set_param", "set_graphs", "set_thinking", "stop"]
 
 
 class Runs(Enum):
@@ -59,7 +59,7 @@ class Runs(Enum):
 JOBS: dict[Job, Runs] = {
     "send": Runs.REPLY, "edit": Runs.REPLY, "regenerate": Runs.REPLY, "continue_reply": Runs.REPLY,
     "new_chat": Runs.TASK, "set_system": Runs.TASK, "load_messages": Runs.TASK,
-    "set_param": Runs.CALL, "set_graphs": Runs.CALL, "stop": Runs.CALL,
+    "set_param": Runs.CALL, "set_graphs": Runs.CALL, "set_thinking": Runs.CALL, "stop": Runs.CALL,
 }
 DONE_COMPILING = ("compiled", "native", "eager", "compile failed", "plain")  # step kinds with no compile to wait for
 
@@ -73,6 +73,8 @@ class Session(Protocol):
     def name(self) -> str: ...
     @property
     def device(self) -> str: ...
+    @property
+    def family(self) -> str: ...  # the model family: "llama", "qwen3", "gemma3", ...
     @property
     def dtype(self) -> str: ...  # the activations'
     @property
@@ -101,6 +103,8 @@ class Session(Protocol):
     def timeline(self) -> dict[str, float]: ...
     @property
     def last_stats(self) -> StepStats | None: ...
+    @property
+    def thinking(self) -> bool | None: ...  # the template's thinking switch; None: it has none
 
     def send(self, text: str) -> Iterator[Event]: ...
     def edit(self, text: str) -> Iterator[Event]: ...  # the last user turn and its reply replaced
@@ -111,6 +115,7 @@ class Session(Protocol):
     def load_messages(self, messages: list[tuple[str, str]]) -> None: ...
     def set_param(self, name: str, value: str) -> None: ...
     def set_graphs(self, on: bool) -> None: ...
+    def set_thinking(self, on: bool) -> None: ...  # ValueError where the template has no switch
     def stop(self) -> None: ...
     def wait_compiled(self, timeout: float | None = None) -> bool: ...
 
@@ -148,6 +153,8 @@ class SessionState:
     last_stats: StepStats | None  # the last reply's
     messages: list[Message] = field(default_factory=list)  # without their ids
     weights: str = ""  # how the matrices are held ("int4", "int8", "bf16", ...)
+    family: str = ""  # the model family ("llama", "qwen3", ...)
+    thinking: bool | None = None  # the chat template's thinking switch; None: it has none
 
     @classmethod
     def of(cls, s: Any) -> SessionState:
@@ -157,7 +164,7 @@ class SessionState:
                    context_len=len(s.context), first_message=s.first_message, system=s.system, params=s.params,
                    step_kind=s.step_kind, compile_error=s.compile_error, timeline=s.timeline,
                    last_stats=s.last_stats, messages=[Message(m.role, m.content, stopped=m.stopped) for m in s.messages],
-                   weights=s.weights)
+                   weights=s.weights, family=s.family, thinking=s.thinking)
 
 
 # ---- parent -> child -------------------------------------------------------------------------

@@ -10,6 +10,10 @@ naming the choices. `system` and `user` are format strings with exactly one plai
 `{content}` field and nothing else (no attribute, index, conversion or format spec: a spec
 like "{content.__class__}" would write object reprs into the prompt); anything else is a
 ValueError when the template is made. `stop` lists the pieces that end an assistant reply besides EOS.
+`thinking` is a template's thinking switch (Qwen 3's `enable_thinking`): what the generation
+prompt adds after `assistant_prefix` with thinking on and off ("" and "<think>\n\n</think>\n\n"),
+() where it has none; `reasoning_end` ("</think>") is where the text of an earlier reply that
+the template sends back begins (`visible`); "" where it sends replies back whole.
 """
 
 from __future__ import annotations
@@ -28,13 +32,31 @@ class ChatTemplate:
     stop: tuple[str, ...] = ()  # pieces that end a reply (besides EOS)
     bos: bool = True  # the conversation starts with BOS
     system_in_first_user: bool = False  # llama2: the system text lives inside the first [INST]
+    thinking: tuple[str, ...] = ()  # the generation prompt's tail with thinking (on, off); () no switch
+    reasoning_end: str = ""  # an earlier reply is sent back from after its last one ("</think>")
 
     def __post_init__(self) -> None:
         for name in ("system", "user"):
             _check_format(name, getattr(self, name))
-        for name in ("assistant_prefix", "assistant_suffix"):
+        if self.thinking and (len(self.thinking) != 2 or not all(isinstance(t, str) for t in self.thinking)):
+            raise ValueError(f"chat template thinking must be two strings (on, off), got {self.thinking!r}")
+        for name in ("assistant_prefix", "assistant_suffix", "reasoning_end"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"chat template {name} must be a string, got {getattr(self, name)!r}")
+
+    @property
+    def thinking_default(self) -> bool | None:
+        """Whether the template thinks when not told (None: it has no switch)."""
+        if not self.thinking:
+            return None
+        on, off = self.thinking
+        return not (off == "" and on != "")
+
+    def visible(self, content: str) -> str:
+        """An earlier reply as the template sends it back: without its reasoning (Qwen 3:
+        `content.split('</think>')[-1].lstrip('\\n')`)."""
+        end = self.reasoning_end
+        return content.split(end)[-1].lstrip("\n") if end and end in content else content
 
     def render_system(self, content: str) -> str:
         return self.system.format(content=content)

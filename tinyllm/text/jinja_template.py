@@ -23,6 +23,11 @@ Contract:
   string or list made with `*` at most MAX_RENDER_CHARS items (a ValueError past any bound:
   a template with nested `range(100000)` loops or `'a' * 10**9` fails in seconds, in bounded
   memory).
+- A template with a thinking switch (Qwen 3's `enable_thinking`) gets `thinking`: the generation
+  prompt's tail with it true and false; and `reasoning_end` ("</think>") where it sends an
+  earlier reply back without its reasoning exactly as `ChatTemplate.visible` does. Qwen 3's empty
+  think block in the last reply after the last question is allowed: it vanishes once a question
+  follows, which is how replies are sent back.
 - `guess_builtin(text)` names the built-in template whose markers a template source or a
   model name shows ("<|im_start|>" -> chatml, "[INST]" -> llama2, "<|user|>" -> zephyr).
 Refuses: a missing jinja2 (ValueError naming the extra to install); templates that do not
@@ -66,7 +71,7 @@ def template_from_dict(d: dict) -> ChatTemplate:
     if unknown:
         raise ValueError(f"unknown chat template fields {unknown}")
     try:
-        return JinjaChatTemplate(**{**d, "stop": tuple(d.get("stop", ()))})
+        return JinjaChatTemplate(**{**d, "stop": tuple(d.get("stop", ())), "thinking": tuple(d.get("thinking", ()))})
     except TypeError as e:
         raise ValueError(f"incomplete chat template spec ({e})") from None
 
@@ -188,7 +193,7 @@ def derive_template(source: str, bos_token: str | None = None, eos_token: str | 
 
     deadline = time.monotonic() + MAX_RENDER_SECONDS
 
-    def render(messages: list[dict], gen: bool) -> str:
+    def render(messages: list[dict], gen: bool, **extra: object) -> str:
         left = deadline - time.monotonic()
         try:
             if left <= 0:
@@ -197,7 +202,7 @@ def derive_template(source: str, bos_token: str | None = None, eos_token: str | 
                 out: list[str] = []
                 size = 0
                 for piece in tmpl.generate(messages=messages, add_generation_prompt=gen, bos_token=bos_text,
-                                           eos_token=eos_text, tools=None, documents=None):
+                                           eos_token=eos_text, tools=None, documents=None, **extra):
                     size += len(piece)
                     if size > MAX_RENDER_CHARS:
                         raise _TooCostly(f"more than {MAX_RENDER_CHARS} characters of output")
@@ -217,7 +222,10 @@ def derive_template(source: str, bos_token: str | None = None, eos_token: str | 
         raise ValueError("an assistant message does not start with the generation prompt")
     lead, suffix = reply[len(prefix):].split(A1, 1)
     if lead.strip():
-        raise ValueError("an assistant message adds text between the generation prompt and the reply")
+        # Qwen 3 writes an (empty) think block into the last reply after the last question
+        # only: once a question follows, the reply renders without it, which is how a reply
+        # is sent back. Where it does not vanish, adding a user message below says so.
+        r_u1a1, lead = r_u1 + prefix + A1 + suffix, ""
     user = _fmt(_after(render(_msgs(("user", U1), ("assistant", A1), ("user", U2)), False), r_u1a1,
                        "a user message"), U2)
     first_user = user.format(content=U1)
@@ -262,11 +270,33 @@ def derive_template(source: str, bos_token: str | None = None, eos_token: str | 
     builtin = next((n for n, t in TEMPLATES.items()
                     if (t.system, t.user, t.assistant_prefix, t.assistant_suffix, t.system_in_first_user)
                     == (system, user, prefix, suffix, in_first_user)), None)
+    thinking, reasoning_end = _thinking(source, render, r_u1, prefix, suffix, user)
     out = JinjaChatTemplate(name=name or builtin or "jinja", system=system, user=user,
                             assistant_prefix=prefix, assistant_suffix=suffix, stop=stop, bos=bos,
-                            system_in_first_user=in_first_user, default_system=default_system)
+                            system_in_first_user=in_first_user, default_system=default_system,
+                            thinking=thinking, reasoning_end=reasoning_end)
     _check(out, render, lead, bos_text if bos_written else "", system_renders)
     return out
+
+
+def _thinking(source: str, render, r_u1: str, prefix: str, suffix: str, user: str) -> tuple[tuple[str, ...], str]:
+    """(the generation prompt's tail with enable_thinking true and false, where the template
+    has that switch and both prompts go on from the plain one; else ()), and "</think>" where
+    the template sends an earlier reply back from after it, exactly as `ChatTemplate.visible`
+    does (Qwen 3), else ""."""
+    thinking: tuple[str, ...] = ()
+    if "enable_thinking" in source:
+        base = r_u1 + prefix
+        tails = [render(_msgs(("user", U1)), True, enable_thinking=on) for on in (True, False)]
+        if all(t.startswith(base) for t in tails) and tails[0] != tails[1]:
+            thinking = tuple(t[len(base):] for t in tails)
+    end = "</think>"
+    if end in source:
+        said = "qqTHOUGHTqq" + end + "\n\n" + A1
+        want = r_u1 + prefix + A1 + suffix + user.format(content=U2)
+        if render(_msgs(("user", U1), ("assistant", said), ("user", U2)), False) == want:
+            return thinking, end
+    return thinking, ""
 
 
 def _check(t: JinjaChatTemplate, render, lead: str, bos_text: str, with_system: bool) -> None:
