@@ -404,12 +404,12 @@ class Block(Module):
 
 
 def native_unsupported(cfg: ModelConfig) -> list[str]:
-    """What of `cfg` the native CPU step (tinyllm.decode.cpu_step) does not run, in words."""
-    checks = {"a head width other than dim / heads": cfg.head_dim * cfg.n_heads != cfg.dim,
-              "q/k/v biases": cfg.qkv_bias, "q/k norms": cfg.qk_norm, f"{cfg.act} FFN": cfg.act != "silu",
-              "post-norms": cfg.post_norms, "embedding scale": cfg.embed_scale != 1.0,
-              "attention scale": bool(cfg.attn_scale), "soft-caps": bool(cfg.attn_softcap or cfg.final_softcap),
-              "sliding window": bool(cfg.local_layers), "partial rotary": cfg.rotary_dim != cfg.head_dim}
+    """What of `cfg` the native CPU step (tinyllm.decode.cpu_step) does not run, in words. It runs
+    every family feature of ModelConfig; its decode attention (cpu_attention.cpp) takes heads of
+    a multiple of 8 dims up to 256, and up to 8 query heads a key/value head."""
+    checks = {f"a head width of {cfg.head_dim} (a multiple of 8 up to 256 runs)": cfg.head_dim % 8 or cfg.head_dim > 256,
+              f"{cfg.n_heads // cfg.n_kv_heads} query heads a key/value head (up to 8 run)":
+                  cfg.n_heads // cfg.n_kv_heads > 8}
     return [what for what, on in checks.items() if on]
 
 
@@ -512,28 +512,37 @@ class Transformer(Module):
 
     def native_parts(self) -> tuple[list[Tensor], list[list[Tensor]]]:
         """The tensors of the native CPU step (tinyllm.decode.cpu_step), no copies: the model's
-        [tok_emb w, s, z | norm | lm_head w, s, z | rope cos, sin (max_seq_len, head_dim / 2)],
+        [tok_emb w, s, z | norm | lm_head w, s, z | rope cos, sin | local rope cos, sin], the
+        tables (max_seq_len, rotary_dim / 2) (the local ones `rope`'s again without a `rope_local`),
         and each block's [attn_norm | wqkv w, s, z | wo w, s, z | ffn_norm | w13 w, s, z |
-        w2 w, s, z] (w, s, z: Linear.native_parts). ValueError naming the first matrix whose
-        layout that step does not read."""
+        w2 w, s, z | bqkv | q_norm, k_norm | post_attn_norm, post_ffn_norm] (w, s, z:
+        Linear.native_parts; an empty tensor for each of the last five the block lacks). The
+        scalars and per-layer windows come from `cfg` (cpu_step.build). ValueError naming what
+        of the config (native_unsupported) or the first matrix whose layout that step does not read."""
         def parts(name: str, layer: Linear | Embedding) -> list[Tensor]:
             try:
                 return layer.native_parts()
             except ValueError as e:
                 raise ValueError(f"{name} is {e}") from None
 
+        def weight(norm: RMSNorm | None) -> Tensor:
+            return none if norm is None else norm.weight.detach()
+
         missing = native_unsupported(self.cfg)
         if missing:
             raise ValueError(f"the native CPU step does not run {self.cfg.family}'s {', '.join(missing)} yet")
-        self.rope.ensure(self.rope.max_seq_len)
+        none = torch.empty(0, device=self.device)
+        local = self.rope_local if self.rope_local is not None else self.rope
         head = [*parts("tok_emb", self.tok_emb), self.norm.weight.detach(), *parts("lm_head", self.lm_head),
-                self.rope.cos, self.rope.sin]
+                self.rope.cos, self.rope.sin, local.cos, local.sin]  # .cos: built whole (max_seq_len)
         layers = []
         for i, b in enumerate(self.blocks):
-            at = f"blocks.{i}."
-            layers.append([b.attn_norm.weight.detach(), *parts(at + "attn.wqkv", b.attn.wqkv),
-                           *parts(at + "attn.wo", b.attn.wo), b.ffn_norm.weight.detach(),
-                           *parts(at + "ffn.w13", b.ffn.w13), *parts(at + "ffn.w2", b.ffn.w2)])
+            at, a = f"blocks.{i}.", b.attn
+            layers.append([b.attn_norm.weight.detach(), *parts(at + "attn.wqkv", a.wqkv),
+                           *parts(at + "attn.wo", a.wo), b.ffn_norm.weight.detach(),
+                           *parts(at + "ffn.w13", b.ffn.w13), *parts(at + "ffn.w2", b.ffn.w2),
+                           none if a.bqkv is None else a.bqkv.detach(), weight(a.q_norm), weight(a.k_norm),
+                           weight(b.post_attn_norm), weight(b.post_ffn_norm)])
         return head, layers
 
     def num_params(self) -> int:

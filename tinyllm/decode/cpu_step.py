@@ -12,7 +12,10 @@ Contract:
 - `problem(model, batch) -> str | None`: why the native step cannot run this model, or None.
   It runs batch 1 of a CPU model computing in fp32 where tinyllm.kernels.cpu_qgemv is available, whose
   layers export the layout it reads (`Transformer.native_parts`: dense fp32 / bf16 / fp16
-  matrices and tables, and the AVX2 kernel's quantized ones, int8 and int4).
+  matrices and tables, and the AVX2 kernel's quantized ones, int8 and int4), of any family:
+  q/k/v biases, q/k norms, head_dim apart from dim / n_heads, GeGLU, post-norms, the embedding
+  scale, the attention scale, attention and final soft-caps, sliding-window layers with their own
+  RoPE tables, partial rotary (what it does not run: tinyllm.model.native_unsupported).
 - `use_native(dec) -> NativeStep`: makes the native step the decoder's step (`dec.set_step`,
   named "native"); `dec.set_compile(None)` goes back to the plain step.
 - `NativeStep(dec)`: the step `(window) -> logits (1, 1, V)`, what the decoder's
@@ -67,8 +70,12 @@ def build(model, cache) -> object:
     tensors = list(head)
     for parts, k, v in zip(layers, cache.k, cache.v, strict=True):
         tensors += [*parts, k, v]
-    config = [cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim]
-    return torch.classes.tinyllm_cpu.Step(tensors, config, float(cfg.norm_eps))
+    # cpu_step.cpp's config and scalars: the family's features, a window per layer (0: global)
+    config = [cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim, cfg.head_dim, cfg.rotary_dim,
+              int(cfg.act == "gelu_tanh"), *(b.attn.window for b in model.blocks)]
+    scalars = [float(cfg.norm_eps), float(cfg.embed_scale), float(model.blocks[0].attn.scale),
+               float(cfg.attn_softcap), float(cfg.final_softcap)]
+    return torch.classes.tinyllm_cpu.Step(tensors, config, scalars)
 
 
 class NativeStep:

@@ -4,7 +4,8 @@
 // Contract: attend_units(a, B, y): units of (b, h, ATTN_CHUNK keys) run on the pool; each keeps
 // its keys that the mask lets through, their scores, its rows' max and sum of exp, and the
 // exp-weighted sum of those keys' values; the units of a head are merged at the end into y
-// (B, Hkv, R, D). Masked keys are never read; a row with no key gets 0. q, k, v fp32 or bf16
+// (B, Hkv, R, D). Masked keys are never read; a row with no key gets 0. Where a.cap > 0 the
+// scores (scaled) are soft-capped, cap * tanh(s / cap), before the softmax (Gemma 2). q, k, v fp32 or bf16
 // (one dtype; bf16 widened as it is loaded, k and v through their strides); scores, softmax and
 // sums fp32, the result rounded once to q's dtype. R <= ATTN_MAX_R, D a multiple of 8 up to
 // ATTN_MAX_D (the caller checks).
@@ -106,6 +107,8 @@ void attend_chunk(const AttnArgs<T>& a, int64_t u) {
       sc[r][i] = hsum(s0) * a.scale;
     }
   }
+  if (a.cap > 0.f)
+    for (int64_t r = 0; r < R; ++r) soft_cap(sc[r], n, a.cap);
   for (int64_t r = 0; r < R; ++r) {  // exp(s - max) and their sum
     float mr = -INFINITY;
     for (int64_t t = 0; t < n; ++t) mr = std::max(mr, sc[r][t]);

@@ -10,7 +10,8 @@
 //   XQ: rows of x quantized to int8 blocks of 32 (quantize_rows, cpu_quantize.cpp).
 //   product_rows (cpu_products.cpp): rows [n0, n1) of W against every row of a quantized x, the
 //       products' one entry: VNNI rows (cpu_vnni.cpp), AVX2 tiles (cpu_tiles.cpp) or exact x.
-//   qmm_rows, ffn_rows (cpu_qmm.cpp): y = x W^T, and the fused SwiGLU FFN.
+//   qmm_rows, ffn_rows (cpu_qmm.cpp): y = x W^T, and the fused SwiGLU FFN; gelu_tanh_mul (GeGLU's
+//       gating) and soft_cap (Gemma 2's logits) beside silu_mul.
 //   half_product (cpu_half.cpp): y = x W^T for fp32, bf16 or fp16 W, fp32 sums.
 //   dequantize_rows (cpu_dequant.cpp): rows of the fp32 W.
 //   attend_units (cpu_attention.cpp): decode attention over AttnArgs.
@@ -93,6 +94,10 @@ void qmm_rows(const QW& w, const float* xp, int64_t M, float* yp);
 void ffn_rows(const QW& w13, const QW& w2, const float* xp, int64_t M, float* yp, float* hp, float* gp);
 // h[j] = silu(g[j]) * u[j] for n elements.
 void silu_mul(const float* g, const float* u, float* h, int64_t n);
+// h[j] = gelu_tanh(g[j]) * u[j] = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) u, n elements.
+void gelu_tanh_mul(const float* g, const float* u, float* h, int64_t n);
+// x[j] = cap * tanh(x[j] / cap) in place, n elements (cap > 0).
+void soft_cap(float* x, int64_t n, float cap);
 
 // ---- 16-bit and fp32 matrices, dequantization ---------------------------------------------
 
@@ -119,6 +124,7 @@ struct AttnArgs {
   int64_t qb, qh, kb, kh, kw, vb, vh, vw, mb, mw;  // strides (elements)
   float scale;
   float *m, *l, *acc;  // per unit: R maxima, R sums, R x D weighted sums
+  float cap = 0.f;     // scores soft-capped to cap * tanh(s / cap) where > 0 (Gemma 2)
 };
 
 inline int64_t attn_chunks(int64_t W) { return std::max<int64_t>(1, (W + ATTN_CHUNK - 1) / ATTN_CHUNK); }

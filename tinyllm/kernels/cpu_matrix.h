@@ -8,11 +8,13 @@
 //       w (N, K) (scales and zeros undefined). Refuses (c10::Error) anything else.
 //   matvec(W, x (K), y (N)): y = W x, as qmm_int8 / qmm_int4 / mm_half compute it for one row
 //       (x rounded to int8 blocks of 32 for the quantized forms; exact fp32 sums for dense).
-//   ffn(w13, w2, x (K), y (D)): y = w2(silu(gate) * up), gate and up the two halves of w13 x:
-//       qmm_ffn's one op where both are quantized, else the two products and the gating.
-//   attend(q (Hkv, R, D), R, k, v (1, Hkv, rows, D) fp32, first, last, scale, y (Hkv, R, D)):
+//   ffn(w13, w2, x (K), y (D), gelu): y = w2(silu(gate) * up), gate and up the two halves of w13 x:
+//       qmm_ffn's one op where both are quantized, else the two products and the gating; with
+//       gelu, w2(gelu_tanh(gate) * up) (GeGLU), always the two products and the gating.
+//   attend(q (Hkv, R, D), R, k, v (1, Hkv, rows, D) fp32, first, last, scale, y (Hkv, R, D), cap):
 //       decode_attention over keys first..last of the cache (last < rows), as that op computes
-//       it with a mask that lets exactly those keys through; a row with no key gets 0.
+//       it with a mask that lets exactly those keys through; a row with no key gets 0. cap > 0:
+//       the scores soft-capped first (ops.window_attention's cap).
 // Every call runs on the products' thread pool; one caller at a time gets the shared scratch.
 #pragma once
 
@@ -31,8 +33,8 @@ struct Matrix {
 };
 
 void matvec(const Matrix& w, const float* x, float* y);
-void ffn(const Matrix& w13, const Matrix& w2, const float* x, float* y);
+void ffn(const Matrix& w13, const Matrix& w2, const float* x, float* y, bool gelu = false);
 void attend(const float* q, int64_t R, const at::Tensor& k, const at::Tensor& v, int64_t first, int64_t last,
-            float scale, float* y);
+            float scale, float* y, float cap = 0.f);
 
 }  // namespace tinyllm_cpu

@@ -253,31 +253,36 @@ void matvec(const Matrix& m, const float* x, float* y) {
   }
 }
 
-void ffn(const Matrix& w13, const Matrix& w2, const float* x, float* y) {
+void ffn(const Matrix& w13, const Matrix& w2, const float* x, float* y, bool gelu) {
   const int64_t F = w2.K;
   TORCH_CHECK(w13.N == 2 * F && w13.K == w2.N, "ffn: w13 must be (2F, D) and w2 (D, F)");
   if (t_ffn.size() < static_cast<size_t>(3 * F)) t_ffn.resize(3 * F);
   float *gu = t_ffn.data(), *h = gu + 2 * F;  // gate and up, then the hidden row
-  if (w13.kind != Matrix::DENSE && w2.kind != Matrix::DENSE) return ffn_rows(qw(w13), qw(w2), x, 1, y, h, gu);
+  if (!gelu && w13.kind != Matrix::DENSE && w2.kind != Matrix::DENSE) return ffn_rows(qw(w13), qw(w2), x, 1, y, h, gu);
   matvec(w13, x, gu);
-  silu_mul(gu, gu + F, h, F);
+  if (gelu) gelu_tanh_mul(gu, gu + F, h, F);
+  else silu_mul(gu, gu + F, h, F);
   matvec(w2, h, y);
 }
 
 void attend(const float* q, int64_t R, const at::Tensor& k, const at::Tensor& v, int64_t first, int64_t last,
-            float scale, float* y) {
+            float scale, float* y, float cap) {
   TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && k.scalar_type() == at::kFloat && v.sizes() == k.sizes() &&
               v.scalar_type() == at::kFloat && k.stride(3) == 1 && v.stride(3) == 1 && 0 <= last && last < k.size(2),
               "attend: k and v must be fp32 (1, Hkv, rows, D) caches holding key ", last);
-  const int64_t Hkv = k.size(1), D = k.size(3), W = last + 1, chunks = attn_chunks(W), units = Hkv * chunks;
+  // Keys from the chunk holding `first` on (a sliding window's chunks before it hold no key):
+  // the chunks keep their places, so the sums are those of a call over keys 0..last.
+  const int64_t base = std::min(std::max<int64_t>(first, 0), last) / ATTN_CHUNK * ATTN_CHUNK;
+  const int64_t Hkv = k.size(1), D = k.size(3), W = last + 1 - base, chunks = attn_chunks(W), units = Hkv * chunks;
   TORCH_CHECK(R <= ATTN_MAX_R && D % 8 == 0 && D <= ATTN_MAX_D, "attend: R <= 8, D a multiple of 8 up to 256");
   if (t_mask.size() < static_cast<size_t>(W)) t_mask.resize(W);
-  for (int64_t j = 0; j < W; ++j) t_mask[j] = j >= first;
+  for (int64_t j = 0; j < W; ++j) t_mask[j] = base + j >= first;
   if (t_attn.size() < static_cast<size_t>(units * R * (2 + D))) t_attn.resize(units * R * (2 + D));
   float* pp = t_attn.data();
-  const AttnArgs<float> a{q, k.data_ptr<float>(), v.data_ptr<float>(), reinterpret_cast<const bool*>(t_mask.data()),
+  const float *kp = k.data_ptr<float>() + base * k.stride(2), *vp = v.data_ptr<float>() + base * v.stride(2);
+  const AttnArgs<float> a{q, kp, vp, reinterpret_cast<const bool*>(t_mask.data()),
                           Hkv, R, D, W, chunks, 0, R * D, 0, k.stride(1), k.stride(2), 0, v.stride(1), v.stride(2),
-                          0, 1, scale, pp, pp + units * R, pp + 2 * units * R};
+                          0, 1, scale, pp, pp + units * R, pp + 2 * units * R, cap};
   attend_units(a, 1, y);
 }
 

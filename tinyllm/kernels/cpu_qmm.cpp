@@ -9,6 +9,7 @@
 //       their block of the quantized hidden row (a partial last block stays fp32: the int8
 //       tail); then chunks of w2's rows. The SiLU's exp is exp256 (about 1 ulp of torch's).
 //   silu_mul(g, u, h, n): h = silu(g) * u = g / (1 + exp(-g)) * u.
+//   gelu_tanh_mul(g, u, h, n): h = gelu_tanh(g) * u (GeGLU); soft_cap(x, n, cap): cap * tanh(x / cap).
 // The quantized rows go into this file's buffers (g_x, g_h) for one caller at a time; a
 // concurrent caller allocates its own.
 #include <immintrin.h>
@@ -65,6 +66,29 @@ void silu_mul(const float* g, const float* u, float* h, int64_t n) {
     _mm256_storeu_ps(h + j, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + j)));
   }
   for (; j < n; ++j) h[j] = g[j] / (1.f + std::exp(-g[j])) * u[j];
+}
+
+// h[j] = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) u: F.gelu(g, approximate="tanh") * u.
+void gelu_tanh_mul(const float* g, const float* u, float* h, int64_t n) {
+  constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;
+  int64_t j = 0;
+  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.f), beta = _mm256_set1_ps(kBeta),
+               kappa = _mm256_set1_ps(kKappa);
+  for (; j + 8 <= n; j += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + j);
+    const __m256 inner = _mm256_mul_ps(beta, _mm256_fmadd_ps(_mm256_mul_ps(kappa, gv), _mm256_mul_ps(gv, gv), gv));
+    const __m256 t = _mm256_add_ps(one, tanh256(inner));
+    _mm256_storeu_ps(h + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(half, gv), t), _mm256_loadu_ps(u + j)));
+  }
+  for (; j < n; ++j) h[j] = 0.5f * g[j] * (1.f + std::tanh(kBeta * (g[j] + kKappa * g[j] * g[j] * g[j]))) * u[j];
+}
+
+// x[j] = cap * tanh(x[j] / cap), in place.
+void soft_cap(float* x, int64_t n, float cap) {
+  int64_t j = 0;
+  const __m256 c = _mm256_set1_ps(cap);
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _mm256_mul_ps(tanh256(_mm256_div_ps(_mm256_loadu_ps(x + j), c)), c));
+  for (; j < n; ++j) x[j] = cap * std::tanh(x[j] / cap);
 }
 
 // y (M, D) = w2(silu(gate) * up) of x (M, K), gate and up the halves of x @ w13.T; gp (2, M, F)

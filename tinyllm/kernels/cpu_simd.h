@@ -4,6 +4,8 @@
 //   hsum(v): the sum of v's 8 floats. f32(s): a scale of fp32 or fp16 bits (uint16_t) as fp32;
 //   load8(p): 8 of them. widen8(p): 8 fp32, bf16 or fp16 values as fp32; widen1 one of them.
 //   exp256(x): exp, about 1 ulp (Cephes' expf), for the SiLU and the softmax.
+//   tanh256(x): tanh as 1 - 2 / (exp(2x) + 1), within about 1e-7 of torch's (absolute), for
+//   GeGLU and the soft-caps.
 //   zero_terms: the int4 zero term of a tile's rows (shared by the AVX2 tiles and the VNNI rows).
 //   prefetch / prefetch_rows: cache lines of W asked for ahead of use.
 //   VNNI: the target attribute of a function that runs AVX512-VNNI (only called where the CPU
@@ -67,6 +69,13 @@ inline __m256 exp256(__m256 x) {
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// tanh(x) = 1 - 2 / (exp(2x) + 1): exp256's clamp makes it exactly +-1 far out.
+inline __m256 tanh256(__m256 x) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 e = exp256(_mm256_add_ps(x, x));
+  return _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.f), _mm256_add_ps(e, one)));
 }
 
 // zs[r][t] = sum_g zeros[n0 + r, g] * (the sum of x row m0 + t over group g; xsum holds each

@@ -1,18 +1,30 @@
 // The whole batch-1 decode step of a tinyllm.model.Transformer on the CPU, as one C++ call
 // (tinyllm/decode/cpu_step.py builds it with cpu_qgemv.cpp and holds it for a decoder).
 //
-// Contract: torch.classes.tinyllm_cpu.Step(tensors, config, eps) holds the model's tensors (no
-// copy) and `forward(tok, pos, first_valid, window) -> logits` runs one decode step:
-//   tensors  [tok_emb w, s, z | norm | lm_head w, s, z | rope cos, sin (L, Dh/2) fp32], then
-//            for each layer [attn_norm | wqkv w, s, z | wo w, s, z | ffn_norm | w13 w, s, z |
-//            w2 w, s, z | k cache, v cache (1, Hkv, rows, Dh) fp32]; a matrix's s and z are
-//            empty tensors where it has none (cpu_matrix.h, Matrix::of, says which forms).
-//   config   [n_layers, dim, n_heads, n_kv_heads, ffn_dim]
+// Contract: torch.classes.tinyllm_cpu.Step(tensors, config, scalars) holds the model's tensors
+// (no copy) and `forward(tok, pos, first_valid, window) -> logits` runs one decode step:
+//   tensors  [tok_emb w, s, z | norm | lm_head w, s, z | rope cos, sin | local rope cos, sin],
+//            the tables (L, rotary_dim / 2) fp32 (the local ones the global ones again where the
+//            model has one RoPE), then for each layer [attn_norm | wqkv w, s, z | wo w, s, z |
+//            ffn_norm | w13 w, s, z | w2 w, s, z | bqkv (q_dim + 2 kv_dim) | q_norm, k_norm
+//            (Dh) | post_attn_norm, post_ffn_norm (dim) | k cache, v cache (1, Hkv, rows, Dh)
+//            fp32]; a matrix's s and z are empty tensors where it has none (cpu_matrix.h,
+//            Matrix::of, says which forms), and so is each optional vector the model lacks.
+//   config   [n_layers, dim, n_heads, n_kv_heads, ffn_dim, head_dim, rotary_dim, gelu,
+//            window of layer 0, ..., of layer n_layers - 1] (gelu 1: GeGLU, 0: SwiGLU; a
+//            window > 0: a local layer, attending that many keys, itself included, with the
+//            local tables)
+//   scalars  [norm_eps, embed_scale, attn_scale (the query scale itself), attn_softcap,
+//            final_softcap] (a cap of 0: none)
 //   tok (1, 1) int64, pos (1,) int64 and first_valid (1,) int64: the StaticKVCache's own
-//   tensors. The step embeds tok, runs every block (RMSNorm, the fused QKV product, RoPE in
-//   the rotate-half layout at pos, K/V written at pos, attention over keys first_valid..pos,
-//   the output product and the residual, RMSNorm, SwiGLU and the residual), the final norm
-//   and lm_head, adds 1 to pos, and returns fresh logits (1, 1, V) fp32.
+//   tensors. The step embeds tok (times embed_scale), runs every block (RMSNorm, the fused QKV
+//   product plus its bias, each head of q and k RMS-normed, RoPE in the rotate-half layout at
+//   pos over the first rotary_dim dims of each head, K/V written at pos, attention over keys
+//   first_valid..pos (a local layer's from pos - window + 1), soft-capped scores, the output
+//   product, its post-norm and the residual, RMSNorm, SwiGLU or GeGLU, its post-norm and the
+//   residual), the final norm and lm_head, the final soft-cap, adds 1 to pos, and returns
+//   fresh logits (1, 1, V) fp32. That is model.Transformer.forward with every ModelConfig
+//   feature tinyllm.model.native_unsupported does not name.
 //   `forward_greedy(tok, pos, first_valid, window, ring, ring_at, penalty, n_valid)`: forward,
 //   then the StepSampler's greedy push and draw (its ring, ring_at and penalty tensors) into tok;
 //   `forward_sample(..., n_valid, temperature, top_k, top_p, key, counter)` the sampled one
@@ -35,6 +47,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu_kernels.h"
 #include "cpu_matrix.h"
 #include "cpu_sampler.h"
 
@@ -45,6 +58,10 @@ using tinyllm_cpu::Matrix;
 struct Layer {
   at::Tensor attn_norm, ffn_norm, k, v;
   Matrix wqkv, wo, w13, w2;
+  // optional (undefined where the model has none): the q/k/v bias, the per-head q and k norms,
+  // the attention's and the FFN's post-norms
+  at::Tensor bqkv, q_norm, k_norm, post_attn, post_ffn;
+  int64_t window;  // keys a local layer attends (itself included); 0: every key, global tables
 };
 
 // y = x / sqrt(mean(x^2) + eps) * weight, x and y (n) fp32 (model.RMSNorm).
@@ -55,9 +72,9 @@ void rms_norm(const float* x, const float* weight, int64_t n, float eps, float* 
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * weight[i];
 }
 
-// Rotate-half RoPE of `heads` heads of d dims in place: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s).
-void rope(float* x, int64_t heads, int64_t d, const float* cos, const float* sin) {
-  const int64_t h2 = d / 2;
+// Rotate-half RoPE in place of `heads` heads, d dims apart, over the first 2 h2 dims of each
+// (the rest unchanged: partial rotary): (x1, x2) -> (x1 c - x2 s, x2 c + x1 s).
+void rope(float* x, int64_t heads, int64_t d, int64_t h2, const float* cos, const float* sin) {
   for (int64_t h = 0; h < heads; ++h) {
     float* p = x + h * d;
     for (int64_t j = 0; j < h2; ++j) {
@@ -131,29 +148,47 @@ class SamplerClass : public torch::CustomClassHolder {
 
 class Step : public torch::CustomClassHolder {
  public:
-  Step(std::vector<at::Tensor> t, std::vector<int64_t> config, double eps) : eps_(static_cast<float>(eps)) {
-    TORCH_CHECK(config.size() == 5, "config: [n_layers, dim, n_heads, n_kv_heads, ffn_dim]");
-    L_ = config[0], C_ = config[1], H_ = config[2], Hkv_ = config[3], F_ = config[4];
-    TORCH_CHECK(H_ % Hkv_ == 0 && C_ % H_ == 0, "heads must divide");
-    Dh_ = C_ / H_;
-    TORCH_CHECK(static_cast<int64_t>(t.size()) == 9 + 16 * L_, "expected ", 9 + 16 * L_, " tensors, got ", t.size());
+  Step(std::vector<at::Tensor> t, std::vector<int64_t> config, std::vector<double> scalars) {
+    TORCH_CHECK(config.size() >= 8 && static_cast<int64_t>(config.size()) == 8 + config[0],
+                "config: [n_layers, dim, n_heads, n_kv_heads, ffn_dim, head_dim, rotary_dim, gelu, windows...]");
+    TORCH_CHECK(scalars.size() == 5, "scalars: [norm_eps, embed_scale, attn_scale, attn_softcap, final_softcap]");
+    L_ = config[0], C_ = config[1], H_ = config[2], Hkv_ = config[3], F_ = config[4], Dh_ = config[5];
+    rot2_ = config[6] / 2, gelu_ = config[7] != 0;
+    eps_ = static_cast<float>(scalars[0]), embed_scale_ = static_cast<float>(scalars[1]);
+    scale_ = static_cast<float>(scalars[2]), attn_cap_ = static_cast<float>(scalars[3]);
+    final_cap_ = static_cast<float>(scalars[4]);
+    TORCH_CHECK(H_ > 0 && Hkv_ > 0 && H_ % Hkv_ == 0, "heads must divide");
+    TORCH_CHECK(Dh_ % 8 == 0 && Dh_ <= tinyllm_cpu::ATTN_MAX_D && H_ / Hkv_ <= tinyllm_cpu::ATTN_MAX_R,
+                "head_dim must be a multiple of 8 up to ", tinyllm_cpu::ATTN_MAX_D, " and n_heads / n_kv_heads at most ",
+                tinyllm_cpu::ATTN_MAX_R);
+    TORCH_CHECK(0 < rot2_ && 2 * rot2_ <= Dh_, "rotary_dim must be even, from 2 to head_dim");
+    constexpr int64_t HEAD = 11, PER_LAYER = 21;
+    TORCH_CHECK(static_cast<int64_t>(t.size()) == HEAD + PER_LAYER * L_, "expected ", HEAD + PER_LAYER * L_,
+                " tensors, got ", t.size());
     auto opt = [](const at::Tensor& x) { return x.numel() ? x : at::Tensor(); };
     emb_w_ = t[0], emb_s_ = opt(t[1]), emb_z_ = opt(t[2]);
     norm_ = fp32_vector(t[3], C_, "norm");
     out_ = Matrix::of(t[4], opt(t[5]), opt(t[6]));
-    cos_ = t[7], sin_ = t[8];
-    TORCH_CHECK(cos_.scalar_type() == at::kFloat && cos_.is_contiguous() && cos_.dim() == 2 &&
-                cos_.size(1) == Dh_ / 2 && sin_.sizes() == cos_.sizes() && sin_.is_contiguous(),
-                "rope tables must be contiguous fp32 (L, head_dim / 2)");
+    cos_ = table(t[7], "rope cos"), sin_ = table(t[8], "rope sin");
+    local_cos_ = table(t[9], "local rope cos"), local_sin_ = table(t[10], "local rope sin");
+    TORCH_CHECK(sin_.sizes() == cos_.sizes() && local_sin_.sizes() == local_cos_.sizes(), "rope tables: cos and sin");
     check_embedding();
     TORCH_CHECK(out_.K == C_, "lm_head must take dim inputs");
     V_ = out_.N;
+    const int64_t QKV = (H_ + 2 * Hkv_) * Dh_;
     for (int64_t i = 0; i < L_; ++i) {
-      const at::Tensor* p = t.data() + 9 + 16 * i;
-      Layer l{fp32_vector(p[0], C_, "attn_norm"), fp32_vector(p[7], C_, "ffn_norm"), p[14], p[15],
+      const at::Tensor* p = t.data() + HEAD + PER_LAYER * i;
+      auto vec = [&](const at::Tensor& x, int64_t n, const char* what) {
+        return x.numel() ? fp32_vector(x, n, what) : at::Tensor();
+      };
+      Layer l{fp32_vector(p[0], C_, "attn_norm"), fp32_vector(p[7], C_, "ffn_norm"), p[19], p[20],
               Matrix::of(p[1], opt(p[2]), opt(p[3])), Matrix::of(p[4], opt(p[5]), opt(p[6])),
-              Matrix::of(p[8], opt(p[9]), opt(p[10])), Matrix::of(p[11], opt(p[12]), opt(p[13]))};
-      TORCH_CHECK(l.wqkv.N == (H_ + 2 * Hkv_) * Dh_ && l.wqkv.K == C_ && l.wo.N == C_ && l.wo.K == H_ * Dh_ &&
+              Matrix::of(p[8], opt(p[9]), opt(p[10])), Matrix::of(p[11], opt(p[12]), opt(p[13])),
+              vec(p[14], QKV, "bqkv"), vec(p[15], Dh_, "q_norm"), vec(p[16], Dh_, "k_norm"),
+              vec(p[17], C_, "post_attn_norm"), vec(p[18], C_, "post_ffn_norm"), config[8 + i]};
+      TORCH_CHECK(l.window >= 0, "layer ", i, ": a window must be >= 0");
+      TORCH_CHECK(l.q_norm.defined() == l.k_norm.defined(), "layer ", i, ": q and k norms come together");
+      TORCH_CHECK(l.wqkv.N == QKV && l.wqkv.K == C_ && l.wo.N == C_ && l.wo.K == H_ * Dh_ &&
                   l.w13.N == 2 * F_ && l.w13.K == C_ && l.w2.N == C_ && l.w2.K == F_, "layer ", i, ": matrix shapes");
       TORCH_CHECK(l.k.dim() == 4 && l.k.size(0) == 1 && l.k.size(1) == Hkv_ && l.k.size(3) == Dh_ &&
                   l.k.scalar_type() == at::kFloat && l.v.sizes() == l.k.sizes() && l.v.scalar_type() == at::kFloat,
@@ -162,7 +197,7 @@ class Step : public torch::CustomClassHolder {
     }
     rows_ = layers_.empty() ? 0 : layers_[0].k.size(2);
     x_.resize(C_), h_.resize(C_), o_.resize(C_);
-    qkv_.resize((H_ + 2 * Hkv_) * Dh_), att_.resize(H_ * Dh_);
+    qkv_.resize(QKV), att_.resize(H_ * Dh_);
   }
 
   at::Tensor forward(const at::Tensor& tok, const at::Tensor& pos, const at::Tensor& first_valid, int64_t window) {
@@ -173,33 +208,48 @@ class Step : public torch::CustomClassHolder {
     int64_t& p = pos.data_ptr<int64_t>()[0];
     const int64_t first = first_valid.data_ptr<int64_t>()[0];
     TORCH_CHECK(0 <= id && id < emb_w_.size(0), "token id ", id, " is outside the embedding (", emb_w_.size(0), ")");
-    TORCH_CHECK(0 <= p && p < window && p < rows_ && p < cos_.size(0), "position ", p, " is outside the window ",
-                window, " or the cache");
+    TORCH_CHECK(0 <= p && p < window && p < rows_ && p < cos_.size(0) && p < local_cos_.size(0), "position ", p,
+                " is outside the window ", window, " or the cache");
     embed(id, x_.data());
-    const float *cs = cos_.data_ptr<float>() + p * (Dh_ / 2), *sn = sin_.data_ptr<float>() + p * (Dh_ / 2);
-    const float scale = 1.f / std::sqrt(static_cast<float>(Dh_));
-    const int64_t R = H_ / Hkv_;
+    if (embed_scale_ != 1.f)
+      for (int64_t i = 0; i < C_; ++i) x_[i] *= embed_scale_;
+    const float *cs = cos_.data_ptr<float>() + p * rot2_, *sn = sin_.data_ptr<float>() + p * rot2_;
+    const float *lcs = local_cos_.data_ptr<float>() + p * rot2_, *lsn = local_sin_.data_ptr<float>() + p * rot2_;
+    const int64_t R = H_ / Hkv_, QKV = (H_ + 2 * Hkv_) * Dh_;
     for (const Layer& l : layers_) {
       rms_norm(x_.data(), l.attn_norm.data_ptr<float>(), C_, eps_, h_.data());
       tinyllm_cpu::matvec(l.wqkv, h_.data(), qkv_.data());  // (H + 2 Hkv) Dh: q, k, v
       float *q = qkv_.data(), *k = q + H_ * Dh_, *v = k + Hkv_ * Dh_;
-      rope(q, H_, Dh_, cs, sn);
-      rope(k, Hkv_, Dh_, cs, sn);
+      if (l.bqkv.defined()) {
+        const float* b = l.bqkv.data_ptr<float>();
+        for (int64_t i = 0; i < QKV; ++i) qkv_[i] += b[i];
+      }
+      if (l.q_norm.defined()) {  // each head of q and k over its Dh dims
+        for (int64_t h = 0; h < H_; ++h) rms_norm(q + h * Dh_, l.q_norm.data_ptr<float>(), Dh_, eps_, q + h * Dh_);
+        for (int64_t h = 0; h < Hkv_; ++h) rms_norm(k + h * Dh_, l.k_norm.data_ptr<float>(), Dh_, eps_, k + h * Dh_);
+      }
+      const float *c = l.window ? lcs : cs, *s = l.window ? lsn : sn;
+      rope(q, H_, Dh_, rot2_, c, s);
+      rope(k, Hkv_, Dh_, rot2_, c, s);
       float *kc = l.k.data_ptr<float>(), *vc = l.v.data_ptr<float>();
       for (int64_t h = 0; h < Hkv_; ++h) {  // the cache at (0, h, p, :)
         std::copy(k + h * Dh_, k + (h + 1) * Dh_, kc + h * l.k.stride(1) + p * l.k.stride(2));
         std::copy(v + h * Dh_, v + (h + 1) * Dh_, vc + h * l.v.stride(1) + p * l.v.stride(2));
       }
-      tinyllm_cpu::attend(q, R, l.k, l.v, first, p, scale, att_.data());  // (Hkv, R, Dh)
+      const int64_t from = l.window ? std::max(first, p - l.window + 1) : first;
+      tinyllm_cpu::attend(q, R, l.k, l.v, from, p, scale_, att_.data(), attn_cap_);  // (Hkv, R, Dh)
       tinyllm_cpu::matvec(l.wo, att_.data(), o_.data());
+      if (l.post_attn.defined()) rms_norm(o_.data(), l.post_attn.data_ptr<float>(), C_, eps_, o_.data());
       for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i];
       rms_norm(x_.data(), l.ffn_norm.data_ptr<float>(), C_, eps_, h_.data());
-      tinyllm_cpu::ffn(l.w13, l.w2, h_.data(), o_.data());
+      tinyllm_cpu::ffn(l.w13, l.w2, h_.data(), o_.data(), gelu_);
+      if (l.post_ffn.defined()) rms_norm(o_.data(), l.post_ffn.data_ptr<float>(), C_, eps_, o_.data());
       for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i];
     }
     rms_norm(x_.data(), norm_.data_ptr<float>(), C_, eps_, h_.data());
     at::Tensor logits = at::empty({1, 1, V_}, tok.options().dtype(at::kFloat));
     tinyllm_cpu::matvec(out_, h_.data(), logits.data_ptr<float>());
+    if (final_cap_ > 0.f) tinyllm_cpu::soft_cap(logits.data_ptr<float>(), V_, final_cap_);
     ++p;
     return logits;
   }
@@ -228,6 +278,12 @@ class Step : public torch::CustomClassHolder {
  private:
   static at::Tensor fp32_vector(const at::Tensor& t, int64_t n, const char* what) {
     TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == n, what, " must be fp32 (", n, ")");
+    return t;
+  }
+
+  at::Tensor table(const at::Tensor& t, const char* what) const {
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 2 && t.size(1) == rot2_, what,
+                " must be a contiguous fp32 table (L, rotary_dim / 2)");
     return t;
   }
 
@@ -283,9 +339,10 @@ class Step : public torch::CustomClassHolder {
     for (int64_t i = 0; i < C_; ++i) x[i] = widen(row[i]);
   }
 
-  int64_t L_, C_, H_, Hkv_, F_, Dh_, V_, rows_;
-  float eps_;
-  at::Tensor emb_w_, emb_s_, emb_z_, norm_, cos_, sin_;
+  int64_t L_, C_, H_, Hkv_, F_, Dh_, V_, rows_, rot2_;  // rot2_: rotary_dim / 2
+  bool gelu_;
+  float eps_, embed_scale_, scale_, attn_cap_, final_cap_;
+  at::Tensor emb_w_, emb_s_, emb_z_, norm_, cos_, sin_, local_cos_, local_sin_;
   Matrix out_;
   std::vector<Layer> layers_;
   TensorSampler sampler_;
@@ -296,7 +353,7 @@ class Step : public torch::CustomClassHolder {
 
 TORCH_LIBRARY_FRAGMENT(tinyllm_cpu, m) {
   m.class_<Step>("Step")
-      .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, double>())
+      .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<double>>())
       .def("forward", &Step::forward)
       .def("forward_greedy", &Step::forward_greedy)
       .def("forward_sample", &Step::forward_sample);
