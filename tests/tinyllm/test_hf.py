@@ -191,11 +191,13 @@ def test_convert_keeps_a_jinja_template(tmp_path, bpe_folder):
 
 @pytest.mark.parametrize("change, message", [
     ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
-    ({"head_dim": 32}, "head_dim 32 is not hidden_size / num_attention_heads"),
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}},
-     "rope scaling 'llama3' is not supported"),
-    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope scaling 'linear' is not supported"),
-    ({"attention_bias": True}, "attention_bias=true is not supported"),
+    ({"head_dim": 32}, "config.json does not match the weights: shape mismatch"),  # a head_dim of its own: Qwen 3
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "lacks 'factor'"),
+    ({"rope_scaling": {"type": "yarn", "factor": 2.0}}, "rope scaling 'yarn' is not supported"),
+    ({"attention_bias": True}, "attention_bias=true is not supported for llama"),
+    ({"mlp_bias": True}, "mlp_bias=true is not supported"),
+    ({"hidden_act": "relu"}, "hidden_act 'relu' is not supported"),
+    ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window=true is not supported for qwen2"),
     ({"quantization_config": {"quant_method": "gptq"}}, "quantized weights (gptq) are not supported"),
 ])
 def test_unsupported_configs_are_one_line_errors(tmp_path, sp_folder, change, message):

@@ -144,7 +144,9 @@ def _rope_parameters(raw: dict, where: str) -> tuple[dict, dict | None]:
     if "full_attention" in rope:
         return rope["full_attention"] or {}, rope.get("sliding_attention")
     scaling = raw.get("rope_scaling")
-    return ({**scaling, **rope} if isinstance(scaling, dict) else rope), None
+    if not isinstance(scaling, dict):
+        return rope, None
+    return {**rope, **scaling, "rope_type": scaling.get("rope_type", scaling.get("type"))}, None
 
 
 def _rope_scaling(rope: dict, raw: dict, max_len: int, where: str) -> dict | None:
