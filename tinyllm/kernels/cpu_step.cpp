@@ -35,8 +35,11 @@
 //   counter)`, logits (1, V) fp32.
 // That is model.Transformer.forward through a StaticKVCache's decode view, with the same
 // kernels for every product (cpu_qgemv), so it matches the eager step up to fp32 rounding of
-// the norms, RoPE and sums. Refuses (c10::Error, a RuntimeError in Python): a token outside the
-// embedding, pos outside the window or the cache.
+// the norms, RoPE, GeGLU's and the soft-caps' tanh (tanh256: within about 1e-7) and sums.
+// Refuses (c10::Error, a RuntimeError in Python): at construction, heads the decode attention
+// does not take (head_dim not a multiple of 8 up to 256, more than 8 query heads a key/value
+// head: model.native_unsupported names them first) and tensors of other shapes or dtypes; at a
+// step, a token outside the embedding, pos outside the window or the cache.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/custom_class.h>
