@@ -72,7 +72,7 @@ def model() -> Transformer:
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    """Repos me/llama (a safetensors Llama folder, plus a file that must not be downloaded),
+    """Repos me/llama (a safetensors Llama folder, plus a file that must not be downloaded), me/qwen3,
     me/one (one GGUF) and me/two (two GGUFs)."""
     from tests.hub_server import HubServer
     from tests.tinyllm.test_gguf import sp_kv, tiny, write_gguf
@@ -85,6 +85,13 @@ def hub(tmp_path_factory):
     make_hf_model(llama, tok.vocab_size, tie=True)
     (llama / "tokenizer.model").write_bytes(tok.serialized())
     (llama / "pytorch_model.bin").write_bytes(b"not read")
+    from tests.tinyllm.test_families import make_family
+    from tests.tinyllm.test_hf import save_bpe
+
+    qwen3 = root / "me" / "qwen3"  # a family of its own, its chat template in chat_template.jinja
+    make_family("qwen3", qwen3, save_bpe(qwen3).get_vocab_size())
+    (qwen3 / "chat_template.jinja").write_text("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+                                               "{% if add_generation_prompt %}<|assistant|>{% endif %}")
     import gguf
 
     q = gguf.GGMLQuantizationType

@@ -27,6 +27,17 @@ def test_a_hugging_face_folder_downloads_once_and_opens(endpoint):
     assert endpoint.requests == before
 
 
+def test_a_family_folder_downloads_with_its_own_chat_template(endpoint):
+    from tinyllm.formats import hub
+    from tinyllm.formats.open_model import open_any
+
+    path = hub.fetch("hf:me/qwen3", progress=False)
+    assert (path / "chat_template.jinja").is_file()
+    model, _, template, _ = open_any(path)
+    assert model.cfg.family == "qwen3" and model.cfg.qk_norm
+    assert template.render_user("hi") == "<|user|>hi\n" and template.assistant_prefix == "<|assistant|>"
+
+
 def test_a_gguf_repo_and_a_named_file(endpoint):
     from tinyllm.formats import hub
     from tinyllm.formats.open_model import open_any

@@ -21,9 +21,11 @@ import re
 from pathlib import Path
 
 PREFIX = "hf:"
-# What a Hugging Face Llama folder needs here (tinyllm.formats.hf): nothing else is downloaded.
+# What a Hugging Face folder needs here (tinyllm.formats.hf): nothing else is downloaded. Newer
+# repos (Qwen 3, Gemma 3) keep their chat template in a file of its own.
 FOLDER_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
-                "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json"]
+                "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+                "chat_template.jinja", "chat_template.json"]
 REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
