@@ -179,7 +179,8 @@ class _StaticDecode:
         c.v[i].index_copy_(2, c.pos, v)
         return c.k[i][:, :, :self.window], c.v[i][:, :, :self.window]  # (B, Hkv, W, D)
 
-    def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> Tensor | None:
+    def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float, sliding: int = 0,
+                    cap: float = 0.0) -> Tensor | None:
         """Layer i's RoPE, cache write at pos and attention over the window, one op on CUDA:
         qkv (B, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D); None where the op can't take them.
         The op reads the rotary tables at pos and builds the window's mask from pos and
@@ -189,7 +190,7 @@ class _StaticDecode:
         if not decode_attention.rope_supported(qkv, c.k[i], c.v[i]):
             return None
         return decode_attention.rope_decode_attention(qkv, self.rope.cos, self.rope.sin, c.pos, c.first_valid,
-                                                      c.k[i], c.v[i], self.window, scale)
+                                                      c.k[i], c.v[i], self.window, scale, sliding, cap)
 
     def end_step(self, T: int) -> None:
         self.cache.pos.add_(1)  # captured into the graph; the host copy moves in advance_host()

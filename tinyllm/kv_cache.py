@@ -5,7 +5,7 @@ A cache owns K/V storage and the positions of the tokens in it. The model calls:
   k, v = cache.layer(i).update(k, v)     # store the new K/V, return every key this step sees
   cache.layer(i).attn_kwargs             # passed to SDPA (is_causal or attn_mask)
   cache.layer(i).query_pos               # (B | 1, T) the queries' positions (sliding-window layers' masks)
-  cache.layer(i).rope_attend(qkv, cos, sin, scale)  # RoPE, write and attention as one op, or None
+  cache.layer(i).rope_attend(qkv, cos, sin, scale, sliding, cap)  # RoPE, write and attention as one op, or None
   cache.end_step(T)                      # advance the position
 
 Here:
@@ -133,7 +133,8 @@ class _PrefillLayer:
     def query_pos(self) -> Tensor:
         return self.cache.query_pos
 
-    def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> None:
+    def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float, sliding: int = 0,
+                    cap: float = 0.0) -> None:
         return None
 
 
@@ -306,7 +307,8 @@ class _SlotDecode:
         c.v[i][c._slot_ids[:B], :, pos] = v[:, :, 0]
         return c.k[i][:B, :, :W], c.v[i][:B, :, :W]  # (B, Hkv, W, D)
 
-    def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> Tensor | None:
+    def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float, sliding: int = 0,
+                    cap: float = 0.0) -> Tensor | None:
         """Layer i's RoPE, cache write and attention over the window for the first B = `rows`
         slots, one op on CUDA (decode_attention.rope_decode_attention, a position per slot): qkv
         (B, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D); None where the op can't take them, or before
@@ -322,7 +324,7 @@ class _SlotDecode:
             return None
         return decode_attention.rope_decode_attention(qkv, self.rope.cos, self.rope.sin, c._lens_dev[:B],
                                                       c._first_valid[:B], c.k[i], c.v[i], self.window,
-                                                      scale)  # (B, Hkv, R, D)
+                                                      scale, sliding, cap)  # (B, Hkv, R, D)
 
     def end_step(self, T: int) -> None:
         c = self.cache
@@ -347,10 +349,11 @@ class ViewLayer:
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         return self.view.update(self.i, k, v)
 
-    def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float) -> Tensor | None:
+    def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float, sliding: int = 0,
+                    cap: float = 0.0) -> Tensor | None:
         """The view's fused RoPE, cache write and attention (tinyllm.core.ops), or None where the view
         has none or cannot take these inputs."""
-        return self.view.rope_attend(self.i, qkv, cos, sin, scale)
+        return self.view.rope_attend(self.i, qkv, cos, sin, scale, sliding, cap)
 
 
 class _SlotLayerKV(_PrefillLayer):

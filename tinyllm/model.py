@@ -283,11 +283,10 @@ class Attention(Module):
                      bias="bqkv" if cfg.qkv_bias else None)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        # The fused op (RoPE, cache write and attention in one: ops.rope_attend) runs the plain
-        # layer only: every head's dims rotated, no norm between projection and RoPE, the full
-        # context, no soft-cap, the model's one RoPE table.
-        self.fusable = not (cfg.qk_norm or self.window or self.cap or cfg.rotary_dim < cfg.head_dim
-                            or (self.local and cfg.rope_local_theta))
+        # The fused op (RoPE, cache write and attention in one: ops.rope_attend) runs a layer whose
+        # every head's dims are rotated, with no norm between projection and RoPE, by the model's
+        # one RoPE table; its sliding window and soft-cap too.
+        self.fusable = not (cfg.qk_norm or cfg.rotary_dim < cfg.head_dim or (self.local and cfg.rope_local_theta))
 
     def forward(self, x: Tensor, norm: RMSNorm, cos: Tensor, sin: Tensor, kv, ops: Ops,
                 post: RMSNorm | None = None) -> Tensor:
@@ -298,7 +297,7 @@ class Attention(Module):
         if self.bqkv is not None:
             qkv = qkv + self.bqkv
         if (self.fusable and kv is not None
-                and (y := ops.rope_attend(kv, qkv, cos, sin, self.scale)) is not None):
+                and (y := ops.rope_attend(kv, qkv, cos, sin, self.scale, self.window, self.cap)) is not None):
             # (B, Hkv, R, D): RoPE, the cache write and attention in one op
             return self._out(y.reshape(B, 1, -1), x, post)
         q, k, v = qkv.split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)

@@ -57,10 +57,13 @@ def rel_err(x, ref):
     return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def check_rope_case(B, Hkv, R, D, W, first_valid, pos, *, dtype=torch.bfloat16, device="cuda", tol=1e-2, seed=0):
+def check_rope_case(B, Hkv, R, D, W, first_valid, pos, *, dtype=torch.bfloat16, device="cuda", tol=1e-2, seed=0,
+                    sliding=0, cap=0.0):
     """rope_decode_attention against its slow twin: apply_rope, index_copy_ into the caches,
     window_attention (and the same in float64). The caches hold NaN past pos and before
-    first_valid (never read); afterwards they differ from the twin's only at pos, by rounding."""
+    first_valid (never read); afterwards they differ from the twin's only at pos, by rounding.
+    `sliding` > 0: a sliding-window layer's last `sliding` keys (NaN before them: never read
+    either); `cap`: soft-capped scores."""
     from tinyllm.model import Rope, apply_rope
 
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -71,6 +74,8 @@ def check_rope_case(B, Hkv, R, D, W, first_valid, pos, *, dtype=torch.bfloat16, 
     rope = Rope(D, 4096, 10000.0, device)
     p = torch.tensor([pos], device=device)
     cos, sin = rope.cos.index_select(0, p), rope.sin.index_select(0, p)  # (1, D/2): _StaticDecode.begin_step
+    if sliding:
+        first_valid = [max(f, pos - sliding + 1) for f in first_valid]
     mask = window_mask(W, first_valid, [pos] * B, device=device)
     scale = D ** -0.5
 
@@ -79,15 +84,15 @@ def check_rope_case(B, Hkv, R, D, W, first_valid, pos, *, dtype=torch.bfloat16, 
     k = apply_rope(k.view(B, 1, Hkv, D).transpose(1, 2), cos, sin)  # (B, Hkv, 1, D)
     v = v.view(B, 1, Hkv, D).transpose(1, 2)
     kc_ref, vc_ref = kc.clone().index_copy_(2, p, k), vc.clone().index_copy_(2, p, v)
-    ref = window_attention(q.double(), kc_ref[:, :, :W].double(), vc_ref[:, :, :W].double(), mask, scale)
+    ref = window_attention(q.double(), kc_ref[:, :, :W].double(), vc_ref[:, :, :W].double(), mask, scale, cap)
 
     for b in range(B):  # what the reference never reads either
         for x in (kc, vc, kc_ref, vc_ref):
             x[b, :, pos + 1:], x[b, :, :first_valid[b]] = float("nan"), float("nan")
         kc[b, :, pos], vc[b, :, pos] = float("nan"), float("nan")  # the kernel's to write
     fv = torch.tensor(first_valid, device=device)
-    y = da.rope_decode_attention(qkv, rope.cos, rope.sin, p, fv, kc, vc, W, scale)  # writes kc, vc at pos
-    case = (B, Hkv, R, D, W, first_valid, pos)
+    y = da.rope_decode_attention(qkv, rope.cos, rope.sin, p, fv, kc, vc, W, scale, sliding, cap)  # writes at pos
+    case = (B, Hkv, R, D, W, first_valid, pos, sliding, cap)
     assert y.shape == (B, Hkv, R, D) and y.dtype == dtype, case
     assert rel_err(y, ref) < tol, (case, rel_err(y, ref))
     torch.testing.assert_close(kc[:, :, pos], kc_ref[:, :, pos], rtol=1e-2, atol=1e-2)  # RoPE'd: rounding
@@ -535,8 +540,8 @@ def test_slot_decode_hands_the_fused_op_each_slots_length(monkeypatch):
         view = cache.decode(W, B)
         cos, sin = view.begin_step(1, rope)
         assert view.rope_attend(0, qkv[:B], cos, sin, 0.25).shape == (B, Hkv, R, D)
-    for (x, cos1, sin1, pos, fv, k, v, w, scale), B in zip(calls, (S, 4), strict=True):
-        assert x.shape[0] == B and cos1 is rope.cos and sin1 is rope.sin and (w, scale) == (W, 0.25)
+    for (x, cos1, sin1, pos, fv, k, v, w, scale, sliding, cap), B in zip(calls, (S, 4), strict=True):
+        assert x.shape[0] == B and cos1 is rope.cos and sin1 is rope.sin and (w, scale, sliding, cap) == (W, 0.25, 0, 0.0)
         assert k is cache.k[0] and v is cache.v[0]  # the whole caches: the op uses their first B rows
         assert pos.tolist() == [0, 7, 0, 31, 2, 0, 0, 5][:B] and pos.data_ptr() == cache._lens_dev.data_ptr()
         assert fv.tolist() == [0] * B and fv.dtype == torch.long
@@ -584,6 +589,20 @@ INTERPRETED = textwrap.dedent("""
             (1, 2, 4, 64, 2200, [0], 2150),  # 35 splits
         ]:
             check_rope_case(*case, dtype=torch.float16, device="cpu", tol=2e-3)
+        # The families' kernels: heads of 256 dims (Gemma), soft-capped scores (Gemma 2), sliding windows
+        for B, Hkv, R, D, W, fv, pos, cap in [(2, 1, 4, 256, 150, [0, 9], [149, 100], 0.0),
+                                              (1, 2, 3, 64, 200, [0], [180], 1.5), (1, 1, 2, 256, 90, [0], [89], 2.0)]:
+            q, k, v = make_case(B, Hkv, R, D, W, dtype=torch.float16, device="cpu", seed=W)
+            q = q * 3  # scores of a few units: the cap bends them
+            mask = window_mask(W, fv, pos, device="cpu")
+            ref = window_attention(q.double(), k.double(), v.double(), mask, D ** -0.5, cap)
+            y = run(q, k, v, mask, D ** -0.5, cap)
+            assert rel_err(y, ref) < 2e-3, (D, W, cap, rel_err(y, ref))
+            if cap:
+                assert rel_err(y, window_attention(q.double(), k.double(), v.double(), mask, D ** -0.5)) > 1e-2
+        for case, sliding, cap in [((2, 2, 4, 64, 300, [0, 3], 250), 70, 2.0), ((1, 1, 4, 256, 130, [0], 129), 40, 0.0),
+                                   ((1, 1, 2, 32, 64, [0], 10), 64, 1.0)]:
+            check_rope_case(*case, dtype=torch.float16, device="cpu", tol=2e-3, sliding=sliding, cap=cap)
     from tests.tinyllm.test_decode_attention import check_compiled_rope_in_place
     check_compiled_rope_in_place("cpu", torch.float16)
     print("ok")
@@ -688,7 +707,7 @@ def test_compiled_slot_step_under_the_triton_interpreter():
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
                     reason="needs triton; on a CUDA machine the CUDA tests compile them for real")
-@pytest.mark.parametrize("D", [32, 64, 128])
+@pytest.mark.parametrize("D", [32, 64, 128, 256])
 def test_kernels_compile_for_the_h200_without_a_gpu(D):
     """Triton's interpreter runs the kernels' arithmetic but not its compiler: compile both for
     sm_90 (PTX and cubin, with the bundled ptxas) to catch what only the compiler refuses."""
@@ -699,16 +718,19 @@ def test_kernels_compile_for_the_h200_without_a_gpu(D):
     from tinyllm.kernels import decode_attention_triton as T
 
     target = GPUTarget("cuda", 90, 32)
-    types = (["*bf16"] * 3 + ["*i1"] + ["*fp32"] * 3 + ["*bf16"] + ["i32"] * 4 + ["fp32"] + ["i32"] * 14
-             + ["*bf16"] * 2 + ["*fp32"] * 2 + ["*i64"] * 2 + ["i32"] * 3 + ["constexpr"] * 6)
+    types = (["*bf16"] * 3 + ["*i1"] + ["*fp32"] * 3 + ["*bf16"] + ["i32"] * 4 + ["fp32"] * 2 + ["i32"] * 15
+             + ["*bf16"] * 2 + ["*fp32"] * 2 + ["*i64"] * 2 + ["i32"] * 3 + ["constexpr"] * 7)
     sig = dict(zip(T._split_kernel.arg_names, types, strict=True))
-    def split_kernel(block_n=64, new=True, one_pass=False):
+    def split_kernel(block_n=64, new=True, one_pass=False, softcap=False):
         # every flag named: Triton's compile cache keys a partial dict of constexprs by its values alone
-        flags = {"D": D, "BLOCK_R": 16, "BLOCK_N": block_n, "NEW": new, "ONE_PASS": one_pass, "PDL": True}
+        flags = {"D": D, "BLOCK_R": 16, "BLOCK_N": block_n, "NEW": new, "ONE_PASS": one_pass, "SOFTCAP": softcap,
+                 "PDL": True}
         return triton.compile(ASTSource(T._split_kernel, sig, constexprs=flags), target=target)
 
     fused = split_kernel()
     assert "mma" in fused.asm["ptx"] and fused.asm["cubin"]
+    capped = split_kernel(softcap=True)  # Gemma 2's soft-capped scores
+    assert "mma" in capped.asm["ptx"] and capped.asm["cubin"]
     split, one_pass = split_kernel(new=False), split_kernel(one_pass=True)
     tile = split_kernel(block_n=128, one_pass=True)  # a window of 128 keys in one tile
     sig2 = {"m_ptr": "*fp32", "l_ptr": "*fp32", "o_ptr": "*fp32", "out_ptr": "*bf16", "n_split": "i32", "R": "i32",

@@ -2,7 +2,7 @@
 on a CPU.
 
 Contract:
-- `decode_attention(q, k, v, mask, scale) -> Tensor` is `ops.window_attention` (the slow
+- `decode_attention(q, k, v, mask, scale, cap=0.0) -> Tensor` is `ops.window_attention` (the slow
   twin it is tested against): q (B, Hkv, R, D), the R query heads that share a KV head; k and
   v (B, Hkv, W, D), possibly non-contiguous slices of a larger cache along dim 2 (read in
   place through their strides); mask (B, 1, 1, W) bool, True = attend; scale a Python float.
@@ -10,13 +10,15 @@ Contract:
   the scores are not rounded to bf16 first, so the two agree to bf16 rounding, not bit for
   bit. A row with no key to attend gets 0, not NaN.
 - `supported(q, k, v, mask)`: whether a kernel takes these inputs: on CUDA, Triton installed,
-  one dtype bf16 or fp16, D in 32/64/128, a bool mask; on a CPU, tinyllm.kernels.cpu_qgemv already
-  loaded (never built here), one dtype fp32 or bf16, R <= 8, D a multiple of 8 up to 256 and
-  contiguous, a bool mask. The ops call `decode_attention` only then, and `window_attention`
-  otherwise. On a CPU the op (`torch.ops.tinyllm_cpu.decode_attention`) agrees with
-  window_attention to fp32 rounding in fp32 (the order of the sums), to bf16 rounding in bf16
-  (scores and weights are not rounded to bf16), and also gives 0 to a row with no key.
-- `rope_decode_attention(qkv, cos, sin, pos, first_valid, k_cache, v_cache, window, scale)`:
+  one dtype bf16 or fp16, D in 32/64/128/256, a bool mask (a soft-cap on CUDA only); on a CPU,
+  tinyllm.kernels.cpu_qgemv already loaded (never built here), one dtype fp32 or bf16, R <= 8,
+  D a multiple of 8 up to 256 and contiguous, a bool mask. The ops call `decode_attention` only
+  then, and `window_attention` otherwise. On a CPU the op
+  (`torch.ops.tinyllm_cpu.decode_attention`) agrees with window_attention to fp32 rounding in
+  fp32 (the order of the sums), to bf16 rounding in bf16 (scores and weights are not rounded to
+  bf16), and also gives 0 to a row with no key.
+- `rope_decode_attention(qkv, cos, sin, pos, first_valid, k_cache, v_cache, window, scale,
+  sliding=0, cap=0.0)`:
   RoPE, the cache write and the attention of a decode step in one op (decode_attention_triton
   states its contract); its slow twin is model.apply_rope, an index_copy_ into the caches (an
   index_put_ where each row has its own position) and window_attention.
@@ -56,7 +58,7 @@ from tinyllm.kernels.switches import SWITCHES
 _HAS_TRITON = importlib.util.find_spec("triton") is not None and SWITCHES.decode_attn
 _FUSED = SWITCHES.rope_attn  # off: RoPE and the cache write apart (to measure)
 _CPU = SWITCHES.cpu_attn  # off: the compiled CPU step keeps Inductor's loop (to measure)
-HEAD_DIMS = (32, 64, 128)  # = decode_attention_triton.HEAD_DIMS (that module imports Triton)
+HEAD_DIMS = (32, 64, 128, 256)  # = decode_attention_triton.HEAD_DIMS (that module imports Triton)
 
 
 def available() -> bool:
@@ -85,16 +87,17 @@ def rope_supported(qkv: Tensor, k_cache: Tensor, v_cache: Tensor) -> bool:
 
 
 def rope_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, first_valid: Tensor, k_cache: Tensor,
-                          v_cache: Tensor, window: int, scale: float) -> Tensor:
+                          v_cache: Tensor, window: int, scale: float, sliding: int = 0, cap: float = 0.0) -> Tensor:
     from tinyllm.kernels import decode_attention_triton
 
     return decode_attention_triton.rope_decode_attention(qkv, cos, sin, pos, first_valid, k_cache, v_cache, window,
-                                                         scale)
+                                                         scale, sliding, cap)
 
 
-def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, cap: float = 0.0) -> Tensor:
     if q.device.type == "cpu":
+        assert not cap, "the CPU op takes no soft-cap (supported() says so)"
         return torch.ops.tinyllm_cpu.decode_attention(q, k, v, mask, scale)  # (B, Hkv, R, D)
     from tinyllm.kernels import decode_attention_triton  # Triton, and the op registered, on first use
 
-    return decode_attention_triton.decode_attention(q, k, v, mask, scale)  # (B, Hkv, R, D)
+    return decode_attention_triton.decode_attention(q, k, v, mask, scale, cap)  # (B, Hkv, R, D)

@@ -5,9 +5,12 @@ Contract: importing this module imports Triton (it fails where Triton is missing
 - `torch.ops.tinyllm.decode_attention(q, k, v, mask, scale) -> Tensor`, with the contract of
   `ops.window_attention`: q (B, Hkv, R, D), k and v (B, Hkv, W, D) (any strides: slices of
   a larger cache are read in place), mask (B, 1, 1, W) bool, True = attend; returns
-  (B, Hkv, R, D) in v's dtype. q, k, v share one dtype, bf16 or fp16; D is 32, 64 or 128.
+  (B, Hkv, R, D) in v's dtype. q, k, v share one dtype, bf16 or fp16; D is 32, 64, 128 or
+  256. `cap` > 0 soft-caps the scores, cap * tanh(score / cap) (Gemma 2), as window_attention does.
 - `torch.ops.tinyllm.rope_decode_attention(qkv, cos, sin, pos, first_valid, k_cache, v_cache,
-  window, scale)`: a decode step's RoPE, cache write and attention in one. qkv
+  window, scale, sliding=0, cap=0.0)`: a decode step's RoPE, cache write and attention in one;
+  `sliding` > 0 narrows each row's keys to its last `sliding` (a sliding-window layer: blocks
+  before them are never walked), `cap` soft-caps the scores. qkv
   (B, (Hkv R + 2 Hkv) D) is the step's q, k, v projections before RoPE (model.Attention's
   wqkv); cos, sin (L, D/2) fp32 the rotary tables (model.Rope), read at row pos; pos (P,) long,
   P = 1 (every row at one position) or B; first_valid (B,) long; k_cache, v_cache
@@ -74,7 +77,8 @@ BLOCK_S = 32  # splits the combine program reads at once (it loops over more)
 # program to finish (an atomic count a head) instead of a combine kernel, 733-735 against 717-718.
 # TINYLLM_ATTN_TILE overrides it (0: always split).
 TILE = SWITCHES.attn_tile
-HEAD_DIMS = (32, 64, 128)
+HEAD_DIMS = (32, 64, 128, 256)
+ONE_PASS_MAX_D = 128  # a head of 256 dims always splits: one tile of 128 such keys and values is 128 KB of shared memory
 DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -88,12 +92,19 @@ def _rope(x, partner, c, s, D: tl.constexpr):
 
 
 @triton.jit
+def _softcap(x, cap):
+    """cap * tanh(x / cap) (Gemma 2's soft-capped scores), tanh from one exp: stable for any x."""
+    t = tl.exp(-2.0 * tl.abs(x / cap))
+    return tl.where(x < 0, -cap, cap) * (1.0 - t) / (1.0 + t)
+
+
+@triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
-                  W, n_split, Hkv, R, scale,
+                  W, n_split, Hkv, R, scale, cap, sliding,
                   sq_b, sq_h, sq_r, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sm_b, sm_n,
                   kn_ptr, vn_ptr, cos_ptr, sin_ptr, pos_ptr, fv_ptr, sn_b, sc_p, sp_b,
                   D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, NEW: tl.constexpr = False,
-                  ONE_PASS: tl.constexpr = False, PDL: tl.constexpr = False):
+                  ONE_PASS: tl.constexpr = False, SOFTCAP: tl.constexpr = False, PDL: tl.constexpr = False):
     if PDL:  # every input may come from the kernels just before (the new key and value too)
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -110,6 +121,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
     if NEW:  # q, and the new key and value (RoPE'd here), at position p of row b
         p = tl.load(pos_ptr + b * sp_b)
         fv = tl.load(fv_ptr + b)  # the row attends keys fv..p
+        if sliding > 0:  # a sliding-window layer: the last `sliding` keys only
+            fv = tl.maximum(fv, p - sliding + 1)
         c = tl.load(cos_ptr + p * sc_p + cols % (D // 2))  # (D,) fp32: row p of the table
         s = tl.load(sin_ptr + p * sc_p + cols % (D // 2))
         half = (cols + D // 2) % D  # each element's partner
@@ -127,6 +140,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
         # the empty partial (m = -inf, l = 0, o = 0), which weighs nothing in the combine. The
         # block that writes the new key and value, min(p // BLOCK_N, n_blocks - 1), is always walked.
         last = tl.minimum(last, (p // BLOCK_N + 1).to(tl.int32))
+        # ... nor any block before fv's (a sliding window's start): those programs write the empty partial too.
+        first = tl.maximum(first, (fv // BLOCK_N).to(tl.int32))
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)  # running max, sum of exp and exp @ v
     l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, D], dtype=tl.float32)
@@ -146,6 +161,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
         if NEW:
             k = tl.where((keys == p)[:, None], k_new[None, :], k)
         sc = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_R, BLOCK_N) fp32
+        if SOFTCAP:
+            sc = _softcap(sc, cap)
         sc = tl.where(attend[None, :], sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, axis=1))  # (BLOCK_R,)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp(-inf - 0) = 0
@@ -213,13 +230,15 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, n_split, R,
     tl.store(out_ptr + (bh * R + r) * D + cols, out.to(out_ptr.dtype.element_ty))
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, W: int, new=None) -> Tensor:
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, W: int, new=None,
+            cap: float = 0.0, sliding: int = 0) -> Tensor:
     """The kernels over the first W keys of k and v; new = (k_new, v_new, cos, sin, pos,
-    first_valid), the fused op's extra inputs (then no mask), or None."""
+    first_valid), the fused op's extra inputs (then no mask), or None; scores soft-capped at
+    `cap` (0: not); `sliding` > 0 (the fused op): each row attends its last `sliding` keys only."""
     B, Hkv, R, D = q.shape
     if mask is not None:
         mask = mask.expand(B, 1, 1, W)  # a view: a batch-broadcast mask gets stride 0
-    one_pass = W <= TILE
+    one_pass = W <= TILE and D <= ONE_PASS_MAX_D
     block_n = triton.next_power_of_2(max(W, 16)) if one_pass else BLOCK_N  # keys a program reads
     n_split = 1 if one_pass else triton.cdiv(W, block_n)
     block_r = max(16, triton.next_power_of_2(R))
@@ -235,12 +254,13 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, 
     launch = pdl.launch_options(dev)
     _split_kernel[(B * Hkv, n_split)](
         q, k, v, q if mask is None else mask, m_buf, l_buf, o_buf, out, W, n_split, Hkv, R, scale,  # no mask: unread
+        cap if cap else 1.0, sliding,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3),
         k.stride(0), k.stride(1), k.stride(2), k.stride(3),
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
         0 if mask is None else mask.stride(0), 0 if mask is None else mask.stride(3),
         k_new, v_new, cos, sin, pos, first_valid, k_new.stride(0), cos.stride(0), pos.stride(0),
-        D=D, BLOCK_R=block_r, BLOCK_N=block_n, NEW=new is not None, ONE_PASS=one_pass, **launch)
+        D=D, BLOCK_R=block_r, BLOCK_N=block_n, NEW=new is not None, ONE_PASS=one_pass, SOFTCAP=cap > 0, **launch)
     if not one_pass:
         _combine_kernel[(B * Hkv, R)](m_buf, l_buf, o_buf, out, n_split, R, D=D, BLOCK_S=BLOCK_S, **launch)
     return out
@@ -254,13 +274,13 @@ def _check(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
 
 
 @torch.library.custom_op("tinyllm::decode_attention", mutates_args=())
-def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, cap: float = 0.0) -> Tensor:
     _check(q, k, v, mask)
-    return _attend(q, k, v, mask, scale, k.shape[2])
+    return _attend(q, k, v, mask, scale, k.shape[2], cap=cap)
 
 
 @decode_attention.register_fake
-def _(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+def _(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, cap: float = 0.0) -> Tensor:
     return q.new_empty(q.shape, dtype=v.dtype)
 
 
@@ -272,7 +292,7 @@ def _heads(qkv: Tensor, k_cache: Tensor) -> tuple[int, int, int, int]:
 
 @torch.library.custom_op("tinyllm::rope_decode_attention", mutates_args=("k_cache", "v_cache"))
 def rope_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, first_valid: Tensor, k_cache: Tensor,
-                          v_cache: Tensor, window: int, scale: float) -> Tensor:
+                          v_cache: Tensor, window: int, scale: float, sliding: int = 0, cap: float = 0.0) -> Tensor:
     B, Hkv, R, D = _heads(qkv, k_cache)
     torch._check(qkv.shape == (B, (R + 2) * Hkv * D) and qkv.stride(1) == 1 and k_cache.shape == v_cache.shape
                  and k_cache.shape[0] >= B and window <= k_cache.shape[2] and cos.shape[-1] == D // 2
@@ -282,11 +302,11 @@ def rope_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, fi
     q = qkv[:, :q_dim].view(B, Hkv, R, D)  # a view: strides (row stride, R D, D, 1)
     _check(q, k_cache, v_cache, None)
     new = (qkv[:, q_dim:], qkv[:, q_dim + kv_dim:], cos, sin, pos.expand(B), first_valid)
-    return _attend(q, k_cache, v_cache, None, scale, window, new)
+    return _attend(q, k_cache, v_cache, None, scale, window, new, cap=cap, sliding=sliding)
 
 
 @rope_decode_attention.register_fake
 def _(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, first_valid: Tensor, k_cache: Tensor, v_cache: Tensor,
-      window: int, scale: float) -> Tensor:
+      window: int, scale: float, sliding: int = 0, cap: float = 0.0) -> Tensor:
     B, Hkv, R, D = _heads(qkv, k_cache)
     return qkv.new_empty((B, Hkv, R, D))
