@@ -7,7 +7,8 @@
 #   bash scripts/build_llama_cpp.sh [BUILD_DIR]      # default BUILD_DIR: /work/llama.cpp-build
 #
 # Idempotent: the sdist is downloaded and unpacked only when $LLAMA_CPP_SRC (default
-# /work/llama.cpp-src, outside the repo) lacks vendor/llama.cpp; cmake re-runs incrementally.
+# /work/llama.cpp-src, outside the repo) lacks vendor/llama.cpp; cmake re-configures and
+# rebuilds only what changed.
 # Binaries land in BUILD_DIR/bin. Needs cmake (>= 3.14) and a C++17 compiler; 2 cores take
 # roughly 15-25 minutes for a clean build.
 #
@@ -16,10 +17,16 @@
 #
 # The cmake line, as run:
 #   cmake -S $SRC/vendor/llama.cpp -B BUILD_DIR -G Ninja -DCMAKE_BUILD_TYPE=Release
-#         -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+#         -DGGML_NATIVE=ON -DCMAKE_C_FLAGS="$NOAMX" -DCMAKE_CXX_FLAGS="$NOAMX"
+#         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF
 #         -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 #   cmake --build BUILD_DIR -j2 --target llama-bench llama-cli llama-server llama-quantize
-# (no network at build time: the server's prebuilt web UI download and HTTPS are switched off.)
+# with NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" (gcc keeps explicit -mno- flags over
+# -march=native). The project's CPU reports AMX in cpuinfo but its VM faults on the tile
+# instructions: a plain -march=native build dies with SIGILL (ldtilecfg in
+# ggml_backend_amx_mul_mat) as soon as a batch of more than one token is multiplied, i.e. on
+# any prompt; llama-bench -p 0 alone survives. Set NOAMX= (empty) on a machine where AMX works.
+# No network at build time: the server's prebuilt web UI download and HTTPS are switched off.
 #
 # convert_hf_to_gguf.py from the same sources runs with the repo venv as it is (torch,
 # numpy, safetensors, sentencepiece, transformers and gguf 0.19.0 are there; nothing more to
@@ -49,12 +56,12 @@ if [ ! -f "$SRC/vendor/llama.cpp/CMakeLists.txt" ]; then
     tar -xzf "$tarball" -C "$SRC" --strip-components=1
 fi
 
+NOAMX=${NOAMX--mno-amx-tile -mno-amx-int8 -mno-amx-bf16}
 gen=()
-command -v ninja > /dev/null && gen=(-G Ninja)
-if [ ! -f "$BUILD/CMakeCache.txt" ]; then
-    cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-        -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-        -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-fi
+[ -f "$BUILD/CMakeCache.txt" ] || { command -v ninja > /dev/null && gen=(-G Ninja); }
+cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_NATIVE=ON -DCMAKE_C_FLAGS="$NOAMX" -DCMAKE_CXX_FLAGS="$NOAMX" \
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 cmake --build "$BUILD" -j2 --target llama-bench llama-cli llama-server llama-quantize
 ls -l "$BUILD"/bin/llama-bench "$BUILD"/bin/llama-cli "$BUILD"/bin/llama-server "$BUILD"/bin/llama-quantize
