@@ -150,9 +150,10 @@ def test_graph_decoder_replay_equals_its_eager_twin_bit_for_bit():
     runs = []
     for use_graph in (False, True):
         dec = GraphDecoder(model, 2, 256, (32, 64, 256), use_graph)
+        logits = dec.prefill(idx, None)
         if use_graph:
-            dec.capture()
-        runs.append(greedy_steps(dec, dec.prefill(idx, None), 60))
+            assert dec.capture() >= 0 and dec.captured_windows == [32, 64, 256]  # every bucket, ahead
+        runs.append(greedy_steps(dec, logits, 60))
     assert torch.equal(runs[0], runs[1])
 
 
