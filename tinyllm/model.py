@@ -124,7 +124,8 @@ class ModelConfig:
         return self.n_heads * (self.head_dim or self.dim // self.n_heads)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The config as JSON writes it back (tuples as lists), so a saved config compares equal to its reload."""
+        return {**asdict(self), "local_layers": list(self.local_layers)}
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
