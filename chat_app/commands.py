@@ -164,7 +164,7 @@ class CommandRunner:
         self.app.theme = arg
         try:
             where = config.save("theme", arg)
-        except OSError as e:
+        except (OSError, ValueError) as e:
             self.app.note(f"Theme {arg} for now; could not keep it in the config file: {e}", "warning")
             return
         self.app.note(f"Theme {arg} (kept in {where}).")

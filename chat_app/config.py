@@ -6,7 +6,8 @@ else `config.toml` in `platformdirs.user_config_dir("tinyllm-chat")`. Missing: n
 Contract: `load()` returns {option: value} for argparse's `set_defaults`, so an option given on
 the command line wins over the file, and the file over the built-in default. Top-level keys
 only, named as the options are (`max_tokens` or `max-tokens`): model, device, max_len,
-temperature, top_p, top_k, repeat_penalty, max_tokens, seed, system, template, theme.
+temperature, top_p, top_k, repeat_penalty, max_tokens, seed, system, template, theme, and
+context_budget (the share of free memory a full context's K/V may take: tinyllm.session.context).
 A file that is not TOML, an unknown key, a value of the wrong type or a sampling value out of
 range (tinyllm.decode.sampling_params.check, as for the command line and /set) is a ValueError
 naming the file, the key and what is wanted (the CLI prints it as its one-line error). `save(name,
@@ -19,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 from tinyllm.decode.sampling_params import LIMITS, check
@@ -27,7 +29,7 @@ ENV_DIR = "TINYLLM_CHAT_CONFIG_DIR"
 KEYS: dict[str, type | tuple[type, ...]] = {  # key: the TOML types it takes
     "model": str, "device": str, "max_len": int, "temperature": (float, int), "top_p": (float, int),
     "top_k": int, "repeat_penalty": (float, int), "max_tokens": int, "seed": int, "system": str,
-    "template": str, "theme": str}
+    "template": str, "theme": str, "context_budget": (float, int)}
 
 
 def path() -> Path:
@@ -46,6 +48,8 @@ def load(file: Path | None = None) -> dict[str, object]:
         return {}
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"config file {file}: {e}; fix it or move it away") from None
+    except RecursionError:  # tomllib recurses once per level of nested arrays and inline tables
+        raise ValueError(f"config file {file}: nested too deep to read; fix it or move it away") from None
     out: dict[str, object] = {}
     for key, value in data.items():
         name = key.replace("-", "_")
@@ -60,25 +64,49 @@ def load(file: Path | None = None) -> dict[str, object]:
                 check(name, value)
             except ValueError as e:
                 raise ValueError(f"config file {file}: {e}") from None
+        if name == "context_budget" and not 0 < value <= 1:
+            raise ValueError(f"config file {file}: context_budget is a share of free memory, "
+                             f"0 < context_budget <= 1, got {value!r}")
         out[name] = Path(value).expanduser() if name == "model" else value
     return out
 
 
 def save(name: str, value: str, file: Path | None = None) -> Path:
-    """Set `name = "value"` at the top of the file (replacing the key where it is); OSError
-    when it cannot be written."""
+    """Set the top-level key `name = "value"`, keeping every other byte of the file: the line
+    that holds the key now is rewritten (its comment kept), else the key goes on a line of its
+    own at the top (always top level). The edit is checked by parsing: the result must be the
+    file as it was read with only that key changed, so a `theme = ...` line inside a multi-line
+    string or under a [table] is never touched. ValueError when the file is not TOML (nothing
+    is written), OSError when it cannot be written."""
     file = file or path()
-    line = f"{name} = {_quote(value)}"
-    text = file.read_text(encoding="utf-8") if file.exists() else ""
-    pattern = re.compile(rf"^{re.escape(name)}\s*=.*$", re.MULTILINE)
-    head, sep, tables = text.partition("\n[")  # top-level keys live before any [table]
-    if pattern.search(head):
-        head = pattern.sub(line, head, count=1)
+    text = file.read_bytes().decode("utf-8") if file.exists() else ""  # bytes: \r\n stays \r\n
+    try:
+        before = tomllib.loads(text)
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
+        raise ValueError(f"config file {file} is not TOML; fix it or move it away") from None
+    want = {**before, name: value}
+    for new in _edits(text, name, value):
+        try:
+            if tomllib.loads(new) == want:
+                break
+        except tomllib.TOMLDecodeError:
+            continue
     else:
-        head = line + "\n" + head
+        raise ValueError(f"config file {file}: could not set {name} in it; set {name} = {_quote(value)} by hand")
     file.parent.mkdir(parents=True, exist_ok=True)
-    file.write_text(head + sep + tables, encoding="utf-8")
+    file.write_bytes(new.encode("utf-8"))
     return file
+
+
+def _edits(text: str, name: str, value: str) -> Iterator[str]:
+    """Candidate files, each one line changed: every line that looks like the key's, with the
+    value replaced (and then the whole line), then the key added at the top."""
+    key = rf"(?:{re.escape(name)}|\"{re.escape(name)}\"|'{re.escape(name)}')"
+    for m in re.finditer(rf"^([ \t]*{key}[ \t]*=[ \t]*)([^\r\n]*)(?=\r?\n|\Z)", text, re.MULTILINE):
+        comment = re.search(r"[ \t]+#[^\"']*$", m.group(2))
+        for tail in ([comment.group(0)] if comment else []) + [""]:
+            yield text[:m.start()] + m.group(1) + _quote(value) + tail + text[m.end():]
+    yield f"{name} = {_quote(value)}\n" + text
 
 
 def _quote(value: str) -> str:
