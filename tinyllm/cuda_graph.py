@@ -65,7 +65,7 @@ from tinyllm.decode.sampling_params import SamplingParams
 from tinyllm.decode.saved_step import SavedStep
 from tinyllm.decode.step_sampler import StepSampler
 from tinyllm.kernels import cpu_qgemv, decode_attention, pdl
-from tinyllm.kv_cache import KVCache, LayerKV, SlotKVCache, ViewLayer
+from tinyllm.kv_cache import KVCache, LayerKV, SlotKVCache, ViewLayer, read_as
 from tinyllm.model import Transformer
 
 MAX_RUN = 16  # the most steps one run chains (the width of `out`)
@@ -99,11 +99,12 @@ class StaticKVCache(KVCache):
     As a cache it prefills eagerly from the current position n (KVCache). `decode(W)` is the
     view one decode step runs through: the position comes from the device tensor `pos`, and
     the step sees the first W keys with a mask, so shapes don't depend on the position.
-    `first_valid` (B,) is the left-pad count per row; zeros when unpadded.
+    `first_valid` (B,) is the left-pad count per row; zeros when unpadded. `kv_dtype`: the
+    dtype K/V are held in (tinyllm.kv_cache's contract; None: the model's).
     """
 
-    def __init__(self, n_layers: int, batch: int, max_len: int, device=None):
-        super().__init__(n_layers, batch, max_len, device)
+    def __init__(self, n_layers: int, batch: int, max_len: int, device=None, kv_dtype: torch.dtype | None = None):
+        super().__init__(n_layers, batch, max_len, device, kv_dtype)
         # One spare position: every window W <= max_len is then a strict slice of the cache, so
         # a compiled step needs no second variant for W = max_len.
         self.rows = max_len + 1
@@ -175,9 +176,9 @@ class _StaticDecode:
 
     def update(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         c = self.cache
-        c.k[i].index_copy_(2, c.pos, k)  # (B, Hkv, max_len + 1, D) at pos
-        c.v[i].index_copy_(2, c.pos, v)
-        return c.k[i][:, :, :self.window], c.v[i][:, :, :self.window]  # (B, Hkv, W, D)
+        c.k[i].index_copy_(2, c.pos, k.to(c.k[i].dtype))  # (B, Hkv, max_len + 1, D) at pos
+        c.v[i].index_copy_(2, c.pos, v.to(c.v[i].dtype))
+        return read_as(c.k[i][:, :, :self.window], k), read_as(c.v[i][:, :, :self.window], v)  # (B, Hkv, W, D)
 
     def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float, sliding: int = 0,
                     cap: float = 0.0) -> Tensor | None:

@@ -17,10 +17,25 @@ Here:
   n + 1 keys, with no mask when unpadded: the eager reference path.
 - `SlotKVCache`: the continuous engine's cache, one independent row ("slot") per request,
   lengths on the host (`lens`) and on the device (`_lens_dev`), decode through `decode(W)`.
-Refuses: writing past max_len ("KV cache full"), a dtype other than the one it holds.
+  `release(slot)` and `admit(slots)` copy nothing from the host to the device, so they never
+  wait for the device (device kernels on tensors it holds, and pinned copies).
+- `kv_dtype` (both caches): the dtype K/V are held in; None (the default) holds the K/V of the
+  first write as they come (the model's dtype). Another dtype is written cast (round to
+  nearest even for bf16), and what `update` returns is read back in the new K/V's dtype, so the
+  attention sees the query's dtype (the native CPU step reads a bf16 cache itself, and holds
+  its decoder's cache in bf16 unless told: tinyllm.decode.cpu_step.KV_DTYPE).
+- `kv_storage(shape, dtype, device)`: zeroed storage for one layer's K or V. On a CPU it is an
+  anonymous mapping, which the kernel commits a page at a time as positions are first
+  written: a 128k-position cache costs memory only for the positions a chat reaches. A read
+  of a position never written sees zeros, and every path masks such positions out.
+Refuses: writing past max_len ("KV cache full"), a K/V dtype other than the one it holds
+(where kv_dtype is None).
 """
 
 from __future__ import annotations
+
+import math
+import mmap
 
 import torch
 from torch import Tensor
@@ -63,13 +78,30 @@ def check_dtype(held: Tensor, new: Tensor) -> None:
         raise ValueError(f"cache holds {held.dtype}, got {new.dtype}: reset the cache or cast the model")
 
 
+def kv_storage(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Zeroed K or V storage of `shape`. On a CPU an anonymous mapping (zero, and committed by
+    the kernel only where written: torch.zeros would write every page up front); the tensor
+    keeps the mapping alive and unmaps it when it is freed."""
+    n = math.prod(shape)
+    if device.type != "cpu" or n == 0:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    buf = mmap.mmap(-1, n * dtype.itemsize)
+    return torch.frombuffer(buf, dtype=dtype, count=n).view(shape)
+
+
+def read_as(store: Tensor, k: Tensor) -> Tensor:
+    """A cache's slice `store` as the attention reads it: in the new K/V `k`'s dtype."""
+    return store if store.dtype == k.dtype else store.to(k.dtype)
+
+
 class KVCache:
     """The eager cache: B rows sharing one position n (host int)."""
 
-    def __init__(self, n_layers: int, batch: int, max_len: int, device=None):
+    def __init__(self, n_layers: int, batch: int, max_len: int, device=None, kv_dtype: torch.dtype | None = None):
         self.n_layers, self.batch, self.max_len = n_layers, batch, max_len
         self.rows = max_len  # positions allocated per layer (a static cache keeps one spare)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.kv_dtype = kv_dtype  # K/V held in this dtype; None: as the first write brings them
         self.k: list[Tensor | None] = [None] * n_layers
         self.v: list[Tensor | None] = [None] * n_layers
         self.first_valid = torch.zeros(batch, dtype=torch.long, device=self.device)
@@ -147,14 +179,15 @@ class LayerKV(_PrefillLayer):
         if B != c.batch:
             raise ValueError(f"batch {B} != cache batch {c.batch}")
         if c.k[i] is None:
-            shape = (c.batch, H, c.rows, D)
-            c.k[i] = torch.zeros(shape, dtype=k.dtype, device=k.device)
-            c.v[i] = torch.zeros(shape, dtype=v.dtype, device=v.device)
-        check_dtype(c.k[i], k)
+            shape, dtype = (c.batch, H, c.rows, D), c.kv_dtype or k.dtype
+            c.k[i] = kv_storage(shape, dtype, k.device)
+            c.v[i] = kv_storage(shape, dtype, v.device)
+        if c.kv_dtype is None:
+            check_dtype(c.k[i], k)
         end = c.n + T
-        c.k[i][:, :, c.n:end] = k
+        c.k[i][:, :, c.n:end] = k  # cast to the held dtype where it differs
         c.v[i][:, :, c.n:end] = v
-        return c.k[i][:, :, :end], c.v[i][:, :, :end]  # (B, Hkv, n + T, D)
+        return read_as(c.k[i][:, :, :end], k), read_as(c.v[i][:, :, :end], v)  # (B, Hkv, n + T, D)
 
 
 class SlotKVCache:
@@ -168,10 +201,11 @@ class SlotKVCache:
     `advance_host()`, the device copy inside the (captured) step.
     """
 
-    def __init__(self, n_layers: int, n_slots: int, max_len: int, device=None):
+    def __init__(self, n_layers: int, n_slots: int, max_len: int, device=None, kv_dtype: torch.dtype | None = None):
         self.n_layers, self.n_slots, self.max_len = n_layers, n_slots, max_len
         self.rows = max_len + 1  # one spare position: a window W <= max_len is always a strict slice
         self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.kv_dtype = kv_dtype  # K/V held in this dtype; None: as the first write brings them
         self.k: list[Tensor | None] = [None] * n_layers
         self.v: list[Tensor | None] = [None] * n_layers
         self.lens = [0] * n_slots  # host lengths: bounds and bucket choice, no sync
@@ -209,8 +243,10 @@ class SlotKVCache:
     def release(self, slot: int) -> None:
         self.active[slot] = False
         self.lens[slot] = 0
-        self._lens_dev[slot] = 0
-        self._active_dev[slot] = 0
+        # zero_ on a view: a kernel on the device. `t[slot] = 0` copies a host scalar from
+        # pageable memory, which on CUDA waits for the stream (a hidden sync every release).
+        self._lens_dev.narrow(0, slot, 1).zero_()
+        self._active_dev.narrow(0, slot, 1).zero_()
 
     def free_slots(self) -> list[int]:
         return [s for s in range(self.n_slots) if not self.active[s]]
@@ -226,10 +262,11 @@ class SlotKVCache:
         """Allocate layer i's K/V on first use, shaped like `like` (S, Hkv, T, D)'s heads."""
         if self.k[i] is None:
             _, H, _, D = like.shape
-            shape = (self.n_slots, H, self.rows, D)
-            self.k[i] = torch.zeros(shape, dtype=like.dtype, device=like.device)
-            self.v[i] = torch.zeros(shape, dtype=like.dtype, device=like.device)
-        check_dtype(self.k[i], like)
+            shape, dtype = (self.n_slots, H, self.rows, D), self.kv_dtype or like.dtype
+            self.k[i] = kv_storage(shape, dtype, like.device)
+            self.v[i] = kv_storage(shape, dtype, like.device)
+        if self.kv_dtype is None:
+            check_dtype(self.k[i], like)
 
     def keys_needed(self, steps: int) -> int:
         """Keys the next `steps` steps attend at most. A slot stops advancing (on the device) once
@@ -303,9 +340,9 @@ class _SlotDecode:
         # [slot, :, len]): Inductor keeps it in place. A scatter_ there became a functional
         # scatter of the whole cache and a copy back into it, every layer, every step.
         pos = c._lens_dev[:B].clamp(max=c.max_len - 1)  # (B,)
-        c.k[i][c._slot_ids[:B], :, pos] = k[:, :, 0]
-        c.v[i][c._slot_ids[:B], :, pos] = v[:, :, 0]
-        return c.k[i][:B, :, :W], c.v[i][:B, :, :W]  # (B, Hkv, W, D)
+        c.k[i][c._slot_ids[:B], :, pos] = k[:, :, 0].to(c.k[i].dtype)  # (B, Hkv, D)
+        c.v[i][c._slot_ids[:B], :, pos] = v[:, :, 0].to(c.v[i].dtype)
+        return read_as(c.k[i][:B, :, :W], k), read_as(c.v[i][:B, :, :W], v)  # (B, Hkv, W, D)
 
     def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float, sliding: int = 0,
                     cap: float = 0.0) -> Tensor | None:
@@ -363,6 +400,6 @@ class _SlotLayerKV(_PrefillLayer):
         c, i = self.cache, self.i
         T = k.shape[2]  # (B, Hkv, T, D)
         c.ensure(i, k)
-        c.k[i][c._prefill_rows, :, :T] = k  # rows (B,) built once by start_prefill: no copy per layer
-        c.v[i][c._prefill_rows, :, :T] = v
+        c.k[i][c._prefill_rows, :, :T] = k.to(c.k[i].dtype)  # rows (B,) built once by start_prefill: no copy per layer
+        c.v[i][c._prefill_rows, :, :T] = v.to(c.v[i].dtype)
         return k, v  # a prefill from position 0 sees exactly its own keys

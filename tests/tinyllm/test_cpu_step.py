@@ -22,11 +22,14 @@ pytestmark = pytest.mark.skipif(not cpu_qgemv.available(), reason="the CPU kerne
 SHAPE = dict(dim=128, n_heads=4, n_kv_heads=2, ffn_dim=192, tie_embeddings=True)
 
 
-def decoder(model, backend, batch=1, max_len=256):
-    """A decoder running the native step (backend "native") or the plain one (None)."""
+def decoder(model, backend, batch=1, max_len=256, kv_dtype=torch.float32):
+    """A decoder running the native step (backend "native") or the plain one (None), its cache
+    held in kv_dtype (fp32 here: the steps meet at fp32 rounding; tests/tinyllm/test_cpu_kv_cache.py
+    runs the bf16 cache the native step holds by default)."""
     dec = GraphDecoder(model, batch, max_len=max_len, use_graph=False)
+    dec.cache.kv_dtype = kv_dtype
     if backend == "native":
-        cpu_step.use_native(dec)
+        cpu_step.use_native(dec, kv_dtype)
     return dec
 
 

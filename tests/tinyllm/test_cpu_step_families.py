@@ -67,7 +67,7 @@ def decode(model: Transformer, native: bool, prompt: torch.Tensor) -> tuple[torc
     drawn from the prefill's logits, as generate() does."""
     dec = GraphDecoder(model, 1, max_len=64, buckets=BUCKETS, use_graph=False)
     if native:
-        cpu_step.use_native(dec)
+        cpu_step.use_native(dec, torch.float32)  # fp32 K/V: the plain twin's
     first = dec.prefill(prompt)[0, -1].argmax()
     dec.tok.fill_(int(first))
     logits, ids = [], [int(first)]
@@ -163,7 +163,7 @@ def test_a_window_far_into_the_cache():
     for native in (True, False):
         dec = GraphDecoder(model, 1, max_len=512, buckets=(256, 512), use_graph=False)
         if native:
-            cpu_step.use_native(dec)
+            cpu_step.use_native(dec, torch.float32)  # fp32 K/V: the plain twin's
         dec.prefill(prompt)
         dec.tok.copy_(prompt[:, -1:])
         runs.append(torch.stack([dec.run(1)[0, -1].clone() for _ in range(12)]))

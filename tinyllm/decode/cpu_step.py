@@ -16,8 +16,15 @@ Contract:
   q/k/v biases, q/k norms, head_dim apart from dim / n_heads, GeGLU, post-norms, the embedding
   scale, the attention scale, attention and final soft-caps, sliding-window layers with their own
   RoPE tables, partial rotary (what it does not run: tinyllm.model.native_unsupported).
-- `use_native(dec) -> NativeStep`: makes the native step the decoder's step (`dec.set_step`,
-  named "native"); `dec.set_compile(None)` goes back to the plain step.
+- `use_native(dec, kv_dtype=KV_DTYPE) -> NativeStep`: makes the native step the decoder's step
+  (`dec.set_step`, named "native"); `dec.set_compile(None)` goes back to the plain step. Where
+  the decoder's cache holds no K/V yet, it holds them in `kv_dtype` from its first prefill on
+  (None: the model's dtype); a cache already filled keeps its dtype. The step reads an fp32 or
+  a bf16 cache (tinyllm.kv_cache's kv_dtype: written rounded, widened as read; the plain step
+  reads it back in fp32, so the two still agree up to fp32 rounding).
+- `KV_DTYPE`: bf16. Half of fp32's bytes a position (the default model's 46 KB -> 23 KB); what
+  it costs in logits on the default model and SmolLM2, and what it gains late in a context, is
+  measured in docs/BENCHMARKS.md ("Long context on the CPU").
 - `NativeStep(dec)`: the step `(window) -> logits (1, 1, V)`, what the decoder's
   `plain_step(window)` does: the model's step through the cache's decode view at `cache.pos`
   (K/V written there, keys first_valid..pos attended, pos advanced), then the sampler's push
@@ -44,6 +51,8 @@ from torch import Tensor
 
 from tinyllm.decode.step_sampler import StepSampler
 from tinyllm.kernels import cpu_qgemv
+
+KV_DTYPE = torch.bfloat16  # the native step's cache unless told (docs/BENCHMARKS.md, "Long context on the CPU")
 
 
 def problem(model, batch: int) -> str | None:
@@ -105,8 +114,11 @@ class NativeStep:
         return forward(dec.tok, cache.pos, cache.first_valid, window, *dec.sampler.native_args())  # (1, 1, V)
 
 
-def use_native(dec) -> NativeStep:
-    """The native step runs `dec`'s decode steps from its next run on."""
+def use_native(dec, kv_dtype: torch.dtype | None = KV_DTYPE) -> NativeStep:
+    """The native step runs `dec`'s decode steps from its next run on; an empty cache will hold
+    K/V in `kv_dtype` (None: the model's dtype)."""
+    if dec.cache.k[0] is None:
+        dec.cache.kv_dtype = kv_dtype
     step = NativeStep(dec)
     dec.set_step(step, "native")
     return step

@@ -6,8 +6,9 @@
 // exp-weighted sum of those keys' values; the units of a head are merged at the end into y
 // (B, Hkv, R, D). Masked keys are never read; a row with no key gets 0. Where a.cap > 0 the
 // scores (scaled) are soft-capped, cap * tanh(s / cap), before the softmax (Gemma 2). q, k, v fp32 or bf16
-// (one dtype; bf16 widened as it is loaded, k and v through their strides); scores, softmax and
-// sums fp32, the result rounded once to q's dtype. R <= ATTN_MAX_R, D a multiple of 8 up to
+// (q of one dtype, k and v of one, the same or fp32 q over bf16 k and v: the native step's
+// compact cache; bf16 widened as it is loaded, k and v through their strides); scores, softmax
+// and sums fp32, the result rounded once to q's dtype. R <= ATTN_MAX_R, D a multiple of 8 up to
 // ATTN_MAX_D (the caller checks).
 #include <immintrin.h>
 
@@ -62,8 +63,8 @@ void weigh_rows(const T* vbase, int64_t vw, const int32_t* idx, int64_t n, const
 // time (a horizontal sum a score, the value sums loaded and stored each key) against as written
 // now: 900 keys of 1,024 at 2 threads 65.4 -> 33-38 us, at 1 thread 81.4 -> 55-70; 200 of 256
 // at 1 thread 19.2 -> 12-15.
-template <class T>
-void attend_chunk(const AttnArgs<T>& a, int64_t u) {
+template <class Q, class T>
+void attend_chunk(const AttnArgs<Q, T>& a, int64_t u) {
   const int64_t c = u % a.chunks, bh = u / a.chunks, b = bh / a.Hkv, h = bh % a.Hkv, R = a.R, D = a.D;
   const int64_t j0 = c * ATTN_CHUNK, j1 = std::min(a.W, j0 + ATTN_CHUNK);
   const T* kbase = a.k + b * a.kb + h * a.kh;
@@ -137,8 +138,8 @@ void attend_chunk(const AttnArgs<T>& a, int64_t u) {
 
 // Runs a's units on the pool and merges each head's chunks into y (B, Hkv, R, D); a.m, a.l and
 // a.acc hold units * R, units * R and units * R * D floats.
-template <class T>
-void attend_all(const AttnArgs<T>& a, int64_t B, T* yp) {
+template <class Q, class T>
+void attend_all(const AttnArgs<Q, T>& a, int64_t B, Q* yp) {
   const int64_t Hkv = a.Hkv, R = a.R, D = a.D, chunks = a.chunks, units = B * Hkv * chunks;
   run_chunks(units, B * Hkv * a.W * R * D / 16, [&](int64_t u) { attend_chunk(a, u); });  // (a block: 16 products)
   float out[ATTN_MAX_D];
@@ -155,8 +156,8 @@ void attend_all(const AttnArgs<T>& a, int64_t B, T* yp) {
         const float* acc = a.acc + (u * R + r) * D;
         for (int64_t d = 0; d < D; ++d) out[d] += w * acc[d];
       }
-      T* yr = yp + (bh * R + r) * D;
-      for (int64_t d = 0; d < D; ++d) yr[d] = static_cast<T>(L > 0.f ? out[d] / L : 0.f);
+      Q* yr = yp + (bh * R + r) * D;
+      for (int64_t d = 0; d < D; ++d) yr[d] = static_cast<Q>(L > 0.f ? out[d] / L : 0.f);
     }
 }
 
@@ -164,5 +165,6 @@ void attend_all(const AttnArgs<T>& a, int64_t B, T* yp) {
 
 void attend_units(const AttnArgs<float>& a, int64_t B, float* y) { attend_all(a, B, y); }
 void attend_units(const AttnArgs<bf16>& a, int64_t B, bf16* y) { attend_all(a, B, y); }
+void attend_units(const AttnArgs<float, bf16>& a, int64_t B, float* y) { attend_all(a, B, y); }
 
 }  // namespace tinyllm_cpu

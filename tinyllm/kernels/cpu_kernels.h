@@ -14,7 +14,7 @@
 //       gating) and soft_cap (Gemma 2's logits) beside silu_mul.
 //   half_product (cpu_half.cpp): y = x W^T for fp32, bf16 or fp16 W, fp32 sums.
 //   dequantize_rows (cpu_dequant.cpp): rows of the fp32 W.
-//   attend_units (cpu_attention.cpp): decode attention over AttnArgs.
+//   attend_units (cpu_attention.cpp): decode attention over AttnArgs (q and the cache typed apart).
 //   run_chunks (cpu_pool.cpp): body(i) for i in [0, n) on the pool's threads.
 //   use_vnni, use_exact_x (cpu_vnni.cpp, cpu_products.cpp): the ops' two switches.
 #pragma once
@@ -116,9 +116,11 @@ void dequantize_rows(const void* q, bool int4, const float* s, const float* z, i
 constexpr int64_t ATTN_CHUNK = 256;
 constexpr int64_t ATTN_MAX_R = 8, ATTN_MAX_D = 256;
 
-template <class T>  // float or bf16
+// Q: the query's and the result's type; KV: the cache's (keys and values), each float or bf16.
+template <class Q, class KV = Q>
 struct AttnArgs {
-  const T *q, *k, *v;
+  const Q* q;
+  const KV *k, *v;
   const bool* mask;
   int64_t Hkv, R, D, W, chunks;
   int64_t qb, qh, kb, kh, kw, vb, vh, vw, mb, mw;  // strides (elements)
@@ -131,8 +133,10 @@ inline int64_t attn_chunks(int64_t W) { return std::max<int64_t>(1, (W + ATTN_CH
 
 // Runs a's units on the pool and merges each head's chunks into y (B, Hkv, R, D); a.m, a.l and
 // a.acc hold units * R, units * R and units * R * D floats (units = B * Hkv * chunks).
+// fp32 or bf16 throughout, or an fp32 query over a bf16 cache (the native step's compact one).
 void attend_units(const AttnArgs<float>& a, int64_t B, float* y);
 void attend_units(const AttnArgs<bf16>& a, int64_t B, bf16* y);
+void attend_units(const AttnArgs<float, bf16>& a, int64_t B, float* y);
 
 // ---- threads ------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@
 //   ffn(w13, w2, x (K), y (D), gelu): y = w2(silu(gate) * up), gate and up the two halves of w13 x:
 //       qmm_ffn's one op where both are quantized, else the two products and the gating; with
 //       gelu, w2(gelu_tanh(gate) * up) (GeGLU), always the two products and the gating.
-//   attend(q (Hkv, R, D), R, k, v (1, Hkv, rows, D) fp32, first, last, scale, y (Hkv, R, D), cap):
+//   attend(q (Hkv, R, D), R, k, v (1, Hkv, rows, D) fp32 or bf16 (both one), first, last, scale, y (Hkv, R, D), cap):
 //       decode_attention over keys first..last of the cache (last < rows), as that op computes
 //       it with a mask that lets exactly those keys through; a row with no key gets 0. cap > 0:
 //       the scores soft-capped first (ops.window_attention's cap).

@@ -52,6 +52,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_kernels.h"
@@ -267,9 +268,10 @@ void ffn(const Matrix& w13, const Matrix& w2, const float* x, float* y, bool gel
 
 void attend(const float* q, int64_t R, const at::Tensor& k, const at::Tensor& v, int64_t first, int64_t last,
             float scale, float* y, float cap) {
-  TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && k.scalar_type() == at::kFloat && v.sizes() == k.sizes() &&
-              v.scalar_type() == at::kFloat && k.stride(3) == 1 && v.stride(3) == 1 && 0 <= last && last < k.size(2),
-              "attend: k and v must be fp32 (1, Hkv, rows, D) caches holding key ", last);
+  const auto dt = k.scalar_type();
+  TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && (dt == at::kFloat || dt == at::kBFloat16) && v.sizes() == k.sizes() &&
+              v.scalar_type() == dt && k.stride(3) == 1 && v.stride(3) == 1 && 0 <= last && last < k.size(2),
+              "attend: k and v must be fp32 or bf16 (1, Hkv, rows, D) caches holding key ", last);
   // Keys from the chunk holding `first` on (a sliding window's chunks before it hold no key):
   // the chunks keep their places, so the sums are those of a call over keys 0..last.
   const int64_t base = std::min(std::max<int64_t>(first, 0), last) / ATTN_CHUNK * ATTN_CHUNK;
@@ -279,11 +281,16 @@ void attend(const float* q, int64_t R, const at::Tensor& k, const at::Tensor& v,
   for (int64_t j = 0; j < W; ++j) t_mask[j] = base + j >= first;
   if (t_attn.size() < static_cast<size_t>(units * R * (2 + D))) t_attn.resize(units * R * (2 + D));
   float* pp = t_attn.data();
-  const float *kp = k.data_ptr<float>() + base * k.stride(2), *vp = v.data_ptr<float>() + base * v.stride(2);
-  const AttnArgs<float> a{q, kp, vp, reinterpret_cast<const bool*>(t_mask.data()),
-                          Hkv, R, D, W, chunks, 0, R * D, 0, k.stride(1), k.stride(2), 0, v.stride(1), v.stride(2),
-                          0, 1, scale, pp, pp + units * R, pp + 2 * units * R, cap};
-  attend_units(a, 1, y);
+  auto run = [&](auto* kp, auto* vp) {  // the cache's own type, widened as it is loaded
+    using KV = std::remove_const_t<std::remove_pointer_t<decltype(kp)>>;
+    const AttnArgs<float, KV> a{q, kp + base * k.stride(2), vp + base * v.stride(2),
+                                reinterpret_cast<const bool*>(t_mask.data()), Hkv, R, D, W, chunks, 0, R * D, 0,
+                                k.stride(1), k.stride(2), 0, v.stride(1), v.stride(2), 0, 1, scale, pp,
+                                pp + units * R, pp + 2 * units * R, cap};
+    attend_units(a, 1, y);
+  };
+  if (dt == at::kFloat) run(k.data_ptr<float>(), v.data_ptr<float>());
+  else run(bits<bf16>(k), bits<bf16>(v));
 }
 
 }  // namespace tinyllm_cpu

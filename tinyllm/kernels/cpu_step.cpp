@@ -8,7 +8,8 @@
 //            model has one RoPE), then for each layer [attn_norm | wqkv w, s, z | wo w, s, z |
 //            ffn_norm | w13 w, s, z | w2 w, s, z | bqkv (q_dim + 2 kv_dim) | q_norm, k_norm
 //            (Dh) | post_attn_norm, post_ffn_norm (dim) | k cache, v cache (1, Hkv, rows, Dh)
-//            fp32]; a matrix's s and z are empty tensors where it has none (cpu_matrix.h,
+//            fp32, or bf16 (the compact cache: K/V rounded to nearest even as written, widened
+//            as the attention reads them; q and every sum stay fp32)]; a matrix's s and z are empty tensors where it has none (cpu_matrix.h,
 //            Matrix::of, says which forms), and so is each optional vector the model lacks.
 //   config   [n_layers, dim, n_heads, n_kv_heads, ffn_dim, head_dim, rotary_dim, gelu,
 //            window of layer 0, ..., of layer n_layers - 1] (gelu 1: GeGLU, 0: SwiGLU; a
@@ -193,9 +194,11 @@ class Step : public torch::CustomClassHolder {
       TORCH_CHECK(l.q_norm.defined() == l.k_norm.defined(), "layer ", i, ": q and k norms come together");
       TORCH_CHECK(l.wqkv.N == QKV && l.wqkv.K == C_ && l.wo.N == C_ && l.wo.K == H_ * Dh_ &&
                   l.w13.N == 2 * F_ && l.w13.K == C_ && l.w2.N == C_ && l.w2.K == F_, "layer ", i, ": matrix shapes");
+      const auto kv = l.k.scalar_type();
       TORCH_CHECK(l.k.dim() == 4 && l.k.size(0) == 1 && l.k.size(1) == Hkv_ && l.k.size(3) == Dh_ &&
-                  l.k.scalar_type() == at::kFloat && l.v.sizes() == l.k.sizes() && l.v.scalar_type() == at::kFloat,
-                  "layer ", i, ": the cache must be fp32 (1, n_kv_heads, rows, head_dim)");
+                  (kv == at::kFloat || kv == at::kBFloat16) && l.v.sizes() == l.k.sizes() && l.v.scalar_type() == kv &&
+                  l.k.stride(3) == 1 && l.v.stride(3) == 1,
+                  "layer ", i, ": the cache must be fp32 or bf16 (1, n_kv_heads, rows, head_dim)");
       layers_.push_back(std::move(l));
     }
     rows_ = layers_.empty() ? 0 : layers_[0].k.size(2);
@@ -234,11 +237,8 @@ class Step : public torch::CustomClassHolder {
       const float *c = l.window ? lcs : cs, *s = l.window ? lsn : sn;
       rope(q, H_, Dh_, rot2_, c, s);
       rope(k, Hkv_, Dh_, rot2_, c, s);
-      float *kc = l.k.data_ptr<float>(), *vc = l.v.data_ptr<float>();
-      for (int64_t h = 0; h < Hkv_; ++h) {  // the cache at (0, h, p, :)
-        std::copy(k + h * Dh_, k + (h + 1) * Dh_, kc + h * l.k.stride(1) + p * l.k.stride(2));
-        std::copy(v + h * Dh_, v + (h + 1) * Dh_, vc + h * l.v.stride(1) + p * l.v.stride(2));
-      }
+      if (l.k.scalar_type() == at::kFloat) store(l, k, v, p, l.k.data_ptr<float>(), l.v.data_ptr<float>());
+      else store(l, k, v, p, static_cast<tinyllm_cpu::bf16*>(l.k.data_ptr()), static_cast<tinyllm_cpu::bf16*>(l.v.data_ptr()));
       const int64_t from = l.window ? std::max(first, p - l.window + 1) : first;
       tinyllm_cpu::attend(q, R, l.k, l.v, from, p, scale_, att_.data(), attn_cap_);  // (Hkv, R, Dh)
       tinyllm_cpu::matvec(l.wo, att_.data(), o_.data());
@@ -279,6 +279,17 @@ class Step : public torch::CustomClassHolder {
   }
 
  private:
+  // k and v (Hkv, Dh) into the cache at (0, h, p, :), rounded to a bf16 cache as torch rounds
+  // (tinyllm_cpu::bf16: nearest even), so the eager step's cache holds the same bits.
+  template <class T>
+  void store(const Layer& l, const float* k, const float* v, int64_t p, T* kc, T* vc) const {
+    for (int64_t h = 0; h < Hkv_; ++h) {
+      T* kr = kc + h * l.k.stride(1) + p * l.k.stride(2);
+      T* vr = vc + h * l.v.stride(1) + p * l.v.stride(2);
+      for (int64_t d = 0; d < Dh_; ++d) kr[d] = T(k[h * Dh_ + d]), vr[d] = T(v[h * Dh_ + d]);
+    }
+  }
+
   static at::Tensor fp32_vector(const at::Tensor& t, int64_t n, const char* what) {
     TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == n, what, " must be fp32 (", n, ")");
     return t;

@@ -1,0 +1,155 @@
+"""The compact, lazily committed K/V cache on a CPU (tinyllm.kv_cache's kv_dtype and kv_storage)
+and the native step over it (tinyllm.decode.cpu_step): a bf16 cache written rounded and read back
+in fp32 by the plain step, read directly by the native step; storage that costs memory only
+where positions are written; and the native step against the plain static step at 4k and 16k
+keys, fp32 and bf16 caches, on a tiny model with max_seq_len raised."""
+
+import gc
+
+import pytest
+import torch
+
+from tests.conftest import tiny_model
+from tinyllm.cuda_graph import GraphDecoder, StaticKVCache
+from tinyllm.decode import cpu_step
+from tinyllm.kernels import cpu_qgemv
+from tinyllm.kv_cache import KVCache, SlotKVCache, kv_storage
+
+native = pytest.mark.skipif(not cpu_qgemv.available(), reason="the CPU kernels cannot be built here")
+
+
+def prompt_of(model, n, seed=1):
+    return torch.randint(0, model.cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) * 1024
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("cache_type", [KVCache, StaticKVCache])
+def test_a_bf16_cache_holds_rounded_kv_and_reads_them_back_in_the_querys_dtype(cache_type):
+    model = tiny_model(2)
+    cfg = model.cfg
+    idx = prompt_of(model, 9)
+    cache = cache_type(cfg.n_layers, 1, 32, "cpu", kv_dtype=torch.bfloat16)
+    logits, _ = model(idx, cache=cache)
+    kv_dim = cfg.n_kv_heads * cfg.head_dim
+    assert cache.k[0].dtype == torch.bfloat16 and cache.nbytes() == 2 * cfg.n_layers * cache.rows * kv_dim * 2
+    full, _ = model(idx)
+    torch.testing.assert_close(logits, full, rtol=0, atol=3e-2 * full.abs().max().item())  # bf16 K/V: close, not equal
+    more, _ = model(prompt_of(model, 3, 2), cache=cache)  # a second turn appends, reading the bf16 keys as fp32
+    assert more.dtype == torch.float32 and cache.n == 12
+
+
+@torch.no_grad()
+def test_a_slot_cache_holds_bf16_too():
+    model = tiny_model(2)
+    cfg = model.cfg
+    slots = SlotKVCache(cfg.n_layers, 2, 32, "cpu", kv_dtype=torch.bfloat16)
+    slots.start_prefill([1], [6])
+    logits, _ = model(prompt_of(model, 6), cache=slots)
+    full, _ = model(prompt_of(model, 6))
+    assert slots.k[0].dtype == torch.bfloat16 and slots.lens[1] == 6
+    torch.testing.assert_close(logits, full, rtol=0, atol=3e-2 * full.abs().max().item())
+    slots.admit([1])
+    slots.release(1)
+    assert slots.lens[1] == 0 and int(slots._lens_dev[1]) == 0 and int(slots._active_dev[1]) == 0
+
+
+def test_cpu_storage_costs_memory_only_where_written():
+    """A 1 GiB cache: allocating it commits (almost) nothing; writing 128 MiB of it commits about that."""
+    gc.collect()
+    before = rss_bytes()
+    t = kv_storage((1, 8, 2**20, 64), torch.bfloat16, torch.device("cpu"))  # 1 GiB (B, Hkv, rows, D)
+    assert t.nbytes == 2**30 and bool((t[0, 7, -4:] == 0).all())
+    allocated = rss_bytes()
+    assert allocated - before < 32 * 2**20
+    t[0, 0, :2**19].fill_(1.0)  # 64 MiB of one head's positions
+    t[0, 1, :2**19].fill_(1.0)
+    written = rss_bytes()
+    assert written - allocated > 120 * 2**20
+    del t
+    gc.collect()
+    assert rss_bytes() < written - 100 * 2**20  # freed with the tensor
+
+
+@torch.no_grad()
+def test_a_long_cache_costs_memory_for_the_positions_a_prefill_wrote():
+    model = tiny_model(3, max_seq_len=2**17, dim=128, n_kv_heads=4)  # 512 bytes a position a layer, in bf16
+    gc.collect()
+    before = rss_bytes()
+    cache = StaticKVCache(model.cfg.n_layers, 1, 2**17, "cpu", kv_dtype=torch.bfloat16)  # 128k positions
+    model(prompt_of(model, 64), cache=cache)
+    assert cache.nbytes() > 128 * 2**20
+    assert rss_bytes() - before < 16 * 2**20
+
+
+def decode_both(model, prompt, steps, kv_dtype):
+    """Logits (steps, V) of the native step, then of the plain static step, from the same prefilled
+    cache: the native steps run, the cache rewinds, and the plain steps run the same tokens."""
+    dec = GraphDecoder(model, 1, max_len=model.cfg.max_seq_len, use_graph=False)
+    dec.cache.kv_dtype = kv_dtype
+    cpu_step.use_native(dec, kv_dtype)
+    with torch.no_grad():
+        dec.prefill(prompt)
+        n = dec.n
+        runs = []
+        for step in ("native", "plain"):
+            if step == "plain":
+                dec.set_compile(None)
+            dec.truncate(n)
+            dec.tok.copy_(prompt[:, -1:])
+            runs.append(torch.stack([dec.run(1)[0, -1].clone() for _ in range(steps)]))
+    assert dec.cache.k[0].dtype == kv_dtype
+    return runs
+
+
+@native
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+def test_the_native_step_over_a_cache_of_either_dtype_equals_the_plain_step(kv_dtype):
+    model = tiny_model(4)
+    got, want = decode_both(model, prompt_of(model, 300), 12, kv_dtype)  # keys in two chunks of 256
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@native
+def test_the_bf16_cache_is_close_to_fp32_and_picks_the_same_tokens():
+    model = tiny_model(4)
+    prompt = prompt_of(model, 40)
+    ids = {}
+    for kv_dtype in (torch.float32, torch.bfloat16):
+        dec = GraphDecoder(model, 1, max_len=128, use_graph=False)
+        cpu_step.use_native(dec, kv_dtype)
+        with torch.no_grad():
+            dec.prefill(prompt)
+            dec.tok.copy_(prompt[:, -1:])
+            ids[kv_dtype] = [int(dec.run(1)[0, -1].argmax()) for _ in range(24)]
+    assert ids[torch.float32] == ids[torch.bfloat16]
+
+
+@native
+def test_use_native_holds_a_fresh_cache_in_bf16_by_default_and_keeps_a_filled_one():
+    model = tiny_model(4)
+    dec = GraphDecoder(model, 1, max_len=64, use_graph=False)
+    cpu_step.use_native(dec)
+    with torch.no_grad():
+        dec.prefill(prompt_of(model, 5))
+    assert dec.cache.k[0].dtype == cpu_step.KV_DTYPE == torch.bfloat16
+    cpu_step.use_native(dec, torch.float32)  # filled: it keeps its dtype
+    with torch.no_grad():
+        assert dec.run(1).shape == (1, 1, model.cfg.vocab_size)
+    assert dec.cache.k[0].dtype == torch.bfloat16
+
+
+@native
+@pytest.mark.parametrize("keys", [4096, 16384])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+def test_the_native_step_at_long_windows_equals_the_plain_step(keys, kv_dtype):
+    """Prefill keys - 2 positions, then 4 steps across the keys mark: the native step's chunks of
+    256 keys split over the pool against the plain step's one masked SDPA over the whole bucket."""
+    model = tiny_model(5, max_seq_len=keys + 64)
+    got, want = decode_both(model, prompt_of(model, keys - 2), 4, kv_dtype)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert got.abs().max() > 0.1
