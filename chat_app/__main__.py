@@ -22,6 +22,9 @@ SIGTERM and SIGHUP quit the app as Ctrl+Q does (the terminal restored, the reply
 saved), and exit with code 128 + the signal's number (143, 129), saying nothing.
 A chat that chat.db could not take by the time the app ends is one line on stderr naming the
 unsaved-*.md file it was written to instead (or saying that it could not be).
+Without a terminal (stdin, stdout or stderr redirected) the app is refused the same way, once
+the options have been checked; `--help` works anywhere. `--threads` is 1 to the cores this
+process may use.
 """
 
 from __future__ import annotations
@@ -121,8 +124,8 @@ def build_app(args: argparse.Namespace) -> ChatApp:
                                 "pass --model PATH (a checkpoint folder, Hugging Face folder or .gguf file)")
     from functools import partial
 
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    if args.threads is not None and not 1 <= args.threads <= cores():
+        raise ValueError(f"--threads must be from 1 to {cores()} (the cores this process may use), got {args.threads}")
     use_compile_cache()
     from chat_app.store import Store
     from tinyllm.decode.sampling_params import SamplingParams
@@ -192,6 +195,26 @@ def chat_model(store: Store, fallback: str | Path | None) -> tuple[str | Path | 
     return fallback, gone(store.chat_model, why, current)
 
 
+def cores() -> int:
+    """The CPU cores this process may use: the most --threads that makes sense (100,000 threads
+    made the model process exhaust the machine's process limit and crash)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def need_terminal() -> None:
+    """The app reads keys from stdin and draws on the terminal (Textual writes to stderr):
+    without one it never ended and wrote escape codes into a file. ValueError naming what is not."""
+    import os
+
+    missing = [name for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")) if not os.isatty(fd)]
+    if missing:
+        names = " and ".join([", ".join(missing[:-1]), missing[-1]] if len(missing) > 1 else missing)
+        raise ValueError(f"{names} {'is' if len(missing) == 1 else 'are'} not a terminal: "
+                         "tinyllm-chat is a full-screen app; run it in a terminal, without redirections")
+
+
 def fatal(error: BaseException, data_dir: Path | None = None) -> NoReturn:
     """One line on stderr, the traceback in the data folder's log, exit code 1."""
     where = "no log written"
@@ -235,6 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser(defaults).parse_args(argv)
     try:
         app = build_app(args)
+        need_terminal()
     except (FileNotFoundError, ValueError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -64,3 +64,42 @@ def test_a_config_nested_500_deep_is_one_line_and_exit_2(capsys, nested, argv):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err == f"tinyllm-chat: error: config file {config.path()}: nested too deep to " \
                                         "read; fix it or move it away\n"
+
+
+def one_line(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("tinyllm-chat: error: "), err
+    return err
+
+
+@pytest.mark.parametrize("threads", ["100000", "0", "-3"])
+def test_threads_beyond_the_cores_are_one_line_naming_the_range(capsys, ckpt, monkeypatch, threads):
+    """Before: 100000 was accepted; the model process exhausted the process limit and crashed."""
+    import chat_app.__main__ as cli
+    from chat_app.app import ChatApp
+
+    monkeypatch.setattr(ChatApp, "run", lambda self: pytest.fail("the app opened"))
+    err = one_line(capsys, "--model", str(ckpt), "--threads", threads)
+    assert f"--threads must be from 1 to {cli.cores()} (the cores this process may use), got {threads}" in err
+
+
+def test_no_terminal_is_one_line_and_exit_2(ckpt, tmp_path):
+    """Before: `tinyllm-chat </dev/null >out` never ended and wrote escape codes into `out`.
+    --help needs no terminal."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TINYLLM_CHAT_DATA_DIR": str(tmp_path / "data"),
+           "TINYLLM_CHAT_CONFIG_DIR": str(tmp_path / "config")}
+    argv = [sys.executable, "-m", "chat_app", "--model", str(ckpt), "--compile", "off"]
+    with open(tmp_path / "out", "wb") as out:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.PIPE, env=env,
+                              timeout=120)
+    assert done.returncode == 2 and (tmp_path / "out").read_bytes() == b""
+    assert done.stderr.decode() == ("tinyllm-chat: error: stdin, stdout and stderr are not a terminal: tinyllm-chat is "
+                                    "a full-screen app; run it in a terminal, without redirections\n")
+    helped = subprocess.run([*argv, "--help"], stdin=subprocess.DEVNULL, capture_output=True, env=env, timeout=120)
+    assert helped.returncode == 0 and b"--threads" in helped.stdout

@@ -48,6 +48,7 @@ def test_faults_only_the_loader_finds_end_the_app_in_one_line(capsys, ckpt, tmp_
     from chat_app.app import ChatApp
 
     monkeypatch.setattr(ChatApp, "run", partialmethod(ChatApp.run, headless=True))
+    monkeypatch.setattr(cli, "need_terminal", lambda: None)  # headless: no terminal needed
     broken = tmp_path / "broken"
     broken.mkdir()
     for f in ckpt.iterdir():
