@@ -374,4 +374,8 @@ class ChatApp(App[None]):
         commands = [(f"/{name} {args}".rstrip(), does) for name, (args, does) in COMMANDS.items()]
         s = self.session
         model = f"{s.name} ({s.family})" if s is not None and getattr(s, "family", "") else ""
-        self.push_screen(HelpScreen(keys, commands, model))
+        about = ""
+        if s is not None:
+            note = getattr(s, "context_note", "")
+            about = f"Context: {s.max_len:,} positions" + (f"; {note}." if note else ", the model's own.")
+        self.push_screen(HelpScreen(keys, commands, model, about))

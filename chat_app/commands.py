@@ -145,7 +145,10 @@ class CommandRunner:
         chat = self.app.store.settings
         think = "" if getattr(s, "thinking", None) is None else f"; thinking {'on' if s.thinking else 'off'}"
         family = f", family {s.family}" if getattr(s, "family", "") else ""
-        self.app.note(f"Model: {s.name} on {s.device} ({s.dtype}){family}, context {s.max_len:,} positions{think}.\n"
+        weights = getattr(s, "weights", "") or s.dtype
+        note = getattr(s, "context_note", "")
+        context = f"context {s.max_len:,} positions" + (f" ({note})" if note else " (the model's own)")
+        self.app.note(f"Model: {s.name} on {s.device}, weights {weights}{family}, {context}{think}.\n"
                       f"System prompt: {s.system or '(none)'}\n"
                       f"Sampling: temperature {p.temperature}, top_p {p.top_p}, top_k {p.top_k}, "
                       f"repeat_penalty {p.repeat_penalty}, max_tokens {p.max_tokens:,}, seed {seed}; Ctrl+R when greedy: "

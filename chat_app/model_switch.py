@@ -233,9 +233,8 @@ class ModelSwitcher:
         if s.log_error and not self._log_error_said:
             self._log_error_said = True
             app.say(f"The model process's log {s.log_error}; it logs nothing, and chatting works.", "warning")
-        if s.max_len < s.model_max_len:
-            app.say(f"The context is capped at {s.max_len} of the model's {s.model_max_len} positions "
-                    f"to keep memory low; --max-len {s.model_max_len} lifts the cap.")
+        if s.context_note:
+            app.say(s.context_note[0].upper() + s.context_note[1:] + ".")
         self.send_waiting()
 
     def _fall_back(self, error: ValueError) -> None:

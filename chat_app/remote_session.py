@@ -93,6 +93,7 @@ class RemoteSession:
     last_stats = _mirrored("last_stats")
     family = _mirrored("family")
     thinking = _mirrored("thinking")
+    context_note = _mirrored("context_note")
 
     def __init__(self, open_kwargs: dict[str, Any], progress: Callable[[Progress], None] | None = None,
                  **changes: Any):

@@ -1,43 +1,72 @@
-"""The default context cap: a model with more positions than DEFAULT_CONTEXT opens with that
-many (the static cache is allocated whole), says so once, and --max-len lifts the cap."""
+"""The context a model opens with: its own, unless the memory budget cuts it (then the status bar
+says "cap", one notice, F1 and /show say why and how to raise it) or --max-len asks for less;
+more than the model's own is refused in one line (tinyllm.session.context)."""
 
 from __future__ import annotations
 
 import pytest
 
+from chat_app import config
 from chat_app.__main__ import build_app, build_parser
 from tests.chat_app.conftest import loaded, notices, wait_until
-from tinyllm.session.chat import DEFAULT_CONTEXT, open_session
+from tinyllm.model import ModelConfig
+from tinyllm.session.chat import open_session
+from tinyllm.session.context import FLOOR, choose_context, kv_bytes_per_position
 from tinyllm.tools.testing import make_tiny_checkpoint
 
 pytestmark = pytest.mark.anyio
+LONG = 4 * FLOOR  # the tiny model's own context
 
 
 @pytest.fixture(scope="module")
 def long_ckpt(tmp_path_factory):
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("long") / "tiny", max_seq_len=2 * DEFAULT_CONTEXT)
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("long") / "tiny", max_seq_len=LONG)
 
 
-def test_session_context_is_capped_unless_asked(long_ckpt):
+def test_a_session_opens_with_the_models_own_context(long_ckpt):
     s = open_session(long_ckpt, "cpu", compile=None)
-    assert (s.max_len, s.model_max_len) == (DEFAULT_CONTEXT, 2 * DEFAULT_CONTEXT)
-    assert s.decoder.cache.max_len == DEFAULT_CONTEXT
-    full = open_session(long_ckpt, "cpu", compile=None, max_len=2 * DEFAULT_CONTEXT)
-    assert full.max_len == full.model_max_len
+    assert (s.max_len, s.model_max_len, s.decoder.cache.max_len) == (LONG, LONG, LONG)
+    assert s.context_note == ""
 
 
-@pytest.mark.parametrize("argv, capped", [([], True), (["--max-len", str(2 * DEFAULT_CONTEXT)], False)])
-async def test_app_says_the_context_is_capped_and_how_to_lift_it(long_ckpt, argv, capped):
-    app = build_app(build_parser().parse_args(["--model", str(long_ckpt), "--device", "cpu", "--compile", "off",
-                                               *argv]))
+def test_the_budget_cuts_the_context_and_says_why(long_ckpt):
+    s = open_session(long_ckpt, "cpu", compile=None, context_budget=1e-12)
+    assert s.max_len == FLOOR < s.model_max_len and s.decoder.cache.max_len == FLOOR
+    assert "memory budget" in s.context_note and f"--max-len {LONG}" in s.context_note
+
+
+def test_max_len_asks_for_less_and_never_for_more(long_ckpt):
+    assert open_session(long_ckpt, "cpu", compile=None, max_len=1000).max_len == 1000
+    with pytest.raises(ValueError, match=f"more than the model's context of {LONG} positions"):
+        open_session(long_ckpt, "cpu", compile=None, max_len=LONG + 1)
+
+
+def test_the_budget_is_a_share_of_what_is_free():
+    cfg = ModelConfig(vocab_size=64, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=131072)
+    per = kv_bytes_per_position(cfg, 2)
+    assert per == 2 * 2 * 2 * 16 * 2
+    whole = choose_context(cfg, __import__("torch").device("cpu"), budget=1.0)
+    assert whole.free > 0 and whole.max_len == min(131072, max(FLOOR, whole.free // per // 256 * 256))
+    with pytest.raises(ValueError, match="0 < budget <= 1"):
+        choose_context(cfg, __import__("torch").device("cpu"), budget=1.5)
+
+
+@pytest.mark.parametrize("budget", [None, 1e-12])
+async def test_the_app_says_when_the_budget_cuts_the_context(long_ckpt, budget, tmp_path, monkeypatch):
+    if budget is not None:
+        (tmp_path / "config.toml").write_text(f"context_budget = {budget}\n")
+    monkeypatch.setenv("TINYLLM_CHAT_CONFIG_DIR", str(tmp_path))
+    app = build_app(build_parser(config.load()).parse_args(["--model", str(long_ckpt), "--device", "cpu", "--compile", "off"]))
     async with app.run_test(size=(160, 30)) as pilot:
         await loaded(pilot)
-        if capped:
-            await wait_until(pilot, lambda: any("capped" in n for n in notices(app)), what="the notice")
+        if budget:
+            await wait_until(pilot, lambda: any("memory budget" in n for n in notices(app)), what="the notice")
         await pilot.pause()
-        said = [n for n in notices(app) if "capped" in n]
-        if capped:
-            assert f"/{DEFAULT_CONTEXT} cap" in app.status.line and len(said) == 1
-            assert f"--max-len {2 * DEFAULT_CONTEXT}" in said[0]
+        said = [n for n in notices(app) if "memory budget" in n]
+        if budget:
+            assert f"/{FLOOR} cap" in app.status.line and len(said) == 1 and f"--max-len {LONG}" in said[0]
+            await app.run_action("help")
+            await pilot.pause()
+            assert "memory budget" in str(app.screen.about)
         else:
-            assert f"/{2 * DEFAULT_CONTEXT} " in app.status.line and " cap" not in app.status.line and not said
+            assert f"/{LONG} " in app.status.line and " cap" not in app.status.line and not said

@@ -58,19 +58,15 @@ from tinyllm.formats.model_format import Progress
 from tinyllm.formats.quant_rule import DEFAULT
 from tinyllm.model import Transformer
 from tinyllm.session.chat_events import Finished, Message, Prefilled, StepStats, Token
+from tinyllm.session.context import Context, choose_context, kv_bytes_per_position
 from tinyllm.session.conversation import Conversation, or_restore, stop_ids
 from tinyllm.session.decode_runner import CHUNK, DecodeRunner
 from tinyllm.session.step_policy import StepPolicy
 from tinyllm.text.chat_template import ChatTemplate
 from tinyllm.text.tokenizer import Tokenizer
 
-__all__ = ["CHUNK", "DEFAULT_CONTEXT", "ChatSession", "Finished", "Message", "Prefilled", "StepStats", "Token",
+__all__ = ["CHUNK", "ChatSession", "Finished", "Message", "Prefilled", "StepStats", "Token",
            "default_cpu_threads", "open_session"]
-
-# The context a session opens with unless asked for more: the static cache is allocated whole
-# (CUDA graphs need fixed addresses), so a model's full 8,192 positions would cost SmolLM2
-# 2.0 GB for "hi" where 2,048 cost 0.5 GB. `max_len` (the app's --max-len) lifts the cap.
-DEFAULT_CONTEXT = 2048
 
 Events = Iterator[Prefilled | Token | Finished]
 
@@ -80,8 +76,10 @@ class ChatSession:
                  max_len: int | None = None, params: SamplingParams = SamplingParams(),
                  system: str | None = None, use_graph: bool | None = None, name: str = "model",
                  compile: str | None = "inductor", chunk: int = CHUNK, threads: int | None = None,
-                 source: tuple[str, str] | None = None):
+                 source: tuple[str, str] | None = None, context: Context | None = None):
         self.model, self.tokenizer, self.template, self.name = model, tokenizer, template, name
+        # How max_len was chosen (tinyllm.session.context); None: as given, or the model's own.
+        self.context_choice = context
         # (path, quant) the model was opened with: on a CPU a child process then compiles the
         # step first, away from this process's GIL (tinyllm.decode.compile_child).
         self.source = source
@@ -110,8 +108,17 @@ class ChatSession:
 
     @property
     def model_max_len(self) -> int:
-        """The model's own context (max_len may be less: see DEFAULT_CONTEXT)."""
+        """The model's own context (max_len may be less: `context_note` says why)."""
         return self.model.cfg.max_seq_len
+
+    @property
+    def context_note(self) -> str:
+        """Why max_len is less than the model's own context, in one sentence; "" when it is not."""
+        if self.context_choice is not None:
+            return self.context_choice.note
+        if self.max_len < self.model_max_len:
+            return f"the context is {self.max_len:,} of the model's {self.model_max_len:,} positions, as asked"
+        return ""
 
     @property
     def family(self) -> str:
@@ -328,12 +335,15 @@ def open_session(path: str | Path, device: str = "auto", max_len: int | None = N
                  params: SamplingParams = SamplingParams(), system: str | None = None,
                  use_graph: bool | None = None, template: str | None = None,
                  compile: str | None = "inductor", threads: int | None = None,
-                 quant: str = DEFAULT, progress: Progress | None = None) -> ChatSession:
+                 quant: str = DEFAULT, progress: Progress | None = None,
+                 context_budget: float | None = None) -> ChatSession:
     """Open a model (tinyllm checkpoint folder, Hugging Face folder or .gguf file; see
     tinyllm.formats.open_model) in a ChatSession, its matrices held as `quant` says (tinyllm.formats.quant_rule).
     On a CPU, torch uses `threads` threads (default: default_cpu_threads()). Without a system
     prompt, the model's own default one (what its Jinja chat template writes when there is
-    none) is used. `progress(done, total)` hears each tensor read (tinyllm.formats.model_format.with_progress)."""
+    none) is used. `progress(done, total)` hears each tensor read (tinyllm.formats.model_format.with_progress).
+    The context is `max_len` if given (at most the model's own), else the model's own up to
+    `context_budget` of free memory (tinyllm.session.context.choose_context)."""
     from tinyllm.formats.open_model import open_any
 
     started = time.time()
@@ -344,9 +354,10 @@ def open_session(path: str | Path, device: str = "auto", max_len: int | None = N
     loaded = time.time()
     if system is None:
         system = getattr(chat_template, "default_system", None)
-    max_len = min(max_len or DEFAULT_CONTEXT, model.cfg.max_seq_len)
-    session = ChatSession(model, tokenizer, chat_template, max_len=max_len, params=params,
+    context = choose_context(model.cfg, dev, max_len, context_budget,
+                             kv_bytes_per_position(model.cfg, model.dtype.itemsize))
+    session = ChatSession(model, tokenizer, chat_template, max_len=context.max_len, params=params,
                           system=system, use_graph=use_graph, name=name, compile=compile, threads=threads,
-                          source=(os.path.abspath(path), quant))
+                          source=(os.path.abspath(path), quant), context=context)
     session.marks.update(open_started=started, model_loaded=loaded)
     return session

@@ -155,6 +155,7 @@ class SessionState:
     weights: str = ""  # how the matrices are held ("int4", "int8", "bf16", ...)
     family: str = ""  # the model family ("llama", "qwen3", ...)
     thinking: bool | None = None  # the chat template's thinking switch; None: it has none
+    context_note: str = ""  # why max_len is below model_max_len, in words ("" when it is not)
 
     @classmethod
     def of(cls, s: Any) -> SessionState:
@@ -164,7 +165,8 @@ class SessionState:
                    context_len=len(s.context), first_message=s.first_message, system=s.system, params=s.params,
                    step_kind=s.step_kind, compile_error=s.compile_error, timeline=s.timeline,
                    last_stats=s.last_stats, messages=[Message(m.role, m.content, stopped=m.stopped) for m in s.messages],
-                   weights=s.weights, family=s.family, thinking=s.thinking)
+                   weights=s.weights, family=s.family, thinking=s.thinking,
+                   context_note=s.context_note)
 
 
 # ---- parent -> child -------------------------------------------------------------------------
