@@ -70,7 +70,9 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
                         "or hf:OWNER/REPO[:FILE] to download one from the Hugging Face Hub "
                         f"(default: {DEFAULT_MODEL})")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto")
-    p.add_argument("--max-len", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("--max-len", type=int, default=None,
+                   help="context length, at most the model's (default: the model's own, up to context_budget of "
+                        "free memory, 0.5 unless config.toml says otherwise)")
     p.add_argument("--no-graphs", action="store_true", help="decode eagerly, without CUDA graphs")
     p.add_argument("--compile", choices=["on", "off", "inductor"], default="on",
                    help="the fast decode step: on a CPU the whole step as one C++ call (tinyllm.decode.cpu_step), "
@@ -165,6 +167,7 @@ def build_app(args: argparse.Namespace) -> ChatApp:
         use_graph=False if args.no_graphs else None, template=args.template,
         compile=COMPILE[args.compile], threads=args.threads, ignore_eos=args.ignore_eos,
         quant=args.quant, cap_max_tokens=args.max_tokens is None,
+        context_budget=getattr(args, "context_budget", None),
         log=str(store.folder / "session.log")))
     fallback = args.model or getattr(args, "config_model", None)
     if spec == fallback or fallback and hub.is_hub(fallback):
