@@ -58,7 +58,7 @@ from tinyllm.formats.model_format import Progress
 from tinyllm.formats.quant_rule import DEFAULT
 from tinyllm.model import Transformer
 from tinyllm.session.chat_events import Finished, Message, Prefilled, StepStats, Token
-from tinyllm.session.context import Context, choose_context, kv_bytes_per_position
+from tinyllm.session.context import Context, choose_context
 from tinyllm.session.conversation import Conversation, or_restore, stop_ids
 from tinyllm.session.decode_runner import CHUNK, DecodeRunner
 from tinyllm.session.step_policy import StepPolicy
@@ -354,8 +354,7 @@ def open_session(path: str | Path, device: str = "auto", max_len: int | None = N
     loaded = time.time()
     if system is None:
         system = getattr(chat_template, "default_system", None)
-    context = choose_context(model.cfg, dev, max_len, context_budget,
-                             kv_bytes_per_position(model.cfg, model.dtype.itemsize))
+    context = choose_context(model.cfg, dev, max_len, context_budget)  # K/V in bf16: CUDA's, the native step's
     session = ChatSession(model, tokenizer, chat_template, max_len=context.max_len, params=params,
                           system=system, use_graph=use_graph, name=name, compile=compile, threads=threads,
                           source=(os.path.abspath(path), quant), context=context)
