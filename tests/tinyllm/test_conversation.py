@@ -158,3 +158,12 @@ def test_an_edit_of_a_resumed_last_turn_without_its_reply():
     ref = Conversation(Bytes(), TEMPLATES["llama2"], 400, Cache(), system="sys")
     ref.load_messages([("user", "hi"), ("assistant", "hello"), ("user", "why?")])
     assert [m.content for m in c.messages] == ["hi", "hello", "why?"] and c.context == ref.context
+
+
+def test_a_resumed_chat_longer_than_the_context_keeps_its_latest_turns():
+    cache = Cache()
+    c = Conversation(Bytes(), TEMPLATES["chatml"], 200, cache, system="Be brief.")
+    c.load_messages([m for i in range(12) for m in (("user", f"question {i}"), ("assistant", f"answer number {i}"))])
+    assert len(c.messages) == 24 and 0 < c.first_message and c.messages[c.first_message].role == "user"
+    assert len(c.head_ids()) < len(c.context) <= 200  # what the status bar's pos shows: within the context
+    assert c.messages[-1].content == "answer number 11"

@@ -222,7 +222,8 @@ class Conversation:
     def load_messages(self, messages: list[tuple[str, str]]) -> None:
         """Restore a conversation (resume): (role, content) pairs, re-encoded. A user turn
         followed by another (a crash before its reply began) gets an empty stopped reply, so
-        turns alternate. A last user turn stays as it is: the context ends ready for its reply."""
+        turns alternate. A last user turn stays as it is: the context ends ready for its reply.
+        A chat longer than the context keeps its latest whole turns, as `fit` drops them."""
         self.messages, self._first_before, self._cache_before = [], {}, {}
         for role, content in messages:
             if role == "system":
@@ -236,6 +237,8 @@ class Conversation:
         if self.messages and self.messages[-1].role == "user":  # ready for its reply
             self.messages[-1] = self._prompted(self.messages[-1])
         self.rebuild()
+        if len(self.head_ids()) < self.max_len < len(self.context):  # longer than this context: its latest turns
+            self.fit(0, 0)  # (a system prompt too long for it is said at the next message)
 
     # ---- the generation prompt, and earlier turns as the template renders them ----------
 
