@@ -42,21 +42,27 @@ class ChatInfo:
 
 
 class History:
-    def chats(self: Store, matching: str = "") -> list[ChatInfo]:
-        """Every saved conversation with messages, the most recently written first; with
-        `matching`, only those whose title or a message (not a system prompt) holds it."""
+    def chats(self: Store, matching: str = "", limit: int | None = None, offset: int = 0) -> list[ChatInfo]:
+        """The saved conversations with messages, the most recently written first; with
+        `matching`, only those whose title or a message (not a system prompt) holds it; with
+        `limit`, that many from `offset` on. The rows come in the order of an index
+        (conversations_by_time), so a page costs its own rows' work however many chats there
+        are; only a filter that few chats match reads the rest (their text, once)."""
         like = "%" + matching.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
         def work(db):
             return db.execute(
-                "SELECT c.id, c.title, COALESCE(c.updated, c.created), c.model, COUNT(m.id), "
+                "SELECT c.id, c.title, COALESCE(c.updated, c.created), c.model, "
+                "(SELECT COUNT(*) FROM messages m WHERE m.conversation = c.id AND m.role != 'system' "
+                "AND m.replaced = 0), "
                 "(SELECT content FROM messages WHERE conversation = c.id AND role = 'user' AND replaced = 0 "
                 "ORDER BY id LIMIT 1) "
-                "FROM conversations c JOIN messages m ON m.conversation = c.id "
-                "WHERE m.role != 'system' AND m.replaced = 0 "
+                "FROM conversations c WHERE EXISTS (SELECT 1 FROM messages m WHERE m.conversation = c.id "
+                "AND m.role != 'system' AND m.replaced = 0) "
                 "AND (? = '' OR c.title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages x "
                 "WHERE x.conversation = c.id AND x.role != 'system' AND x.content LIKE ? ESCAPE '\\')) "
-                "GROUP BY c.id ORDER BY MAX(m.id) DESC", (matching, like, like)).fetchall()
+                "ORDER BY COALESCE(c.updated, c.created) DESC, c.id DESC LIMIT ? OFFSET ?",
+                (matching, like, like, -1 if limit is None else limit, offset)).fetchall()
         return [ChatInfo(cid, _str(title) or _first_line(_str(first)), updated if isinstance(updated, int | float) else 0.0,
                          _str(model) or "?", n, cid == self.chat.id, bool(_str(title)))
                 for cid, title, updated, model, n, first in self._read(work)]

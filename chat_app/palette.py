@@ -39,7 +39,7 @@ from chat_app.completion import Sources
 from chat_app.labels import printable
 from chat_app.shipped_models import DEFAULT_MODEL
 from chat_app.store import StoreError
-from chat_app.widgets.chat_list import when
+from chat_app.widgets.chat_list import PAGE, when
 from tinyllm.decode.sampling_params import LIMITS
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ class ThemesProvider(ChatProvider):
 class ChatsProvider(ChatProvider):
     def entries(self, query: str) -> Iterable[tuple[str, Callable[[], Any], str, float]]:
         try:
-            chats = self.chat.store.chats(query)  # its title or text holds the query
+            chats = self.chat.store.chats(query, PAGE)  # its title or text holds the query; a page of them
         except StoreError:
             return
         as_title = self.matcher(query).match(f"Chat: {query}")  # a chat its text holds it in ranks as its title would

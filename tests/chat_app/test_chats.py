@@ -165,14 +165,17 @@ async def test_chat_list_filters_as_you_type(make_app, data_dir):
             return [str(table.get_row_at(i)[1]) for i in range(table.row_count)]
 
         assert titles() == ["Plan a trip", "Newer question", "Old question"]
-        await pilot.press(*"question")  # titles (first messages)
-        assert titles() == ["Newer question", "Old question"]
-        await pilot.press(*["backspace"] * 8, *"ANSWER")  # text of the replies, case aside
-        assert titles() == ["Newer question", "Old question"]
-        await pilot.press(*["backspace"] * 6, *"100% wool_")  # % and _ are what they are, not wildcards
-        assert titles() == ["Plan a trip"]
-        await pilot.press(*["backspace"] * 10, *"brief")  # a system prompt is not the chat's text
-        assert titles() == [] and "No saved chat holds “brief”." in str(app.screen.query_one("#chats-note").render())
+
+        async def typed(*keys: str) -> list[str]:  # the filter runs once typing pauses (issue 46, item 7)
+            await pilot.press(*keys)
+            await wait_until(pilot, lambda: not app.screen.filtering, what="the filter to run")
+            return titles()
+
+        assert await typed(*"question") == ["Newer question", "Old question"]  # titles (first messages)
+        assert await typed(*["backspace"] * 8, *"ANSWER") == ["Newer question", "Old question"]  # replies, case aside
+        assert await typed(*["backspace"] * 6, *"100% wool_") == ["Plan a trip"]  # % and _ are no wildcards
+        assert await typed(*["backspace"] * 10, *"brief") == []  # a system prompt is not the chat's text
+        assert "No saved chat holds “brief”." in str(app.screen.query_one("#chats-note").render())
         await pilot.press(*["backspace"] * 5, *"old", "end", "enter")
         await wait_until(pilot, lambda: [m.content for m in app.session.messages][:1] == ["Old question"],
                          what="the filtered chat")

@@ -5,13 +5,14 @@ confused (a prompt that fits, a 300-character /export name)."""
 
 from __future__ import annotations
 
+import time
 import tomllib
 
 import pytest
 
 from chat_app import config
 from chat_app.__main__ import main
-from tests.chat_app.conftest import loaded, notes, send
+from tests.chat_app.conftest import loaded, notes, send, wait_until
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)
@@ -103,3 +104,73 @@ def test_no_terminal_is_one_line_and_exit_2(ckpt, tmp_path):
                                     "a full-screen app; run it in a terminal, without redirections\n")
     helped = subprocess.run([*argv, "--help"], stdin=subprocess.DEVNULL, capture_output=True, env=env, timeout=120)
     assert helped.returncode == 0 and b"--threads" in helped.stdout
+
+
+def many_chats(data_dir, n: int) -> None:
+    """n saved chats of two messages each, written straight into chat.db (a second or so)."""
+    import sqlite3
+
+    from chat_app.store import Store
+
+    Store.open(data_dir).close()  # the schema
+    with sqlite3.connect(data_dir / "chat.db") as db:
+        db.executemany("INSERT INTO conversations (id, created, updated, model) VALUES (?, ?, ?, 'm')",
+                       [(i, 1e9 + i, 1e9 + i) for i in range(1, n + 1)])
+        db.executemany("INSERT INTO messages (conversation, role, content) VALUES (?, ?, ?)",
+                       [(i, role, f"{role} {i}") for i in range(1, n + 1) for role in ("user", "assistant")])
+
+
+class SqlWork:
+    """What the store's connection runs: its statements, and its SQLite VM work in thousands of
+    instructions (a progress handler): work counted, not time."""
+
+    def __init__(self, db) -> None:
+        self.statements: list[str] = []
+        self.steps = 0
+        db.set_trace_callback(lambda statement: self.statements.append(statement))
+        db.set_progress_handler(self._step, 1000)
+
+    def _step(self) -> int:
+        self.steps += 1
+        return 0
+
+    def take(self) -> tuple[list[str], int]:
+        done, self.statements, steps, self.steps = self.statements, [], self.steps, 0
+        return [s for s in done if "FROM conversations c" in s], steps
+
+
+async def test_the_chat_list_at_100k_chats_is_a_page_of_one_bounded_query(make_app, data_dir):
+    """Before: 100,000 chats took about 5 minutes to list (every chat a row, every row a scan of
+    all messages), filtering hung, and Ctrl+Q and SIGTERM waited for it."""
+    from chat_app.widgets.chat_list import PAGE, ChatList
+
+    many_chats(data_dir, 100_000)
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        work = SqlWork(app.store.db)
+        began = time.perf_counter()
+        await pilot.press("ctrl+o")
+        await wait_until(pilot, lambda: isinstance(app.screen, ChatList))
+        opened = time.perf_counter() - began
+        table = app.screen.query_one("DataTable")
+        queries, steps = work.take()
+        assert table.row_count == PAGE and str(table.get_row_at(0)[1]) == "user 100000"
+        assert len(queries) == 1 and queries[0].endswith(f"LIMIT {PAGE + 1} OFFSET 0"), queries
+        print(f"open: {steps} thousand SQLite instructions, {opened:.2f} s (printed, not asserted)")
+        assert steps < 1000, steps  # a page's work: a scan of 100,000 chats is tens of millions
+        await pilot.press("end")  # the last row fetched: the next page comes
+        await wait_until(pilot, lambda: table.row_count == 2 * PAGE, what="the next page")
+        queries, steps = work.take()
+        assert [q.rsplit(" LIMIT ", 1)[1] for q in queries] == [f"{PAGE + 1} OFFSET {PAGE}"] and steps < 1000
+        await pilot.press(*"r 9999")  # a filter few chats match: it reads every chat's text, once
+        began = time.perf_counter()
+        await wait_until(pilot, lambda: not app.screen.filtering, what="the filter to run")
+        filtered = time.perf_counter() - began
+        queries, steps = work.take()
+        assert table.row_count == 11 and str(table.get_row_at(0)[1]) == "user 99999", table.row_count
+        assert 1 <= len(queries) <= 6 and all(q.endswith(f"LIMIT {PAGE + 1} OFFSET 0") for q in queries)
+        print(f"filter: {len(queries)} queries for 6 keys, {steps} thousand SQLite instructions, "
+              f"{filtered:.2f} s after the last key (printed, not asserted)")
+        await pilot.press("ctrl+q")
+    assert app.return_code == 0

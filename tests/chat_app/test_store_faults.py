@@ -222,6 +222,7 @@ async def test_rows_that_are_not_text_are_skipped_on_resume_and_in_the_chat_list
 
         db.execute("INSERT INTO messages (conversation, role, content) VALUES (1, X'00', 'bad role')")
         db.execute("INSERT INTO prompts (text) VALUES (X'FFFE41')")
+        db.execute("UPDATE conversations SET updated = updated + 60 WHERE id = 1")  # written last, as by hand
     app = make_app("--max-tokens", "4", "--resume")
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
