@@ -71,7 +71,7 @@ def check_rope_case(B, Hkv, R, D, W, first_valid, pos, *, dtype=torch.bfloat16, 
     qkv = torch.randn(B, (R + 2) * Hkv * D, generator=g).to(device, dtype)
     kc = torch.randn(B, Hkv, rows, D, generator=g).to(device, dtype)
     vc = torch.randn(B, Hkv, rows, D, generator=g).to(device, dtype)
-    rope = Rope(D, 4096, 10000.0, device)
+    rope = Rope(D, max(4096, rows), 10000.0, device)
     p = torch.tensor([pos], device=device)
     cos, sin = rope.cos.index_select(0, p), rope.sin.index_select(0, p)  # (1, D/2): _StaticDecode.begin_step
     if sliding:
@@ -120,7 +120,7 @@ def check_slot_case(Hkv, R, D, W, lens, rows, *, dtype=torch.bfloat16, device="c
     kc = torch.randn(S, Hkv, cache.rows, D, generator=g).to(device, dtype)
     vc = torch.randn(S, Hkv, cache.rows, D, generator=g).to(device, dtype)
     qkv = torch.randn(B, (R + 2) * Hkv * D, generator=g).to(device, dtype)
-    rope = Rope(D, 4096, 10000.0, device)
+    rope = Rope(D, max(4096, cache.rows), 10000.0, device)
     cache._lens_dev.copy_(torch.tensor(lens))
     scale = D ** -0.5
 
@@ -375,7 +375,9 @@ def test_model_decode_with_the_kernel_matches_window_attention(monkeypatch):
 @pytest.mark.parametrize("tile", [None, 0, 4096])
 def test_slot_rope_attention_against_its_twin(tile, monkeypatch):
     """A position per slot: tile None (the default: W = 128 one tile a head, longer windows
-    split), 0 (every window split and combined), 4096 (every window one tile a head)."""
+    split), 0 (every window split and combined), 4096 (every window one program a head, which
+    walks the windows past 128 keys in blocks of 128: loaded whole, a tile of 4,096 keys asked
+    the H200 for 690,176 bytes of shared memory and did not launch)."""
     from tinyllm.kernels import decode_attention_triton as T
 
     if tile is not None:
@@ -652,7 +654,7 @@ SLOT_INTERPRETED = textwrap.dedent("""
                 slot, key = at // (Hkv * rows * D * 2), at // (D * 2) % rows
                 assert len(at) and (slot < B).all(), (tile, W, lens, B)
                 assert (key < torch.tensor(lens).numpy()[slot]).all(), (tile, W, lens, B)
-            walked = [1 if W <= tile else n // T.BLOCK_N + 1 for n in lens[:B]]  # blocks each head walks
+            walked = [n // T.plan(W, D, R)[0] + 1 for n in lens[:B]]  # blocks each head walks: up to its length
             assert dots[0] == 2 * Hkv * sum(walked), (tile, W, lens, B, dots[0], walked)
     print("ok")
 """)
@@ -718,7 +720,7 @@ def test_kernels_compile_for_the_h200_without_a_gpu(D):
     from tinyllm.kernels import decode_attention_triton as T
 
     target = GPUTarget("cuda", 90, 32)
-    types = (["*bf16"] * 3 + ["*i1"] + ["*fp32"] * 3 + ["*bf16"] + ["i32"] * 4 + ["fp32"] * 2 + ["i32"] * 15
+    types = (["*bf16"] * 3 + ["*i1"] + ["*fp32"] * 3 + ["*bf16"] + ["i32"] * 5 + ["fp32"] * 2 + ["i32"] * 15
              + ["*bf16"] * 2 + ["*fp32"] * 2 + ["*i64"] * 2 + ["i32"] * 3 + ["constexpr"] * 7)
     sig = dict(zip(T._split_kernel.arg_names, types, strict=True))
     def split_kernel(block_n=64, new=True, one_pass=False, softcap=False):
@@ -742,3 +744,8 @@ def test_kernels_compile_for_the_h200_without_a_gpu(D):
     for kernel in (split, combine, one_pass, tile):  # PDL: each waits on the kernel before it before any load
         ptx = kernel.asm["ptx"]
         assert "griddepcontrol.wait" in ptx and ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
+    # Shared memory: the largest blocks a program loads (BLOCK_N split, ONE_PASS_BLOCK in one pass)
+    # ask for no more than shared_bytes says (Triton 3.6's rule), which fits Hopper's 232,448 bytes.
+    for kernel, block_n in ((fused, 64), (capped, 64), (split, 64), (one_pass, 64), (tile, T.ONE_PASS_BLOCK)):
+        assert kernel.metadata.shared <= T.shared_bytes(block_n, 16, D) <= T.SMEM_LIMIT, (D, block_n)
+        print(f"D={D} BLOCK_N={block_n}: shared {kernel.metadata.shared} <= {T.shared_bytes(block_n, 16, D)}")

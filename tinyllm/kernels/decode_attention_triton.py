@@ -29,22 +29,34 @@ Contract: importing this module imports Triton (it fails where Triton is missing
   its own for each layer's call (14 small kernels a step for the 1.1B).
 
 Two kernels:
-- `_split_kernel`, grid (B*Hkv, cdiv(W, BLOCK_N)): one program per KV head and block of
-  BLOCK_N keys. It computes the R rows' scores (fp32), masks them, and writes the block's
-  partial max m (R,), sum l = sum(exp(s - m)) (R,) and o = exp(s - m) @ v (R, D), fp32.
-  A block with no key to attend writes m = -inf, l = 0, o = 0. For the fused op (NEW) each
+- `_split_kernel`, grid (B*Hkv, n_split): one program per KV head and split, a split being
+  `group` blocks of BLOCK_N keys (one block up to MAX_SPLITS blocks, 16,384 keys; past that
+  n_split stays near MAX_SPLITS and a program walks several blocks in turn). It computes the R
+  rows' scores (fp32), masks them, and writes its partial max m (R,), sum l = sum(exp(s - m))
+  (R,) and o = exp(s - m) @ v (R, D), fp32, merged online over its blocks. A split with no
+  key to attend writes m = -inf, l = 0, o = 0. For the fused op (NEW) each
   program also rotates q and the new key itself (a few hundred values), computes its mask from
   pos and first_valid, loads only the keys and values it attends (first_valid .. pos), takes
   position pos from the new key and value instead of the cache, and the program whose block
   holds pos (the last block, should pos lie past the window) writes them into the cache: no
-  other program reads that position. A program whose block starts past pos (and is not that
-  last block) runs no iteration and writes the empty partial, m = -inf, l = 0, o = 0.
+  other program reads that position. A program's blocks past pos's block (and before the
+  first valid key's) are never walked: a split that holds none of them writes the empty
+  partial, m = -inf, l = 0, o = 0.
 - `_combine_kernel`, grid (B*Hkv, R): one program per query row merges the splits,
   out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s with M = max_s m_s; a row with no
   key at all gets 0 (not NaN).
 A window of up to TILE keys runs `_split_kernel` alone (ONE_PASS), grid (B*Hkv, 1): each
-head's program reads the whole window as one tile of keys and writes the result, one kernel a
-layer instead of two (NEW: it loads the keys up to pos only).
+head's program walks the whole window, in one block up to ONE_PASS_BLOCK keys or in blocks of
+that many, and writes the result, one kernel a layer instead of two (NEW: it loads the keys up
+to pos only).
+
+Sizes: every program loads at most ONE_PASS_BLOCK (one pass) or BLOCK_N (split) keys at once,
+whatever TILE and W are, so its shared memory (`shared_bytes`: at most 43,520 bytes for
+R <= 16, at D = 256) fits Hopper's 232,448 for every head size and window; any
+TINYLLM_ATTN_TILE launches.
+Offsets into the caches, the scratch and the output are int64 (a 131,072-key cache of 8 KV
+heads of 128 dims passes 2**31 elements from batch 16). The grid's second axis, n_split, is at
+most MAX_SPLITS (CUDA allows 65,535).
 
 Why the fused op: RoPE and the two cache writes were four small Inductor kernels a layer
 around the projections (88 of the 1.1B step's 278 kernels, about 110 us of its 860 on the
@@ -67,18 +79,52 @@ from torch import Tensor
 from tinyllm.kernels import pdl
 from tinyllm.kernels.switches import SWITCHES
 
-BLOCK_N = 64  # keys a split program reads
+BLOCK_N = 64  # keys a split program reads at once
 BLOCK_S = 32  # splits the combine program reads at once (it loops over more)
+# A head's split programs at most: past MAX_SPLITS blocks (16,384 keys) a program walks several
+# blocks in turn (8 at 131,072 keys), so the scratch and the combine's loop stop growing with W:
+# at 131,072 keys, 2,048 splits of one block would write 64 KB of partials a query row, a
+# quarter of what the row's keys and values are (D = 64). 256 splits a head are still 1,024
+# programs a step for the 1.1B (4 KV heads) at batch 1, eight for each of the H200's 132 SMs.
+MAX_SPLITS = 256
 # A window of up to TILE keys takes one program a head, one tile of keys (ONE_PASS): one kernel
 # a layer, no combine. Measured in the 1.1B int8 compiled step on the H200 (scripts/step_rules.py
 # --attention), W=128: one tile 698.8-702.7 us, two blocks of 64 walked in
 # turn by one program 713.6, split and combined 715.3-721.2. W=256: one tile of 256 731.8, split
 # 721.7 (one program a head reads its keys slower than four do); merged by the last split
 # program to finish (an atomic count a head) instead of a combine kernel, 733-735 against 717-718.
-# TINYLLM_ATTN_TILE overrides it (0: always split).
+# TINYLLM_ATTN_TILE overrides it (0: always split). A window longer than ONE_PASS_BLOCK keys
+# in one pass is walked in blocks of ONE_PASS_BLOCK by its one program: the program never loads
+# more than that at once, so every tile fits in shared memory (a tile of 4,096 keys loaded whole
+# asked for 690,176 bytes on the H200, Triton 3.6: OutOfResources).
 TILE = SWITCHES.attn_tile
+ONE_PASS_BLOCK = 128  # the most keys a one-pass program loads at once (W = 128: one tile, measured above)
 HEAD_DIMS = (32, 64, 128, 256)
-ONE_PASS_MAX_D = 128  # a head of 256 dims always splits: one tile of 128 such keys and values is 128 KB of shared memory
+ONE_PASS_MAX_D = 128  # a head of 256 dims always splits (not measured in one pass)
+SMEM_LIMIT = 232_448  # bytes of shared memory a block may have on Hopper (sm_90: 227 KB)
+
+
+def shared_bytes(block_n: int, block_r: int, D: int) -> int:
+    """The shared memory a `_split_kernel` program asks for, in bytes, as Triton 3.6 (the
+    H200's) allocates it for sm_90: the two products' 16-bit operands staged there, the block
+    of keys (block_n, D), the weights (block_r, block_n) and q (block_r, D), and 8 bytes a key
+    for the reductions. For one tile of 4,096 keys at D = 64 it gives the 690,176 bytes the
+    H200 refused, exactly; Triton 3.9 asks for less (keys and q only: test_decode_attention
+    compiles the kernels for sm_90 and checks)."""
+    return 2 * (block_n * D + block_r * block_n + block_r * D) + 8 * block_n
+
+
+def plan(W: int, D: int, R: int) -> tuple[int, int, int, bool]:
+    """(block_n, n_split, group, one_pass) for a window of W keys, heads of D dims and R query
+    rows a KV head: keys a program loads at once, split programs a head, blocks each walks, and
+    whether one program a head writes the result (W <= TILE; no combine)."""
+    one_pass = W <= TILE and D <= ONE_PASS_MAX_D
+    block_n = min(triton.next_power_of_2(max(W, 16)), ONE_PASS_BLOCK) if one_pass else BLOCK_N
+    n_blocks = triton.cdiv(W, block_n)
+    group = n_blocks if one_pass else triton.cdiv(n_blocks, MAX_SPLITS)
+    block_r = max(16, triton.next_power_of_2(R))
+    assert shared_bytes(block_n, block_r, D) <= SMEM_LIMIT, f"decode attention: R={R}, D={D} overflow shared memory"
+    return block_n, triton.cdiv(n_blocks, group), group, one_pass
 DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -100,7 +146,7 @@ def _softcap(x, cap):
 
 @triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
-                  W, n_split, Hkv, R, scale, cap, sliding,
+                  W, n_split, group, Hkv, R, scale, cap, sliding,
                   sq_b, sq_h, sq_r, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sm_b, sm_n,
                   kn_ptr, vn_ptr, cos_ptr, sin_ptr, pos_ptr, fv_ptr, sn_b, sc_p, sp_b,
                   D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, NEW: tl.constexpr = False,
@@ -116,8 +162,12 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
     cols = tl.arange(0, D)
     row_ok = rows < R
     n_blocks = tl.cdiv(W, BLOCK_N)
+    # Row b's and head h's caches in int64: a cache of B Hkv W D elements passes 2**31 at 128k keys
+    # (8 KV heads of 128 dims, b >= 16); the offsets within a head's W D stay small.
+    k_at = k_ptr + b.to(tl.int64) * sk_b + h.to(tl.int64) * sk_h
+    v_at = v_ptr + b.to(tl.int64) * sv_b + h.to(tl.int64) * sv_h
 
-    q_at = q_ptr + b * sq_b + h * sq_h + rows[:, None] * sq_r  # (BLOCK_R, 1)
+    q_at = q_ptr + b.to(tl.int64) * sq_b + h * sq_h + rows[:, None] * sq_r  # (BLOCK_R, 1)
     if NEW:  # q, and the new key and value (RoPE'd here), at position p of row b
         p = tl.load(pos_ptr + b * sp_b)
         fv = tl.load(fv_ptr + b)  # the row attends keys fv..p
@@ -133,9 +183,10 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
         v_new = tl.load(vn_ptr + b * sn_b + h * D + cols)  # (D,)
     else:
         q = tl.load(q_at + cols[None, :] * sq_d, mask=row_ok[:, None], other=0.0)  # (BLOCK_R, D)
-    # One block of keys a program (its split), or with ONE_PASS every block, merged online.
-    first = 0 if ONE_PASS else split
-    last = n_blocks if ONE_PASS else split + 1
+    # `group` blocks of keys a program (its split: one, or several in a long window), or with
+    # ONE_PASS every block (group = n_blocks, one split), merged online.
+    first = split * group
+    last = tl.minimum(first + group, n_blocks)
     if NEW:  # no block past p's: a program whose block starts past p runs no iteration and writes
         # the empty partial (m = -inf, l = 0, o = 0), which weighs nothing in the combine. The
         # block that writes the new key and value, min(p // BLOCK_N, n_blocks - 1), is always walked.
@@ -156,7 +207,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
         else:
             attend = tl.load(mask_ptr + b * sm_b + keys * sm_n, mask=key_in, other=0) != 0
             cached = key_in
-        k = tl.load(k_ptr + b * sk_b + h * sk_h + keys[:, None] * sk_n + cols[None, :] * sk_d,
+        k = tl.load(k_at + keys[:, None] * sk_n + cols[None, :] * sk_d,
                     mask=cached[:, None], other=0.0)  # (BLOCK_N, D)
         if NEW:
             k = tl.where((keys == p)[:, None], k_new[None, :], k)
@@ -170,24 +221,24 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
         pr = tl.exp(sc - m_safe[:, None])  # (BLOCK_R, BLOCK_N)
         l_i = l_i * alpha + tl.sum(pr, axis=1)
         # Keys not attended are never read: whatever a cache holds there (even NaN) stays out.
-        v = tl.load(v_ptr + b * sv_b + h * sv_h + keys[:, None] * sv_n + cols[None, :] * sv_d,
+        v = tl.load(v_at + keys[:, None] * sv_n + cols[None, :] * sv_d,
                     mask=(attend & cached)[:, None], other=0.0)  # (BLOCK_N, D)
         if NEW:
             v = tl.where((keys == p)[:, None], v_new[None, :], v)
             # The block that holds p (the last one, should p lie past the window) writes the new
             # key and value into the cache: no other program of this kernel reads position p.
             mine = cols < tl.where(blk == tl.minimum(p // BLOCK_N, n_blocks - 1), D, 0)  # (D,): all or none
-            tl.store(k_ptr + b * sk_b + h * sk_h + p * sk_n + cols * sk_d, k_new, mask=mine)
-            tl.store(v_ptr + b * sv_b + h * sv_h + p * sv_n + cols * sv_d, v_new, mask=mine)
+            tl.store(k_at + p * sk_n + cols * sk_d, k_new, mask=mine)
+            tl.store(v_at + p * sv_n + cols * sv_d, v_new, mask=mine)
         acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v)  # (BLOCK_R, D) fp32
         m_i = m_new
 
     if ONE_PASS:  # the result itself; a row with no key at all gets 0 (acc = 0), not NaN
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + (bh * R + rows[:, None]) * D + cols[None, :], out.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None])
-    else:
-        part = (bh * n_split + split) * R + rows  # (BLOCK_R,) index into the (B*Hkv, n_split, R) scratch
+        tl.store(out_ptr + (bh.to(tl.int64) * R + rows[:, None]) * D + cols[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:  # (BLOCK_R,) index into the (B*Hkv, n_split, R) scratch, int64: its o holds B Hkv n_split R D floats
+        part = (bh.to(tl.int64) * n_split + split) * R + rows
         tl.store(m_ptr + part, m_i, mask=row_ok)
         tl.store(l_ptr + part, l_i, mask=row_ok)
         tl.store(o_ptr + part[:, None] * D + cols[None, :], acc, mask=row_ok[:, None])
@@ -210,7 +261,7 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, n_split, R,
     for start in range(0, n_split, BLOCK_S):
         splits = start + lanes
         ok = splits < n_split
-        part = (bh * n_split + splits) * R + r  # (BLOCK_S,)
+        part = (bh.to(tl.int64) * n_split + splits) * R + r  # (BLOCK_S,), int64 as in the split kernel
         m = tl.load(m_ptr + part, mask=ok, other=float("-inf"))
         lsum = tl.load(l_ptr + part, mask=ok, other=0.0)
         o = tl.load(o_ptr + part[:, None] * D + cols[None, :], mask=ok[:, None], other=0.0)  # (BLOCK_S, D)
@@ -227,7 +278,7 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, n_split, R,
     total = tl.sum(l_acc * w, axis=0)
     acc = tl.sum(o_acc * w[:, None], axis=0)  # (D,)
     out = acc / tl.where(total > 0.0, total, 1.0)  # no key at all: acc = 0, out = 0
-    tl.store(out_ptr + (bh * R + r) * D + cols, out.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + (bh.to(tl.int64) * R + r) * D + cols, out.to(out_ptr.dtype.element_ty))
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, W: int, new=None,
@@ -238,9 +289,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, 
     B, Hkv, R, D = q.shape
     if mask is not None:
         mask = mask.expand(B, 1, 1, W)  # a view: a batch-broadcast mask gets stride 0
-    one_pass = W <= TILE and D <= ONE_PASS_MAX_D
-    block_n = triton.next_power_of_2(max(W, 16)) if one_pass else BLOCK_N  # keys a program reads
-    n_split = 1 if one_pass else triton.cdiv(W, block_n)
+    block_n, n_split, group, one_pass = plan(W, D, R)
     block_r = max(16, triton.next_power_of_2(R))
     dev = q.device
     out = torch.empty((B, Hkv, R, D), dtype=v.dtype, device=dev)
@@ -253,7 +302,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, 
     k_new, v_new, cos, sin, pos, first_valid = new or (q, q, q, q, q, q)  # unused without NEW
     launch = pdl.launch_options(dev)
     _split_kernel[(B * Hkv, n_split)](
-        q, k, v, q if mask is None else mask, m_buf, l_buf, o_buf, out, W, n_split, Hkv, R, scale,  # no mask: unread
+        q, k, v, q if mask is None else mask, m_buf, l_buf, o_buf, out, W, n_split, group, Hkv, R, scale,  # no mask: unread
         cap if cap else 1.0, sliding,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3),
         k.stride(0), k.stride(1), k.stride(2), k.stride(3),

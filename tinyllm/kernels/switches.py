@@ -10,7 +10,8 @@ Contract:
 - `read(env) -> Switches`: the switches an environment mapping sets; unset or empty ones keep
   the default, and a value means what it meant when each module read it itself: "0" turns a
   path off, anything else leaves it on. Refuses (ValueError, one line naming the variable) a
-  TINYLLM_ATTN_TILE that is not a whole number.
+  TINYLLM_ATTN_TILE that is not a whole number >= 0; any such number launches (the kernel walks
+  a long tile in blocks that fit in shared memory: tinyllm.kernels.decode_attention_triton).
 - Most switches exist to measure (a path turned off against the one that runs) or to tune;
   the defaults are what runs. The app's own folders (TINYLLM_CHAT_DATA_DIR,
   TINYLLM_CHAT_CONFIG_DIR) are chat_app's, and the C++ kernels read two switches themselves
@@ -36,7 +37,7 @@ class Switches:
     decode_attn: bool = True  # TINYLLM_DECODE_ATTN=0: no Triton decode attention on CUDA (tinyllm.kernels.decode_attention)
     rope_attn: bool = True  # TINYLLM_ROPE_ATTN=0: RoPE and the cache write apart from that attention
     cpu_attn: bool = True  # TINYLLM_CPU_ATTN=0: the compiled CPU step keeps Inductor's attention loop
-    attn_tile: int = 128  # TINYLLM_ATTN_TILE: windows up to this many keys in one tile (0: always split)
+    attn_tile: int = 128  # TINYLLM_ATTN_TILE: windows up to this many keys one program a head (0: always split)
     pdl: str = "1"  # TINYLLM_PDL: 1 | 0 (no PDL) | kernels (our kernels only, not Inductor's: tinyllm.kernels.pdl)
     trace_dir: str = ""  # TINYLLM_TRACE_DIR: a Chrome trace of each profiled step there (tinyllm.tools.bench_profile)
 
@@ -52,7 +53,9 @@ def read(env: Mapping[str, str]) -> Switches:
     try:
         attn_tile = int(tile)
     except ValueError:
-        raise ValueError(f"TINYLLM_ATTN_TILE must be a whole number of keys, got {tile!r}") from None
+        attn_tile = -1
+    if attn_tile < 0:
+        raise ValueError(f"TINYLLM_ATTN_TILE must be a whole number of keys, got {tile!r} (0 or more; 0: always split)")
     return Switches(cpu_kernel=on("CPU_KERNEL"), cache_dir=get("CACHE_DIR"), qgemv=on("QGEMV"),
                     qgemv_fold=get("QGEMV_FOLD", "plain"), qgemv_blocks=get("QGEMV_BLOCKS"),
                     decode_attn=on("DECODE_ATTN"), rope_attn=on("ROPE_ATTN"), cpu_attn=on("CPU_ATTN"),
