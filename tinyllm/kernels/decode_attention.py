@@ -34,8 +34,10 @@ a reduction over W keys with only B*Hkv*R rows, i.e. a handful of programs walki
 (SmolLM2-135M on an H200: 9 programs, 8.6 µs a layer at W=1024), between two cuBLAS products.
 Here the W keys are split into blocks of 64, one program each (scores, partial softmax, and
 the partial product with v), and a second small kernel merges the blocks: two launches per
-layer instead of three, and W spread over B*Hkv*W/64 programs. The ops call it in the compiled
-step only (tinyllm.core.ops): graph replay and eager twin of the compiled step run the same
+layer instead of three, and W spread over B*Hkv*W/64 programs (at most 256 a head: past 16,384
+keys a program walks several blocks). Any window up to the cache's length runs, 131,072 keys
+included, for every head size, at any TINYLLM_ATTN_TILE (test_decode_attention_long.py).
+The ops call it in the compiled step only (tinyllm.core.ops): graph replay and eager twin of the compiled step run the same
 kernel and stay bit-identical; the plain step keeps `window_attention` (its first use here
 would import Triton and torch's kernel wrapping on the start-up path).
 
