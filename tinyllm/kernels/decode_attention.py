@@ -37,9 +37,10 @@ the partial product with v), and a second small kernel merges the blocks: two la
 layer instead of three, and W spread over B*Hkv*W/64 programs (at most 256 a head: past 16,384
 keys a program walks several blocks). Any window up to the cache's length runs, 131,072 keys
 included, for every head size, at any TINYLLM_ATTN_TILE (test_decode_attention_long.py).
-The ops call it in the compiled step only (tinyllm.core.ops): graph replay and eager twin of the compiled step run the same
-kernel and stay bit-identical; the plain step keeps `window_attention` (its first use here
-would import Triton and torch's kernel wrapping on the start-up path).
+The ops call it in the compiled step only (tinyllm.core.ops): graph replay and eager twin of
+the compiled step run the same kernel and stay bit-identical; the plain step keeps
+`window_attention` (its first use here would import Triton and torch's kernel wrapping on the
+start-up path).
 
 On a CPU the compiled step's own attention is Inductor's loop on one thread (cuda_graph.compiled
 runs Inductor's kernels single-threaded): about 200 us a layer for SmolLM2 at W = 1,024, where
