@@ -17,6 +17,12 @@ PgUp/PgDn (and Home/End while the input is empty) are for the conversation: the 
 `PromptInput.Scrolled(key)` and the app scrolls.
 Pasted text is cleaned: CR/CRLF become newlines, other control characters (ESC, Ctrl+Q, ...)
 become visible symbols, so a paste is text, never keystrokes.
+Typed characters that come in a burst (a terminal without bracketed paste, tmux send-keys) go
+into the text as one edit: a printable key joins `_typed`, and that goes in once the keys
+already queued have been handled, or before anything else reads or changes the text (any
+other key, a paste, a click, `text`, `replace`, `load_text`). Each edit of a line rewraps it
+and each frame renders it whole (Textual's TextArea), so one edit per key made typing
+quadratic in the line's length: 5 KB typed took 5.8 s, 20 KB 62 s.
 Tab completes a /command and its arguments (chat_app.completion, from what `sources()` gives:
 the app's themes, settings, models) while the cursor is at the end of a one-line /command:
 as far as the candidates agree; where they part, the first Tab lists them under the input
@@ -77,8 +83,48 @@ class PromptInput(TextArea):
         self._turn = -1  # the listed candidate the input holds (-1: none yet)
         self.last_message: Callable[[], str | None] = lambda: None  # the app's: what Up in an empty prompt edits
         self.editing: str | None = None  # the message being edited, as loaded; None: not editing
+        self._typed = ""  # printable keys not yet in the text (a burst goes in as one edit)
+
+    @property
+    def text(self) -> str:  # type: ignore[override]
+        self.insert_typed()
+        return TextArea.text.fget(self)  # type: ignore[attr-defined]
+
+    @text.setter
+    def text(self, text: str) -> None:
+        self.insert_typed()
+        TextArea.text.fset(self, text)  # type: ignore[attr-defined]
+
+    def insert_typed(self) -> None:
+        """The keys typed so far into the text, at the cursor, as one edit."""
+        if self._typed:
+            typed, self._typed = self._typed, ""
+            start, end = self.selection
+            self._replace_via_keyboard(typed, start, end)
+
+    def replace(self, *args, **kwargs):
+        self.insert_typed()
+        return super().replace(*args, **kwargs)
+
+    def load_text(self, text: str) -> None:
+        self.insert_typed()
+        super().load_text(text)
+
+    async def _on_mouse_down(self, event: events.MouseDown) -> None:
+        self.insert_typed()
+        await super()._on_mouse_down(event)
 
     async def _on_key(self, event: events.Key) -> None:
+        if event.is_printable and event.character and event.key not in NEWLINE_KEYS and not self.read_only:
+            event.stop()
+            event.prevent_default()
+            self._restart_blink()
+            self._end_completion()
+            if not self._typed:
+                self.call_later(self.insert_typed)  # after the keys queued now
+            self._typed += event.character
+            return
+        self.insert_typed()
         if event.key == "tab" and self._complete():
             event.stop()
             event.prevent_default()
@@ -155,6 +201,7 @@ class PromptInput(TextArea):
     async def _on_paste(self, event: events.Paste) -> None:
         event.stop()
         event.prevent_default()
+        self.insert_typed()
         self._end_completion()
         if not self.read_only and (text := clean_paste(event.text)):
             result = self.replace(text, *self.selection)

@@ -174,3 +174,28 @@ async def test_the_chat_list_at_100k_chats_is_a_page_of_one_bounded_query(make_a
               f"{filtered:.2f} s after the last key (printed, not asserted)")
         await pilot.press("ctrl+q")
     assert app.return_code == 0
+
+
+async def test_typed_keys_cost_one_edit_a_burst_not_one_a_key(make_app):
+    """Before: every typed key was an edit, and Textual's TextArea rewraps the edited line whole
+    on each (and renders it whole each frame): 5 KB typed (no bracketed paste) took 5.8 s, 20 KB
+    62 s. Now a burst of keys is one edit: the rewraps are counted, not timed."""
+    from textual import events
+
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        prompt = app.prompt
+        prompt.load_text("word " * 4000)  # 20 KB on one line
+        prompt.move_cursor(prompt.document.end)
+        wraps = []
+        real_wrap = prompt.wrapped_document.wrap_range
+        prompt.wrapped_document.wrap_range = lambda *a, **k: (wraps.append(a), real_wrap(*a, **k))[1]
+        for key in "abcd " * 1000:  # as a terminal's reads come: all queued before the first is handled
+            app.post_message(events.Key("space" if key == " " else key, key))
+        want = "word " * 4000 + "abcd " * 1000
+        await wait_until(pilot, lambda: len(prompt.document.text) == len(want), what="the keys typed")
+        assert prompt.text == want
+        assert len(wraps) <= 3, len(wraps)  # was 5,000: one whole-line rewrap a key
+        await pilot.press("left", "X")  # keys one at a time: each where the cursor is
+        assert prompt.text == want[:-1] + "X "
+
