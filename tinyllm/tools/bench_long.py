@@ -17,7 +17,11 @@ Contract:
   CPU (the tests) the same steps eagerly.
 - `bench_max_lens(model, report, rows, max_lens, steps, rounds, compile)`: one Engine of `rows`
   slots a max_len, the same `rows` requests each run (64-token prompts, `steps` new tokens,
-  greedy: every row stays short), the engines alternated `rounds` times after a warm-up run;
+  greedy: every row stays short), the engines alternated `rounds` times after a warm-up run.
+  Each captures the window buckets its runs use (128 up to the one holding 64 + steps keys)
+  and max_len's own, at one row bucket (`rows`): both decode in the same windows, so what
+  differs is the cache's size (with every bucket, a 256-row engine's capture outlasted a
+  device call: docs/BENCHMARKS.md). engine_capture_s a max_len;
   engine_tok_s (median) at each max_len and over_first; engine_syncs_per_step of one probe run
   (tinyllm.tools.bench_engine's).
 - `main(argv)`: --preset, --starts, --steps, --rounds, --compile on|off for bench_starts;
@@ -35,7 +39,7 @@ import sys
 
 import torch
 
-from tinyllm.cuda_graph import GraphDecoder
+from tinyllm.cuda_graph import GraphDecoder, default_buckets, pick_bucket
 from tinyllm.decode.engine import Engine
 from tinyllm.model import PRESETS, ModelConfig, Transformer
 from tinyllm.tools.bench import Report, decode_run, int_list
@@ -92,8 +96,13 @@ def bench_max_lens(model: Transformer, report: Report, rows: int = 256, max_lens
     reqs, need = _requests(model, "uniform", rows, steps)
     if need > min(max_lens):
         raise ValueError(f"{ENGINE_PROMPT} + {steps} keys a request exceed max_len {min(max_lens)}")
-    engines = {m: Engine(model, rows, max_len=m, compile="inductor" if compile else None, token_events=False)
-               for m in max_lens}
+    engines = {}
+    for m in max_lens:  # the windows the runs use and max_len's own, one row bucket: the graphs captured
+        windows = default_buckets(m)
+        buckets = tuple(sorted({*(b for b in windows if b <= pick_bucket(windows, need)), m}))
+        engines[m] = Engine(model, rows, max_len=m, compile="inductor" if compile else None, token_events=False,
+                            buckets=buckets, row_buckets=(rows,))
+        report("engine_capture_s", engines[m].capture_s, "s", max_len=m, buckets=list(buckets), concurrency=rows)
     speed: dict[int, list[float]] = {m: [] for m in max_lens}
     for r in range(rounds + 1):  # round 0 warms up
         for m, engine in engines.items():
