@@ -30,6 +30,9 @@ Metrics (batch 1, greedy, unless said):
                    where a step's time goes (tinyllm.tools.bench_engine states the rows);
                    with --engine-guard, engine_tok_s at max_len 256 and 4096 on a small model
                    and engine_guard_ratio (the cost of a token must not grow with max_len)
+  late_over_early  with --late-context EARLY,LATE (instead of the above, a CPU): the native step's
+                   decode_tok_s from EARLY and from LATE, alternated in one run, for a bf16 and
+                   an fp32 cache, and their ratio (tinyllm.tools.bench_late)
   replay_us        with --profile (instead of the above, CUDA): one step's graph replay, plain
                    and compiled, first and last bucket; kernels_per_step, and the top kernels
                    on stderr (tinyllm.tools.bench_profile)
@@ -397,6 +400,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--chat-turns", type=int, help="measure time to first token over N chat turns instead")
     p.add_argument("--profile", action="store_true",
                    help="CUDA: replay time and kernels of one step, plain and compiled, first and last bucket")
+    p.add_argument("--late-context", type=int_list, metavar="EARLY,LATE",
+                   help="measure the native CPU step from EARLY and from LATE keys instead (e.g. 100,1900)")
     p.add_argument("--no-buckets", action="store_true",
                    help="skip decode inside each bucket (bucket_tok_s, bw_fraction): minutes on a CPU")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
@@ -453,6 +458,13 @@ def run(args: argparse.Namespace) -> Report:
         from tinyllm.tools.bench_profile import bench_profile
 
         bench_profile(model, report, random_ids(model, DECODE_START))
+        return report
+    if args.late_context:
+        from tinyllm.tools.bench_late import bench_late
+
+        if len(args.late_context) != 2 or cuda:
+            raise ValueError("--late-context takes EARLY,LATE (two positions) and runs on a CPU")
+        bench_late(model, report, *args.late_context, steps=steps if args.steps else 64, rounds=repeats)
         return report
     compile = args.compile == "on" or (args.compile == "auto" and cuda)
     if args.engine:
