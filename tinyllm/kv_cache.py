@@ -17,8 +17,9 @@ Here:
   n + 1 keys, with no mask when unpadded: the eager reference path.
 - `SlotKVCache`: the continuous engine's cache, one independent row ("slot") per request,
   lengths on the host (`lens`) and on the device (`_lens_dev`), decode through `decode(W)`.
-  `release(slot)` and `admit(slots)` copy nothing from the host to the device, so they never
-  wait for the device (device kernels on tensors it holds, and pinned copies).
+  `release(slot)` and `admit(slots)` never wait for the device: kernels on tensors it already
+  holds (a view's zero_, index_fill_) and copies from pinned memory, never from pageable host
+  memory (on CUDA such a copy waits for the stream).
 - `kv_dtype` (both caches): the dtype K/V are held in; None (the default) holds the K/V of the
   first write as they come (the model's dtype). Another dtype is written cast (round to
   nearest even for bf16), and what `update` returns is read back in the new K/V's dtype, so the
