@@ -470,6 +470,12 @@ class Readback:
 class GraphDecoder(_Decoder):
     """Prefill eagerly, then decode one token per row with one CUDA-graph replay per run.
 
+    Defaults that run on either device: `use_graph=None` (graphs on CUDA, the same step eagerly
+    on a CPU) and `compile=None` (the plain step); `compile="auto"` is the app's choice (the
+    native step on a CPU where it runs the model, else the plain one; Inductor on CUDA),
+    "native" insists on the native step. After `prefill`/`append`, choose the reply's first token
+    (`draw_first`, or `step(tok)`), then `run(k)`: run() refuses to feed a stale token.
+
     Reusable: prefill() resets the cache, and graphs captured for one request serve the
     next (same batch size). append() prefills a new turn after the current position;
     truncate() rewinds. use_graph=False runs the identical static step eagerly (the only
@@ -478,15 +484,28 @@ class GraphDecoder(_Decoder):
     """
 
     def __init__(self, model: Transformer, batch: int = 1, max_len: int | None = None,
-                 buckets: tuple[int, ...] | None = None, use_graph: bool | None = True,
+                 buckets: tuple[int, ...] | None = None, use_graph: bool | None = None,
                  compile: str | None = None, n_valid: int | None = None):
         self.max_len = max_len or model.cfg.max_seq_len
         if self.max_len > model.cfg.max_seq_len:
             raise ValueError(f"max_len {self.max_len} > max_seq_len {model.cfg.max_seq_len}")
+        cpu = model.device.type == "cpu"
+        if compile == "native" and not cpu:
+            raise ValueError("the native step runs on a CPU; on CUDA use compile='auto' or 'inductor'")
+        native = cpu and compile in ("auto", "native")
         cache = StaticKVCache(model.cfg.n_layers, batch, self.max_len, model.device)
         super().__init__(model, cache, batch, buckets or default_buckets(self.max_len), self.max_len,
-                         use_graph, compile, n_valid)
+                         use_graph, None if native else "inductor" if compile == "auto" else compile, n_valid)
+        if native:
+            from tinyllm.decode import cpu_step
+
+            problem = cpu_step.problem(model, batch)
+            if problem is None:
+                cpu_step.use_native(self)
+            elif compile == "native":
+                raise ValueError(f"the native step cannot run this model: {problem}")
         self._readback = Readback(self.out)  # chunks in flight are read back through it
+        self._tok_at_prefill = -1  # tok's version counter right after the last prefill
 
     @property
     def n(self) -> int:
@@ -506,7 +525,17 @@ class GraphDecoder(_Decoder):
         """Prefill idx (B, T) at the current position n (a new turn), eagerly."""
         self._check_batch(idx)
         logits, _ = self.model(idx, cache=self.cache, last_only=not all_logits)
+        self._tok_at_prefill = self.tok._version  # run() refuses until the first token is chosen
         return logits
+
+    @torch.no_grad()
+    def run(self, steps: int = 1, capture: bool = True) -> Tensor:
+        """As _Decoder.run; after a prefill it first needs the reply's first token in `tok`
+        (draw_first, step(tok), or a write of your own): it would feed a stale one instead."""
+        if self.tok._version == self._tok_at_prefill:  # nothing has written tok since the prefill
+            raise ValueError("after prefill or append, choose the first token before run(): "
+                             "draw_first(logits, params, recent), or step(tok) with your own")
+        return super().run(steps, capture)
 
     def truncate(self, n: int) -> None:
         """Forget positions n.. (the next append or step writes at n)."""

@@ -56,7 +56,8 @@ async def test_the_app_says_when_the_budget_cuts_the_context(long_ckpt, budget, 
     if budget is not None:
         (tmp_path / "config.toml").write_text(f"context_budget = {budget}\n")
     monkeypatch.setenv("TINYLLM_CHAT_CONFIG_DIR", str(tmp_path))
-    app = build_app(build_parser(config.load()).parse_args(["--model", str(long_ckpt), "--device", "cpu", "--compile", "off"]))
+    argv = ["--model", str(long_ckpt), "--device", "cpu", "--compile", "off"]
+    app = build_app(build_parser(config.load()).parse_args(argv))
     async with app.run_test(size=(160, 30)) as pilot:
         await loaded(pilot)
         if budget:

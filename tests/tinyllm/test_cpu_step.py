@@ -147,6 +147,7 @@ def test_padded_embeddings_are_never_drawn():
     dec.sampler.n_valid = 3  # only ids 0, 1, 2 may be drawn
     with torch.no_grad():
         dec.prefill(prompt_of(model, 4))
+        dec.tok.fill_(1)  # the first token, chosen
         drawn = set()
         for _ in range(10):
             dec.run(1)
@@ -159,6 +160,7 @@ def test_a_full_cache_is_refused_and_the_step_goes_on_after_a_rewind():
     dec = decoder(model, "native", max_len=24)
     with torch.no_grad():
         dec.prefill(prompt_of(model, 20))
+        dec.tok.fill_(1)
         dec.run(4)
         with pytest.raises(ValueError, match="KV cache full"):
             dec.run(1)
@@ -184,6 +186,7 @@ def test_what_the_native_step_does_not_run():
     dec = decoder(model, "native", batch=2, max_len=32)
     with torch.no_grad(), pytest.raises(ValueError, match="batch 2"):
         dec.prefill(torch.zeros(2, 4, dtype=torch.long))
+        dec.tok.fill_(1)
         dec.run(1)
 
 

@@ -98,7 +98,8 @@ def test_decoder_is_reusable_across_requests(model):
 def test_errors(model):
     dec = GraphDecoder(model, 1, max_len=32, buckets=(32,), use_graph=False)
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA model"):
-        GraphDecoder(model, 1, max_len=32)
+        GraphDecoder(model, 1, max_len=32, use_graph=True)
+    assert not GraphDecoder(model, 1, max_len=32).use_graph  # the default runs where the model is
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA model"):
         dec.use_graph = True
     with pytest.raises(ValueError, match="expected token ids of shape"):
@@ -170,3 +171,31 @@ def test_draw_first_loads_the_settings_and_feeds_the_next_step(model):
         a.step(a.tok)
         b.step(b.tok)
         assert torch.equal(a.tok, b.tok) and int(a.tok) < 300
+
+
+def test_run_after_a_prefill_needs_the_first_token_chosen(model):
+    """prefill then run(1) would feed a stale token (the first token twice, or another's): refused
+    in one line that says what to call; draw_first, step(tok) or a write of tok each choose it."""
+    from tinyllm.decode.sampling_params import SamplingParams
+
+    dec = GraphDecoder(model, 1, max_len=32)
+    prompt = torch.tensor([[1, 5, 9, 4]])
+    logits = dec.prefill(prompt)
+    with pytest.raises(ValueError, match="choose the first token before run"):
+        dec.run(1)
+    first = dec.draw_first(logits[:, -1], SamplingParams(), prompt)
+    dec.run(2)
+    assert dec.n == 6 and int(first) >= 0
+    dec.append(torch.tensor([[7]]))
+    with pytest.raises(ValueError, match="draw_first"):
+        dec.launch(1)
+    dec.tok.fill_(3)  # a token of the caller's own
+    dec.run(1)
+
+
+def test_compile_auto_is_the_native_step_on_a_cpu_where_it_runs(model):
+    from tinyllm.decode import cpu_step
+
+    dec = GraphDecoder(model, 1, max_len=32, compile="auto")
+    assert dec.compile == ("native" if cpu_step.problem(model, 1) is None else None)
+    assert GraphDecoder(model, 1, max_len=32).compile is None  # the plain step unless asked

@@ -4,7 +4,6 @@ the decoder at max_len 8,192 with the app's step (the native one; tinyllm.tools.
 transformers finds the same three keys in the same ids (scripts/passkey_transformers.py)."""
 
 import pytest
-import torch
 
 from tests.tinyllm.test_real_model import GGUF
 from tinyllm.cuda_graph import GraphDecoder

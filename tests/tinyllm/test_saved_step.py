@@ -30,6 +30,7 @@ def decode(model, fn, steps: int, batch: int = 1, backend: str | None = "inducto
     if fn is not None:
         dec.set_compile(backend, fn)
     dec.prefill(torch.arange(1, 6).repeat(batch, 1))
+    dec.tok.zero_()  # the first token fed: any, the same for every step compared
     ids, logits = [], []
     with torch.no_grad():
         for _ in range(steps):

@@ -36,6 +36,7 @@ def compile_step(model: Transformer, batch: int, max_len: int, backend: str, n_v
                            compile=backend if save_to is None else None, n_valid=n_valid)
         dec.greedy = greedy
         dec.prefill(torch.zeros(batch, 1, dtype=torch.long, device=model.device))
+        dec.tok.zero_()  # the warm-up step's input: any token
         fn = None
         if save_to is not None:
             fn = saved_step.build_and_save(dec, dec.bucket(dec.cache.keys_needed(1)), backend,
