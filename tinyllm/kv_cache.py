@@ -86,7 +86,7 @@ def kv_storage(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device)
     n = math.prod(shape)
     if device.type != "cpu" or n == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
-    buf = mmap.mmap(-1, n * dtype.itemsize)
+    buf = mmap.mmap(-1, n * dtype.itemsize, flags=mmap.MAP_PRIVATE)  # private: a fork copies, never shares
     return torch.frombuffer(buf, dtype=dtype, count=n).view(shape)
 
 
