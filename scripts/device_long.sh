@@ -36,12 +36,12 @@ for phase in $phases; do
       echo "== tests: pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed|skipped" "$OUT/cuda-tests.log" | tail -25
       ;;
     starts)
-      timeout "${LIMIT_STARTS:-170}" python3 -m tinyllm.tools.bench_long --preset tinyllama-1.1b \
+      timeout "${LIMIT_STARTS:-170}" python3 -m tinyllm.tools.cli bench-long --preset tinyllama-1.1b \
         --starts 128,8192,32768 --steps 256 --rounds 5 --compile on > "$OUT/bench-starts.jsonl" 2> "$OUT/bench-starts.err"
       echo "== starts: exit $?"; grep -v -i warn "$OUT/bench-starts.err" | tail -14
       ;;
     engine)
-      timeout "${LIMIT_ENGINE:-520}" python3 -m tinyllm.tools.bench_long --preset 125m --engine-rows 256 \
+      timeout "${LIMIT_ENGINE:-520}" python3 -m tinyllm.tools.cli bench-long --preset 125m --engine-rows 256 \
         --max-lens 1024,8192 --steps 256 --rounds 3 --compile on > "$OUT/bench-engine.jsonl" 2> "$OUT/bench-engine.err"
       echo "== engine: exit $?"; grep -v -i warn "$OUT/bench-engine.err" | tail -10
       ;;

@@ -34,17 +34,18 @@ def test_every_public_name_is_its_home_modules_object():
         tinyllm.nope  # noqa: B018
 
 
-def readme_example() -> str:
+def readme_examples() -> list[str]:
     text = (ROOT / "README.md").read_text()
-    section = text.split("## Use it as a library", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    section = text.split("## Use it as a library", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
-def test_the_readme_library_example_runs_and_replies():
-    code = readme_example()
-    assert len(code.strip().splitlines()) == 5, code
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          stdin=subprocess.DEVNULL)
+@pytest.mark.parametrize("which", [0, 1], ids=["session", "decoder"])
+def test_each_readme_library_example_runs_and_replies(which):
+    examples = readme_examples()
+    assert len(examples) == 2 and len(examples[0].strip().splitlines()) == 5, examples
+    proc = subprocess.run([sys.executable, "-c", examples[which]], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(proc.stdout.split()) >= 3, proc.stdout
 

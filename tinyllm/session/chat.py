@@ -17,10 +17,10 @@ does not grow with the chat. The reply streams as events:
   Token(text, stats)                    one per generated token (text may be "")
   Finished(reason, text, stats)         reason: "eos" | "max_tokens" | "stopped" | "context_full"
 
-`compile`: None (the plain step), "inductor" (the default: compiled in the background, taking
-over at a reply boundary), "native" (the CPU step as one C++ call; a ValueError where it cannot
-run the model), "auto" (what the app asks for: "native" on a CPU where it runs the model, else
-"inductor"); see tinyllm.session.step_policy.
+`compile`: None (the plain step), "inductor" (compiled in the background, taking over at a
+reply boundary), "native" (the CPU step as one C++ call; a ValueError where it cannot run the
+model), "auto" (the default, what the app asks for: "native" on a CPU where it runs the model,
+else "inductor"); see tinyllm.session.step_policy.
 
 Contract:
 - `send(text)` / `edit(text)` / `regenerate()` / `continue_reply()` return generators; run them on ONE worker
@@ -75,7 +75,7 @@ class ChatSession:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, template: ChatTemplate,
                  max_len: int | None = None, params: SamplingParams = SamplingParams(),
                  system: str | None = None, use_graph: bool | None = None, name: str = "model",
-                 compile: str | None = "inductor", chunk: int = CHUNK, threads: int | None = None,
+                 compile: str | None = "auto", chunk: int = CHUNK, threads: int | None = None,
                  source: tuple[str, str] | None = None, context: Context | None = None):
         self.model, self.tokenizer, self.template, self.name = model, tokenizer, template, name
         # How max_len was chosen (tinyllm.session.context); None: as given, or the model's own.
@@ -334,7 +334,7 @@ def default_cpu_threads() -> int:
 def open_session(path: str | Path, device: str = "auto", max_len: int | None = None,
                  params: SamplingParams = SamplingParams(), system: str | None = None,
                  use_graph: bool | None = None, template: str | None = None,
-                 compile: str | None = "inductor", threads: int | None = None,
+                 compile: str | None = "auto", threads: int | None = None,
                  quant: str = DEFAULT, progress: Progress | None = None,
                  context_budget: float | None = None) -> ChatSession:
     """Open a model (tinyllm checkpoint folder, Hugging Face folder or .gguf file; see

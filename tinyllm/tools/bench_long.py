@@ -1,4 +1,4 @@
-"""python -m tinyllm.tools.bench_long: decode speed late in a long context on CUDA, against
+"""tinyllm bench-long: decode speed late in a long context on CUDA, against
 early (issue 44's H200 targets: the 1.1B shape at 8k and 32k keys >= 0.8x its speed at 128;
 the engine on 125m at 256 rows with max_len 8,192 >= 0.7x its speed at max_len 1,024).
 
@@ -121,7 +121,7 @@ def bench_max_lens(model: Transformer, report: Report, rows: int = 256, max_lens
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tinyllm.tools.bench_long", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="tinyllm bench-long", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="tinyllama-1.1b", help=f"a shape of {', '.join(PRESETS)}")
     p.add_argument("--starts", type=int_list, default=[128, 8192, 32768], help="batch 1: keys a run starts from")
     p.add_argument("--steps", type=int, default=256, help="decode steps a run (a request's new tokens)")

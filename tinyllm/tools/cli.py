@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("tinyllm.tools.train", "train a tokenizer or a model from chat JSONL"),
     "eval": ("tinyllm.tools.eval.__main__", "judge a model's answers to held-out prompts"),
     "bench": ("tinyllm.tools.bench", "measure decode speed (JSON lines and a table)"),
+    "bench-long": ("tinyllm.tools.bench_long", "decode speed late in a long context against early (CUDA)"),
     "vocab-transfer": ("tinyllm.tools.vocab_transfer", "move a byte-level BPE model onto a new vocabulary"),
     "datagen": ("tinyllm.tools.datagen.__main__", "generate distillation data with a teacher model"),
 }
