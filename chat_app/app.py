@@ -176,6 +176,7 @@ class ChatApp(App[None]):
 
     async def on_mount(self) -> None:
         self._catch_signals(True)
+        self.app_resume_signal.subscribe(self, self._redraw)
         if self.chosen_theme:
             self.theme = self.chosen_theme
         try:
@@ -206,6 +207,12 @@ class ChatApp(App[None]):
                     loop.remove_signal_handler(sig)
             except (TypeError, ValueError, RuntimeError, NotImplementedError):
                 pass
+
+    def _redraw(self, _app: App) -> None:
+        """Back from Ctrl+Z / SIGTSTP (SIGCONT): Textual enters a new, blank alternate screen and
+        draws only what changed, which left 27 of 30 rows blank until a key. The whole screen
+        is marked dirty, so the next frame draws every row."""
+        self.screen.refresh(self.screen.region)
 
     def _quit_on(self, sig: int) -> None:
         self.quit_signal = sig

@@ -71,6 +71,11 @@ class Terminal:
         _set_size(self.fd, cols, rows)  # the kernel signals the foreground group too
         os.kill(self.pid, signal.SIGWINCH)
 
+    def wipe(self) -> None:
+        """A blank screen, as a terminal's new alternate screen is (pyte keeps no alternate screen)."""
+        with self._lock:
+            self.screen.reset()
+
     # ---- what the user sees -------------------------------------------------------------
 
     def text(self) -> str:

@@ -199,3 +199,38 @@ async def test_typed_keys_cost_one_edit_a_burst_not_one_a_key(make_app):
         await pilot.press("left", "X")  # keys one at a time: each where the cursor is
         assert prompt.text == want[:-1] + "X "
 
+
+def test_sigtstp_then_sigcont_redraws_every_row(ckpt, tmp_path):
+    """Before: after Ctrl+Z (SIGTSTP) and `fg` (SIGCONT), 27 of the 30 rows stayed blank until a
+    key was pressed: Textual enters the alternate screen again (blank) and draws only what
+    changed. The screen reader (pyte) keeps no alternate screen, so it is wiped while the app is
+    stopped, as the terminal's is."""
+    import os
+    import signal
+    import sys
+
+    if sys.platform == "win32":
+        pytest.skip("no pseudo-terminals")
+    from tests.chat_app.test_pty import start
+
+    term = start(ckpt, tmp_path)
+    try:
+        def drawn() -> list[str]:  # the rows that show something (the hint may sit a row lower after)
+            return sorted(line for line in term.lines() if line.strip())
+
+        before = drawn()  # the hint, the input box, the status bar, the footer
+        assert len(before) >= 5, term.text()
+
+        def state() -> str:
+            with open(f"/proc/{term.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
+
+        os.kill(term.pid, signal.SIGTSTP)
+        term.wait(lambda: state() == "T", "the app to stop")
+        term.wipe()  # what the terminal shows: the shell's screen, then a new, blank alternate one
+        os.kill(term.pid, signal.SIGCONT)
+        term.wait(lambda: drawn() == before, "every row drawn again")
+        term.send("still here")
+        term.wait("still here")
+    finally:
+        term.close()
