@@ -10,8 +10,9 @@ and where the chat template has a thinking switch, "think on" / "think off". The
 ("qwen3") follows the name. The live numbers come first: they are what a narrow terminal keeps, and notices
 (shown above the bar) never cover them. When the line does not fit, the model name is
 shortened ("Smollm2 135M 8k…") and the fields after it are left out, the least useful first:
-the decode step, then CUDA graphs, then TTFT, then the family; thinking and the device and weights go last: the name is
-shortened (to 12 characters at least) to keep them, so at 80 and 100 columns they stay. The
+CUDA graphs, then TTFT, then the family, then thinking; the device and weights and the decode
+step go last (the step says whether the fast path runs: issue 46): the name is shortened (to 8
+characters at least) to keep them, so at 80 and 100 columns they stay. The
 app calls `show(**fields)` at most once per drained batch;
 fields not known yet render as "-". `line` holds the whole plain text, `shown` what fits. The
 model's name is shown as plain text, its control characters visible (chat_app.labels).
@@ -25,10 +26,10 @@ from chat_app.labels import plain
 
 STEPS = {"plain": "", "compiling": "compiling…", "compiled": "compiled", "native": "native", "eager": "eager",
          "compile failed": "plain step"}
-NAME_MIN = 12  # a long model name is cut to no less than this
+NAME_MIN = 8  # a long model name is cut to no less than this
 NAME_NARROW = 20  # ... and to this below NARROW columns, so growing numbers do not push it around
 NARROW = 100
-KEEP = ("device", "think", "family", "ttft", "graphs", "step")  # the fields after the name, the most useful first
+KEEP = ("device", "step", "think", "family", "ttft", "graphs")  # the fields after the name, the most useful first
 
 
 def shorten(name: str, width: int) -> str:
@@ -92,8 +93,11 @@ class StatusBar(Static):
             return shorten(line, width)
         optional = {k: p for k, p in self._optional().items() if p}
         cap = NAME_NARROW if width < NARROW else room
-        if room - 3 - len(optional["device"]) >= NAME_MIN:  # the name gives way to the device
-            cap = min(cap, room - 3 - len(optional["device"]))
+        for keys in (("device", "step"), ("device",)):  # the name gives way to the device and the step
+            kept_for = sum(3 + len(optional[k]) for k in keys if k in optional)
+            if room - kept_for >= NAME_MIN:
+                cap = min(cap, room - kept_for)
+                break
         line += " · " + shorten(name, max(NAME_MIN, min(len(name), room, cap)))
         kept: set[str] = set()
         used = len(line)

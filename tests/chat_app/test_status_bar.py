@@ -22,15 +22,22 @@ async def test_status_bar_fits_80_columns_and_notices_stay_above_it(make_app):
         bar.show(name=LONG, step="compiled", capped=True)
         shown = bar.shown
         assert len(shown) <= bar.content_size.width, shown
-        for field in ("tok/s", "W ", "pos ", "/2048 cap", "ready", "Smollm2 135M 8k Lc1…"):
+        for field in ("tok/s", "W ", "pos ", "/2048 cap", "ready", "Smollm2"):
             assert field in shown, (field, shown)
         assert LONG not in shown and "…" in shown  # the long name is shortened
         assert LONG in bar.line  # the whole line is still there for a wider terminal
-        # issue 34, item 9: the least useful field goes first; the device and weights stay
-        assert "cpu fp32" in shown and "compiled" not in shown and "compiled" in bar.line, shown
+        # issue 34, item 9: the least useful field goes first; the device and weights stay, and
+        # (issue 46) so does the decode step: whether the fast path runs
+        assert "cpu fp32" in shown and "compiled" in shown and "TTFT" not in shown and "TTFT" in bar.line, shown
+        bar.show(state="generating", position=6141, max_len=8192, tok_s=123.0, window=8192)
+        assert "cpu fp32" in bar.shown and "Smollm2" in bar.shown, bar.shown  # the longest live fields
+        assert len(bar.shown) <= bar.content_size.width, bar.shown
         await pilot.resize_terminal(100, 24)
         await pilot.pause()
+        bar.show(step="compiled")
         assert "cpu fp32" in bar.shown and len(bar.shown) <= bar.content_size.width, bar.shown
+        assert "compiled" in bar.shown and "Smollm2 135M" in bar.shown, bar.shown
+        bar.show(state="ready", position=18, max_len=2048, tok_s=99.0, window=128)
         await pilot.resize_terminal(80, 24)
         await pilot.pause()
         app.say("A notice that would have covered the bar")
