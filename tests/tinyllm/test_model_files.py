@@ -73,8 +73,17 @@ def test_precheck_refuses_a_truncated_weight_file(ckpt, tmp_path):
 
 
 def test_precheck_of_a_gguf_file_and_of_nothing(tmp_path):
-    (tmp_path / "m.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
-    assert precheck(tmp_path / "m.gguf") == "m"  # the header is the loader's to check
+    from tests.tinyllm.test_hostile_files import gguf_bytes, kv_str, kv_u32
+
+    llama = [kv_str("general.architecture", "llama"), kv_str("tokenizer.ggml.model", "gpt2")]
+    (tmp_path / "m.gguf").write_bytes(gguf_bytes(llama))
+    assert precheck(tmp_path / "m.gguf") == "m"  # the tensors are the loader's to check
+    for kvs, message in [([kv_str("general.architecture", "mamba")] + llama[1:], "architecture 'mamba' is not"),
+                         (llama + [kv_u32("llama.expert_count", 8)], "mixture-of-experts"),
+                         (llama[:1] + [kv_str("tokenizer.ggml.model", "rwkv")], "tokenizer model 'rwkv'")]:
+        (tmp_path / "x.gguf").write_bytes(gguf_bytes(kvs))
+        with pytest.raises(ValueError, match=message):
+            precheck(tmp_path / "x.gguf")
     (tmp_path / "junk.gguf").write_bytes(b"junk\n")
     with pytest.raises(ValueError, match="not a GGUF file"):
         precheck(tmp_path / "junk.gguf")
@@ -83,3 +92,22 @@ def test_precheck_of_a_gguf_file_and_of_nothing(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(ValueError, match="not a model"):
         precheck(tmp_path / "notes.txt")
+
+
+def test_precheck_names_the_architecture_before_the_tokenizer_and_weighs_the_memory(ckpt, tmp_path, monkeypatch):
+    """Issue 46, item 5: a folder of an unread architecture and no tokenizer is refused for its
+    architecture (what a user can do least about); weights larger than the free RAM, before the UI."""
+    import json
+    import shutil
+
+    from tinyllm.formats import model_files
+
+    hf = tmp_path / "mixtral"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "mixtral"}))
+    shutil.copy(ckpt / "model.safetensors", hf / "model.safetensors")
+    with pytest.raises(ValueError, match="model_type 'mixtral' is not supported"):
+        precheck(hf)
+    monkeypatch.setattr(model_files, "available_memory", lambda: 1000)
+    with pytest.raises(ValueError, match=r"weights take .* GB of memory is free"):
+        precheck(ckpt)

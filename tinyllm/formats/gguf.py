@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import math
 import mmap
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +51,7 @@ import torch
 
 from tinyllm.core.quant import QTensor
 from tinyllm.formats.gguf_arch import PERMUTED, Split, gguf_config, gguf_names, meta, short
+from tinyllm.formats.gguf_header import MAX_DIMS, open_header
 from tinyllm.formats.gguf_quants import GGML_TYPES, dequantize, held_form, supported_types, to_qtensor
 from tinyllm.formats.load_policy import check_quant
 from tinyllm.formats.model_format import LoadedModel, ModelSpec, Progress, Tensors, load_model, with_progress
@@ -60,12 +60,6 @@ from tinyllm.formats.tensor_checks import check_tensors, check_vocab, expected_s
 from tinyllm.text.jinja_template import pick_template
 from tinyllm.text.sp_proto import sentencepiece_proto
 from tinyllm.text.tokenizer import Tokenizer
-
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
-            12: "<d"}
-_STRING, _ARRAY = 8, 9
-_MAX_DEPTH = 8  # arrays of arrays nest at most this deep (llama.cpp writes depth 1)
-_MAX_DIMS = 4  # GGML_MAX_DIMS
 
 
 @dataclass
@@ -116,73 +110,17 @@ class GGUFFile:
             self._mm = None
 
 
-class _Reader:
-    def __init__(self, buf, path: Path) -> None:
-        self.buf, self.pos, self.path = buf, 0, path
-
-    def take(self, n: int) -> bytes:
-        if self.pos + n > len(self.buf):
-            raise ValueError(f"{self.path} is truncated or not a GGUF file (header runs past its end)")
-        out = self.buf[self.pos:self.pos + n]
-        self.pos += n
-        return out
-
-    def scalar(self, t: int):
-        fmt = _SCALARS[t]
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
-
-    def string(self) -> str:
-        return self.take(self.scalar(10)).decode("utf-8", errors="replace")
-
-    def value(self, t: int, depth: int = 0):
-        if t == _STRING:
-            return self.string()
-        if t == _ARRAY:
-            if depth >= _MAX_DEPTH:
-                raise ValueError(f"{self.path}: GGUF metadata arrays nest more than {_MAX_DEPTH} deep; "
-                                 "the file is corrupt or not from llama.cpp")
-            et, n = self.scalar(4), self.scalar(10)
-            if n > len(self.buf) - self.pos:  # every element takes at least one byte
-                raise ValueError(f"{self.path} is truncated or corrupt (a metadata array of {n} elements "
-                                 "runs past its end)")
-            if et == _STRING:
-                return [self.string() for _ in range(n)]
-            if et in _SCALARS:
-                dt = np.dtype(_SCALARS[et].replace("?", "u1"))
-                return np.frombuffer(self.take(n * dt.itemsize), dtype=dt).tolist()
-            return [self.value(et, depth + 1) for _ in range(n)]  # arrays of arrays
-        if t in _SCALARS:
-            return self.scalar(t)
-        raise ValueError(f"{self.path}: unknown GGUF metadata value type {t}")
-
-
 def read_gguf(path: str | Path) -> GGUFFile:
     """Parse a GGUF header (metadata and tensor table) without reading tensor data."""
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"no GGUF file at {path}")
-    with open(path, "rb") as f:
-        try:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:
-            raise ValueError(f"{path} is empty, not a GGUF file") from None
-    r = _Reader(mm, path)
-    if r.take(4) != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file (no GGUF magic)")
-    version = r.scalar(4)
-    if version not in (2, 3):
-        raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
-    n_tensors, n_kv = r.scalar(10), r.scalar(10)
-    meta = {}
-    for _ in range(n_kv):
-        key = r.string()
-        meta[key] = r.value(r.scalar(4))
+    r, version, n_tensors, meta = open_header(path)
+    mm = r.buf
     infos = []
     for _ in range(n_tensors):
         name = r.string()
         n_dims = r.scalar(4)
-        if n_dims > _MAX_DIMS:
-            raise ValueError(f"{path}: tensor {short(name)} has {n_dims} dimensions (GGUF allows {_MAX_DIMS}); "
+        if n_dims > MAX_DIMS:
+            raise ValueError(f"{path}: tensor {short(name)} has {n_dims} dimensions (GGUF allows {MAX_DIMS}); "
                              "the file is corrupt")
         dims = [r.scalar(10) for _ in range(n_dims)]
         infos.append((name, tuple(reversed(dims)), r.scalar(4), r.scalar(10)))

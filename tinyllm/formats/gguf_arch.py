@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from tinyllm.formats.gguf_header import ARCHS
 from tinyllm.model import ModelConfig
 
 if TYPE_CHECKING:
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ARCHS", "PERMUTED", "Split", "gguf_config", "gguf_names", "meta"]
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 PERMUTED = ("llama",)
 _GEMMA = dict(act="gelu_tanh", post_norms=True)
 # architecture -> what it sets on ModelConfig beyond the shared keys

@@ -49,7 +49,7 @@ import torch
 from safetensors import safe_open
 
 from tinyllm.formats.load_policy import check_quant
-from tinyllm.formats.model_files import read_safetensors_header, weight_files
+from tinyllm.formats.model_files import SUPPORTED, read_safetensors_header, weight_files
 from tinyllm.formats.model_format import LoadedModel, ModelSpec, Progress, Tensors, load_model, with_progress
 from tinyllm.formats.quant_rule import DEFAULT
 from tinyllm.formats.tensor_checks import check_tensors, check_vocab, expected_shapes
@@ -60,7 +60,6 @@ from tinyllm.text.tokenizer import Tokenizer
 
 __all__ = ["hf_config", "inspect", "load_hf", "tensors"]
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3")
 _HINT = "a Hugging Face folder holds config.json, model.safetensors (or shards) and a tokenizer"
 ACTS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 

@@ -9,8 +9,11 @@ Contract:
 - `weight_files(path, hint)`: a folder's safetensors files (the index's shards, or
   model.safetensors); a folder with only PyTorch .bin weights is refused with what to do.
 - `precheck(path) -> name`: the checks a CLI can make before its UI opens, in milliseconds and
-  without torch: the path is one of the three kinds, config.json parses, every weight file is
-  there and as long as its header says, a tokenizer file is there (a GGUF file: its magic).
+  without torch, in this order: the path is one of the three kinds, config.json parses, the
+  architecture is one tinyllm reads (an HF folder's `model_type` in SUPPORTED, not quantized;
+  a GGUF's `general.architecture`, no experts, a llama or gpt2 tokenizer: its header, read by
+  tinyllm.formats.gguf_header), every weight file is there and as long as its header says, a
+  tokenizer file is there, and the weights fit the RAM free now (`check_memory`).
   The name is `model_name`'s, the one the app shows everywhere (open_any reports the same).
 - `model_name(path) -> str`: a tinyllm checkpoint's config.json "name"; for any other model
   its file's or folder's name ("SmolLM2-135M-Instruct.Q4_1"), never a GGUF's general.name
@@ -31,6 +34,7 @@ from pathlib import Path
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 TOKENIZERS = ("tokenizer.model", "tokenizer.json")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3")  # HF model_types
 _KINDS = ("a tinyllm checkpoint folder, a Hugging Face folder (Llama, Mistral, Qwen 2/3, Gemma 2/3, Phi-3) "
           "or a .gguf file")
 
@@ -151,16 +155,59 @@ def precheck(path: str | Path) -> str:
 def _precheck(path: str | Path) -> str:
     kind, path = classify(path)
     if kind == "gguf":
-        with open(path, "rb") as f:
-            if f.read(4) != b"GGUF":  # named .gguf, but not one: refused before the TUI opens
-                raise ValueError(f"{path} is not a GGUF file (no GGUF magic)")
+        _precheck_gguf(path)
         return path.stem
+    if kind == "hf":  # the architecture first: it is what a user can do least about
+        raw = json.loads((path / "config.json").read_text())
+        mt = raw.get("model_type")
+        if mt not in SUPPORTED:
+            raise ValueError(f"{path}: model_type {repr(mt)[:40]} is not supported (tinyllm reads {', '.join(SUPPORTED)})")
+        if raw.get("quantization_config"):
+            raise ValueError(f"{path}: quantized weights are not supported; use an fp16/bf16/fp32 model")
     hint = f"{path} holds config.json, model.safetensors (or shards) and a tokenizer"
-    for f in weight_files(path, hint):
+    files = weight_files(path, hint)
+    for f in files:
         read_safetensors_header(f)
     if not any((path / t).is_file() for t in TOKENIZERS):
         raise FileNotFoundError(f"{path} has no tokenizer ({' nor '.join(TOKENIZERS)}): {hint}")
+    check_memory(path, sum(f.stat().st_size for f in files))
     return named(kind, path)
+
+
+def _precheck_gguf(path: Path) -> None:
+    from tinyllm.formats.gguf_header import ARCHS, read_metadata  # numpy, not torch
+
+    meta = read_metadata(path)
+    arch = meta.get("general.architecture")
+    if arch not in ARCHS:
+        raise ValueError(f"{path}: GGUF architecture {repr(arch)[:40]} is not supported "
+                         f"(tinyllm reads {', '.join(ARCHS)})")
+    if meta.get(f"{arch}.expert_count"):
+        raise ValueError(f"{path}: mixture-of-experts {arch} models are not supported")
+    tokenizer = meta.get("tokenizer.ggml.model")
+    if tokenizer not in ("llama", "gpt2"):
+        raise ValueError(f"{path}: GGUF tokenizer model {repr(tokenizer)[:40]} is not supported (llama or gpt2)")
+    check_memory(path, path.stat().st_size)
+
+
+def available_memory() -> int | None:
+    """Bytes of RAM free for a new process (/proc/meminfo's MemAvailable); None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(path: Path, weight_bytes: int) -> None:
+    """Refuse weights that cannot fit the RAM free now: loading holds them in memory whole."""
+    free = available_memory()
+    if free is not None and weight_bytes > free:
+        raise ValueError(f"{path}: its weights take {weight_bytes / 2**30:.1f} GB and {free / 2**30:.1f} GB of "
+                         "memory is free; close something, or pick a smaller or more quantized model")
 
 
 def model_name(path: str | Path) -> str:
