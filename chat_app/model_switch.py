@@ -102,8 +102,10 @@ class ModelSwitcher:
         self.waiting.mark(WAITING)
 
     def send_waiting(self) -> None:
-        """The model has loaded: the waiting message goes (after the jobs queued before it)."""
+        """The model has loaded: the waiting message goes (after the jobs queued before it), and
+        its mark goes now: the status bar says "ready" from here on."""
         if self.waiting is not None:
+            self.waiting.mark("")
             self.app.drawer.begin("send", self.waiting.text)
 
     async def waiting_began(self) -> bool:

@@ -95,6 +95,9 @@ async def test_a_message_sent_while_the_model_loads_waits_and_goes_once_loaded(m
         assert app.prompt.text == "And this?" and len(user_messages(app)) == 1
         assert any("already waiting" in n for n in notices(app))
         gate.touch()
+        await wait_until(pilot, lambda: app.session is not None and app.status.fields.get("state") != "loading",
+                         what="the model loaded")
+        assert waiting.border_subtitle != WAITING, app.status.line  # never "ready" beside "waiting for the model"
         await loaded(pilot)
         await wait_until(pilot, lambda: bool(app.query(Reply)) and not app.busy, what="the waiting message's reply")
         assert user_messages(app) == [waiting] and not waiting.border_subtitle and not waiting.has_class("-marked")
