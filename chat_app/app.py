@@ -83,6 +83,14 @@ def key_name(key: str) -> str:
     return "+".join(part.upper() if len(part) == 1 else part.capitalize() for part in key.split("+"))
 
 
+def notice_seconds(message: str, severity: str = "information") -> float:
+    """How long a notice stays: 2 s and about 4 words a second for information, at most 6 s;
+    a warning or an error 8 s (what went wrong is worth the time)."""
+    if severity != "information":
+        return 8.0
+    return min(6.0, 2.0 + len(message.split()) / 4)
+
+
 class ChatApp(App[None]):
     CSS_PATH = "chat.tcss"
     TITLE = "tinyllm-chat"
@@ -228,8 +236,10 @@ class ChatApp(App[None]):
 
     def say(self, message: str, severity: str = "information") -> None:
         """A notice that passes (a toast: a file exported, a model loaded). It may echo a model's
-        name, a path, what was typed: plain text (chat_app.labels)."""
-        self.notify(printable(message), severity=severity, markup=False)  # type: ignore[arg-type]
+        name, a path, what was typed: plain text (chat_app.labels). It stays as long as it takes
+        to read (`notice_seconds`), not Textual's 5 s for every notice, over the conversation."""
+        self.notify(printable(message), severity=severity, markup=False,  # type: ignore[arg-type]
+                    timeout=notice_seconds(message, severity))
 
     def note(self, message: str, severity: str = "information") -> None:
         """What a command says back (its output, or why it refused): a note in the conversation

@@ -81,3 +81,16 @@ async def test_every_footer_key_shows_whole(make_app, width):
             assert key.region.width > 0 and key.region.right <= width, (key.description, key.region)
             assert key.description in key.render_line(0).text, (key.description, key.render_line(0).text)
             assert key is shown["Commands"] or key.region.right <= palette.x, [(k.description, k.region) for k in keys]
+
+
+async def test_a_short_notice_passes_sooner_than_a_long_one(make_app):
+    """Issue 46, item 6: notices covered the conversation 5 s each, whatever they said."""
+    from chat_app.app import notice_seconds
+
+    assert notice_seconds("Copied.") < 3 < notice_seconds("word " * 12) <= 6 < notice_seconds("Failed.", "error")
+    app = make_app()
+    async with app.run_test(size=(100, 24), notifications=True) as pilot:
+        await loaded(pilot)
+        app.say("Copied.")
+        await pilot.pause()
+        assert list(app._notifications)[-1].timeout == notice_seconds("Copied.")
