@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from chat_app.shipped_models import DEFAULT_MODEL, find_default_model  # noqa: F401 (find_default_model: the tests')
+from tinyllm.decode.sampling_params import DRY_MULTIPLIER as APP_DRY_MULTIPLIER
+from tinyllm.decode.sampling_params import DRY_WINDOW, REPEAT_STOP, parse_repeat_stop
 
 if TYPE_CHECKING:
     from chat_app.app import ChatApp
@@ -90,6 +92,16 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
     g.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
     g.add_argument("--repeat-penalty", type=float, default=1.1,
                    help="> 1 discourages repeating the last 64 tokens; 1 = off (default: 1.1)")
+    g.add_argument("--dry-multiplier", type=float, default=APP_DRY_MULTIPLIER,
+                   help=f"DRY: penalize an id that would extend a repeat by multiplier * base^(length - "
+                        f"allowed); 0 = off (default: {APP_DRY_MULTIPLIER})")
+    g.add_argument("--dry-base", type=float, default=1.75, help="DRY's growth per repeated token (default: 1.75)")
+    g.add_argument("--dry-allowed-length", type=int, default=2, help="DRY: repeats this long are free (default: 2)")
+    g.add_argument("--dry-last-n", type=int, default=DRY_WINDOW,
+                   help=f"DRY looks back over this many latest tokens (default: {DRY_WINDOW})")
+    g.add_argument("--repeat-stop", type=parse_repeat_stop, default=REPEAT_STOP,
+                   help=f"end a reply whose tail says one span this many times in a row (\"■ repeating\"; "
+                        f"Ctrl+F goes on); off or 0 = never (default: {REPEAT_STOP})")
     g.add_argument("--max-tokens", type=int, default=None,
                    help=f"reply length limit (default: {DEFAULT_MAX_TOKENS}, or the context if less; "
                         "/continue goes on)")
@@ -149,7 +161,9 @@ def build_app(args: argparse.Namespace) -> ChatApp:
     max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             repeat_penalty=args.repeat_penalty, max_tokens=max_tokens,
-                            seed=args.seed)
+                            seed=args.seed, dry_multiplier=args.dry_multiplier, dry_base=args.dry_base,
+                            dry_allowed_length=args.dry_allowed_length, dry_last_n=args.dry_last_n,
+                            repeat_stop=args.repeat_stop)
     if args.template:
         get_template(args.template)
     if args.theme:

@@ -6,7 +6,8 @@ else `config.toml` in `platformdirs.user_config_dir("tinyllm-chat")`. Missing: n
 Contract: `load()` returns {option: value} for argparse's `set_defaults`, so an option given on
 the command line wins over the file, and the file over the built-in default. Top-level keys
 only, named as the options are (`max_tokens` or `max-tokens`): model, device, max_len,
-temperature, top_p, top_k, repeat_penalty, max_tokens, seed, system, template, theme, and
+temperature, top_p, top_k, repeat_penalty, dry_multiplier, dry_base, dry_allowed_length,
+dry_last_n, repeat_stop (0: off), max_tokens, seed, system, template, theme, and
 context_budget (the share of free memory a full context's K/V may take: tinyllm.session.context).
 A file that is not TOML, an unknown key, a value of the wrong type or a sampling value out of
 range (tinyllm.decode.sampling_params.check, as for the command line and /set) is a ValueError
@@ -28,7 +29,8 @@ from tinyllm.decode.sampling_params import LIMITS, check
 ENV_DIR = "TINYLLM_CHAT_CONFIG_DIR"
 KEYS: dict[str, type | tuple[type, ...]] = {  # key: the TOML types it takes
     "model": str, "device": str, "max_len": int, "temperature": (float, int), "top_p": (float, int),
-    "top_k": int, "repeat_penalty": (float, int), "max_tokens": int, "seed": int, "system": str,
+    "top_k": int, "repeat_penalty": (float, int), "dry_multiplier": (float, int), "dry_base": (float, int),
+    "dry_allowed_length": int, "dry_last_n": int, "repeat_stop": int, "max_tokens": int, "seed": int, "system": str,
     "template": str, "theme": str, "context_budget": (float, int)}
 
 

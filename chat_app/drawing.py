@@ -184,6 +184,9 @@ class Drawer:
         if row is not None:
             self.app.save(self.app.store.update, row, item.text, partial=False, stopped=item.reason == "stopped")
         self.show_stats(item.stats, "ready")
+        if item.reason == "repeating":
+            self.app.say("The reply was saying the same thing again and again: it was stopped there. Ctrl+F "
+                         "continues it; /set repeat_stop off turns this off.", "warning")
         if item.reason == "context_full":
             self.app.say(f"The reply filled the context ({item.stats.max_len} positions); "
                          "the next turn drops the oldest messages.", "warning")

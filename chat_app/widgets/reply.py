@@ -4,7 +4,7 @@ Contract: `write(text)` appends a fragment through Textual's MarkdownStream (whi
 fragments when rendering falls behind; the app calls it once per drained batch, never per
 token); `resume()` lets a finished reply grow again (/continue); `finish(reason)` flushes
 the stream and marks a reply that did not end on its own
-("stopped", "context full", "error"; "partial": one a crash cut short, shown on resume).
+("stopped", "context full", "repeating", "error"; "partial": one a crash cut short, shown on resume).
 Nothing written is ever dropped while the reply is shown: `text` is the full source. Once
 it is not (the app has begun to quit, or the reply was removed), writes are dropped, and
 so is what the stream still held: there is nothing left to show them in (the app saves its own
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 OPEN, CLOSE = "<think>", "</think>"
 NOTES = {"stopped": "■ stopped", "context_full": "■ context full", "max_tokens": "■ max_tokens reached",
+         "repeating": "■ repeating",
          "error": "■ error", "partial": "■ interrupted (saved as far as it got)"}
 
 

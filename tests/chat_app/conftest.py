@@ -55,7 +55,10 @@ def data_dir(tmp_path, monkeypatch) -> Path:
 def make_app(ckpt) -> Callable[..., ChatApp]:
     def make(*argv: str) -> ChatApp:
         compile = [] if "--compile" in argv else ["--compile", "off"]  # the plain step unless asked
-        app = build_app(build_parser().parse_args(["--model", str(ckpt), "--device", "cpu", *compile, *argv]))
+        # The tiny random model loops: its replies run as long as a test asks (no repetition stop),
+        # and the same as before DRY (tests that want them say so: argparse's last value wins).
+        loops = ["--repeat-stop", "off", "--dry-multiplier", "0"]
+        app = build_app(build_parser().parse_args(["--model", str(ckpt), "--device", "cpu", *compile, *loops, *argv]))
         # Notices stay up until the test reads them: a notice shown at mount must not expire
         # while the session's child process starts (seconds, on a loaded machine).
         app.NOTIFICATION_TIMEOUT = 3600

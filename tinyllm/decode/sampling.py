@@ -1,4 +1,4 @@
-"""Turn logits into next tokens: greedy, temperature, top-k, top-p, repetition penalty.
+"""Turn logits into next tokens: greedy, temperature, top-k, top-p, repetition penalty, DRY.
 
 Contract:
 - `sample(logits (B, V), params, generator=None, prev=None, noise=None) -> (B,) long`, on the
@@ -6,11 +6,13 @@ Contract:
   p / Exp(1) noise draws from p). Greedy (temperature 0) is argmax and ignores the generator.
   The same params, seed and logits give the same tokens. `prev` (B, N) are the ids already in
   the context, for the repetition penalty (CTRL-style: positive logits divided by the
-  penalty, negative ones multiplied). SamplingParams (tinyllm.decode.sampling_params, no torch) is
+  penalty, negative ones multiplied). `history` (B, N), the context's ids in order (-1: none),
+  and `breaker` (V,) bool, the ids that break a repeat, are DRY's (`apply_dry`, after the
+  penalty, where params.dry_multiplier > 0). SamplingParams (tinyllm.decode.sampling_params, no torch) is
   re-exported here; it refuses out-of-range params with a ValueError.
 - The pieces every Python sampler shares, here once (the decode step's StepSampler draws with
   them; the C++ step's Sampler, cpu_sampler.h, is their twin and a parity test keeps the two
-  equal): `apply_repeat_penalty`; `keep_top(x, top_k, top_p)`, top-k and top-p with the
+  equal): `apply_repeat_penalty`; `apply_dry`; `keep_top(x, top_k, top_p)`, top-k and top-p with the
   settings as tensors and one descending sort; `draw_sorted(x, temperature, top_k, top_p,
   noise)`, a draw with all settings as tensors; `noise_at(key, counter, batch, vocab)`, the
   counter-based Exponential(1) noise (a hash of seed, counter, row and id: the same on every
@@ -25,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tinyllm.decode.sampling_params import SamplingParams
+from tinyllm.decode.sampling_params import DRY_MAX_MATCH, SamplingParams
 
 
 def make_generator(params: SamplingParams, device) -> torch.Generator | None:
@@ -41,13 +43,47 @@ def apply_repeat_penalty(logits: Tensor, prev: Tensor, penalty: float | Tensor) 
     return logits.scatter(1, prev, seen)
 
 
+def apply_dry(logits: Tensor, hist: Tensor, breaker: Tensor, multiplier: float | Tensor, base: float | Tensor,
+              allowed: int | Tensor, last_n: int | Tensor) -> Tensor:
+    """DRY ("don't repeat yourself", llama.cpp's and koboldcpp's): logits (B, V) fp32 less, at
+    each id that would extend a repeat, multiplier * base^(match - allowed), where match is the
+    length of the longest latest span of `hist` (B, H) (oldest first, -1: no id) that also
+    ends earlier, right before that id, and match >= allowed (the largest such penalty where
+    an id follows several). Only the latest `last_n` ids count, a match is counted up to
+    DRY_MAX_MATCH ids, and never across an id of `breaker` (V,) bool (a match ends at one).
+    The settings are floats or tensors ((1,) or (B, 1)): fixed shapes, no host sync; the
+    C++ step's Sampler (cpu_sampler.cpp) is its twin."""
+    B, H = hist.shape
+    if H < 2:
+        return logits
+    M = min(DRY_MAX_MATCH, H - 1)
+    pos = torch.arange(H, device=hist.device)
+    h = hist.masked_fill(pos < H - last_n, -1)  # (B, H) older than last_n: none
+    brk = (h < 0) | breaker[h.clamp(min=0)]  # (B, H) ends a match
+    tail, tail_brk = h.flip(1)[:, :M, None], brk.flip(1)[:, :M, None]  # (B, M, 1) the k-th latest id
+    win = torch.nn.functional.pad(h, (M, 0), value=-2).unfold(1, H - 1, 1)  # (B, M + 2, H - 1)
+    earlier = win[:, M - torch.arange(M, device=hist.device)]  # (B, M, H - 1): [b, k, j] = h[b, j - k]
+    run = ((earlier == tail) & ~tail_brk).long().cumprod(dim=1).sum(dim=1)  # (B, H - 1) match ending at j
+    over = run - allowed  # (B, H - 1)
+    pen = torch.where(over >= 0, multiplier * base ** over.clamp(min=0).float(), 0.0)  # (B, H - 1)
+    dry = torch.zeros_like(logits).scatter_reduce_(1, h[:, 1:].clamp(min=0), pen, "amax")  # (B, V) for id j + 1
+    return logits - dry
+
+
 def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | None = None,
-           prev: Tensor | None = None, noise: Tensor | None = None) -> Tensor:
+           prev: Tensor | None = None, noise: Tensor | None = None, history: Tensor | None = None,
+           breaker: Tensor | None = None) -> Tensor:
     """logits (B, V) -> next ids (B,). noise (B, V): Exponential(1) draws to use instead of
-    the generator's (the in-step sampler's are tested against this function that way)."""
+    the generator's (the in-step sampler's are tested against this function that way).
+    history (B, N) and breaker (V,): DRY's (`apply_dry`; breaker None: no breakers)."""
     logits = logits.float()
     if prev is not None and prev.numel() and params.repeat_penalty != 1.0:
         logits = apply_repeat_penalty(logits, prev, params.repeat_penalty)
+    if history is not None and params.dry_multiplier > 0:
+        if breaker is None:
+            breaker = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        logits = apply_dry(logits, history, breaker, params.dry_multiplier, params.dry_base,
+                           params.dry_allowed_length, params.dry_last_n)
     if params.greedy:
         return logits.argmax(dim=-1)
     logits = logits / params.temperature

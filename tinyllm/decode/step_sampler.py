@@ -2,17 +2,21 @@
 
 Contract:
 - `StepSampler(batch, vocab, device)` holds every sampling setting as a device tensor
-  (temperature, top_k, top_p, repeat penalty), a ring of the last REPEAT_WINDOW ids of each
-  row (the repetition penalty's window), a 64-bit seed and a step counter. One captured (and
+  (temperature, top_k, top_p, repeat penalty, DRY's four), a ring of the last REPEAT_WINDOW ids
+  of each row (the repetition penalty's window), the last DRY_WINDOW ids in order (`hist`, -1
+  where none yet: DRY's), the ids that break a DRY match (`breaker` (V,) bool, set once from
+  the tokenizer: `set_breakers`), a 64-bit seed and a step counter. One captured (and
   compiled) step therefore serves every setting: `load(params, seed, recent)` changes them
   between steps with plain device copies, never a new capture.
 - Inside the step: `push(ids)` adds the ids just fed to the ring, `draw(logits)` returns the
   next ids (B,) and advances the counter. Ids from `n_valid` on (a model whose embeddings are
   padded past its tokenizer) are never drawn. Only `greedy` (argmax after the penalty, no sort) vs
-  sampling is a host-side choice: the two are two variants of the step.
+  sampling is a host-side choice: the two are two variants of the step. DRY always runs in
+  the step (a multiplier of 0 subtracts zeros: the same logits), so its settings are values too.
   `native_args()` hands a native step (tinyllm.decode.cpu_step) the same tensors, which it advances
   as push and draw do.
-- `draw` equals the reference, `sample(logits, params, noise=noise_at(seed, counter), prev=ring)`,
+- `draw` equals the reference, `sample(logits, params, noise=noise_at(seed, counter), prev=ring,
+  history=hist, breaker=breaker)`,
   for every setting (tested on the CPU): the same code (tinyllm.decode.sampling's noise, penalty,
   top-k and top-p) on the same values. Ties in top-k and top-p are broken as one descending
   sort orders them. The native CPU step's C++ Sampler (cpu_sampler.h) draws as `draw` does,
@@ -30,7 +34,8 @@ import random
 import torch
 from torch import Tensor
 
-from tinyllm.decode.sampling import SamplingParams, apply_repeat_penalty, draw_sorted, noise_at, seed_key
+from tinyllm.decode.sampling import SamplingParams, apply_dry, apply_repeat_penalty, draw_sorted, noise_at, seed_key
+from tinyllm.decode.sampling_params import DRY_WINDOW
 
 REPEAT_WINDOW = 64  # the repetition penalty looks at this many latest ids (llama.cpp's default)
 
@@ -49,28 +54,41 @@ class StepSampler:
         self.counter = torch.zeros(1, **i64)
         self.ring = torch.zeros(batch, REPEAT_WINDOW, **i64)  # (B, R) the latest ids, in any order
         self.ring_at = torch.zeros(1, **i64)  # where the next pushed id goes
+        self.hist = torch.full((batch, DRY_WINDOW), -1, **i64)  # (B, H) the latest ids, oldest first; -1: none
+        self.dry = torch.tensor([0.0, 1.75], **f32)  # (2,) DRY's multiplier (0: off) and base
+        self.dry_n = torch.tensor([2, DRY_WINDOW], **i64)  # (2,) DRY's allowed length and last-n
+        self.breaker = torch.zeros(vocab, dtype=torch.bool, device=device)  # (V,) ids that end a DRY match
         self.greedy = True  # host-side: which variant of the step runs
 
     def state(self) -> list[Tensor]:
         """The tensors a step changes (a capture's warm-up puts them back)."""
-        return [self.counter, self.ring, self.ring_at]
+        return [self.counter, self.ring, self.ring_at, self.hist]
+
+    def set_breakers(self, ids: list[int]) -> None:
+        """The ids that end a DRY match (tinyllm.decode.loops.breaker_ids), from now on."""
+        self.breaker.zero_()
+        self.breaker[torch.tensor(ids, dtype=torch.long, device=self.breaker.device)] = True
 
     def native_args(self) -> tuple:
         """What a step that pushes and draws outside Python (tinyllm.decode.cpu_step) reads and advances,
-        in its order: ring (B, R), ring_at (1,), penalty (1,), n_valid; then, when sampling,
+        in its order: ring (B, R), ring_at (1,), penalty (1,), n_valid, hist (B, H), dry (2,),
+        dry_n (2,), breaker (V,); then, when sampling,
         temperature (1,), top_k (1,), top_p (1,), key (2,), counter (1,)."""
-        greedy = (self.ring, self.ring_at, self.penalty, self.n_valid)
+        greedy = (self.ring, self.ring_at, self.penalty, self.n_valid, self.hist, self.dry, self.dry_n, self.breaker)
         return greedy if self.greedy else (*greedy, self.temperature, self.top_k, self.top_p, self.key, self.counter)
 
     def load(self, params: SamplingParams, recent: Tensor | None = None, seed: int | None = None) -> None:
         """Settings for the next draws (between steps). recent (B, N) ids already in the context,
         N >= 1; the ring keeps their last REPEAT_WINDOW (fewer: padded with copies, which count
-        once, as repeated ids do). seed None: params.seed, or a fresh random one."""
+        once, as repeated ids do), and DRY's history their last DRY_WINDOW. seed None:
+        params.seed, or a fresh random one."""
         self.greedy = params.greedy
         self.temperature.fill_(params.temperature if params.temperature > 0 else 1.0)
         self.top_p.fill_(params.top_p)
         self.penalty.fill_(params.repeat_penalty)
         self.top_k.fill_(params.top_k)
+        self.dry.copy_(torch.tensor([params.dry_multiplier, params.dry_base]))
+        self.dry_n.copy_(torch.tensor([params.dry_allowed_length, params.dry_last_n]))
         seed = params.seed if seed is None else seed
         if seed is None:
             seed = random.getrandbits(64)
@@ -82,11 +100,15 @@ class StepSampler:
             reps = -(-REPEAT_WINDOW // tail.shape[1])
             self.ring.copy_(tail.repeat(1, reps)[:, :REPEAT_WINDOW])
             self.ring_at.fill_(tail.shape[1] % REPEAT_WINDOW)
+            tail = recent[:, -DRY_WINDOW:]  # (B, <=H)
+            self.hist.fill_(-1)
+            self.hist[:, DRY_WINDOW - tail.shape[1]:] = tail
 
     def push(self, ids: Tensor) -> None:
-        """ids (B, 1): fed this step; they join the penalty's window."""
+        """ids (B, 1): fed this step; they join the penalty's window and DRY's history."""
         self.ring.index_copy_(1, self.ring_at, ids)
         self.ring_at.add_(1).remainder_(REPEAT_WINDOW)
+        self.hist.copy_(torch.cat([self.hist[:, 1:], ids], dim=1))
 
     def draw(self, logits: Tensor) -> Tensor:
         """logits (B, V) -> next ids (B,), as sample() draws them with this step's noise."""
@@ -94,6 +116,7 @@ class StepSampler:
         if self.n_valid < self.vocab:  # embeddings padded past the tokenizer: never draw those ids
             x[:, self.n_valid:] = float("-inf")
         x = apply_repeat_penalty(x, self.ring, self.penalty)
+        x = apply_dry(x, self.hist, self.breaker, self.dry[0:1], self.dry[1:2], self.dry_n[0:1], self.dry_n[1:2])
         if self.greedy:
             return x.argmax(dim=-1)
         noise = noise_at(self.key, self.counter, self.batch, self.vocab)  # (B, V)

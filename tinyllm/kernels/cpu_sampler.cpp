@@ -42,6 +42,37 @@ void Sampler::push_and_penalize(const SamplerRow& row, int64_t id, const float* 
     const float v = logits[r];
     x_[r] = v > 0 ? v / row.penalty : v * row.penalty;
   }
+  int64_t* h = row.hist;
+  const int64_t H = row.hist_len;
+  if (H > 0) {
+    std::copy(h + 1, h + H, h);
+    h[H - 1] = id;
+  }
+  if (row.dry_multiplier > 0.f && H >= 2) apply_dry(row, V);
+}
+
+void Sampler::apply_dry(const SamplerRow& row, int64_t V) {
+  const int64_t* h = row.hist;
+  const int64_t H = row.hist_len, start = H - std::min(row.dry_last_n, H), M = std::min(DRY_MAX_MATCH, H - 1);
+  auto ends = [&](int64_t t) { return t < 0 || t >= V || row.breaker[t]; };  // a match stops at it
+  dry_.clear();
+  for (int64_t j = start; j + 1 < H; ++j) {  // an earlier span ending at j; the id after it is h[j + 1]
+    int64_t run = 0;
+    for (int64_t k = 0; k < M && j - k >= start; ++k) {
+      const int64_t t = h[H - 1 - k];
+      if (H - 1 - k < start || ends(t) || h[j - k] != t) break;
+      ++run;
+    }
+    if (run >= row.dry_allowed)
+      dry_.emplace_back(h[j + 1],
+                        row.dry_multiplier * std::pow(row.dry_base, static_cast<float>(run - row.dry_allowed)));
+  }
+  std::sort(dry_.begin(), dry_.end());  // by id, then penalty: the last of an id's run is its largest
+  for (size_t i = 0; i < dry_.size(); ++i)
+    if (i + 1 == dry_.size() || dry_[i + 1].first != dry_[i].first) {
+      const int64_t r = dry_[i].first;
+      if (0 <= r && r < V) x_[r] -= dry_[i].second;
+    }
 }
 
 int64_t Sampler::greedy() const {

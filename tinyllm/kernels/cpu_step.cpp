@@ -26,14 +26,15 @@
 //   residual), the final norm and lm_head, the final soft-cap, adds 1 to pos, and returns
 //   fresh logits (1, 1, V) fp32. That is model.Transformer.forward with every ModelConfig
 //   feature tinyllm.model.native_unsupported does not name.
-//   `forward_greedy(tok, pos, first_valid, window, ring, ring_at, penalty, n_valid)`: forward,
-//   then the StepSampler's greedy push and draw (its ring, ring_at and penalty tensors) into tok;
-//   `forward_sample(..., n_valid, temperature, top_k, top_p, key, counter)` the sampled one
+//   `forward_greedy(tok, pos, first_valid, window, ring, ring_at, penalty, n_valid, hist, dry,
+//   dry_n, breaker)`: forward, then the StepSampler's greedy push and draw (its ring, ring_at,
+//   penalty and DRY tensors) into tok; `forward_sample(..., breaker, temperature, top_k, top_p,
+//   key, counter)` the sampled one
 //   (sampling.draw_sorted's result with sampling.noise_at's noise; the counter advances): both
 //   by the one C++ Sampler (cpu_sampler.h), which torch.classes.tinyllm_cpu.Sampler() also
-//   offers alone: `greedy(logits, tok, ring, ring_at, penalty, n_valid)` and
-//   `sample(logits, tok, ring, ring_at, penalty, n_valid, temperature, top_k, top_p, key,
-//   counter)`, logits (1, V) fp32.
+//   offers alone: `greedy(logits, tok, ring, ring_at, penalty, n_valid, hist, dry, dry_n,
+//   breaker)` and `sample(logits, tok, ..., breaker, temperature, top_k, top_p, key, counter)`,
+//   logits (1, V) fp32.
 // That is model.Transformer.forward through a StaticKVCache's decode view, with the same
 // kernels for every product (cpu_qgemv), so it matches the eager step up to fp32 rounding of
 // the norms, RoPE, GeGLU's and the soft-caps' tanh (tanh256: within about 1e-7) and sums.
@@ -92,25 +93,31 @@ void rope(float* x, int64_t heads, int64_t d, int64_t h2, const float* cos, cons
 template <class T>
 float widen(T v) { return static_cast<float>(v); }
 
+// A StepSampler's DRY tensors: hist (1, H) int64, dry (2,) fp32 (multiplier, base), dry_n (2,)
+// int64 (allowed length, last-n), breaker (V,) bool.
+struct Dry {
+  const at::Tensor &hist, &dry, &dry_n, &breaker;
+};
+
 // The C++ Sampler (cpu_sampler.h) on a StepSampler's tensors, batch 1: tensors checked, then
 // tok pushed and the draw from logits written into tok. The Step draws through it, and so does
 // the registered class "Sampler" (tinyllm.decode.cpu_step.native_draw: the parity tests).
 class TensorSampler {
  public:
   void greedy(const at::Tensor& logits, const at::Tensor& tok, const at::Tensor& ring, const at::Tensor& ring_at,
-              const at::Tensor& penalty, int64_t n_valid) {
-    push(logits, tok, ring, ring_at, penalty, n_valid);
+              const at::Tensor& penalty, int64_t n_valid, const Dry& dry) {
+    push(logits, tok, ring, ring_at, penalty, n_valid, dry);
     tok.data_ptr<int64_t>()[0] = sampler_.greedy();
   }
 
   void sample(const at::Tensor& logits, const at::Tensor& tok, const at::Tensor& ring, const at::Tensor& ring_at,
-              const at::Tensor& penalty, int64_t n_valid, const at::Tensor& temperature, const at::Tensor& top_k,
-              const at::Tensor& top_p, const at::Tensor& key, const at::Tensor& counter) {
+              const at::Tensor& penalty, int64_t n_valid, const Dry& dry, const at::Tensor& temperature,
+              const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& key, const at::Tensor& counter) {
     TORCH_CHECK(temperature.scalar_type() == at::kFloat && top_p.scalar_type() == at::kFloat &&
                 top_k.scalar_type() == at::kLong && key.scalar_type() == at::kLong && key.numel() == 2 &&
                 counter.scalar_type() == at::kLong && counter.numel() == 1,
                 "sample: the StepSampler's settings tensors");
-    push(logits, tok, ring, ring_at, penalty, n_valid);
+    push(logits, tok, ring, ring_at, penalty, n_valid, dry);
     const int64_t* k = key.data_ptr<int64_t>();
     tok.data_ptr<int64_t>()[0] = sampler_.sample({temperature.data_ptr<float>()[0], top_k.data_ptr<int64_t>()[0],
                                                   top_p.data_ptr<float>()[0], static_cast<uint64_t>(k[0]),
@@ -119,15 +126,23 @@ class TensorSampler {
 
  private:
   void push(const at::Tensor& logits, const at::Tensor& tok, const at::Tensor& ring, const at::Tensor& ring_at,
-            const at::Tensor& penalty, int64_t n_valid) {
+            const at::Tensor& penalty, int64_t n_valid, const Dry& dry) {
     const int64_t V = logits.size(-1);
     TORCH_CHECK(logits.scalar_type() == at::kFloat && logits.is_contiguous() && logits.numel() == V &&
                 tok.scalar_type() == at::kLong && tok.numel() == 1, "logits (1, V) fp32 and tok (1, 1) int64");
     TORCH_CHECK(ring.scalar_type() == at::kLong && ring.dim() == 2 && ring.size(0) == 1 && ring.is_contiguous() &&
                 ring_at.scalar_type() == at::kLong && ring_at.numel() == 1 && penalty.scalar_type() == at::kFloat &&
                 penalty.numel() == 1 && 0 < n_valid && n_valid <= V, "the StepSampler's tensors, batch 1");
+    TORCH_CHECK(dry.hist.scalar_type() == at::kLong && dry.hist.dim() == 2 && dry.hist.size(0) == 1 &&
+                dry.hist.is_contiguous() && dry.dry.scalar_type() == at::kFloat && dry.dry.numel() == 2 &&
+                dry.dry_n.scalar_type() == at::kLong && dry.dry_n.numel() == 2 &&
+                dry.breaker.scalar_type() == at::kBool && dry.breaker.is_contiguous() && dry.breaker.numel() >= n_valid,
+                "the StepSampler's DRY tensors: hist (1, H) int64, dry (2,) fp32, dry_n (2,) int64, breaker (V,) bool");
+    const float* d = dry.dry.data_ptr<float>();
+    const int64_t* dn = dry.dry_n.data_ptr<int64_t>();
     sampler_.push_and_penalize({ring.data_ptr<int64_t>(), ring.size(1), ring_at.data_ptr<int64_t>(),
-                                penalty.data_ptr<float>()[0], n_valid},
+                                penalty.data_ptr<float>()[0], n_valid, dry.hist.data_ptr<int64_t>(), dry.hist.size(1),
+                                d[0], d[1], dn[0], dn[1], dry.breaker.data_ptr<bool>()},
                                tok.data_ptr<int64_t>()[0], logits.data_ptr<float>(), V);
   }
 
@@ -137,13 +152,17 @@ class TensorSampler {
 class SamplerClass : public torch::CustomClassHolder {
  public:
   void greedy(const at::Tensor& logits, const at::Tensor& tok, const at::Tensor& ring, const at::Tensor& ring_at,
-              const at::Tensor& penalty, int64_t n_valid) {
-    s_.greedy(logits, tok, ring, ring_at, penalty, n_valid);
+              const at::Tensor& penalty, int64_t n_valid,
+              const at::Tensor& hist, const at::Tensor& dry, const at::Tensor& dry_n, const at::Tensor& breaker) {
+    s_.greedy(logits, tok, ring, ring_at, penalty, n_valid, Dry{hist, dry, dry_n, breaker});
   }
   void sample(const at::Tensor& logits, const at::Tensor& tok, const at::Tensor& ring, const at::Tensor& ring_at,
-              const at::Tensor& penalty, int64_t n_valid, const at::Tensor& temperature, const at::Tensor& top_k,
-              const at::Tensor& top_p, const at::Tensor& key, const at::Tensor& counter) {
-    s_.sample(logits, tok, ring, ring_at, penalty, n_valid, temperature, top_k, top_p, key, counter);
+              const at::Tensor& penalty, int64_t n_valid,
+              const at::Tensor& hist, const at::Tensor& dry, const at::Tensor& dry_n, const at::Tensor& breaker,
+              const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& key,
+              const at::Tensor& counter) {
+    s_.sample(logits, tok, ring, ring_at, penalty, n_valid, Dry{hist, dry, dry_n, breaker}, temperature, top_k, top_p,
+              key, counter);
   }
 
  private:
@@ -257,12 +276,15 @@ class Step : public torch::CustomClassHolder {
     return logits;
   }
 
-  // forward(), then the Sampler's greedy push and draw (StepSampler's ring, ring_at and penalty) into tok.
+  // forward(), then the Sampler's greedy push and draw (StepSampler's ring, ring_at, penalty and DRY)
+  // into tok.
   at::Tensor forward_greedy(const at::Tensor& tok, const at::Tensor& pos, const at::Tensor& first_valid,
                             int64_t window, const at::Tensor& ring, const at::Tensor& ring_at,
-                            const at::Tensor& penalty, int64_t n_valid) {
+                            const at::Tensor& penalty, int64_t n_valid,
+                            const at::Tensor& hist, const at::Tensor& dry,
+                            const at::Tensor& dry_n, const at::Tensor& breaker) {
     at::Tensor logits = forward(tok, pos, first_valid, window);
-    sampler_.greedy(logits, tok, ring, ring_at, penalty, n_valid);
+    sampler_.greedy(logits, tok, ring, ring_at, penalty, n_valid, Dry{hist, dry, dry_n, breaker});
     return logits;
   }
 
@@ -270,11 +292,15 @@ class Step : public torch::CustomClassHolder {
   // counter advances).
   at::Tensor forward_sample(const at::Tensor& tok, const at::Tensor& pos, const at::Tensor& first_valid,
                             int64_t window, const at::Tensor& ring, const at::Tensor& ring_at,
-                            const at::Tensor& penalty, int64_t n_valid, const at::Tensor& temperature,
+                            const at::Tensor& penalty, int64_t n_valid,
+                            const at::Tensor& hist, const at::Tensor& dry,
+                            const at::Tensor& dry_n, const at::Tensor& breaker,
+                            const at::Tensor& temperature,
                             const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& key,
                             const at::Tensor& counter) {
     at::Tensor logits = forward(tok, pos, first_valid, window);
-    sampler_.sample(logits, tok, ring, ring_at, penalty, n_valid, temperature, top_k, top_p, key, counter);
+    sampler_.sample(logits, tok, ring, ring_at, penalty, n_valid, Dry{hist, dry, dry_n, breaker}, temperature, top_k,
+                    top_p, key, counter);
     return logits;
   }
 

@@ -3,7 +3,7 @@ process, unpickles them without importing torch).
 
   Prefilled(n_tokens, ms, dropped)      once per reply: the prefill is done
   Token(text, stats)                    one per generated token (text may be "")
-  Finished(reason, text, stats)         reason: "eos" | "max_tokens" | "stopped" | "context_full"
+  Finished(reason, text, stats)         reason: "eos" | "max_tokens" | "stopped" | "context_full" | "repeating"
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ public methods only. `reply(context, params, dropped, policy, record)` streams t
   Prefilled(n_tokens, ms, dropped)      once: the ids of `context` past the cache are prefilled
   Token(text, stats)                    one per generated token (text may be "")
   Finished(reason, text, stats)         reason: "eos" | "max_tokens" | "stopped" | "context_full"
+                                        | "repeating"
 
 Decoding: the sampler runs inside the decode step (seeded noise); the first id is drawn
 eagerly from the prefill's logits, as a step would draw it. The decoder runs `chunk` steps per
@@ -15,7 +16,12 @@ the token limit, the context's end) rewinds the cache to exactly what a token-by
 holds: every reply id but the last, and the last too when a stop id came after it. A run
 never crosses a bucket boundary, and is a whole chunk or one step (`run_length`), so chunked
 and token-by-token decoding are the same steps, bit for bit, and every run's graph is one
-captured ahead. `record(ids, text, reason)` hears the reply (the ids fed of it) before its last
+captured ahead. The repetition stop (params.repeat_stop > 0): once per chunk read, the reply's
+ids with the chunk's are looked at for a tail that says one span repeat_stop times
+(tinyllm.decode.loops.repeat_end), and the reply ends "repeating" at the first id where it
+does, as a stop id would end it there; Ctrl+F (continue) goes on from there, and the
+continued part is looked at alone. DRY's breakers are the tokenizer's (loops.breaker_ids), set
+once. `record(ids, text, reason)` hears the reply (the ids fed of it) before its last
 events, so the conversation holds it when Finished arrives.
 
 The step policy (tinyllm.session.step_policy) is asked at the reply's start to `prepare` the step,
@@ -39,7 +45,9 @@ from collections.abc import Callable, Iterator
 import torch
 
 from tinyllm.cuda_graph import MAX_RUN, Chunk, GraphDecoder
+from tinyllm.decode.loops import breaker_ids, repeat_end
 from tinyllm.decode.sampling import SamplingParams
+from tinyllm.decode.sampling_params import DRY_WINDOW
 from tinyllm.decode.step_sampler import REPEAT_WINDOW
 from tinyllm.model import Transformer
 from tinyllm.session.chat_events import Finished, Prefilled, StepStats, Token
@@ -61,6 +69,7 @@ class DecodeRunner:
         n_valid = min(tokenizer.vocab_size, model.cfg.vocab_size)  # padded embeddings: never drawn
         self.decoder = GraphDecoder(model, 1, max_len=max_len, use_graph=on, n_valid=n_valid)
         self.max_len = self.decoder.max_len
+        self.decoder.sampler.set_breakers(breaker_ids(tokenizer))  # DRY's (0.1 s for 16k ids, 0.3 s for 49k)
         if not 1 <= chunk <= MAX_RUN:
             raise ValueError(f"chunk must be in [1, {MAX_RUN}], got {chunk}")
         self.chunk = chunk
@@ -104,7 +113,7 @@ class DecodeRunner:
         with policy.paused():  # see BackgroundCompile
             new = torch.tensor([context[dec.n:]], dtype=torch.long, device=device)  # (1, T)
             logits = dec.append(new)[:, -1]  # (1, V)
-            recent = torch.tensor([context[-REPEAT_WINDOW:]], dtype=torch.long, device=device)
+            recent = torch.tensor([context[-max(REPEAT_WINDOW, DRY_WINDOW):]], dtype=torch.long, device=device)
             tok_id = int(dec.draw_first(logits, params, recent).item())  # the draw the steps would make
         ttft = (time.perf_counter() - t0) * 1000
         yield Prefilled(n_tokens=new.shape[1], ms=ttft, dropped=dropped)
@@ -116,10 +125,13 @@ class DecodeRunner:
         reason = "max_tokens"
         ahead: deque[int] = deque([tok_id])  # drawn, not yet looked at
         chunks: deque[Chunk] = deque()  # launched, not yet read
+        repeats_at = None  # the reply's length at which its tail repeats (params.repeat_stop)
         while True:
             if not ahead:
                 self._launch(chunks, n0, params.max_tokens, policy)
                 ahead.extend(chunks.popleft().ids()[0])
+                if params.repeat_stop and repeats_at is None:  # once a chunk: ends in it, before any is shown
+                    repeats_at = repeat_end(out_ids + list(ahead), len(out_ids), params.repeat_stop)
             tok_id = ahead.popleft()
             if tok_id in self.stop_ids:
                 reason = "eos"
@@ -130,6 +142,9 @@ class DecodeRunner:
             yield Token(piece, self._stats(len(out_ids), n0 + len(out_ids) - 1, t_decode, ttft, policy, params))
             if self._stop.is_set():
                 reason = "stopped"
+                break
+            if repeats_at is not None and len(out_ids) >= repeats_at:
+                reason = "repeating"
                 break
             if len(out_ids) >= params.max_tokens:
                 break
