@@ -69,6 +69,10 @@ def test_score_counts_correct_loops_and_unfinished():
     s = score(ps, replies)
     assert (s["checkable"], s["correct"], s["loops"], s["unfinished"], s["degenerate"]) == (2, 1, 1, 1, 1)
     assert s["correct_rate"] == 0.5 and s["degenerate_rate"] == pytest.approx(1 / 3)
+    assert (s["repeating"], s["tokens"]) == (0, 278)
+    replies[1] = {**replies[1], "reply": "It is Kyoto, It is", "reason": "repeating", "tokens": 40}  # the stop's end
+    s = score(ps, replies)
+    assert (s["loops"], s["unfinished"], s["degenerate"], s["repeating"], s["tokens"]) == (1, 0, 1, 1, 62)
 
 
 def _tiny_data(folder: Path) -> Path:
@@ -91,7 +95,7 @@ def test_eval_command_on_the_tiny_model(tmp_path):
                       "--heldout", str(data), "--json", str(out), "--quiet"]) == 0
     rep = json.loads(out.read_text())
     assert rep["prompts"] == 4 and len(rep["replies"]) == 4 and rep["checkable"] == 4
-    assert rep["unfinished"] == sum(r["reason"] != "eos" for r in rep["replies"])
+    assert rep["unfinished"] == sum(r["reason"] not in ("eos", "repeating") for r in rep["replies"])
     held = rep["heldout"]
     assert held["rows"] >= 1 and held["tokens"] > 0 and 0 < held["nats_per_token"] < 20
     assert 0 < held["nats_per_byte"] < held["nats_per_token"]

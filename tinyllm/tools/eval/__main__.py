@@ -6,13 +6,15 @@
 Contract:
 - Every prompt of `tinyllm.tools.eval.prompts` (or every --stride-th, the first --limit) is answered by a
   `ChatSession` (`open_session`: the model's chat template, its default system prompt when
-  the prompt has none, greedy, --repeat-penalty 1.1 over the last 64 ids, --max-tokens 256,
-  --quant auto: the app's defaults), each in a new chat; a multi-turn prompt's fixed turns are loaded
+  the prompt has none, greedy, --repeat-penalty 1.1 over the last 64 ids, --dry-multiplier and
+  --repeat-stop as the app's (tinyllm.decode.sampling_params DRY_MULTIPLIER, REPEAT_STOP),
+  --max-tokens 256, --quant auto: the app's defaults), each in a new chat; a multi-turn prompt's fixed turns are loaded
   first (`load_messages`) and its last turn answered (`regenerate`).
 - Scores: `correct` = checkable prompts whose reply passes its check / checkable prompts;
   `degenerate` = replies that loop (`textcheck.has_loop`: a word 4-gram said 3 times or a
-  sentence twice) or are unfinished (no stop token within max-tokens) / all prompts;
-  `loops` and `unfinished` apart; per category. Held-out loss (`eval.heldout`) on
+  sentence twice; or ended by the repetition stop, "repeating") or are unfinished (no stop
+  token within max-tokens) / all prompts; `loops`, `unfinished` and `repeating` (the stop's
+  ends) apart, and `tokens`, every reply's tokens together; per category. Held-out loss (`eval.heldout`) on
   --heldout's held-out split unless --heldout-rows 0.
 - Prints a table and one JSON line (`{"event": "eval", ...}`); --json PATH writes the JSON
   with every reply. Greedy, so the same model and device give the same report.
@@ -28,6 +30,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from tinyllm.decode.sampling_params import DRY_MULTIPLIER, DRY_WINDOW, REPEAT_STOP, parse_repeat_stop
 from tinyllm.formats.quant_rule import DEFAULT, quant_help
 from tinyllm.text.textcheck import check_reply, has_loop
 from tinyllm.tools.eval.prompts import load_prompts
@@ -60,16 +63,20 @@ def answer_all(session, prompts: list[dict], log=None) -> list[dict]:
 
 def score(prompts: list[dict], replies: list[dict]) -> dict:
     cats: dict[str, dict] = defaultdict(lambda: {"n": 0, "checkable": 0, "correct": 0, "degenerate": 0})
-    tot = {"prompts": 0, "checkable": 0, "correct": 0, "loops": 0, "unfinished": 0, "degenerate": 0}
+    tot = {"prompts": 0, "checkable": 0, "correct": 0, "loops": 0, "unfinished": 0, "degenerate": 0,
+           "repeating": 0, "tokens": 0}
     for p, r in zip(prompts, replies, strict=True):
         c = cats[p["cat"]]
         turns = [m["content"] for m in p["messages"] if m["role"] != "system"]
-        loop, unfinished = has_loop(r["reply"]), r["reason"] != "eos"
+        loop = has_loop(r["reply"]) or r["reason"] == "repeating"
+        unfinished = r["reason"] not in ("eos", "repeating")
         r["loop"], r["unfinished"] = loop, unfinished
         tot["prompts"] += 1
         c["n"] += 1
         tot["loops"] += loop
         tot["unfinished"] += unfinished
+        tot["repeating"] += r["reason"] == "repeating"
+        tot["tokens"] += r["tokens"]
         tot["degenerate"] += loop or unfinished
         c["degenerate"] += loop or unfinished
         if p.get("check"):
@@ -89,7 +96,8 @@ def table(name: str, s: dict, held: dict | None) -> str:
     lines = [f"eval of {name}: {s['prompts']} prompts, {s['checkable']} checkable",
              f"  correct (checkable)  {s['correct']:4d} / {s['checkable']:<4d} {100 * (s['correct_rate'] or 0):5.1f}%",
              f"  degenerate           {s['degenerate']:4d} / {s['prompts']:<4d} {100 * (s['degenerate_rate'] or 0):5.1f}%"
-             f"   (loops {s['loops']}, unfinished {s['unfinished']})"]
+             f"   (loops {s['loops']}, unfinished {s['unfinished']}; repeating {s['repeating']})",
+             f"  tokens               {s['tokens']:4d}"]
     if held:
         lines.append(f"  held-out loss        {held['nats_per_token']:.4f} nats/token, {held['nats_per_byte']:.4f} nats/byte"
                      f"   ({held['rows']} rows, {held['conversations']} conversations, {held['tokens']} tokens)")
@@ -106,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: the app's)")
     ap.add_argument("--quant", default=DEFAULT, help=quant_help())
     ap.add_argument("--repeat-penalty", type=float, default=1.1, help="the app's default: 1.1")
+    ap.add_argument("--dry-multiplier", type=float, default=DRY_MULTIPLIER, help=f"the app's default: {DRY_MULTIPLIER}")
+    ap.add_argument("--dry-last-n", type=int, default=DRY_WINDOW, help=f"the app's default: {DRY_WINDOW}")
+    ap.add_argument("--repeat-stop", type=parse_repeat_stop, default=REPEAT_STOP,
+                    help=f"the app's default: {REPEAT_STOP} (off: 0)")
     ap.add_argument("--max-tokens", type=int, default=256, help="the app's default: 256")
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts (0: all)")
     ap.add_argument("--stride", type=int, default=1, help="every K-th prompt (a subset across categories)")
@@ -120,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         from tinyllm.session.chat import open_session
 
         prompts = load_prompts(args.prompts)[:: max(1, args.stride)][: args.limit or None]
-        params = SamplingParams(repeat_penalty=args.repeat_penalty, max_tokens=args.max_tokens)
+        params = SamplingParams(repeat_penalty=args.repeat_penalty, max_tokens=args.max_tokens,
+                                dry_multiplier=args.dry_multiplier, dry_last_n=args.dry_last_n,
+                                repeat_stop=args.repeat_stop)
         t0 = time.perf_counter()
         session = open_session(args.model, args.device, params=params, compile=None, threads=args.threads,
                                quant=args.quant)
@@ -143,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     report = {"event": "eval", "model": args.model, "device": session.device, "prompts": len(prompts),
               "repeat_penalty": args.repeat_penalty, "max_tokens": args.max_tokens,
+              "dry_multiplier": args.dry_multiplier, "dry_last_n": args.dry_last_n, "repeat_stop": args.repeat_stop,
               **{k: v for k, v in s.items() if k != "by_category"}, "heldout": held,
               "answer_s": round(t_answers, 1), "seconds": round(time.perf_counter() - t0, 1)}
     print(table(session.name, s, held))
