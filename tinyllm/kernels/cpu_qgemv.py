@@ -1,23 +1,28 @@
-"""The AVX2 CPU kernel for quantized weights and decode attention, built at first use: the ops'
+"""The AVX2 CPU kernel for quantized weights and decode attention, prebuilt in a wheel or built at
+first use: the ops'
 torch side cpu_qgemv.cpp over kernel files that include no torch header (cpu_kernels.h names
 them: cpu_quantize, cpu_tiles, cpu_vnni, cpu_products, cpu_qmm, cpu_pool, cpu_half, cpu_dequant,
 cpu_attention .cpp), with the native decode step cpu_step.cpp and its sampler cpu_sampler.cpp
 (cpu_sampler.h) in the same library.
 
 Contract:
-- `available() -> bool`: whether the ops below can run here. The first call builds SOURCES
-  with the system compiler (torch.utils.cpp_extension, ninja, a file per job in parallel; about
-  20 s on a 2-core machine) into `build_folder()` under `cache_dir()`, or loads the build already
-  there without running ninja (tinyllm.kernels.kernel_build: one folder per source, torch version and
-  flags, shared by every install of that source, a clone's and a wheel's alike); a change to
-  any of SOURCES and HEADERS, or another torch version, builds into a new folder. A build
-  killed midway (Ctrl+C on a first launch) leaves nothing that blocks the next one: processes
-  take the folder in turn through an OS lock. False, with ONE warning saying why, where the CPU is not
-  x86-64 with AVX2 + FMA, where there is no compiler or the build fails, or where the
-  environment says TINYLLM_CPU_KERNEL=0 (then silently: a deliberate choice).
+- `available() -> bool`: whether the ops below can run here. The first call loads the library
+  a wheel carries prebuilt (tinyllm.kernels.prebuilt: built with the wheel for its torch release,
+  on x86-64 Linux) where it fits this torch and these sources, with no compiler needed; else it
+  builds SOURCES with the system compiler (torch.utils.cpp_extension, ninja, a file per job in
+  parallel; about 20 s on a 2-core machine) into `build_folder()` under `cache_dir()`, or loads
+  the build already there without running ninja (tinyllm.kernels.kernel_build: one folder per
+  source, torch version and flags, shared by every install of that source, a clone's and a
+  wheel's alike); a change to any of SOURCES and HEADERS, or another torch version, builds into
+  a new folder. A build killed midway (Ctrl+C on a first launch) leaves nothing that blocks the
+  next one: processes take the folder in turn through an OS lock. False, with ONE warning saying
+  why, where the CPU is not x86-64 with AVX2 + FMA, where nothing prebuilt fits and there is no
+  compiler or the build fails, or where the environment says TINYLLM_CPU_KERNEL=0 (then
+  silently: a deliberate choice).
 - `on_build(listener)`: `listener(kernel_build.BuildStatus)` hears the first `available()`'s
-  build as it goes ("cached", or "building" with the sources compiled so far, then "built" or
-  "failed"); None stops it. The app's model process tells the app (tinyllm.session.chat_server).
+  build as it goes ("cached", the prebuilt library's load included, or "building" with the
+  sources compiled so far, then "built" or "failed"); None stops it. The app's model process
+  tells the app (tinyllm.session.chat_server).
 - `qmm_int8(x, qweight, scales)` and `qmm_int4(x, qweight, scales, zeros)`: x fp32 (M, K) times
   a canonical tinyllm.core.quant QTensor's transpose -> (M, N) fp32, read in place (no copy of the
   weights). They are torch ops (`torch.ops.tinyllm_cpu.*`) with fake implementations, so a
@@ -66,7 +71,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from tinyllm.kernels import kernel_build, switches
+from tinyllm.kernels import kernel_build, prebuilt, switches
 
 SOURCE = Path(__file__).with_name("cpu_qgemv.cpp")  # the ops' torch side: checks, results, registration
 # Built into the same library: the whole decode step (tinyllm.decode.cpu_step), and the kernels, files
@@ -123,21 +128,43 @@ def available() -> bool:
     if not switches.SWITCHES.cpu_kernel:
         return False
     problem = _cpu_problem()
-    if problem is None and not shutil.which(os.environ.get("CXX", "c++")):
-        problem = "no C++ compiler (c++) on PATH"
     if problem is None:
-        try:
-            _build()
-        except Exception as e:  # a failed build must not stop a model from loading
-            last = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
-            problem = f"building the C++ kernels (cpu_*.cpp) failed: {last}"
+        problem = _load()
     if problem is not None:
         warnings.warn(f"tinyllm: the AVX2 quantized kernel is off ({problem}); quantized CPU matrices use "
                       "PyTorch's kernels, which are several times slower here", RuntimeWarning, stacklevel=2)
         return False
+    _register_fakes()
     global _loaded
     _loaded = True
     return True
+
+
+def _load() -> str | None:
+    """Load the wheel's prebuilt library where it fits this torch, else build (or find built) the
+    sources in the cache: None once loaded, else why not (one line)."""
+    skipped = prebuilt.mismatch(NAME, [*SOURCES, *HEADERS], prebuilt_flags())
+    if skipped is None:
+        try:
+            torch.ops.load_library(str(prebuilt.library(NAME)))
+            _report(kernel_build.BuildStatus("cached"))
+            return None
+        except OSError as e:  # an older libstdc++ than the build's, a torch build with other symbols: build instead
+            skipped = f"the prebuilt library did not load: {str(e).strip().splitlines()[-1]}"
+    compiler = os.environ.get("CXX", "c++")
+    if not shutil.which(compiler):
+        return f"no C++ compiler ({compiler}) on PATH, and {skipped}"
+    try:
+        _build()
+    except Exception as e:  # a failed build must not stop a model from loading
+        last = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+        return f"building the C++ kernels (cpu_*.cpp) failed: {last}"
+    return None
+
+
+def prebuilt_flags() -> list[str]:
+    """The flags a prebuilt library's manifest records (tinyllm.kernels.prebuilt)."""
+    return [*CFLAGS, "|", *LDFLAGS]
 
 
 def build_folder() -> Path:
@@ -163,6 +190,11 @@ def _report(status: kernel_build.BuildStatus) -> None:
 def _build() -> None:
     build = kernel_build.ensure_built(NAME, SOURCES, HEADERS, (CFLAGS, LDFLAGS), cache_dir(), _report)
     torch.ops.load_library(str(build.library))  # (the process that built it has it already: no-op)
+
+
+@cache
+def _register_fakes() -> None:
+    """The ops' fake implementations (shapes only), for torch.compile: once a process."""
 
     @torch.library.register_fake("tinyllm_cpu::qmm_int8")
     def _(x: Tensor, qweight: Tensor, scales: Tensor) -> Tensor:
