@@ -12,6 +12,7 @@ worker thread, with a toast when done (a note when it could not). This module ne
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chat_app.history import write_regular
@@ -113,15 +114,16 @@ class CommandRunner:
     def export_file(self, path: str, text: str, n: int, overwrite: bool) -> None:
         """The write of /export, on a worker thread (a slow disk never stops the UI); its
         notice comes back to the UI thread."""
+        shown = shortened(path)  # a 300-character name made a 16-line notice
         try:
             write_regular(path, text, overwrite)
-            message, severity = f"Exported {n} messages to {path}.", "information"
+            message, severity = f"Exported {n} messages to {shown}.", "information"
         except FileExistsError:
-            message, severity = f"{path} exists; /export! {path} overwrites it.", "error"
+            message, severity = f"{shown} exists; /export! {shown} overwrites it.", "error"
         except ValueError as e:
-            message, severity = f"could not export: {e}", "error"
-        except OSError as e:
-            message, severity = f"could not export to {path}: {e}", "error"
+            message, severity = f"could not export: {str(e).replace(str(Path(path).expanduser()), shown)}", "error"
+        except OSError as e:  # its strerror: str(e) names the path again
+            message, severity = f"could not export to {shown}: {e.strerror or e}", "error"
         self.app.call_from_thread(self.app.say if severity == "information" else self.app.note, message, severity)
 
     async def command_stats(self, arg: str) -> None:
@@ -187,6 +189,11 @@ class CommandRunner:
     async def command_help(self, arg: str) -> None:
         self.app.action_help()
 
+
+
+def shortened(path: str, width: int = 40) -> str:
+    """A path as a one-line notice names it: at most `width` characters, its middle elided."""
+    return path if len(path) <= width else path[:width // 3] + "…" + path[-(width - width // 3 - 1):]
 
 
 def plural(n: int, word: str) -> str:

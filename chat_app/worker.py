@@ -12,7 +12,8 @@ messages), "model" ((path, system, keep_chat): another model, opened beside the 
 new process; the old one ends only once the new one has loaded, and answers on if it fails).
 Everything the worker learns goes into `outbox`, as typed events only (chat_app.events):
 Loaded, Progress, Started (before a reply's first event), the session's Prefilled / Token /
-Finished, Done (a job without a reply), Failed (any job: a ValueError's message as it is,
+Finished, Done (a job without a reply), Failed (any job: a ValueError's message as it is, but
+that its advice to raise --max-len goes where the context is the model's whole already;
 else the exception's type and message). Nothing it does raises into Textual. This module never
 imports torch.
 """
@@ -37,6 +38,17 @@ if TYPE_CHECKING:
 
 
 THINKING = "thinking"  # the chat's setting ("on" / "off") for the template's thinking switch, not a sampling one
+
+
+def advice(message: str, session: ModelProcess) -> str:
+    """A refusal as the session words it, without "raise --max-len" where the context is the
+    model's whole already (nothing a higher --max-len could give): what is left to do, and why."""
+    model_max = getattr(session, "model_max_len", None)
+    if not isinstance(model_max, int) or session.max_len < model_max or "raise --max-len" not in message:
+        return message
+    for said in (", or raise --max-len", " or raise --max-len"):
+        message = message.replace(said, "")
+    return f"{message}; the context is the model's whole {model_max:,} positions already"
 
 
 def streams(kind: str) -> bool:
@@ -116,7 +128,7 @@ class SessionWorker:
                 else:
                     self.outbox.put(Done(kind, arg))
             except Exception as e:
-                message = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+                message = advice(str(e), session) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
                 self.outbox.put(Failed(kind, arg, message))
 
     def _switch_model(self, old: ModelProcess, job: tuple[str, str | None, bool]) -> ModelProcess:

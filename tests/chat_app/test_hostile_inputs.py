@@ -12,7 +12,7 @@ import pytest
 
 from chat_app import config
 from chat_app.__main__ import main
-from tests.chat_app.conftest import loaded, notes, send, wait_until
+from tests.chat_app.conftest import loaded, notes, notices, send, wait_until
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)
@@ -234,3 +234,52 @@ def test_sigtstp_then_sigcont_redraws_every_row(ckpt, tmp_path):
         term.wait("still here")
     finally:
         term.close()
+
+
+def test_a_prompt_and_its_reply_that_fit_are_not_too_long(ckpt):
+    """Before: --max-len 64 --max-tokens 8 refused a prompt of 57 ids (56 and BOS), which fits:
+    a reply of 8 ids takes 7 positions (its last id is drawn, never fed)."""
+    from tinyllm.decode.sampling_params import SamplingParams
+    from tinyllm.session.chat import open_session
+
+    session = open_session(ckpt, device="cpu", max_len=64, params=SamplingParams(max_tokens=8), compile=None)
+    conversation = session.conversation
+    head = len(conversation.head_ids())
+    words = next(n for n in range(1, 64) if head + len(conversation.user_ids("a " * n, True)) + len(
+        conversation.prompt_ids()) >= 57)
+    text = "a " * words
+    prompt = head + len(conversation.user_ids(text, True)) + len(conversation.prompt_ids())
+    assert prompt == 57, prompt  # the tiny tokenizer has a word for every prompt length here
+    finished = list(session.send(text))[-1]  # was: ValueError("message too long: 56 tokens ...")
+    assert finished.reason in ("max_tokens", "eos") and finished.stats.position <= 64  # the cache held it
+    session.new_chat()
+    with pytest.raises(ValueError, match="message too long"):  # one id more does not fit
+        list(session.send(text + "b"))
+
+
+async def test_no_advice_to_raise_max_len_at_the_models_own_context(make_app):
+    """Before: a message too long for the model's whole context advised "raise --max-len"."""
+    app = make_app("--max-tokens", "8")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        assert app.session.max_len == app.session.model_max_len == 2048
+        await send(pilot, "many words " * 2000, wait=False)  # refused: it stays in the input
+        await wait_until(pilot, lambda: any("too long" in n for n in notices(app)), what="the refusal")
+        said = [n for n in notices(app) if "too long" in n]
+        assert "--max-len" not in said[-1], said
+        assert said[-1].endswith("; the context is the model's whole 2,048 positions already"), said
+
+
+async def test_export_to_a_300_character_name_is_a_one_line_note(make_app, tmp_path):
+    """Before: the note named the path twice, whole (the OSError's text too): 16 lines."""
+    from chat_app.widgets.system_note import SystemNote
+
+    app = make_app("--max-tokens", "2")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "hi")
+        await send(pilot, f"/export {tmp_path}/{'n' * 300}.md")
+        await wait_until(pilot, lambda: any("could not export" in n for n in notes(app)), what="the refusal")
+        note = app.query(SystemNote).last()
+        assert note.text.startswith("could not export to ") and note.text.endswith(": File name too long")
+        assert len(note.text) <= 80 and note.size.height == 1, (note.text, note.size)

@@ -167,16 +167,20 @@ class Conversation:
 
     def fit(self, extra: int, max_tokens: int) -> int:
         """Drop the oldest whole turns until context + extra + a reply reserve fits.
-        Returns how many messages were dropped."""
+        Returns how many messages were dropped. A reply of `reserve` ids takes reserve - 1
+        positions: its last id is drawn, never fed (DecodeRunner's context_full is the same
+        rule), so a prompt of P ids and its reply fit where P + reserve - 1 <= max_len. (It was
+        P + reserve: --max-len 64 --max-tokens 8 refused a prompt of 57 ids that fits.)"""
         reserve = min(max_tokens, self.max_len // 4)
+        room = self.max_len + (1 if reserve else 0)  # what context + extra + reserve may reach
         head = len(self.head_ids())
-        if head + extra + reserve > self.max_len:
+        if head + extra + reserve > room:
             system = self.system_tokens()
-            if system and head + extra + reserve - system <= self.max_len:  # the message alone fits
+            if system and head + extra + reserve - system <= room:  # the message alone fits
                 raise ValueError(self._system_too_long(system, reserve))
             raise ValueError(f"message too long: {extra} tokens, and the context holds {self.max_len} "
                              f"(with {reserve} kept for the reply); shorten it or raise --max-len")
-        if len(self.context) + extra + reserve <= self.max_len:
+        if len(self.context) + extra + reserve <= room:
             return 0
         # Trim to 3/4 of the context, so the next turns fit without another re-prefill.
         target = max(self.max_len * 3 // 4, head + extra + reserve)
