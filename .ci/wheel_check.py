@@ -2,12 +2,14 @@
 
     VENV/bin/python CLONE/.ci/wheel_check.py WHEEL CLONE
 
-.ci/run builds WHEEL from CLONE, installs it with the torch pin into a fresh venv VENV (nothing
-else), and runs this with VENV's python from a folder outside the clone, stdin closed. It fails
-(AssertionError, exit code 1) unless, in order:
+.ci/run builds WHEEL from CLONE (with the CPU kernels prebuilt: setup.py), installs it with the
+torch pin into a fresh venv VENV (nothing else), and runs this with VENV's python from a folder
+outside the clone, stdin closed. It fails (AssertionError, exit code 1) unless, in order:
 1. the wheel holds exactly what the clone tracks under tinyllm/ and chat_app/, models/__init__.py,
    and of each models/<name>/ folder what a loader reads (config.json, tokenizer.model, the
-   weights and their index) and the model card, byte for byte, as tinyllm_models/<name>/; and
+   weights and their index) and the model card, byte for byte, as tinyllm_models/<name>/, and
+   beyond those the prebuilt CPU kernels (PREBUILT: the library and its manifest, for this
+   torch's release and the clone's sources), and its metadata requires that torch release; and
    it is under MAX_WHEEL_MB;
 2. this python imports chat_app, tinyllm and tinyllm_models from its own site-packages (never
    the clone), the default model is found there, the `tinyllm-chat` entry point is
@@ -15,8 +17,11 @@ else), and runs this with VENV's python from a folder outside the clone, stdin c
    seed's names import from the seed's paths (tinyllm.cuda_graph, tinyllm.kv_cache, tinyllm.model)
    and `tinyllm --help`, the library's command, lists its subcommands;
 3. the app, built from the command line `tinyllm-chat` gets with no --model, runs headless under
-   Textual's Pilot: a prompt typed into it and sent with Enter gets a non-empty reply from the
-   default model within REPLY_TIMEOUT_S.
+   Textual's Pilot with no compiler (CXX=/nonexistent) and an empty cache folder (XDG_CACHE_HOME
+   a new folder, TINYLLM_CACHE_DIR unset): its model process decodes with the native step (the
+   prebuilt library: nothing was built, the cache folder holds no kernels after), and a prompt
+   typed into it and sent with Enter gets a non-empty reply from the default model within
+   REPLY_TIMEOUT_S.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ MAX_WHEEL_MB = 90  # about 73 MB, nearly all of it the default model: a second c
 REPLY_TIMEOUT_S = 300  # load and reply take about 20 s on a 2-core CPU; this only stops a hung run
 PROMPT = "Hello! What can you help me with?"
 DIST_INFO = ".dist-info/"
+PREBUILT = ["tinyllm/kernels/_prebuilt/tinyllm_cpu_qgemv.so", "tinyllm/kernels/_prebuilt/tinyllm_cpu_qgemv.json"]
 
 
 def expected_files(clone: Path) -> dict[str, Path]:
@@ -61,10 +67,24 @@ def check_contents(wheel: Path, clone: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         held = {n for n in z.namelist() if DIST_INFO not in n and not n.endswith("/")}
         missing, extra = sorted(set(expected) - held), sorted(held - set(expected))
+        missing_prebuilt, extra = [n for n in PREBUILT if n not in extra], [n for n in extra if n not in PREBUILT]
         assert not missing and not extra, f"the wheel lacks {missing} and holds {extra} beyond the clone's files"
+        assert not missing_prebuilt, f"the wheel lacks the prebuilt CPU kernels {missing_prebuilt} (setup.py)"
         for name, source in expected.items():
             assert z.read(name) == source.read_bytes(), f"{name} in the wheel differs from {source}"
-    print(f"wheel: {wheel.name}, {size_mb:.1f} MB, {len(expected)} files as expected")
+        manifest = json.loads(z.read(PREBUILT[1]))
+        (metadata,) = [n for n in z.namelist() if n.endswith(f"{DIST_INFO}METADATA")]
+        requires = [line for line in z.read(metadata).decode().splitlines() if line.startswith("Requires-Dist: torch")]
+    import torch
+
+    from tinyllm.kernels import cpu_qgemv, prebuilt  # the installed ones; their sources equal the clone's (above)
+
+    assert manifest["torch_release"] == str(torch.__version__).split("+")[0], (manifest, torch.__version__)
+    assert manifest["sources"] == prebuilt.source_digest([*cpu_qgemv.SOURCES, *cpu_qgemv.HEADERS],
+                                                         cpu_qgemv.prebuilt_flags()), "prebuilt from other sources"
+    assert requires == [f"Requires-Dist: torch=={manifest['torch_release']}"], requires
+    print(f"wheel: {wheel.name}, {size_mb:.1f} MB, {len(expected)} files as expected, and the CPU kernels "
+          f"prebuilt for torch {manifest['torch_release']} ({manifest['compiler']})")
 
 
 def check_installed(clone: Path) -> Path:
@@ -109,10 +129,11 @@ async def wait_for(pilot, condition, deadline: float, what: str) -> None:
 
 
 async def check_reply(default_model: Path) -> None:
-    """The app as `tinyllm-chat --device cpu --compile off --max-tokens 48` builds it: no --model."""
+    """The app as `tinyllm-chat --device cpu --max-tokens 48` builds it: no --model, the native
+    step (no compiler is there: the environment main() set)."""
     from chat_app.__main__ import build_app, build_parser
 
-    args = build_parser().parse_args(["--device", "cpu", "--compile", "off", "--max-tokens", "48"])
+    args = build_parser().parse_args(["--device", "cpu", "--max-tokens", "48"])
     assert args.model is None
     t0 = time.monotonic()
     deadline = t0 + REPLY_TIMEOUT_S
@@ -120,6 +141,8 @@ async def check_reply(default_model: Path) -> None:
     async with app.run_test(headless=True, size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: app.session is not None, deadline, "loaded model")
         assert app.session.name == "tinychat", app.session.name
+        assert app.session.step_kind == "native", f"the step is {app.session.step_kind!r}, not the prebuilt native one"
+        print(f"loaded with the native step, no compiler, an empty cache: {time.monotonic() - t0:.1f} s")
         await pilot.press(*PROMPT, "enter")
         await wait_for(pilot, lambda: len(app.session.messages) == 2 and not app.busy, deadline, "reply")
         user, reply = app.session.messages
@@ -136,7 +159,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tinyllm-wheel-") as home:  # never the user's chats or config
         os.environ["TINYLLM_CHAT_DATA_DIR"] = f"{home}/data"
         os.environ["TINYLLM_CHAT_CONFIG_DIR"] = f"{home}/config"
+        os.environ.pop("TINYLLM_CACHE_DIR", None)  # a first launch on a machine with no compiler
+        os.environ.update(XDG_CACHE_HOME=f"{home}/cache", CXX="/nonexistent")
         asyncio.run(check_reply(default_model))
+        built = sorted(p.name for p in Path(f"{home}/cache").rglob("tinyllm_cpu_qgemv*"))
+        assert not built, f"the kernels were built, not loaded prebuilt: {built}"
     print("wheel check passed")
 
 
