@@ -128,8 +128,8 @@ class Drawer:
                 await app.models.loaded(s, switched, keep_chat)
             case Progress(step="tensors", done=done, total=total):
                 app.load_progress.advance(done, total)
-            case Progress(step=step, done=done, total=total, seconds=seconds):
-                app.load_progress.kernels(step, done, total, seconds)
+            case Progress(step=step, done=done, total=total, seconds=seconds, compiling=compiling):
+                app.load_progress.kernels(step, done, total, seconds, compiling)
             case Started():
                 await self._started(item)
             case Failed(kind="load" | "model" | "restart"):

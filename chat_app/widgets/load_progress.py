@@ -2,10 +2,12 @@
 
 `start(name)` shows it: "Opening NAME…" and a bar that pulses until the model's loader reports
 (the child process imports torch first). `advance(done, total)` makes the bar determinate:
-tensors read of all. `kernels(step, done, total, seconds)` shows the CPU kernels' step (the
-steps of tinyllm.session.session_protocol.Progress): while they build (the first launch), KERNELS_BUILDING,
-a pulsing bar (the two files that include torch's headers take most of the time, so the files
-compiled are no measure of the time left) and "DONE/TOTAL files · N s"; then that they were
+tensors read of all. `kernels(step, done, total, seconds, compiling)` shows the CPU kernels' step
+(the steps of tinyllm.session.session_protocol.Progress): while they build (the first launch where no
+prebuilt library fits), KERNELS_BUILDING, a pulsing bar (the two files that include torch's headers
+take most of the time, so the files compiled are no measure of the time left) and "DONE/TOTAL files
+· compiling NAME +N · N s" (the first file a compiler is on now, and how many more: the count
+stands still for seconds while both big ones compile); then that they were
 found built ("CPU kernels: cached"), were built, or failed to build. `finish()` hides it; the
 bar keeps its last numbers (tests read them). The name is shown as plain text, its control
 characters visible (chat_app.labels).
@@ -46,6 +48,9 @@ class LoadProgress(Horizontal):
     LoadProgress.-building #detail {
         display: block;
     }
+    LoadProgress.-building #step {  /* room for the files compiling at 80 columns */
+        max-width: 45%;
+    }
     LoadProgress.-building #percentage {
         display: none;
     }
@@ -78,13 +83,15 @@ class LoadProgress(Horizontal):
         self.label.update(plain(f"Loading {self.name_shown}: {done:,}/{total:,} tensors"))
         self.bar.update(total=total, progress=done)
 
-    def kernels(self, step: str, done: int, total: int, seconds: float) -> None:
+    def kernels(self, step: str, done: int, total: int, seconds: float, compiling: tuple[str, ...] = ()) -> None:
         """A step of the CPU kernels' build ("kernels", "kernels cached", "kernels built",
         "kernels failed")."""
         if step == "kernels":
             self.add_class("-building")
             self.label.update(KERNELS_BUILDING)
-            self.detail.update(f"{done}/{total} files · {seconds:.0f} s")
+            now = compiling[0].removesuffix(".cpp") + (f" +{len(compiling) - 1}" if len(compiling) > 1 else "") \
+                if compiling else ""
+            self.detail.update(f"{done}/{total} files · {f'compiling {now} · ' if now else ''}{seconds:.0f} s")
             self.bar.update(total=None)
             return
         self.remove_class("-building")

@@ -28,9 +28,9 @@ def steps(monkeypatch) -> list[tuple[str, int, int]]:
     seen: list[tuple[str, int, int]] = []
     kernels = LoadProgress.kernels
 
-    def record(self, step: str, done: int, total: int, seconds: float) -> None:
+    def record(self, step: str, done: int, total: int, seconds: float, compiling: tuple[str, ...] = ()) -> None:
         seen.append((step, done, total))
-        kernels(self, step, done, total, seconds)
+        kernels(self, step, done, total, seconds, compiling)
 
     monkeypatch.setattr(LoadProgress, "kernels", record)
     return seen

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -160,3 +162,26 @@ def test_a_build_leaves_the_callers_flags_and_so_its_key_as_they_were(tmp_path, 
     assert flags == (["-O2"], ["-fopenmp"]) and not first.cached
     assert kernel_build.build_folder("k", sources, headers, flags, tmp_path / "cache") == folder
     assert ensure_built("k", sources, headers, flags, tmp_path / "cache") == kernel_build.Build(first.library, True)
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").is_file(), reason="no /proc: the files compiling are not shown")
+def test_the_watch_names_the_files_a_process_compiles_now(tmp_path):
+    """While the count of object files stands still (the two files with torch's headers take most
+    of a build), the report names the sources whose compiler runs: any process whose command line
+    names a copy in the folder's src/."""
+    folder = tmp_path / "k-0123"
+    (folder / "src").mkdir(parents=True)
+    watch = kernel_build._Watch(folder, ["cpu_step", "cpu_qgemv", "cpu_tiles"], 0.0, lambda status: None)
+    assert watch.compiling() == ()
+    fake = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-c", str(folder / "src" / name),
+                              "-o", name.replace(".cpp", ".o")]) for name in ("cpu_tiles.cpp", "cpu_step.cpp")]
+    try:
+        deadline = time.monotonic() + 10
+        while watch.compiling() != ("cpu_step.cpp", "cpu_tiles.cpp") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watch.compiling() == ("cpu_step.cpp", "cpu_tiles.cpp")  # in the sources' order
+    finally:
+        for p in fake:
+            p.kill()
+            p.wait()
+    assert watch.compiling() == ()

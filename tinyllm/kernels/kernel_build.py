@@ -24,8 +24,10 @@ Contract:
   The library may already be loaded into the process that built it (cpp_extension loads it).
 - `report(BuildStatus)`: "cached" once; or "building" at the start, then each time another
   source's object file appears and at least every REPORT_S (done/total: sources compiled of
-  all, seconds since the start; from a thread of its own), then "built" or "failed" once
-  (the exception then propagates).
+  all, seconds since the start, and on Linux the sources a compiler is working on now, from
+  the processes' command lines: the two files with torch's headers take most of a build, so
+  the count alone stands still for seconds; from a thread of its own), then "built" or
+  "failed" once (the exception then propagates).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class BuildStatus:
     done: int = 0  # sources compiled so far (their object files exist)
     total: int = 0  # sources in all
     seconds: float = 0.0  # since the build began ("building", "built", "failed")
+    compiling: tuple[str, ...] = ()  # "building": the sources being compiled now, where it can tell (Linux)
 
 
 @dataclass(frozen=True)
@@ -190,10 +193,29 @@ class _Watch:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
 
+    def compiling(self) -> tuple[str, ...]:
+        """The sources (their file names) a process's command line names in this folder's src/
+        now: the compilers ninja runs. Empty where /proc cannot say."""
+        src = f"{self.folder / 'src'}/".encode()
+        names: set[str] = set()
+        try:
+            procs = [p for p in Path("/proc").iterdir() if p.name.isdigit()]
+        except OSError:
+            return ()
+        for proc in procs:
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+            if src in cmdline:
+                args = cmdline.split(b"\0")
+                names.update(a[len(src):].decode() for a in args if a.startswith(src) and a.endswith(b".cpp"))
+        return tuple(n for n in (f"{stem}.cpp" for stem in self.stems) if n in names)
+
     def _run(self) -> None:
         last_done, last_at = self.done(), time.monotonic()
         while not self._stop.wait(POLL_S):
             done, now = self.done(), time.monotonic()
             if done != last_done or now - last_at >= REPORT_S:
-                self.say(BuildStatus("building", done, len(self.stems), now - self.started))
+                self.say(BuildStatus("building", done, len(self.stems), now - self.started, self.compiling()))
                 last_done, last_at = done, now

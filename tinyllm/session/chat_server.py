@@ -85,7 +85,7 @@ def serve(conn: Connection, open_kwargs: dict) -> None:
 
     def kernels(b) -> None:  # the CPU kernels' build, from the loading thread or the build's own
         try:
-            send(Progress(b.done, b.total, KERNEL_STEPS[b.state], b.seconds))
+            send(Progress(b.done, b.total, KERNEL_STEPS[b.state], b.seconds, b.compiling))
         except OSError:  # the parent is gone: the build goes on, the load ends at its next message
             pass
 

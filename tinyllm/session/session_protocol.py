@@ -15,11 +15,13 @@ Contract:
   Adding a job is its Session method (ChatSession's, RemoteSession's one line) and its entry here.
 - Messages, all plain picklable dataclasses:
     parent -> child  the open_kwargs dict first, then Call(id, job, args) | Quit()
-    child -> parent  Progress(done, total, step, seconds) while the model loads, by step:
+    child -> parent  Progress(done, total, step, seconds, compiling) while the model loads, by step:
                        "tensors"         tensors read of all
                        "kernels"         the CPU kernels' first build: C++ files compiled of
-                                         all, `seconds` since it began (at least every second)
-                       "kernels cached"  the CPU kernels were built before: loaded, no build
+                                         all, `seconds` since it began (at least every second),
+                                         `compiling`: the files a compiler is on now (Linux)
+                       "kernels cached"  the CPU kernels were built before, or a wheel carries
+                                         them prebuilt: loaded, no build
                        "kernels built"   the build ended (`seconds`: how long it took)
                        "kernels failed"  the build failed: PyTorch's kernels instead (slower)
                      Loaded(state) | LoadFailed(message, bad_input)   bad_input: the path, files
@@ -194,6 +196,7 @@ class Progress:
     total: int
     step: LoadStep = "tensors"
     seconds: float = 0.0  # how long the step has taken so far (the kernels' build)
+    compiling: tuple[str, ...] = ()  # the kernels' build: the C++ files being compiled now (where the child can tell)
 
 
 @dataclass(frozen=True)
