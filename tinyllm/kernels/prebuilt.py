@@ -15,8 +15,8 @@ Contract:
   (a clone and an editable install have none and build at first use).
 - `source_digest(files, flags) -> str`: sha256 of the files' names and contents and the flags:
   what a library was built from (no torch version, Python or compiler in it).
-- `mismatch(name, files, flags, folder=FOLDER) -> str | None` (folder: FOLDER as it is at the call): why the library `name` in
-  `folder` must not be loaded here (none shipped; another machine, torch release or C++ ABI;
+- `mismatch(name, files, flags, folder=FOLDER) -> str | None` (FOLDER as it is at the call):
+  why the library `name` in `folder` must not be loaded here (none shipped; another machine, torch release or C++ ABI;
   other sources than `files` and `flags`), one line, or None: `library(name, folder)` fits.
 - `write(name, files, flags, library, folder) -> Path`: copy a built `library` of `files` and
   `flags` into `folder` with its manifest (NAME.json: what `mismatch` compares, and the
