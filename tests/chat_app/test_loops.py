@@ -48,3 +48,12 @@ def test_config_toml_sets_the_loop_settings(tmp_path):
     file.write_text("dry_last_n = 5000\n")
     with pytest.raises(ValueError, match="dry_last_n must be from 1 to 1024"):
         config.load(file)
+
+
+def test_the_apps_defaults_stop_loops():
+    from chat_app.__main__ import build_parser
+    from tinyllm.decode.sampling_params import DRY_MULTIPLIER, REPEAT_STOP
+
+    args = build_parser().parse_args([])
+    assert (args.repeat_stop, args.dry_multiplier) == (REPEAT_STOP, DRY_MULTIPLIER) == (3, 0.8)
+    assert build_parser().parse_args(["--repeat-stop", "off"]).repeat_stop == 0

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 DRY_WINDOW = 1024  # the step samplers keep this many latest ids for DRY: dry_last_n's largest value
 DRY_MAX_MATCH = 32  # a repeat is counted up to this long (1.75^30 is past any logit: no cap in effect)
 REPEAT_STOP = 3  # `repeat_stop on`, the app's default: a span said 3 times in a row ends the reply (decode.loops)
-DRY_MULTIPLIER = 0.0  # the app's (and tinyllm eval's) DRY multiplier: docs/BENCHMARKS.md, "Loops"
+DRY_MULTIPLIER = 0.8  # the app's (and tinyllm eval's) DRY multiplier: docs/BENCHMARKS.md, "Loops"
 
 # name: (its type, whether a value is in range, the range as a refusal says it)
 LIMITS: dict[str, tuple[type, Callable[[float], bool], str]] = {
