@@ -66,6 +66,7 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
     from tinyllm.formats.quant_rule import DEFAULT, quant_help  # imports no torch
 
     p = _Parser(prog=PROG, description="Chat with a small local language model in the terminal.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     p.add_argument("--model", type=Path, default=None,
                    help="tinyllm checkpoint folder, Hugging Face folder (Llama, Mistral, Qwen 2/3, Gemma 2/3, "
                         "Phi-3) or .gguf file, "
@@ -118,6 +119,16 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
         defaults = dict(defaults)
         p.set_defaults(config_model=defaults.pop("model", None), **defaults)
     return p
+
+
+def installed_version() -> str:
+    """This package's version, as installed (an uninstalled source tree: "(not installed)")."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tinyllm-chat")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 def resolve_model(spec: str | Path) -> str | Path:

@@ -104,6 +104,8 @@ def test_no_terminal_is_one_line_and_exit_2(ckpt, tmp_path):
                                     "a full-screen app; run it in a terminal, without redirections\n")
     helped = subprocess.run([*argv, "--help"], stdin=subprocess.DEVNULL, capture_output=True, env=env, timeout=120)
     assert helped.returncode == 0 and b"--threads" in helped.stdout
+    version = subprocess.run([*argv, "--version"], stdin=subprocess.DEVNULL, capture_output=True, env=env, timeout=120)
+    assert version.returncode == 0 and version.stdout.startswith(b"tinyllm-chat ")
 
 
 def many_chats(data_dir, n: int) -> None:
