@@ -355,6 +355,8 @@ async def test_help_descriptions_wrap_under_themselves(make_app, width):
         top = next(i for i, line in enumerate(screen) if "tinyllm-chat help" in line)
         bottom = next(i for i, line in enumerate(screen) if "Esc, F1 or q closes" in line)
         lines = [line[left:].rstrip("█ ") for line in screen[top + 1:bottom]]
+        about, lines = lines[:lines.index("Keys")], lines[lines.index("Keys"):]  # the model's section: prose
+        assert "Model" in about, about
         rows = [line for line in lines if line[:column].rstrip() in names]
         wrapped = [line for line in lines if line.startswith(" ") and line.strip()]
         assert len(rows) == len(names), (rows, names)

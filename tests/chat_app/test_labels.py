@@ -11,10 +11,12 @@ from __future__ import annotations
 import io
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from chat_app.commands import shortened
 from chat_app.labels import printable
 from chat_app.store import Saved, Store
 from chat_app.widgets.chat_list import ChatList
@@ -138,7 +140,9 @@ async def test_model_names_are_plain_text(make_app, ckpt, tmp_path):
         await send(pilot, f"/{HOSTILE.replace(' ', '')}")
         show = notes(app)[-2]
         assert show.startswith(f"Model: {SHOWN} on cpu") and f"\nSystem prompt: Be {SHOWN}\n" in show, show
-        assert notices(app)[-1] == f"Exported 2 messages to {tmp_path / SHOWN.replace('/', '|')}.md."
+        exported = f"{tmp_path / HOSTILE.replace('/', '|')}.md"
+        assert Path(exported).is_file()
+        assert notices(app)[-1] == f"Exported 2 messages to {shortened(printable(exported))}.", "one line, shown"
         assert notes(app)[-1] == f"Unknown command /{SHOWN.replace(' ', '')}; /help lists them."
         await shows(pilot, "Exported 2 messages to", "Unknown command")  # the toast, the note (wrapped)
         app.clear_notifications()

@@ -66,7 +66,8 @@ def stub_app(data_dir):
         model_max_len=2048, context=range(0), step_kind="compiled", messages=[], system=None,
         params=SimpleNamespace(temperature=0.0, top_k=0, top_p=1.0, repeat_penalty=1.1, max_tokens=1024, seed=None),
         set_param=lambda name, value: None, stop=lambda: None, set_system=print, new_chat=print,
-        load_messages=print, ended="", log_error="", path="/models/long", close=lambda: None)
+        load_messages=print, ended="", log_error="", path="/models/long", close=lambda: None,
+        context_note=None)
     app = ChatApp(lambda **_: session, Store.open(data_dir, model=LONG_NAME), model_name=LONG_NAME)
     app.NOTIFICATION_TIMEOUT = 3600
     return app

@@ -27,7 +27,7 @@ def test_a_cpu_session_compiles_in_a_child_first_and_only_once_per_spec(ckpt):
     plain.set_param("max_tokens", "12")
     want = reply(plain, "hello there")
 
-    s = open_session(ckpt, "cpu", max_len=256)
+    s = open_session(ckpt, "cpu", max_len=256, compile="inductor")
     s.set_param("max_tokens", "12")
     assert s.wait_compiled(600)
     c = s.policy.background
@@ -38,7 +38,7 @@ def test_a_cpu_session_compiles_in_a_child_first_and_only_once_per_spec(ckpt):
     assert reply(s, "hello there") == want and s.last_stats.step == "compiled"
     assert isinstance(s.decoder._step_fn, SavedStep) and s.decoder._step_fn._step is None
 
-    again = open_session(ckpt, "cpu", max_len=256)  # a relaunch: no child, no trace
+    again = open_session(ckpt, "cpu", max_len=256, compile="inductor")  # a relaunch: no child, no trace
     again.set_param("max_tokens", "12")
     assert again.wait_compiled(600)
     c = again.policy.background
