@@ -13,7 +13,8 @@ Parts (each a plain object holding the app, called through its public methods):
 - `chats` (chat_app.chats.ChatSwitcher): --resume, the chat list, showing a saved chat.
 - `commands` (chat_app.commands.CommandRunner): the /commands.
 - `reader` (chat_app.reading.Reader): keys for reading and copying.
-- `editor` (chat_app.editing.Editor): Up in an empty prompt edits the last message; /edits.
+- `editor` (chat_app.editing.Editor): Up in an empty prompt edits the last message.
+- `versions` (chat_app.versions.VersionSwitcher): the versions Ctrl+R and edits keep; /edits.
 - `saver` (chat_app.saving.StoreWriter): every store write, and its failures as notices.
 From the UI thread only the session's thread-safe calls are made directly: stop(),
 set_graphs(), set_param().
@@ -61,6 +62,7 @@ from chat_app.reading import READING_KEYS, Reader
 from chat_app.saving import StoreWriter
 from chat_app.store import Resumed, Store, StoreError
 from chat_app.terminal import driver_class
+from chat_app.versions import VersionSwitcher
 from chat_app.widgets.conversation import Conversation
 from chat_app.widgets.help_screen import HelpScreen
 from chat_app.widgets.load_progress import LoadProgress
@@ -73,10 +75,12 @@ if TYPE_CHECKING:
 
 INPUT_KEYS = [("Enter", "send the message (or run a /command)"),
               ("Shift+Enter, Ctrl+J", "new line in the message (Ctrl+J also works in tmux)"),
-              ("Up (empty prompt)", "edit your last message: Enter replaces it and its reply (/edits shows "
-               "the old one), Esc cancels"),
+              ("Up (empty prompt)", "edit your last message: Enter replaces it and its reply (the old turn "
+               "stays, a version: Ctrl+Left shows it), Esc cancels"),
               ("Up / Down", "earlier prompts (Up on the first line, Down on the last; from an empty prompt "
-               "the first Up edits, the next ones recall)")]
+               "the first Up edits, the next ones recall)"),
+              ("Ctrl+Left / Ctrl+Right", "(empty prompt) the last reply's earlier / later version (Ctrl+R and "
+               "edits keep the one they replace; the border says \u2039 2/3 \u203a)")]
 
 
 def key_name(key: str) -> str:
@@ -98,8 +102,8 @@ class ChatApp(App[None]):
     COMMANDS = set(PROVIDERS)
     BINDINGS = [
         Binding("escape", "stop", "Stop", tooltip="stop the reply (its text stays, marked stopped)"),
-        Binding("ctrl+r", "regenerate", "Regen", tooltip="replace the last reply with a new one (a new "
-                "seed; a greedy chat samples at regen_temperature)"),
+        Binding("ctrl+r", "regenerate", "Regen", tooltip="a new version of the last reply (the old one stays: "
+                "Ctrl+Left; a new seed; a greedy chat samples at regen_temperature)"),
         Binding("ctrl+f", "continue", "More", tooltip="continue the last reply where it ended (/continue)"),
         Binding("ctrl+n", "new_chat", "New", tooltip="start a new chat (the old one stays saved)"),
         Binding("ctrl+o", "chats", "Chats", tooltip="saved chats: open, rename (r), delete (d)"),
@@ -134,6 +138,7 @@ class ChatApp(App[None]):
         self.commands = CommandRunner(self)
         self.reader = Reader(self)
         self.editor = Editor(self)
+        self.versions = VersionSwitcher(self)
 
     def compose(self):
         yield Conversation()
@@ -303,6 +308,18 @@ class ChatApp(App[None]):
     @on(PromptInput.Scrolled)
     def scrolled(self, event: PromptInput.Scrolled) -> None:
         self.reader.scroll(event.key)
+
+    @on(PromptInput.Versions)
+    async def last_versions(self, event: PromptInput.Versions) -> None:
+        await self.versions.step_last(event.step)
+
+    @on(Conversation.Versions)
+    async def picked_versions(self, event: Conversation.Versions) -> None:
+        saved = getattr(event.widget, "saved", None)
+        if saved is None:
+            self.say("This message has no other versions.")
+        else:
+            await self.versions.step(saved, event.step)
 
     def action_stop(self) -> None:
         self.drawer.stop()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from chat_app.editing import EDITED
 from chat_app.store import Resumed, Saved, StoreError
 from chat_app.widgets.chat_list import ChatList
 from chat_app.worker import THINKING
@@ -88,26 +87,12 @@ class ChatSwitcher:
     async def show_saved(self, saved: list[Saved]) -> None:
         """Show a chat the store just opened and load it into the session (by jobs, in order)."""
         app = self.app
-        store, conversation = app.store, app.conversation
+        store = app.store
         if store.skipped:
             app.say(f"Skipped {store.skipped} unreadable message(s) of this chat (not text in chat.db); "
                     "the rest are here.", "warning")
-        said = [m for m in saved if m.role != "system"]
-        if said and said[-1].role == "user":  # its reply never began (a crash): an empty one, so turns alternate
-            saved.append(Saved("assistant", "", stopped=True, model=app.model_name))
-            app.save(store.add, saved[-1])
-        for m in saved:
-            if m.role == "user":
-                widget = await conversation.add_user(m.content)
-                if store.is_edit(m):
-                    widget.border_subtitle = EDITED
-            elif m.role == "system":
-                await conversation.add_note(system_note(m.content))
-            else:
-                note = "partial" if m.partial else "stopped" if m.stopped else ""
-                await conversation.add_reply(m.model or store.chat_model, m.content, note)
-        pairs = [("system", store.system or "")]
-        app.queue_job("load_messages", pairs + [(m.role, m.content) for m in saved if m.role != "system"])
+        await self.show_messages(saved)
+        self.load_session(store.messages())
         for name, value in store.settings.items():
             if name == THINKING and value in ("on", "off"):  # the template's switch (chat_app.worker)
                 continue
@@ -117,6 +102,34 @@ class ChatSwitcher:
                 app.say(f"Skipped a setting saved with this chat: {e}", "warning")
                 app.save(store.drop_setting, name)
         app.queue_job("params", store.settings)
+
+
+    async def show_messages(self, saved: list[Saved]) -> None:
+        """Show messages of the open chat's branch below what is shown (each widget holding its
+        message, a message with other versions saying which it is). A branch that ends on a
+        user message (its reply never began: a crash) gets an empty reply, so turns alternate."""
+        app = self.app
+        store, conversation = app.store, app.conversation
+        said = [m for m in store.messages() if m.role != "system"]
+        if said and said[-1].role == "user":
+            store_reply = Saved("assistant", "", stopped=True, model=app.model_name)
+            app.save(store.add, store_reply)
+            saved = [*saved, store_reply]
+        for m in saved:
+            if m.role == "user":
+                widget = await conversation.add_user(m.content, saved=m)
+            elif m.role == "system":
+                widget = await conversation.add_note(system_note(m.content), saved=m)
+            else:
+                note = "partial" if m.partial else "stopped" if m.stopped else ""
+                widget = await conversation.add_reply(m.model or store.chat_model, m.content, note, saved=m)
+            if m.role != "system":
+                app.versions.mark(widget, m)
+
+    def load_session(self, branch: list[Saved]) -> None:
+        """The session's conversation becomes `branch` (a job, in order with the others)."""
+        pairs = [("system", self.app.store.system or "")]
+        self.app.queue_job("load_messages", pairs + [(m.role, m.content) for m in branch if m.role != "system"])
 
 
 def system_note(text: str) -> str:

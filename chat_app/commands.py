@@ -26,7 +26,7 @@ COMMANDS = {  # name: (arguments, what it does)
     "system": ("TEXT", "set the system prompt (no TEXT: none); used from the next turn"),
     "export": ("PATH", "write the conversation to PATH as Markdown (/export! PATH overwrites)"),
     "continue": ("", "continue the last reply where it ended (like Ctrl+F)"),
-    "edits": ("", "the messages and replies your edits replaced (Up in an empty prompt edits)"),
+    "edits": ("", "the other versions of the messages shown (edits and Ctrl+R keep the one they replace)"),
     "stats": ("", "speed and context of the last reply"),
     "show": ("", "the model, system prompt and settings in force (saved with the chat)"),
     "theme": ("NAME", "switch the colour theme and keep it (no NAME: list them)"),
@@ -95,7 +95,7 @@ class CommandRunner:
         tell(f"thinking {'on' if on else 'off'} (from the next reply)", "information")
 
     async def command_edits(self, arg: str) -> None:
-        self.app.editor.show_edits()  # chat_app.editing
+        self.app.versions.show_versions()  # chat_app.versions
 
     async def command_system(self, arg: str) -> None:
         self.app.queue_job("set_system", arg)

@@ -24,6 +24,7 @@ from chat_app.chats import system_note
 from chat_app.events import Done, Failed, Finished, Loaded, Prefilled, Progress, Started, Token
 from chat_app.model_switch import ENDED
 from chat_app.store import Saved
+from chat_app.widgets.conversation import UserMessage
 from chat_app.widgets.reply import Reply
 from chat_app.worker import streams
 
@@ -142,11 +143,11 @@ class Drawer:
     async def _started(self, item: Started) -> None:
         app = self.app
         conversation, store = app.conversation, app.store
-        if item.kind == "regenerate":
+        if item.kind == "regenerate":  # the old reply stays, another version (chat_app.versions)
             await conversation.drop_last_reply()
             last = [m for m in store.messages() if m.role != "system"][-1:]
             if last and last[0].role == "assistant":
-                app.save(store.drop, last[0])
+                app.save(store.branch, last[0])
         elif item.kind == "edit":  # the edit takes the place of the last turn (chat_app.editing)
             await app.editor.turn_replaced(item.text)
         elif item.kind == "continue_reply":  # the last reply goes on: same widget, same row
@@ -159,10 +160,12 @@ class Drawer:
         else:
             if not await app.models.waiting_began():  # (a message sent while the model loaded is shown already)
                 await conversation.add_user(item.text)
-            app.save(store.add, Saved("user", item.text))
-        self.reply = await conversation.add_reply(app.model_name)
+            conversation.query(UserMessage).last().saved = asked = Saved("user", item.text)
+            app.save(store.add, asked)
         self.row, self.text, self.saved_at = Saved("assistant", "", partial=True, model=app.model_name), [], 0.0
         app.save(store.add, self.row)
+        self.reply = await conversation.add_reply(app.model_name, saved=self.row)
+        app.versions.mark(self.reply, self.row)
         app.status.show(state="generating")
 
     def _prefilled(self, item: Prefilled) -> None:

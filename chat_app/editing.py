@@ -11,13 +11,10 @@ Contract:
   (tinyllm.session.session_protocol): the model sees what it would have seen had the edited text been
   sent instead, so a greedy reply is a fresh chat's.
 - The screen changes only once the new reply has begun (`turn_replaced`, which the Drawer
-  calls at Started): the old
-  message and its reply leave the conversation, the edit takes their place (its border says
-  "edited"), and the store keeps the old turn, marked replaced (chat_app.store). An edit
-  refused before it began comes back into the prompt, still an edit (`edit_refused`).
-- `/edits` shows the turns edits replaced, as a note (never saved, never seen by the model);
-  /export writes them whole, marked "(replaced by an edit)". A resumed chat shows only the
-  turns that stand, an edit marked as such.
+  calls at Started): the old message and its reply leave the conversation, the edit takes
+  their place, and the store keeps the old turn as another version of it (its border says
+  which: "‹ 2/2 ›"; chat_app.versions moves between them). An edit refused before it began
+  comes back into the prompt, still an edit (`edit_refused`).
 This module never imports torch.
 """
 
@@ -32,9 +29,6 @@ if TYPE_CHECKING:
     from chat_app.app import ChatApp
     from chat_app.widgets.conversation import UserMessage
     from chat_app.widgets.prompt_input import PromptInput
-
-EDITED = "edited · /edits shows the earlier version"  # the border of a message that replaced another
-
 
 class Editor:
     def __init__(self, app: ChatApp) -> None:
@@ -61,13 +55,16 @@ class Editor:
 
     async def turn_replaced(self, text: str) -> UserMessage:
         """The edit's reply has begun: the edit in place of the old turn, on screen and in the
-        store (which keeps the old turn, marked replaced)."""
+        store (which keeps the old turn as another version)."""
         app = self.app
         await app.conversation.drop_last_turn()
-        app.save(app.store.replace_last_turn)
-        widget = await app.conversation.add_user(text)
-        widget.border_subtitle = EDITED
-        app.save(app.store.add, Saved("user", text))
+        said = [m for m in app.store.messages() if m.role == "user"]
+        if said:
+            app.save(app.store.branch, said[-1])
+        row = Saved("user", text)
+        app.save(app.store.add, row)
+        widget = await app.conversation.add_user(text, saved=row)
+        app.versions.mark(widget, row)
         return widget
 
     def edit_refused(self, text: str) -> None:
@@ -78,29 +75,3 @@ class Editor:
             prompt.give_back(text)
         else:
             prompt.edit_message(last, text)
-
-    def show_edits(self) -> None:
-        """/edits: the turns edits replaced, as a note."""
-        app = self.app
-        old = app.store.replaced()
-        if not old:
-            app.note("No edits in this chat. Up in an empty prompt edits your last message.")
-            return
-        lines = [f"Replaced by edits ({sum(m.role == 'user' for m in old)}), oldest first; "
-                 "/export writes them whole:"]
-        for m in old:
-            if m.role == "user":
-                lines.append(f"you: {m.content}")
-            else:
-                lines.append(f"  {m.model or app.store.chat_model}: {first_line(m.content)}")
-        app.note("\n".join(lines))
-
-
-def first_line(text: str, width: int = 80) -> str:
-    """A reply in a line of /edits: its first line, at most `width` characters, and its length."""
-    line = text.strip().split("\n", 1)[0]
-    if not line:
-        return "(no reply)"
-    if line == text.strip() and len(line) <= width:
-        return line
-    return f"{line[:width - 1].rstrip()}… ({len(text):,} characters)"

@@ -6,9 +6,9 @@ any message holds `matching`, case aside for ASCII letters, when it is given); `
 change any conversation no other instance holds (ValueError names the one that does);
 `models()` names the models saved chats were written with (for the palette and /model's Tab);
 `add_prompt` / `prompts()` keep what was typed, for the input's Up across runs (the newest
-PROMPTS_KEPT); `export_markdown` writes the open conversation from memory, each reply under
-the model that wrote it, each system prompt where it was set and each turn an edit replaced
-marked "(replaced by an edit)" before the edit, and only ever to a regular
+PROMPTS_KEPT); `export_markdown` writes the branch shown of the open conversation from memory, each reply under
+the model that wrote it, each system prompt where it was set and a message with other
+versions marked "(version 2 of 3)", and only ever to a regular
 file (`write_regular`: a FIFO, device or folder is a ValueError, never a wait). Read failures
 are StoreErrors, as everywhere in the store; a column holding no text where text belongs (a
 BLOB title, say) is read as empty, never a crash.
@@ -22,6 +22,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from chat_app.branches import tree, versions
 
 if TYPE_CHECKING:
     from chat_app.store import Store, _Chat
@@ -44,28 +46,26 @@ class ChatInfo:
 class History:
     def chats(self: Store, matching: str = "", limit: int | None = None, offset: int = 0) -> list[ChatInfo]:
         """The saved conversations with messages, the most recently written first; with
-        `matching`, only those whose title or a message (not a system prompt) holds it; with
-        `limit`, that many from `offset` on. The rows come in the order of an index
+        `matching`, only those whose title or a message (not a system prompt, any version)
+        holds it; with `limit`, that many from `offset` on. Each is counted and named by its
+        branch shown (chat_app.branches). The rows come in the order of an index
         (conversations_by_time), so a page costs its own rows' work however many chats there
         are; only a filter that few chats match reads the rest (their text, once)."""
         like = "%" + matching.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
         def work(db):
-            return db.execute(
-                "SELECT c.id, c.title, COALESCE(c.updated, c.created), c.model, "
-                "(SELECT COUNT(*) FROM messages m WHERE m.conversation = c.id AND m.role != 'system' "
-                "AND m.replaced = 0), "
-                "(SELECT content FROM messages WHERE conversation = c.id AND role = 'user' AND replaced = 0 "
-                "ORDER BY id LIMIT 1) "
+            found = db.execute(
+                "SELECT c.id, c.title, COALESCE(c.updated, c.created), c.model, c.leaf "
                 "FROM conversations c WHERE EXISTS (SELECT 1 FROM messages m WHERE m.conversation = c.id "
-                "AND m.role != 'system' AND m.replaced = 0) "
+                "AND m.role != 'system') "
                 "AND (? = '' OR c.title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages x "
                 "WHERE x.conversation = c.id AND x.role != 'system' AND x.content LIKE ? ESCAPE '\\')) "
                 "ORDER BY COALESCE(c.updated, c.created) DESC, c.id DESC LIMIT ? OFFSET ?",
                 (matching, like, like, -1 if limit is None else limit, offset)).fetchall()
+            return [(row, *_shown(db, row[0], row[4])) for row in found]
         return [ChatInfo(cid, _str(title) or _first_line(_str(first)), updated if isinstance(updated, int | float) else 0.0,
                          _str(model) or "?", n, cid == self.chat.id, bool(_str(title)))
-                for cid, title, updated, model, n, first in self._read(work)]
+                for (cid, title, updated, model, _), n, first in self._read(work)]
 
     def models(self: Store) -> list[tuple[str, str]]:
         """(name, where) for each model a saved chat was written with, the most recently used
@@ -131,24 +131,43 @@ class History:
     def as_markdown(self: Store) -> tuple[str, int]:
         """The open conversation as Markdown, and how many messages it holds (for a worker
         thread to write: the store itself stays on the UI thread)."""
-        return markdown(self, self.chat), sum(m.role != "system" for m in self.chat.messages)
+        return markdown(self, self.chat), sum(m.role != "system" for m in self.chat.branch)
 
 
 def markdown(store: Store, chat: _Chat) -> str:
-    """A conversation as Markdown, each reply under the model that wrote it, each system
-    prompt where it was set, and each turn an edit replaced where it was, marked."""
+    """A conversation's branch shown as Markdown, each reply under the model that wrote it,
+    each system prompt where it was set, and a message with other versions marked with
+    which it is ("version 2 of 3": the others stay in the chat, not here)."""
     parts = [f"# Chat with {store.model}\n"]
     if chat.system:
         parts.append(f"**System:** {chat.system}\n")
-    for m in chat.messages:
+    for m in chat.branch:
         if m.role == "system":
             parts.append(f"**System:** {m.content}\n" if m.content else "*(system prompt cleared)*\n")
             continue
         who = "You" if m.role == "user" else m.model or chat.model or store.model
         note = "\n\n*(stopped)*" if m.stopped else "\n\n*(unfinished)*" if m.partial else ""
-        note += "\n\n*(replaced by an edit)*" if m.replaced else ""
+        shown = versions(m, chat.messages)
+        note += f"\n\n*(version {shown.index(m) + 1} of {len(shown)})*" if len(shown) > 1 else ""
         parts.append(f"## {who}\n\n{m.content.strip()}{note}\n")
     return "\n".join(parts)
+
+
+def _shown(db, cid: int, leaf: object) -> tuple[int, object]:
+    """(how many messages, not system prompts, the chat's branch shown holds; its first user
+    message's text) from chat.db's rows of it (chat_app.branches.tree)."""
+    rows = db.execute("SELECT id, parent, role, replaced, typeof(content) = 'text' FROM messages "
+                      "WHERE conversation = ? ORDER BY id", (cid,)).fetchall()
+    roles = {row: role for row, _, role, _, text in rows if text and role in ("user", "assistant", "system")}
+    parents, at = tree([(row, parent, role == "user", bool(replaced)) for row, parent, role, replaced, _ in rows],
+                       leaf, roles)
+    branch = []
+    while at is not None:
+        branch.append(at)
+        at = parents[at]
+    first = next((row for row in reversed(branch) if roles[row] == "user"), None)
+    text = db.execute("SELECT content FROM messages WHERE id = ?", (first,)).fetchone() if first else None
+    return sum(roles[row] != "system" for row in branch), text[0] if text else ""
 
 
 def write_regular(path: str | Path, text: str, overwrite: bool = False) -> None:

@@ -25,6 +25,7 @@ READING_KEYS = [
     ("Tab / Shift+Tab", "focus the conversation / the input"),
     ("Up / Down (conversation)", "pick a message or one code block; Home / End: the first / last"),
     ("C or Enter (conversation)", "copy what is picked (OSC 52: works over SSH and in tmux)"),
+    ("Left / Right (conversation)", "the picked message's earlier / later version"),
 ]
 
 

@@ -11,10 +11,14 @@ Contract:
   app for the model open, read back as `chat_model_path` / `chat_model_spec`) and one per
   message (role, content, stopped, partial, and for a reply the model that wrote it). A system
   prompt set after the first message is a message of role "system" where it was set (text ""
-  clears it); `system` is the one in force. An edit (`replace_last_turn`) keeps the turn it
-  replaces, its rows marked `replaced`: `messages()` is the chat as it stands (what the screen,
-  the model and a resumed chat see), `replaced()` the earlier versions (/edits), and the
-  Markdown export holds both, the old marked. A conversation row is written with its first
+  clears it); `system` is the one in force. A chat is a tree (chat_app.branches): each
+  message row names its `parent` (0: the chat's first), the conversation row its `leaf`, and
+  `messages()` is the branch that ends there (what the screen, the model, the export and a
+  resumed chat see). `add` continues the branch; `branch(m)` goes back to just before `m`, so
+  the next `add` is another version of it (Ctrl+R, an edit: the old one stays; an empty reply
+  goes); `switch(m)` shows the branch through another version (on through its newest
+  replies); `versions(m)` says which of how many. Rows from before chat.db kept parents get
+  them inferred when read (an edit's `replaced` rows beside the edit). A conversation row is written with its first
   message, so an empty chat leaves nothing behind. Rows are addressed by their own id, never
   by "the newest row". Older chat.db files gain the new columns when opened.
 - `chats()` lists the saved conversations (newest first); `open_chat(id)` makes one the open
@@ -54,6 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from chat_app.branches import newest_leaf, path, tree, versions
 from chat_app.history import History, markdown
 from chat_app.locks import claim, unlocked
 from chat_app.store_advice import ENV_DIR, advice, identity, lock_advice, rescue
@@ -69,7 +74,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     settings TEXT,
     updated REAL,
     model_path TEXT,
-    model_spec TEXT
+    model_spec TEXT,
+    leaf INTEGER
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY,
@@ -79,7 +85,8 @@ CREATE TABLE IF NOT EXISTS messages (
     stopped INTEGER NOT NULL DEFAULT 0,
     partial INTEGER NOT NULL DEFAULT 0,
     model TEXT,
-    replaced INTEGER NOT NULL DEFAULT 0
+    replaced INTEGER NOT NULL DEFAULT 0,
+    parent INTEGER
 );
 CREATE TABLE IF NOT EXISTS prompts (
     id INTEGER PRIMARY KEY,
@@ -94,9 +101,9 @@ CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation, id
 CREATE INDEX IF NOT EXISTS conversations_by_time ON conversations(COALESCE(updated, created));
 """
 ADDED = {"messages": {"partial": "INTEGER NOT NULL DEFAULT 0", "model": "TEXT",  # columns newer than
-                      "replaced": "INTEGER NOT NULL DEFAULT 0"},
+                      "replaced": "INTEGER NOT NULL DEFAULT 0", "parent": "INTEGER"},
          "conversations": {"title": "TEXT", "settings": "TEXT", "updated": "REAL",  # the first chat.db
-                           "model_path": "TEXT", "model_spec": "TEXT"}}
+                           "model_path": "TEXT", "model_spec": "TEXT", "leaf": "INTEGER"}}
 
 
 class StoreError(Exception):
@@ -112,12 +119,13 @@ class Saved:
     model: str | None = None  # a reply: the model that wrote it
     id: int | None = field(default=None, repr=False)  # its row, once written
     dirty: bool = field(default=True, repr=False)  # changed since the last write
-    replaced: bool = False  # an earlier version of a turn: an edit replaced it (kept, not shown)
+    parent: Saved | None = field(default=None, repr=False)  # the message before it on its branch (set by `add`)
 
 
 @dataclass(eq=False)
 class _Chat:
-    messages: list[Saved] = field(default_factory=list)
+    messages: list[Saved] = field(default_factory=list)  # every branch's, in the order written
+    leaf: Saved | None = None  # the last message of the branch shown
     system: str | None = None  # the system prompt it started with
     id: int | None = None
     settings: dict[str, str] = field(default_factory=dict)  # /set NAME VALUE, in the order given
@@ -125,12 +133,17 @@ class _Chat:
     model_path: str | None = None  # ... its local path (None: a chat.db from before it was kept)
     model_spec: str | None = None  # ... the hf: spec it came by, where it came from the Hub
     deleted: list[int] = field(default_factory=list)  # rows to delete at the next write
-    meta_dirty: bool = False  # system (before the first message) or settings changed
+    meta_dirty: bool = False  # system (before the first message), settings or leaf changed
     lock: IO | None = None
 
     @property
+    def branch(self) -> list[Saved]:
+        """The messages shown, first to last."""
+        return path(self.leaf)
+
+    @property
     def current_system(self) -> str | None:
-        for m in reversed(self.messages):
+        for m in reversed(self.branch):
             if m.role == "system":
                 return m.content or None
         return self.system
@@ -287,7 +300,8 @@ class Store(History):
         self.chat = _Chat(system=self.chat.current_system, settings=dict(self.chat.settings))
 
     def add(self, message: Saved) -> None:
-        """Append a message (the caller keeps it, to `update` or `drop` it later)."""
+        """Continue the branch shown with a message (the caller keeps it, to `update` it later)."""
+        message.parent, self.chat.leaf, self.chat.meta_dirty = self.chat.leaf, message, True
         self.chat.messages.append(message)
         self.sync()
 
@@ -296,42 +310,37 @@ class Store(History):
         message.content, message.partial, message.stopped, message.dirty = content, partial, stopped, True
         self.sync()
 
-    def drop(self, message: Saved) -> None:
-        """Forget one message (a reply being regenerated): by its own row id."""
-        if message in self.chat.messages:
-            self.chat.messages.remove(message)
-            if message.id is not None:
-                self.chat.deleted.append(message.id)
-            self.sync()
-
-    def replace_last_turn(self) -> None:
-        """An edit replaces the last user message and its reply: they stay, marked replaced
-        (the edit is added next). Nothing to replace: nothing changes."""
-        said = [m for m in self.messages() if m.role != "system"]
-        at = next((i for i in range(len(said) - 1, -1, -1) if said[i].role == "user"), None)
-        if at is None:
+    def branch(self, message: Saved) -> None:
+        """The branch shown goes back to just before `message` (on it), so the next `add` is
+        another version of it; `message` stays, one version among them, unless it is a reply
+        with no text and nothing after it (a reply that never began): that one goes."""
+        chat = self.chat
+        if message not in path(chat.leaf):
             return
-        for m in said[at:]:
-            m.replaced, m.dirty = True, True
+        chat.leaf, chat.meta_dirty = message.parent, True
+        if message.role == "assistant" and not message.content and all(m.parent is not message for m in chat.messages):
+            chat.messages.remove(message)
+            if message.id is not None:
+                chat.deleted.append(message.id)
         self.sync()
 
-    def replaced(self) -> list[Saved]:
-        """The earlier versions of the open chat's turns (user messages and replies an edit
-        replaced), oldest first."""
-        return [m for m in self.chat.messages if m.replaced]
+    def switch(self, message: Saved) -> list[Saved]:
+        """Show the branch through `message` (a message of this chat), on through its newest
+        replies to their end; the messages shown."""
+        self.chat.leaf, self.chat.meta_dirty = newest_leaf(message, self.chat.messages), True
+        self.sync()
+        return self.messages()
 
-    def is_edit(self, message: Saved) -> bool:
-        """The message is an edit: the row before it (a system prompt aside) is one it replaced."""
-        rows = [m for m in self.chat.messages if m.role != "system"]
-        at = next((i for i, m in enumerate(rows) if m is message), 0)
-        return at > 0 and rows[at - 1].replaced and not message.replaced
+    def versions(self, message: Saved) -> list[Saved]:
+        """`message` and its other versions (one parent, one role), oldest first."""
+        return versions(message, self.chat.messages)
 
     def set_system(self, text: str | None) -> None:
         """Before the first message: the chat starts with it; after: a system row, here."""
         if any(m.role != "system" for m in self.chat.messages):
             self.add(Saved("system", text or ""))
         else:
-            self.chat.messages = []
+            self.chat.messages, self.chat.leaf = [], None
             self.chat.system, self.chat.meta_dirty = text or None, True
             self.sync()
 
@@ -386,21 +395,24 @@ class Store(History):
                 assert new_id is not None
                 chat.lock = self._claim(new_id)  # held before anyone else can see it
             cid = chat.id if new_id is None else new_id
-            db.execute("UPDATE conversations SET system = ?, settings = ?, updated = ? WHERE id = ?",
-                       (chat.system, json.dumps(chat.settings), time.time(), cid))
             for row in chat.deleted:
                 db.execute("DELETE FROM messages WHERE id = ? AND conversation = ?", (row, cid))
-            ids: list[tuple[Saved, int]] = []
+            ids: dict[int, tuple[Saved, int]] = {}  # id(message): its new row (a parent before its replies)
+
+            def row_of(m: Saved | None) -> int:  # 0: none (the chat's first message; an empty chat's leaf)
+                return 0 if m is None else m.id if m.id is not None else ids[id(m)][1]
             for m in chat.messages:
                 if m.id is None:
                     cur = db.execute("INSERT INTO messages (conversation, role, content, stopped, partial, model, "
-                                     "replaced) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                     (cid, m.role, m.content, int(m.stopped), int(m.partial), m.model, int(m.replaced)))
+                                     "parent) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                     (cid, m.role, m.content, int(m.stopped), int(m.partial), m.model, row_of(m.parent)))
                     assert cur.lastrowid is not None
-                    ids.append((m, cur.lastrowid))
+                    ids[id(m)] = m, cur.lastrowid
                 elif m.dirty:
-                    db.execute("UPDATE messages SET content = ?, stopped = ?, partial = ?, replaced = ? WHERE id = ?",
-                               (m.content, int(m.stopped), int(m.partial), int(m.replaced), m.id))
+                    db.execute("UPDATE messages SET content = ?, stopped = ?, partial = ? WHERE id = ?",
+                               (m.content, int(m.stopped), int(m.partial), m.id))
+            db.execute("UPDATE conversations SET system = ?, settings = ?, updated = ?, leaf = ? WHERE id = ?",
+                       (chat.system, json.dumps(chat.settings), time.time(), row_of(chat.leaf), cid))
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
@@ -410,7 +422,7 @@ class Store(History):
             raise
         if new_id is not None:
             chat.id = new_id
-        for m, row in ids:
+        for m, row in ids.values():
             m.id = row
         for m in chat.messages:
             m.dirty = False
@@ -491,23 +503,27 @@ class Store(History):
     def _load(self, db: sqlite3.Connection, cid: int, lock: IO | None) -> list[Saved]:
         """Conversation `cid` becomes the open one; a row that is not text (a BLOB, a number,
         NULL: a chat.db edited by hand) is skipped and counted in `skipped`."""
-        system, settings, model, path, spec = db.execute(
-            "SELECT system, settings, model, model_path, model_spec FROM conversations WHERE id = ?", (cid,)).fetchone()
-        found = db.execute("SELECT id, role, content, stopped, partial, model, replaced FROM messages "
+        system, settings, model, where, spec, leaf = db.execute(
+            "SELECT system, settings, model, model_path, model_spec, leaf FROM conversations WHERE id = ?",
+            (cid,)).fetchone()
+        found = db.execute("SELECT id, role, content, stopped, partial, model, replaced, parent FROM messages "
                            "WHERE conversation = ? ORDER BY id", (cid,)).fetchall()
-        good = [(row, role, content, stopped, partial, _text(who), replaced) for row, role, content, stopped, partial,
-                who, replaced in found if role in ("user", "assistant", "system") and isinstance(content, str)]
+        good = {row: Saved(role, content, bool(stopped), bool(partial), _text(who), row, dirty=False)
+                for row, role, content, stopped, partial, who, _, _ in found
+                if role in ("user", "assistant", "system") and isinstance(content, str)}
         self.skipped = len(found) - len(good)
+        parents, leaf = tree([(row, parent, role == "user", bool(replaced))
+                              for row, role, _, _, _, _, replaced, parent in found], leaf, good)
+        for row, m in good.items():
+            m.parent = good.get(parents[row])
         self._release(self.chat)
-        self.chat = _Chat([Saved(role, content, bool(stopped), bool(partial), who, row, dirty=False,
-                                 replaced=bool(replaced)) for row, role, content, stopped, partial, who, replaced in good],
-                          _text(system), cid, _settings(_text(settings)), _text(model), _text(path), _text(spec),
-                          lock=lock)
+        self.chat = _Chat(list(good.values()), good.get(leaf), _text(system), cid, _settings(_text(settings)),
+                          _text(model), _text(where), _text(spec), lock=lock)
         return self.messages()
 
     def messages(self) -> list[Saved]:
-        """The open chat as it stands (the turns edits replaced left out: `replaced()`)."""
-        return [m for m in self.chat.messages if not m.replaced]
+        """The open chat's branch shown, first to last (the other versions: `versions`)."""
+        return self.chat.branch
 
     def rescue(self) -> str | None:
         """At quit: write what is pending one last time; what still cannot be is written as

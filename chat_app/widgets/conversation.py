@@ -11,12 +11,19 @@ Reading and copying: the conversation takes focus (Tab from the input). Focused,
 pick a message, a command's note or one code block of a reply (marked, and scrolled into
 view), Home/End the first/last, PgUp/PgDn scroll; `c` or Enter copies what is picked (`copy_to_clipboard`,
 OSC 52: works over SSH and in tmux). `picked_text()` is what would be copied (None: nothing).
+Left/Right on a picked message post `Conversation.Versions(message, step)`: the app shows its
+version before or after (chat_app.versions). A message shown for a saved one holds it
+(`saved`, set by whoever adds it); `remove_from(widget)` takes it and all below it away.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Static
 
@@ -35,6 +42,7 @@ class UserMessage(Static):
         super().__init__(printable(text), markup=False)
         self.text = text
         self.border_title = "you"
+        self.saved: Any = None  # the store's row it shows (chat_app.store.Saved)
 
     def mark(self, note: str) -> None:
         self.border_subtitle = note
@@ -44,7 +52,13 @@ class UserMessage(Static):
 class Conversation(VerticalScroll, can_focus=True):
     BINDINGS = [Binding("up,k", "pick(-1)", "Previous", show=False), Binding("down,j", "pick(1)", "Next", show=False),
                 Binding("home", "pick_end(0)", show=False), Binding("end", "pick_end(-1)", show=False),
-                Binding("c,enter", "copy_picked", "Copy", show=False)]
+                Binding("c,enter", "copy_picked", "Copy", show=False),
+                Binding("left,h", "versions(-1)", show=False), Binding("right,l", "versions(1)", show=False)]
+
+    @dataclass
+    class Versions(Message):
+        widget: Widget  # the message picked (a UserMessage or a Reply)
+        step: int  # -1: its version before; 1: the one after
 
     def __init__(self) -> None:
         super().__init__()
@@ -56,25 +70,39 @@ class Conversation(VerticalScroll, can_focus=True):
     def on_mount(self) -> None:
         self.anchor()
 
-    async def add_user(self, text: str) -> UserMessage:
+    async def add_user(self, text: str, saved: Any = None) -> UserMessage:
         await self._drop_hint()
         widget = UserMessage(text)
+        widget.saved = saved
         await self.mount(widget)
         return widget
 
-    async def add_reply(self, title: str, text: str = "", note: str = "") -> Reply:
+    async def add_reply(self, title: str, text: str = "", note: str = "", saved: Any = None) -> Reply:
         await self._drop_hint()
         widget = Reply(title, text, note)
+        widget.saved = saved
         await self.mount(widget)
         self.anchor()
         return widget
 
-    async def add_note(self, text: str) -> Static:
+    async def add_note(self, text: str, saved: Any = None) -> Static:
         """A line between messages (a system prompt set mid-chat)."""
         await self._drop_hint()
         widget = Static(plain(text), classes="chat-note")
+        widget.saved = saved  # type: ignore[attr-defined]
         await self.mount(widget)
         return widget
+
+    def shown(self, saved: Any) -> Widget | None:
+        """The widget that shows a saved message (None: none does)."""
+        return next((w for w in self.children if getattr(w, "saved", None) is saved), None)
+
+    async def remove_from(self, widget: Widget) -> None:
+        """`widget` and everything below it leave (a branch switched: chat_app.versions)."""
+        children = list(self.children)
+        if self.picked in children[children.index(widget):]:
+            self.picked = None
+        await self.remove_children(children[children.index(widget):])
 
     def add_system_note(self, text: str, severity: str = "information") -> SystemNote:
         """What a command says back, at the bottom, in view (mounted on the next idle: callable
@@ -128,6 +156,16 @@ class Conversation(VerticalScroll, can_focus=True):
         if items:
             self._pick(items[end])
         (self.scroll_home if end == 0 else self.scroll_end)(animate=False)
+
+    def action_versions(self, step: int) -> None:
+        if isinstance(self.picked, UserMessage | Reply):
+            self.post_message(self.Versions(self.picked, step))
+        else:
+            self.notify("Pick a message (Up/Down) to see its other versions.", markup=False)
+
+    def pick(self, widget: Widget) -> None:
+        """Pick `widget` (a message shown again after a switch keeps the pick)."""
+        self._pick(widget)
 
     def on_blur(self) -> None:
         self._pick(None)

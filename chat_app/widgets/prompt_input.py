@@ -14,7 +14,8 @@ only the submitted text leaves (what was typed after Enter, before the app took 
 a refused message stays where it was typed, and `give_back(text)` restores one that failed.
 A message of nothing but "^" (what a terminal leaves of a fast Ctrl key) is not sent.
 PgUp/PgDn (and Home/End while the input is empty) are for the conversation: the input posts
-`PromptInput.Scrolled(key)` and the app scrolls.
+`PromptInput.Scrolled(key)` and the app scrolls. Ctrl+Left/Ctrl+Right in an empty input post
+`PromptInput.Versions(step)`: the last reply's other versions (chat_app.versions).
 Pasted text is cleaned: CR/CRLF become newlines, other control characters (ESC, Ctrl+Q, ...)
 become visible symbols, so a paste is text, never keystrokes.
 Typed characters that come in a burst (a terminal without bracketed paste, tmux send-keys) go
@@ -69,6 +70,10 @@ class PromptInput(TextArea):
     @dataclass
     class Scrolled(Message):
         key: str  # "pageup" | "pagedown" | "home" | "end"
+
+    @dataclass
+    class Versions(Message):
+        step: int  # -1: the version before; 1: the one after (chat_app.versions)
 
     def __init__(self, sources: Callable[[], Sources] = Sources, **kwargs) -> None:
         super().__init__(soft_wrap=True, tab_behavior="focus", show_line_numbers=False, **kwargs)
@@ -144,6 +149,11 @@ class PromptInput(TextArea):
             event.stop()
             event.prevent_default()
             self.post_message(self.Scrolled(event.key))
+            return
+        if event.key in ("ctrl+left", "ctrl+right") and not self.text:  # no word to move over
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.Versions(-1 if event.key == "ctrl+left" else 1))
             return
         if event.key == "escape" and self.editing is not None:
             event.stop()

@@ -21,7 +21,7 @@ less before the first frame).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from textual.containers import Vertical
 from textual.widgets import Static
@@ -55,6 +55,7 @@ class Reply(Vertical):
     def __init__(self, title: str, text: str = "", note: str = "") -> None:
         super().__init__()
         self.border_title = plain(title)
+        self.saved: Any = None  # the store's row it shows (chat_app.store.Saved)
         self.raw, self._note = printable(text), note
         self._thought, self._initial = split_thought(self.raw)
         self._sent = len(self._initial)  # of the answer, in the Markdown

@@ -342,7 +342,7 @@ async def test_help_descriptions_wrap_under_themselves(make_app, width):
     from tests.chat_app.test_labels import screen_text
 
     app = make_app()
-    async with app.run_test(size=(width, 80)) as pilot:  # tall enough for the whole help, unscrolled
+    async with app.run_test(size=(width, 100)) as pilot:  # tall enough for the whole help, unscrolled
         await loaded(pilot)
         await pilot.press("f1")
         await pilot.pause()

@@ -1,7 +1,8 @@
 """Issue 34, item 7: edit and resend. Up in an empty prompt loads the last user message for
 editing, Esc cancels, Enter replaces that turn and its reply (the reply a fresh chat that sent
-the edit gives); the store keeps the old turn, marked replaced, /edits shows it and /export
-writes it; a resumed chat shows only the turns that stand; an edit is refused while a reply runs."""
+the edit gives); the store keeps the old turn as another version of it (issue 46: reply
+versions, tests/chat_app/test_versions.py), /edits lists it and /export marks which version it
+wrote; a resumed chat shows the branch shown; an edit is refused while a reply runs."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import sqlite3
 
 import pytest
 
-from chat_app.editing import EDITED, first_line
 from chat_app.store import Saved, Store
+from chat_app.versions import first_line
 from chat_app.widgets.conversation import UserMessage
 from chat_app.widgets.prompt_input import EDITING
 from chat_app.widgets.reply import Reply, printable
@@ -28,9 +29,10 @@ def said(app) -> list[tuple[str, str]]:
     return [(m.role, m.content) for m in app.session.messages]
 
 
-def stored(data_dir) -> list[tuple[str, str, int]]:
+def stored(data_dir) -> list[tuple[str, str, int | None]]:
+    """(role, content, the row of its parent: 0 for none) of every row."""
     with sqlite3.connect(data_dir / "chat.db") as db:
-        return db.execute("SELECT role, content, replaced FROM messages ORDER BY id").fetchall()
+        return db.execute("SELECT role, content, parent FROM messages ORDER BY id").fetchall()
 
 
 async def replace(pilot, text: str) -> None:
@@ -71,8 +73,8 @@ async def test_up_in_an_empty_prompt_edits_the_last_message_and_esc_cancels(make
         await pilot.press("up")  # a new chat has no message to edit: Up recalls, as before
         assert app.prompt.text == "/clear" and app.prompt.editing is None
         await pilot.press("f1")  # F1 lists the key and the command
-        assert ("Up (empty prompt)", "edit your last message: Enter replaces it and its reply (/edits shows the old "
-                "one), Esc cancels") in app.screen.keys
+        assert ("Up (empty prompt)", "edit your last message: Enter replaces it and its reply (the old turn "
+                "stays, a version: Ctrl+Left shows it), Esc cancels") in app.screen.keys
         assert any(name == "/edits" for name, _ in app.screen.commands)
 
 
@@ -87,28 +89,26 @@ async def test_enter_replaces_the_turn_and_its_reply_as_a_fresh_chat_would(make_
         assert [m for m, _ in said(app)] == ["user", "assistant"] * 2
         assert said(app)[:2] == old[:2] and said(app)[2][1] == "Tell me a joke."
         assert shown(app) == ["Hello!", "Tell me a joke."] and len(app.query(Reply)) == 2
-        assert app.query(UserMessage).last().border_subtitle == EDITED
+        assert app.query(UserMessage).last().border_subtitle == "‹ 2/2 ›"
         assert app.query(Reply).last().text == printable(said(app)[3][1])
         edited = said(app)[3][1]
-        assert stored(data_dir) == [("user", "Hello!", 0), ("assistant", old[1][1], 0),
-                                    ("user", old[2][1], 1), ("assistant", old[3][1], 1),
-                                    ("user", "Tell me a joke.", 0), ("assistant", edited, 0)]
-        # /edits: the old turn as a note; /export: both, the old one marked
+        assert stored(data_dir) == [("user", "Hello!", 0), ("assistant", old[1][1], 1),
+                                    ("user", old[2][1], 2), ("assistant", old[3][1], 3),
+                                    ("user", "Tell me a joke.", 2), ("assistant", edited, 5)]
+        # /edits: the old message as a note; /export: the branch shown, the edit marked as a version
         await send(pilot, "/edits")
-        assert notes(app)[-1].split("\n") == ["Replaced by edits (1), oldest first; /export writes them whole:",
-                                               f"you: {old[2][1]}",
-                                               printable(f"  {app.session.name}: {first_line(old[3][1])}")]
+        assert notes(app)[-1].split("\n")[1:] == ["you, 2 of 2 (shown): Tell me a joke.", f"  1: {first_line(old[2][1])}"]
         path = tmp_path / "chat.md"
         await send(pilot, f"/export {path}")
         await wait_until(pilot, path.exists, what="the export")
         text = path.read_text()
-        assert text.index(old[2][1]) < text.index("*(replaced by an edit)*") < text.index("Tell me a joke.")
-        assert text.count("*(replaced by an edit)*") == 2  # the message and its reply
+        assert old[2][1] not in text and text.index("Tell me a joke.") < text.index("*(version 2 of 2)*")
+        assert text.count("*(version") == 1  # the message; its reply has no other version
         # the same messages in a fresh chat: the same greedy reply
         await pilot.press("ctrl+n")
         await wait_until(pilot, lambda: not app.session.messages, what="a new chat")
         await send(pilot, "/edits")
-        assert notes(app)[-1].startswith("No edits in this chat")
+        assert notes(app)[-1].startswith("No other versions in this chat")
         await send(pilot, "Hello!")
         await send(pilot, "Tell me a joke.")
         assert said(app)[3][1] == edited
@@ -118,7 +118,7 @@ async def test_a_resumed_chat_shows_only_the_turns_that_stand(make_app, data_dir
     store = Store.open(data_dir)
     for role, text in (("user", "one"), ("assistant", "reply one"), ("user", "two"), ("assistant", "reply two")):
         store.add(Saved(role, text))
-    store.replace_last_turn()
+    store.branch(store.messages()[2])
     store.add(Saved("user", "two, edited"))
     store.add(Saved("assistant", "reply three"))
     store.close()
@@ -129,17 +129,18 @@ async def test_a_resumed_chat_shows_only_the_turns_that_stand(make_app, data_dir
         assert said(app) == [("user", "one"), ("assistant", "reply one"), ("user", "two, edited"),
                              ("assistant", "reply three")]
         assert shown(app) == ["one", "two, edited"] and [w.text for w in app.query(Reply)] == ["reply one", "reply three"]
-        assert [w.border_subtitle for w in app.query(UserMessage)] == [None, EDITED]
+        assert [w.border_subtitle for w in app.query(UserMessage)] == ["", "‹ 2/2 ›"]
         await send(pilot, "/edits")
-        assert "you: two" in notes(app)[-1] and "reply two" in notes(app)[-1]
+        assert "  1: two" in notes(app)[-1] and "reply two" not in notes(app)[-1]  # its reply: not this branch's
         await replace(pilot, "two, again")  # an edit of an edit: both earlier versions kept
         assert said(app)[2] == ("user", "two, again")
-    assert [r for r in stored(data_dir) if r[2]] == [("user", "two", 1), ("assistant", "reply two", 1),
-                                                     ("user", "two, edited", 1), ("assistant", "reply three", 1)]
+        assert app.query(UserMessage).last().border_subtitle == "‹ 3/3 ›"
+    assert [r for r in stored(data_dir) if r[2] == 2] == [("user", "two", 2), ("user", "two, edited", 2),
+                                                          ("user", "two, again", 2)]
 
 
 def test_a_chat_db_from_before_edits_opens(data_dir):
-    """The column `replaced` is added to an older chat.db, its rows standing (0)."""
+    """The columns `replaced`, `parent` and `leaf` are added to an older chat.db; its rows stand in order."""
     data_dir.mkdir(parents=True)
     with sqlite3.connect(data_dir / "chat.db") as db:
         db.executescript("""
@@ -155,15 +156,15 @@ def test_a_chat_db_from_before_edits_opens(data_dir):
         """)
     store = Store.open(data_dir)
     try:
-        assert [(m.role, m.content, m.replaced) for m in store.resume_last()[0]] == [("user", "old", False),
-                                                                                  ("assistant", "chat", False)]
-        store.replace_last_turn()
+        assert [(m.role, m.content) for m in store.resume_last()[0]] == [("user", "old"), ("assistant", "chat")]
+        store.branch(store.messages()[0])
         store.add(Saved("user", "new"))
-        assert [m.content for m in store.messages()] == ["new"] and store.is_edit(store.messages()[0])
+        assert [m.content for m in store.messages()] == ["new"]
+        assert [m.content for m in store.versions(store.messages()[0])] == ["old", "new"]
         assert [info.n_messages for info in store.chats()] == [1]  # the chat list counts what stands
     finally:
         store.close()
-    assert stored(data_dir) == [("user", "old", 1), ("assistant", "chat", 1), ("user", "new", 0)]
+    assert stored(data_dir) == [("user", "old", None), ("assistant", "chat", None), ("user", "new", 0)]
 
 
 async def test_an_edit_is_refused_while_a_reply_runs_and_esc_cancels_it_first(make_app):

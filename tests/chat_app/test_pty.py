@@ -253,9 +253,40 @@ def test_up_in_an_empty_prompt_edits_the_last_message(ckpt, tmp_path):
         term.send(" there")
         typed(term, "hi there")
         term.send("\r")
-        term.wait("edited · /edits")
+        term.wait("‹ 2/2 ›")
         term.wait(lambda: READY in term.text() and editing not in term.text(), "the edit's reply")
         assert term.text().count(YOU) == 1 and "hi there" in term.text()
         assert [(r[2], r[3]) for r in rows(tmp_path / "data")][::2] == [("user", "hi"), ("user", "hi there")]
+    finally:
+        term.close()
+
+
+def test_versions_move_with_the_keys_a_terminal_sends(ckpt, tmp_path):
+    """Issue 46, item 3: Ctrl+Left / Ctrl+Right in an empty prompt, and Left / Right on a picked
+    message, as a terminal sends them (CSI 1;5 D, CSI D): an edit's old turn, then a second
+    version of its reply (Ctrl+R), and back to the edit."""
+    right, ctrl_r, up = "\x1b[C", "\x12", "\x1b[A"
+    term = start(ckpt, tmp_path, "--max-tokens", "2")
+    screen = term.text
+    try:
+        term.send("hi\r")
+        term.wait(lambda: YOU in screen() and READY in screen() and term.input_text() == "", "the reply")
+        term.send(up)
+        term.wait("editing your last message")
+        term.send(" there")
+        typed(term, "hi there")
+        term.send("\r")
+        term.wait(lambda: "‹ 2/2 ›" in screen() and READY in screen(), "the edit's reply")
+        term.send(CTRL_LEFT)  # the last reply has one version: the message's version before
+        term.wait(lambda: "‹ 1/2 ›" in screen() and "hi there" not in screen(), "the old turn")
+        term.send(ctrl_r)  # a second version of the old turn's reply
+        term.wait(lambda: screen().count("‹ 1/2 ›") == 1 and "‹ 2/2 ›" in screen() and READY in screen(),
+                  "the reply's new version")
+        term.send(CTRL_LEFT)
+        term.wait(lambda: screen().count("‹ 1/2 ›") == 2, "the reply's first version")
+        term.send(TAB)  # the conversation (a binding: handled after keys the input takes itself)
+        settled(term)
+        term.send(HOME + right)  # pick the first message, then its version after: the edit
+        term.wait(lambda: "hi there" in screen() and "‹ 2/2 ›" in screen(), "the edit again")
     finally:
         term.close()

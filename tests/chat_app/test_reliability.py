@@ -156,14 +156,14 @@ async def test_set_refuses_huge_seeds_and_nan(make_app):
 def test_two_instances_never_share_a_conversation(tmp_path):
     a = Store.open(tmp_path)
     a.add(Saved("user", "A asks"))
-    a_reply = Saved("assistant", "A's reply")
+    a_reply = Saved("assistant", "")  # a reply that never began: Ctrl+R deletes it
     a.add(a_reply)
     b = Store.open(tmp_path)
     got, held = b.resume_last()
     assert got == [] and held  # A holds its chat: B gets a new one (and says why)
     b.add(Saved("user", "B asks"))
     b.add(Saved("assistant", "B's reply"))  # the newest row of all
-    a.drop(a_reply)  # A's Ctrl+R deletes A's own reply, not the newest row
+    a.branch(a_reply)  # A's Ctrl+R deletes A's own reply, not the newest row
     assert [r[3] for r in rows(tmp_path)] == ["A asks", "B asks", "B's reply"]
     a.close()
     c = Store.open(tmp_path)
