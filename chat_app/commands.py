@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from chat_app.app import ChatApp
 
 COMMANDS = {  # name: (arguments, what it does)
-    "set": ("NAME VALUE", "sampling: temperature, top_p, top_k, repeat_penalty, max_tokens, seed, regen_temperature"),
+    "set": ("NAME VALUE", "sampling: temperature, top_p, top_k, repeat_penalty, dry_multiplier, dry_base, "
+            "dry_allowed_length, dry_last_n, repeat_stop (off or N), max_tokens, seed, regen_temperature"),
     "system": ("TEXT", "set the system prompt (no TEXT: none); used from the next turn"),
     "export": ("PATH", "write the conversation to PATH as Markdown (/export! PATH overwrites)"),
     "continue": ("", "continue the last reply where it ended (like Ctrl+F)"),
@@ -32,7 +33,7 @@ COMMANDS = {  # name: (arguments, what it does)
     "theme": ("NAME", "switch the colour theme and keep it (no NAME: list them)"),
     "clear": ("", "clear the screen and start a new chat (like Ctrl+N)"),
     "chats": ("", "saved chats: open, rename, delete (like Ctrl+O)"),
-    "model": ("PATH", "open another model in a new chat (the old chat stays saved); no PATH: show it"),
+    "model": ("PATH", "open another model in a new chat (the old chat stays saved); no PATH: it and every model known here"),
     "help": ("", "this help (like F1)"),
 }
 

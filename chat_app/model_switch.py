@@ -49,11 +49,13 @@ This module never imports torch.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chat_app.chat_model import gone, locate
 from chat_app.events import Failed
+from chat_app.palette import known_models
 from chat_app.widgets.conversation import UserMessage
 from tinyllm.formats import hub  # no torch, as the next
 from tinyllm.formats.model_files import precheck
@@ -170,7 +172,7 @@ class ModelSwitcher:
             app.note("The model is still loading (or failed to load).", "warning")
             return
         if not arg:
-            app.note(f"Model: {self.session.name} ({self.session.path}); /model PATH opens another.")
+            app.note(models_note(self.session.name, self.session.path, known_models(app.store)))
             return
         if app.busy:
             app.note("A reply is still running: wait for it, or press Esc, then /model again.", "warning")
@@ -277,3 +279,14 @@ class ModelSwitcher:
             app.status.show(state="failed")
             self.waiting_not_sent()
         app.say(item.message, "error")
+
+
+def models_note(name: str, path: str, known: list[tuple[str, str]]) -> str:
+    """/model's answer: the model open, then every model known here (the models folder's, those
+    saved chats used: what Tab and the palette offer), the open one marked."""
+    here = os.path.realpath(path) if not path.startswith("hf:") else path
+    lines = [f"Model: {name} ({path}). /model PATH opens another (Tab completes these; * is open):"]
+    for name, where in known:
+        mine = (os.path.realpath(where) if not where.startswith("hf:") else where) == here
+        lines.append(f"{'*' if mine else ' '} {name}: {where}")
+    return "\n".join(lines)

@@ -91,7 +91,11 @@ async def test_switching_models_starts_a_new_chat_and_ends_the_old_process(make_
         reply = app.query_one(Reply)
         assert reply.border_title == "other-tiny" and new.last_stats.tokens > 0 and reply.text
         await model_command(pilot, "")
-        assert any(f"other-tiny ({other_ckpt.resolve()})" in n for n in notes(app))  # a command's answer
+        answer = notes(app)[-1].split("\n")  # a command's answer: the model open, then every one known
+        assert answer[0].startswith(f"Model: other-tiny ({other_ckpt.resolve()})")
+        assert f"* other-tiny: {other_ckpt.resolve()}" in answer  # open: marked
+        assert f"  tiny-test: {ckpt.resolve()}" in answer  # the first chat's model (as Tab offers it)
+        assert any(line.startswith("  tinychat: ") for line in answer)  # the models folder's
     with sqlite3.connect(data_dir / "chat.db") as db:  # both chats saved, each reply with its model
         chats = db.execute("SELECT c.model, m.model FROM messages m JOIN conversations c "
                            "ON m.conversation = c.id WHERE m.role = 'assistant' ORDER BY m.id").fetchall()

@@ -15,7 +15,7 @@ does not grow with the chat. The reply streams as events:
 
   Prefilled(n_tokens, ms, dropped)      once per reply: the prefill is done
   Token(text, stats)                    one per generated token (text may be "")
-  Finished(reason, text, stats)         reason: "eos" | "max_tokens" | "stopped" | "context_full"
+  Finished(reason, text, stats)         reason: "eos" | "max_tokens" | "stopped" | "context_full" | "repeating"
 
 `compile`: None (the plain step), "inductor" (compiled in the background, taking over at a
 reply boundary), "native" (the CPU step as one C++ call; a ValueError where it cannot run the
