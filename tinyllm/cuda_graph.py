@@ -248,6 +248,7 @@ class _Decoder:
                  use_graph: bool | None, compile: str | None, n_valid: int | None = None):
         self.model, self.cache, self.compile = model, cache, compile
         for rope in model.ropes:  # the tables `rope.cos` reads: never built in a capture/compile
+            rope.set_context(max_len)  # LongRoPE: the factors of this run's context (tinyllm.core.rope)
             rope.ensure(rope.max_seq_len)
         self.buckets = tuple(sorted(buckets))
         if self.buckets[-1] < max_len:

@@ -482,7 +482,7 @@ class Transformer(Module):
         if cache is None:
             if T > self.cfg.max_seq_len:
                 raise ValueError(f"sequence of {T} tokens exceeds max_seq_len {self.cfg.max_seq_len}")
-            cos, sin = self.rope(T, 0)
+            cos, sin = self.rope(T, 0, span=T)  # LongRoPE by the sequence's length (tinyllm.core.rope)
         else:
             cos, sin = cache.begin_step(T, self.rope)
         local = (cos, sin)

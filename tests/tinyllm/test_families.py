@@ -204,3 +204,27 @@ def test_cuda_engine_graphs_equal_the_engine_eager(family):
     model = open_any(path, "cuda").model
     prompts = [ids(n, model.cfg.vocab_size, seed=30 + n, rows=1)[0].tolist() for n in (4, 17, 9)]
     assert engine_replies(model, prompts, use_graph=True) == engine_replies(model, prompts, use_graph=False)
+
+
+@torch.no_grad()
+def test_phi3_long_factors_past_its_original_context(tmp_path):
+    """LongRoPE (issue 44): past `original_max_position_embeddings` (64 here) Phi-3 takes its long
+    factors, as transformers does for a longer sequence; the model keeps its own context (128), a
+    decoder whose context passes 64 runs the long factors from its first position (as llama.cpp
+    does by its context), and one within 64 the short ones."""
+    tok = save_bpe(tmp_path)
+    hf = make_family("phi3", tmp_path, tok.get_vocab_size())
+    model = open_any(tmp_path, "cpu", torch.float32).model
+    assert model.cfg.max_seq_len == 128  # not capped at the original 64 any more
+    seq = ids(100, model.cfg.vocab_size, seed=7)
+    full, _ = model(seq)
+    torch.testing.assert_close(full, hf(seq).logits, rtol=1e-4, atol=1e-4)  # long factors, as transformers
+    short, _ = model(seq[:, :48])
+    torch.testing.assert_close(short, hf(seq[:, :48]).logits, rtol=1e-4, atol=1e-4)  # short ones
+    assert (short - full[:, :48]).abs().max() > 1e-3  # the two really differ
+    dec = GraphDecoder(model, 2, max_len=128, buckets=(32, 64, 128), use_graph=False)
+    dec.prefill(seq[:, :10])
+    torch.testing.assert_close(teacher_forced(dec.step, None, seq, 10), full[:, 10:], rtol=1e-4, atol=1e-4)
+    within = GraphDecoder(model, 2, max_len=64, buckets=(32, 64), use_graph=False)
+    within.prefill(seq[:, :10])
+    torch.testing.assert_close(teacher_forced(within.step, None, seq[:, :48], 10), short[:, 10:], rtol=1e-4, atol=1e-4)

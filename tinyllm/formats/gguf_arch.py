@@ -149,10 +149,10 @@ def _rope_scaling(g: GGUFFile, arch: str, get, rotary: int, max_len: int) -> tup
         short_f, long_f = (_factors(g, f"rope_factors_{k}.weight", rotary) for k in ("short", "long"))
         old = int(get("rope.scaling.original_context_length"))
         attn = float(get("rope.scaling.attn_factor", 1.0, float))
-        # Until long contexts land (issue 44), the short factors over the original context.
+        # The short factors within the original context, the long ones past it (tinyllm.core.rope).
         return ({"type": "longrope", "short_factor": short_f, "long_factor": long_f,
                  "original_max_position_embeddings": old, "factor": max_len / old, "attention_factor": attn},
-                min(max_len, old))
+                max_len)
     if "rope_freqs.weight" in g.tensors:  # Llama 3.1/3.2: each frequency divided by its factor
         f = _factors(g, "rope_freqs.weight", rotary)
         return ({"type": "longrope", "short_factor": f, "long_factor": f, "original_max_position_embeddings": max_len,

@@ -18,8 +18,8 @@ Contract:
   (1 + w): the loader adds the 1, so the model's norm is the plain one (llama.cpp's GGUF
   converter does the same). HF q/k weights already use the rotate-half layout, so no
   permutation. Mistral's sliding window caps max_seq_len (within the window attention is
-  exact); Phi-3's LongRoPE runs its short factors, max_seq_len capped at the original context
-  (long contexts are issue 44's).
+  exact); Phi-3's LongRoPE runs its short factors where a run's context is within the
+  original one and its long factors past it (tinyllm.core.rope), so max_seq_len is the model's own.
 - The format's two functions (tinyllm.formats.model_format): `inspect(path, template=None) ->
   ModelSpec` validates config, every tensor's name, shape and dtype (safetensors headers),
   the tokenizer and the chat template without reading a weight; `tensors(spec, quant, dtype,
@@ -97,9 +97,6 @@ def hf_config(raw: dict, where: str = "config.json") -> ModelConfig:
         theta = float(global_rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
         scaling = _rope_scaling(global_rope, raw, max_len, where)
         rotary = int(head_dim * float(global_rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))))
-        if scaling and scaling["type"] == "longrope":
-            # Until long contexts land (issue 44), the short factors over the original context.
-            max_len = min(max_len, int(scaling["original_max_position_embeddings"]))
         window = int(raw.get("sliding_window") or 0)
         local: tuple[int, ...] = ()
         if mt == "mistral" and window:
