@@ -137,12 +137,13 @@ def write_gguf(path, model: Transformer, types: dict, tokenizer_kv, arch="llama"
     return expected
 
 
-def sp_kv(tok: Tokenizer, chat_template=None):
+def sp_kv(tok: Tokenizer, chat_template=None, unk_kind=2):
+    """`unk_kind` 3: "<unk>" typed as a control piece, as Gemma's GGUF files type it."""
     sp = tok._sp
 
     def kind(i):
         if sp.is_unknown(i):
-            return 2
+            return unk_kind
         if sp.is_control(i):
             return 3
         if sp.is_byte(i):
@@ -365,3 +366,23 @@ def test_16_bit_matrices_stay_16_bit_on_the_cpu_and_compute_as_fp32(tmp_path, sp
     assert held.blocks[1].attn.wqkv.weight.dtype == dtype and held.norm.weight.dtype == torch.float32
     ids = torch.randint(0, sp_tok.vocab_size, (1, 12))
     assert torch.equal(held(ids)[0], wide(ids)[0])
+
+
+def test_a_gemma_file_with_a_control_unk_and_no_template_opens_and_chats(tmp_path, sp_tok):
+    """Gemma 3 270M's GGUF (the base model): "<unk>" typed as a control piece (sentencepiece then
+    had no unknown id, and looking up a piece not in the vocab raised IndexError when the session
+    opened), and no chat template (the built-in guess was chatml, whose markers Gemma lacks)."""
+    from tinyllm.session.chat import open_session
+    from tinyllm.text.jinja_template import pick_template
+
+    path = tmp_path / "gemma-3-tiny.gguf"
+    write_gguf(path, tiny(sp_tok.vocab_size, tie=True), {}, sp_kv(sp_tok, unk_kind=3))
+    _, tok, _, _ = open_any(path)
+    assert tok.piece_to_id("<end_of_turn>") is None and tok.piece_to_id("<nowhere>") is None
+    for hint in ("Gemma 3 270m (gemma3)", "tiny-gguf (gemma2)"):  # the name and family pick_template is given
+        tmpl = pick_template(None, tok, True, None, hint)
+        assert tmpl.name == "gemma" and tmpl.render_user("hi", "be brief") == (
+            "<start_of_turn>user\nbe brief\n\nhi<end_of_turn>\n")
+    session = open_session(path, "cpu", max_len=64, compile=None)
+    session.set_param("max_tokens", "3")
+    assert [type(e).__name__ for e in session.send("hi")][-1] == "Finished"

@@ -175,6 +175,8 @@ def gguf_tokenizer(g: GGUFFile):
         # Control pieces other than BOS/EOS/UNK/PAD (e.g. "<|im_start|>") become user-defined,
         # so text that names them encodes to their ids, as Hugging Face tokenizers do.
         kinds = [4 if t == 3 and i not in specials else t for i, t in enumerate(types)]
+        if ids["unknown"] is not None:  # Gemma's file types "<unk>" as a control piece: sentencepiece then has
+            kinds[ids["unknown"]] = 2  # no unknown id, and a piece not in the vocab looked up fails
         proto = sentencepiece_proto(tokens, scores, kinds, ids["unknown"], ids["bos"], ids["eos"],
                                     ids["padding"], bool(meta(g, "tokenizer.ggml.add_space_prefix", bool, True)))
         return Tokenizer.from_serialized(proto)
@@ -214,7 +216,8 @@ def inspect_gguf(g: GGUFFile, template: str | None = None) -> ModelSpec:
     check_vocab(g.path, tokenizer.vocab_size, cfg.vocab_size)
     name = meta(g, "general.name", str) or g.path.stem
     add_bos = meta(g, "tokenizer.ggml.add_bos_token", bool, g.metadata["tokenizer.ggml.model"] == "llama")
-    chat = pick_template(meta(g, "tokenizer.chat_template", str), tokenizer, bool(add_bos), template, name)
+    chat = pick_template(meta(g, "tokenizer.chat_template", str), tokenizer, bool(add_bos), template,
+                         f"{name} ({cfg.family})")  # the family too: a guess without a template
     stored = frozenset(f for t in g.tensors.values() if (f := held_form(t.type, t.shape)))
     return ModelSpec(g.path, cfg, tokenizer, chat, name, stored, source=(g, names), close=g.close)
 

@@ -285,7 +285,7 @@ def inspect(path: str | Path, template: str | None = None) -> ModelSpec:
     tok_cfg = _read_json(path / "tokenizer_config.json")
     name = raw.get("_name_or_path") or path.name
     source = _jinja_source(path, tok_cfg)
-    chat = pick_template(source, tokenizer, _add_bos(tokenizer, tok_cfg), template, name)
+    chat = pick_template(source, tokenizer, _add_bos(tokenizer, tok_cfg), template, f"{name} ({cfg.family})")
     plan: dict[Path, dict[str, str | Split]] = {}
     for hf in set(found.values()):
         plan.setdefault(where[hf], {})[stored[hf]] = names[hf]

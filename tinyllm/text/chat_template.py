@@ -3,7 +3,9 @@
 A template renders one message at a time, so a conversation's token ids are the
 concatenation of each message's ids: a new turn is encoded and prefilled alone, after the
 conversation so far (no re-render, no re-prefill). Built in: "chatml" (the default model's
-own, and SmolLM2's), "llama2" ([INST] ... [/INST]), "zephyr" (<|user|> ... </s>).
+own, and SmolLM2's), "llama2" ([INST] ... [/INST]), "zephyr" (<|user|> ... </s>), "gemma"
+(<start_of_turn>user ... <end_of_turn>, the system text at the head of the first user turn,
+as Gemma's own template puts it: for a Gemma file that carries no template).
 
 Contract: `TEMPLATES[name]` is a `ChatTemplate`; `get_template(name)` raises a ValueError
 naming the choices. `system` and `user` are format strings with exactly one plain
@@ -94,6 +96,15 @@ TEMPLATES: dict[str, ChatTemplate] = {
         assistant_prefix="",
         assistant_suffix=" </s><s>",
         stop=("</s>",),
+        system_in_first_user=True,
+    ),
+    "gemma": ChatTemplate(
+        name="gemma",
+        system="{content}\n\n",
+        user="<start_of_turn>user\n{content}<end_of_turn>\n",
+        assistant_prefix="<start_of_turn>model\n",
+        assistant_suffix="<end_of_turn>\n",
+        stop=("<end_of_turn>",),
         system_in_first_user=True,
     ),
     "zephyr": ChatTemplate(

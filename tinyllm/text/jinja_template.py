@@ -29,7 +29,8 @@ Contract:
   think block in the last reply after the last question is allowed: it vanishes once a question
   follows, which is how replies are sent back.
 - `guess_builtin(text)` names the built-in template whose markers a template source or a
-  model name shows ("<|im_start|>" -> chatml, "[INST]" -> llama2, "<|user|>" -> zephyr).
+  model name shows ("<|im_start|>" -> chatml, "[INST]" -> llama2, "<|user|>" -> zephyr,
+  "<start_of_turn>" or "gemma" -> gemma).
 Refuses: a missing jinja2 (ValueError naming the extra to install); templates that do not
 render or do not split per message (ValueError).
 """
@@ -85,6 +86,8 @@ def guess_builtin(text: str) -> str | None:
         return "llama2"
     if "<|user|>" in text or "zephyr" in low or "tinyllama" in low:
         return "zephyr"
+    if "<start_of_turn>" in text or "gemma" in low:
+        return "gemma"
     return None
 
 
@@ -323,7 +326,8 @@ def _check(t: JinjaChatTemplate, render, lead: str, bos_text: str, with_system: 
 def pick_template(source: str | None, tokenizer, add_bos: bool, template: str | None,
                   name: str) -> ChatTemplate:
     """`template` by name; else the model's own Jinja template when it splits per message;
-    else a built-in guessed from the template source or model name; else chatml."""
+    else a built-in guessed from the template source or `name` (the model's name and family);
+    else chatml."""
     if template:
         return get_template(template)
     bos = tokenizer.id_to_piece(tokenizer.bos_id) if tokenizer.bos_id is not None else None

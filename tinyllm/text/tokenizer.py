@@ -213,6 +213,8 @@ class Tokenizer:
     def piece_to_id(self, piece: str) -> int | None:
         """The id of ``piece``, or None if it is not in the vocab (``"<unk>"`` itself is)."""
         i = self._sp.piece_to_id(piece)
+        if not 0 <= i < self.vocab_size:  # a vocab with no unknown piece answers -1
+            return None
         return None if self._sp.is_unknown(i) and self._sp.id_to_piece(i) != piece else i
 
     def id_to_piece(self, i: int) -> str:
