@@ -77,8 +77,9 @@ def build(model, cache) -> object:
     cfg = model.cfg
     head, layers = model.native_parts()
     tensors = list(head)
-    for parts, k, v in zip(layers, cache.k, cache.v, strict=True):
-        tensors += [*parts, k, v]
+    none = torch.empty(0)
+    for parts, k, v, ks, vs in zip(layers, cache.k, cache.v, cache.k_scale, cache.v_scale, strict=True):
+        tensors += [*parts, k, v, none if ks is None else ks, none if vs is None else vs]  # scales: int8 K/V only
     # cpu_step.cpp's config and scalars: the family's features, a window per layer (0: global)
     config = [cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim, cfg.head_dim, cfg.rotary_dim,
               int(cfg.act == "gelu_tanh"), *(b.attn.window for b in model.blocks)]
@@ -98,7 +99,7 @@ class NativeStep:
         dec, cache = self.dec, self.dec.cache
         if self.refused:
             return dec.plain_step(window)
-        held = (*cache.k, *cache.v)
+        held = (*cache.k, *cache.v, *cache.k_scale, *cache.v_scale)
         if self._step is None or any(a is not b for a, b in zip(held, self._held, strict=True)):
             if cache.k[0] is None:
                 raise ValueError("prefill before the first decode step")

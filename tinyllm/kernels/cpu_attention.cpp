@@ -7,7 +7,9 @@
 // (B, Hkv, R, D). Masked keys are never read; a row with no key gets 0. Where a.cap > 0 the
 // scores (scaled) are soft-capped, cap * tanh(s / cap), before the softmax (Gemma 2). q, k, v fp32 or bf16
 // (q of one dtype, k and v of one, the same or fp32 q over bf16 k and v: the native step's
-// compact cache; bf16 widened as it is loaded, k and v through their strides); scores, softmax
+// compact cache; bf16 widened as it is loaded, k and v through their strides), or fp32 q over
+// int8 k and v with an fp32 scale a key (widened as loaded; a key's k scale multiplies its score,
+// its v scale its softmax weight after the sum of exp); scores, softmax
 // and sums fp32, the result rounded once to q's dtype. R <= ATTN_MAX_R, D a multiple of 8 up to
 // ATTN_MAX_D (the caller checks).
 #include <immintrin.h>
@@ -15,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu_kernels.h"
 #include "cpu_simd.h"
@@ -65,10 +68,13 @@ void weigh_rows(const T* vbase, int64_t vw, const int32_t* idx, int64_t n, const
 // at 1 thread 19.2 -> 12-15.
 template <class Q, class T>
 void attend_chunk(const AttnArgs<Q, T>& a, int64_t u) {
+  constexpr bool I8 = std::is_same_v<T, int8_t>;  // scales a key: ksc, vsc (else unread)
   const int64_t c = u % a.chunks, bh = u / a.chunks, b = bh / a.Hkv, h = bh % a.Hkv, R = a.R, D = a.D;
   const int64_t j0 = c * ATTN_CHUNK, j1 = std::min(a.W, j0 + ATTN_CHUNK);
   const T* kbase = a.k + b * a.kb + h * a.kh;
   const T* vbase = a.v + b * a.vb + h * a.vh;
+  const float* ksc = I8 ? a.ks + b * a.ksb + h * a.ksh : nullptr;
+  const float* vsc = I8 ? a.vs + b * a.vsb + h * a.vsh : nullptr;
   const bool* mask = a.mask + b * a.mb;
   float q[ATTN_MAX_R * ATTN_MAX_D];  // the head's R query rows, fp32
   for (int64_t r = 0; r < R; ++r)
@@ -89,6 +95,12 @@ void attend_chunk(const AttnArgs<Q, T>& a, int64_t u) {
   for (; i + 8 <= n; i += 8) {  // scores of 8 keys a row at once, summed together (hsum8)
     const T* kj[8];
     for (int t = 0; t < 8; ++t) kj[t] = kbase + idx[i + t] * a.kw;
+    __m256 kscale = scale;  // the scale, times each key's own where int8
+    if constexpr (I8) {
+      float s8[8];
+      for (int t = 0; t < 8; ++t) s8[t] = ksc[idx[i + t]];
+      kscale = _mm256_mul_ps(_mm256_loadu_ps(s8), scale);
+    }
     for (int64_t r = 0; r < R; ++r) {
       const float* qr = q + r * D;
       __m256 s[8];
@@ -97,15 +109,16 @@ void attend_chunk(const AttnArgs<Q, T>& a, int64_t u) {
         const __m256 qv = _mm256_loadu_ps(qr + d);
         for (int t = 0; t < 8; ++t) s[t] = _mm256_fmadd_ps(qv, widen8(kj[t] + d), s[t]);
       }
-      _mm256_storeu_ps(sc[r] + i, _mm256_mul_ps(hsum8(s), scale));
+      _mm256_storeu_ps(sc[r] + i, _mm256_mul_ps(hsum8(s), kscale));
     }
   }
   for (; i < n; ++i) {  // the last keys, one at a time
     const T* kj = kbase + idx[i] * a.kw;
+    const float kscale = I8 ? ksc[idx[i]] * a.scale : a.scale;
     for (int64_t r = 0; r < R; ++r) {
       __m256 s0 = _mm256_setzero_ps();
       for (int64_t d = 0; d < D; d += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * D + d), widen8(kj + d), s0);
-      sc[r][i] = hsum(s0) * a.scale;
+      sc[r][i] = hsum(s0) * kscale;
     }
   }
   if (a.cap > 0.f)
@@ -125,6 +138,12 @@ void attend_chunk(const AttnArgs<Q, T>& a, int64_t u) {
     float lr = hsum(lv);
     for (; t < n; ++t) lr += (sc[r][t] = std::exp(sc[r][t] - mr));
     l[r] = lr;
+  }
+  if constexpr (I8) {  // each weight times its value's scale: the sums below are then of scaled values
+    float vs[ATTN_CHUNK];
+    for (int64_t t = 0; t < n; ++t) vs[t] = vsc[idx[t]];
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t t = 0; t < n; ++t) sc[r][t] *= vs[t];
   }
   for (int64_t r0 = 0; r0 < R; r0 += 4) {  // the weighted sums of the values, up to 4 rows a pass
     switch (std::min<int64_t>(4, R - r0)) {
@@ -166,5 +185,6 @@ void attend_all(const AttnArgs<Q, T>& a, int64_t B, Q* yp) {
 void attend_units(const AttnArgs<float>& a, int64_t B, float* y) { attend_all(a, B, y); }
 void attend_units(const AttnArgs<bf16>& a, int64_t B, bf16* y) { attend_all(a, B, y); }
 void attend_units(const AttnArgs<float, bf16>& a, int64_t B, float* y) { attend_all(a, B, y); }
+void attend_units(const AttnArgs<float, int8_t>& a, int64_t B, float* y) { attend_all(a, B, y); }
 
 }  // namespace tinyllm_cpu
