@@ -21,10 +21,13 @@ Contract:
   the decoder's cache holds no K/V yet, it holds them in `kv_dtype` from its first prefill on
   (None: the model's dtype); a cache already filled keeps its dtype. The step reads an fp32 or
   a bf16 cache (tinyllm.kv_cache's kv_dtype: written rounded, widened as read; the plain step
-  reads it back in fp32, so the two still agree up to fp32 rounding).
+  reads it back in fp32, so the two still agree up to fp32 rounding), or an int8 one
+  (`torch.int8`: a scale a head and position, written quantized by both steps to the same
+  bits, read back dequantized by the plain step; again equal up to fp32 rounding).
 - `KV_DTYPE`: bf16. Half of fp32's bytes a position (the default model's 46 KB -> 23 KB); what
   it costs in logits on the default model and SmolLM2, and what it gains late in a context, is
-  measured in docs/BENCHMARKS.md ("Long context on the CPU").
+  measured in docs/BENCHMARKS.md ("Long context on the CPU"), beside int8's (an option, not
+  the default: about a quarter of fp32's bytes).
 - `NativeStep(dec)`: the step `(window) -> logits (1, 1, V)`, what the decoder's
   `plain_step(window)` does: the model's step through the cache's decode view at `cache.pos`
   (K/V written there, keys first_valid..pos attended, pos advanced), then the sampler's push
