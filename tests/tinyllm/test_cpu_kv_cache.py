@@ -199,6 +199,15 @@ def test_use_native_holds_a_fresh_cache_in_bf16_by_default_and_keeps_a_filled_on
 
 
 @native
+@pytest.mark.parametrize("n_heads,n_kv_heads", [(6, 2), (7, 1), (8, 1)])
+def test_the_int8_attention_takes_any_rows_a_head(n_heads, n_kv_heads):
+    """Query rows a key/value head of 3, 7 and 8: the int8 scores run up to 3 rows a pass."""
+    model = tiny_model(4, n_heads=n_heads, n_kv_heads=n_kv_heads, dim=16 * n_heads)
+    got, want = decode_both(model, prompt_of(model, 300), 4, torch.int8)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@native
 def test_the_native_step_over_an_int8_cache_draws_the_plain_steps_greedy_ids():
     model = tiny_model(4)
     prompt = prompt_of(model, 40)

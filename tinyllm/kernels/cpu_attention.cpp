@@ -61,6 +61,26 @@ void weigh_rows(const T* vbase, int64_t vw, const int32_t* idx, int64_t n, const
   if (d < D) weigh_values<RT, 1>(vbase, vw, idx, n, p, r0, D, d, acc);  // D is a multiple of 8
 }
 
+// sc[r0 + r][i..i+3] = (query row r0 + r) . (4 int8 keys kj), times ks (4), for RT rows at
+// once: each key's 8 dims are widened once for all RT rows (widening is as much work as the
+// products; the 8-keys-a-row loop below widens every key once a row).
+template <int RT>
+void score_rows(const float* q, int64_t D, const int8_t* const* kj, __m128 ks, int64_t r0,
+                float (*sc)[ATTN_CHUNK], int64_t i) {
+  __m256 s[RT][4];
+  for (int r = 0; r < RT; ++r)
+    for (int t = 0; t < 4; ++t) s[r][t] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 8)
+    for (int t = 0; t < 4; ++t) {
+      const __m256 kv = widen8(kj[t] + d);
+      for (int r = 0; r < RT; ++r) s[r][t] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (r0 + r) * D + d), kv, s[r][t]);
+    }
+  for (int r = 0; r < RT; ++r) {  // [sum(s[r][0]), ..., sum(s[r][3])]
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s[r][0], s[r][1]), _mm256_hadd_ps(s[r][2], s[r][3]));
+    _mm_storeu_ps(sc[r0 + r] + i, _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)), ks));
+  }
+}
+
 // Unit u = ((b * Hkv + h) * chunks + c). Measured on the 2-core AVX512 Xeon with SmolLM2's
 // heads (R 3, D 64, fp32; scripts/cpu_attention_bench.py), a call with one key and one row at a
 // time (a horizontal sum a score, the value sums loaded and stored each key) against as written
@@ -92,24 +112,34 @@ void attend_chunk(const AttnArgs<Q, T>& a, int64_t u) {
   if (n == 0) return;
   const __m256 scale = _mm256_set1_ps(a.scale);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {  // scores of 8 keys a row at once, summed together (hsum8)
-    const T* kj[8];
-    for (int t = 0; t < 8; ++t) kj[t] = kbase + idx[i + t] * a.kw;
-    __m256 kscale = scale;  // the scale, times each key's own where int8
-    if constexpr (I8) {
-      float s8[8];
-      for (int t = 0; t < 8; ++t) s8[t] = ksc[idx[i + t]];
-      kscale = _mm256_mul_ps(_mm256_loadu_ps(s8), scale);
-    }
-    for (int64_t r = 0; r < R; ++r) {
-      const float* qr = q + r * D;
-      __m256 s[8];
-      for (int t = 0; t < 8; ++t) s[t] = _mm256_setzero_ps();
-      for (int64_t d = 0; d < D; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(qr + d);
-        for (int t = 0; t < 8; ++t) s[t] = _mm256_fmadd_ps(qv, widen8(kj[t] + d), s[t]);
+  if constexpr (I8) {
+    for (; i + 4 <= n; i += 4) {  // scores of 4 keys, up to 3 rows at once (score_rows)
+      const int8_t* kj[4];
+      float s4[4];
+      for (int t = 0; t < 4; ++t) kj[t] = kbase + idx[i + t] * a.kw, s4[t] = ksc[idx[i + t]];
+      const __m128 ks = _mm_mul_ps(_mm_loadu_ps(s4), _mm256_castps256_ps128(scale));  // each key's scale, times a.scale
+      for (int64_t r0 = 0; r0 < R; r0 += 3) {
+        switch (std::min<int64_t>(3, R - r0)) {
+          case 3: score_rows<3>(q, D, kj, ks, r0, sc, i); break;
+          case 2: score_rows<2>(q, D, kj, ks, r0, sc, i); break;
+          default: score_rows<1>(q, D, kj, ks, r0, sc, i);
+        }
       }
-      _mm256_storeu_ps(sc[r] + i, _mm256_mul_ps(hsum8(s), kscale));
+    }
+  } else {
+    for (; i + 8 <= n; i += 8) {  // scores of 8 keys a row at once, summed together (hsum8)
+      const T* kj[8];
+      for (int t = 0; t < 8; ++t) kj[t] = kbase + idx[i + t] * a.kw;
+      for (int64_t r = 0; r < R; ++r) {
+        const float* qr = q + r * D;
+        __m256 s[8];
+        for (int t = 0; t < 8; ++t) s[t] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+          const __m256 qv = _mm256_loadu_ps(qr + d);
+          for (int t = 0; t < 8; ++t) s[t] = _mm256_fmadd_ps(qv, widen8(kj[t] + d), s[t]);
+        }
+        _mm256_storeu_ps(sc[r] + i, _mm256_mul_ps(hsum8(s), scale));
+      }
     }
   }
   for (; i < n; ++i) {  // the last keys, one at a time
