@@ -117,6 +117,11 @@ void attend_chunk(const AttnArgs<Q, T>& a, int64_t u) {
       const int8_t* kj[4];
       float s4[4];
       for (int t = 0; t < 4; ++t) kj[t] = kbase + idx[i + t] * a.kw, s4[t] = ksc[idx[i + t]];
+      for (int t = 0; t < 4; ++t)  // keys PREFETCH_BYTES on, and the values the pass below reads
+        for (int64_t o = 0; o < D; o += 64) {
+          prefetch(reinterpret_cast<const char*>(kj[t]) + PREFETCH_BYTES + o);
+          prefetch(reinterpret_cast<const char*>(vbase + idx[i + t] * a.vw) + o);
+        }
       const __m128 ks = _mm_mul_ps(_mm_loadu_ps(s4), _mm256_castps256_ps128(scale));  // each key's scale, times a.scale
       for (int64_t r0 = 0; r0 < R; r0 += 3) {
         switch (std::min<int64_t>(3, R - r0)) {
