@@ -1,8 +1,8 @@
-"""The native CPU step's logits over a bf16 K/V cache against an fp32 one, on real models and real
-text (docs/BENCHMARKS.md, "Long context on the CPU"): teacher-forced over N tokens of a text, then
-greedy from the end of it, with the app's int8 rounding of x and without it (use_exact_x), beside
-the noise floor the app already has: the plain step against the native one, both fp32. Prints
-one JSON line a model.
+"""The native CPU step's logits over a bf16 and an int8 K/V cache against an fp32 one, on real
+models and real text (docs/BENCHMARKS.md, "Long context on the CPU"): teacher-forced over N
+tokens of a text, then greedy from the end of it, with the app's int8 rounding of x and without
+it (use_exact_x), beside the noise floor the app already has: the plain step against the native
+one, both fp32. Prints one JSON line a model.
 
     .venv/bin/python scripts/kv_dtype_error.py [--tokens 400] [--greedy 100] MODEL [MODEL ...]
 """
@@ -57,7 +57,8 @@ def main() -> int:
             before = cpu_qgemv.use_exact_x(exact)
             try:
                 ref, ref_ids = run(loaded.model, ids, args.greedy, torch.float32)
-                pairs = {"bf16_cache": run(loaded.model, ids, args.greedy, torch.bfloat16)}
+                pairs = {"bf16_cache": run(loaded.model, ids, args.greedy, torch.bfloat16),
+                         "int8_cache": run(loaded.model, ids, args.greedy, torch.int8)}
                 if not exact:  # the noise floor: the plain step against the native one, both fp32
                     pairs["plain_step_fp32"] = run(loaded.model, ids, args.greedy, torch.float32, native=False)
             finally:

@@ -65,7 +65,7 @@ from tinyllm.decode.sampling_params import SamplingParams
 from tinyllm.decode.saved_step import SavedStep
 from tinyllm.decode.step_sampler import StepSampler
 from tinyllm.kernels import cpu_qgemv, decode_attention, pdl
-from tinyllm.kv_cache import KVCache, LayerKV, SlotKVCache, ViewLayer, read_as
+from tinyllm.kv_cache import KVCache, LayerKV, SlotKVCache, ViewLayer, held_as, read_as
 from tinyllm.model import Transformer
 
 MAX_RUN = 16  # the most steps one run chains (the width of `out`)
@@ -100,7 +100,8 @@ class StaticKVCache(KVCache):
     view one decode step runs through: the position comes from the device tensor `pos`, and
     the step sees the first W keys with a mask, so shapes don't depend on the position.
     `first_valid` (B,) is the left-pad count per row; zeros when unpadded. `kv_dtype`: the
-    dtype K/V are held in (tinyllm.kv_cache's contract; None: the model's).
+    dtype K/V are held in (tinyllm.kv_cache's contract; None: the model's; int8 with scales
+    `k_scale`, `v_scale`, written quantized at pos and read back dequantized).
     """
 
     def __init__(self, n_layers: int, batch: int, max_len: int, device=None, kv_dtype: torch.dtype | None = None):
@@ -175,10 +176,15 @@ class _StaticDecode:
         return self.cache.pos[None]  # (1, 1): the device position, as the graph reads it
 
     def update(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        c = self.cache
-        c.k[i].index_copy_(2, c.pos, k.to(c.k[i].dtype))  # (B, Hkv, max_len + 1, D) at pos
-        c.v[i].index_copy_(2, c.pos, v.to(c.v[i].dtype))
-        return read_as(c.k[i][:, :, :self.window], k), read_as(c.v[i][:, :, :self.window], v)  # (B, Hkv, W, D)
+        c, W = self.cache, self.window
+        for store, scales, x in ((c.k[i], c.k_scale[i], k), (c.v[i], c.v_scale[i], v)):
+            held, s = held_as(store, x)  # cast, or int8 and its scales (B, Hkv, 1)
+            store.index_copy_(2, c.pos, held)  # (B, Hkv, max_len + 1, D) at pos
+            if s is not None:
+                scales.index_copy_(2, c.pos, s)  # (B, Hkv, max_len + 1) at pos
+        ks, vs = c.k_scale[i], c.v_scale[i]
+        return (read_as(c.k[i][:, :, :W], k, None if ks is None else ks[:, :, :W]),
+                read_as(c.v[i][:, :, :W], v, None if vs is None else vs[:, :, :W]))  # (B, Hkv, W, D)
 
     def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float, sliding: int = 0,
                     cap: float = 0.0) -> Tensor | None:
@@ -188,8 +194,8 @@ class _StaticDecode:
         first_valid itself (cos, sin and attn_kwargs are the same values, left unused): inputs
         the step already holds, which Inductor hands to every layer's call as they are."""
         c = self.cache
-        if not decode_attention.rope_supported(qkv, c.k[i], c.v[i]):
-            return None
+        if c.k_scale[i] is not None or not decode_attention.rope_supported(qkv, c.k[i], c.v[i]):
+            return None  # (an int8 cache: the unfused step reads it dequantized)
         return decode_attention.rope_decode_attention(qkv, self.rope.cos, self.rope.sin, c.pos, c.first_valid,
                                                       c.k[i], c.v[i], self.window, scale, sliding, cap)
 

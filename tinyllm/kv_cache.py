@@ -25,12 +25,17 @@ Here:
   nearest even for bf16), and what `update` returns is read back in the new K/V's dtype, so the
   attention sees the query's dtype (the native CPU step reads a bf16 cache itself, and holds
   its decoder's cache in bf16 unless told: tinyllm.decode.cpu_step.KV_DTYPE).
+  `torch.int8` (KVCache and StaticKVCache; the native CPU step's compact cache, asked for
+  with `use_native(dec, torch.int8)`): K and V held int8 with an fp32 scale a (layer, row,
+  kv head, position), `k_scale[i]` and `v_scale[i]` (B, Hkv, rows), written quantized
+  (`quantize_int8`: symmetric, absmax / 127, round half to even) and read back dequantized
+  (`dequantize_int8`), so an element is off by at most half its head's absmax / 127.
 - `kv_storage(shape, dtype, device)`: zeroed storage for one layer's K or V. On a CPU it is an
   anonymous mapping, which the kernel commits a page at a time as positions are first
   written: a 128k-position cache costs memory only for the positions a chat reaches. A read
   of a position never written sees zeros, and every path masks such positions out.
 Refuses: writing past max_len ("KV cache full"), a K/V dtype other than the one it holds
-(where kv_dtype is None).
+(where kv_dtype is None), an int8 SlotKVCache.
 """
 
 from __future__ import annotations
@@ -90,9 +95,34 @@ def kv_storage(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device)
     return torch.frombuffer(buf, dtype=dtype, count=n).view(shape)
 
 
-def read_as(store: Tensor, k: Tensor) -> Tensor:
-    """A cache's slice `store` as the attention reads it: in the new K/V `k`'s dtype."""
+def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x (..., D) -> int8 q (..., D) and fp32 scales s (...), x ~ q * s: symmetric, s = absmax / 127
+    over the last dim, q = round(x / s) half to even (cpu_step.cpp's store computes the same bits);
+    an all-zero row gets s = 0, q = 0."""
+    x = x.float()
+    s = x.abs().amax(-1) / 127  # (...)
+    q = torch.where(s[..., None] > 0, x / s[..., None], 0.0).round_().clamp_(-127, 127)  # (..., D)
+    return q.to(torch.int8), s
+
+
+def dequantize_int8(q: Tensor, s: Tensor, dtype: torch.dtype) -> Tensor:
+    """int8 q (..., D) times its scales s (...), in `dtype`."""
+    return (q.float() * s[..., None]).to(dtype)  # (..., D)
+
+
+def read_as(store: Tensor, k: Tensor, scale: Tensor | None = None) -> Tensor:
+    """A cache's slice `store` as the attention reads it: in the new K/V `k`'s dtype (an int8
+    store dequantized with its scales (..., W))."""
+    if scale is not None:
+        return dequantize_int8(store, scale, k.dtype)
     return store if store.dtype == k.dtype else store.to(k.dtype)
+
+
+def held_as(store: Tensor, x: Tensor) -> tuple[Tensor, Tensor | None]:
+    """New K or V `x` (..., D) as a cache of `store`'s dtype holds it: cast, or int8 and its scales."""
+    if store.dtype == torch.int8:
+        return quantize_int8(x)
+    return x.to(store.dtype), None
 
 
 class KVCache:
@@ -105,6 +135,8 @@ class KVCache:
         self.kv_dtype = kv_dtype  # K/V held in this dtype; None: as the first write brings them
         self.k: list[Tensor | None] = [None] * n_layers
         self.v: list[Tensor | None] = [None] * n_layers
+        self.k_scale: list[Tensor | None] = [None] * n_layers  # (B, Hkv, rows) fp32, int8 K/V only
+        self.v_scale: list[Tensor | None] = [None] * n_layers
         self.first_valid = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.padded = False
         self.n = 0
@@ -148,7 +180,8 @@ class KVCache:
         return torch.arange(start, start + T, device=self.device)[None]
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
+        held = self.k + self.v + self.k_scale + self.v_scale
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
 
 
 class _PrefillLayer:
@@ -183,12 +216,20 @@ class LayerKV(_PrefillLayer):
             shape, dtype = (c.batch, H, c.rows, D), c.kv_dtype or k.dtype
             c.k[i] = kv_storage(shape, dtype, k.device)
             c.v[i] = kv_storage(shape, dtype, v.device)
+            if dtype == torch.int8:
+                c.k_scale[i] = kv_storage(shape[:3], torch.float32, k.device)  # (B, Hkv, rows)
+                c.v_scale[i] = kv_storage(shape[:3], torch.float32, v.device)
         if c.kv_dtype is None:
             check_dtype(c.k[i], k)
         end = c.n + T
-        c.k[i][:, :, c.n:end] = k  # cast to the held dtype where it differs
-        c.v[i][:, :, c.n:end] = v
-        return read_as(c.k[i][:, :, :end], k), read_as(c.v[i][:, :, :end], v)  # (B, Hkv, n + T, D)
+        for store, scales, x in ((c.k[i], c.k_scale[i], k), (c.v[i], c.v_scale[i], v)):
+            held, s = held_as(store, x)  # cast (or quantized) to the held dtype where it differs
+            store[:, :, c.n:end] = held
+            if s is not None:
+                scales[:, :, c.n:end] = s
+        ks, vs = c.k_scale[i], c.v_scale[i]
+        return (read_as(c.k[i][:, :, :end], k, None if ks is None else ks[:, :, :end]),
+                read_as(c.v[i][:, :, :end], v, None if vs is None else vs[:, :, :end]))  # (B, Hkv, n + T, D)
 
 
 class SlotKVCache:
@@ -206,6 +247,9 @@ class SlotKVCache:
         self.n_layers, self.n_slots, self.max_len = n_layers, n_slots, max_len
         self.rows = max_len + 1  # one spare position: a window W <= max_len is always a strict slice
         self.device = torch.device(device) if device is not None else torch.device("cpu")
+        if kv_dtype == torch.int8:
+            raise ValueError("an int8 K/V cache is the native CPU step's (KVCache, StaticKVCache): "
+                             "hold the slot cache in bf16 or the model's dtype")
         self.kv_dtype = kv_dtype  # K/V held in this dtype; None: as the first write brings them
         self.k: list[Tensor | None] = [None] * n_layers
         self.v: list[Tensor | None] = [None] * n_layers

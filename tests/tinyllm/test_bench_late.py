@@ -17,8 +17,8 @@ def test_late_context_rows(capsys):
     recs = [json.loads(line) for line in out.splitlines()]
     assert rc == 0
     rows = [(r["metric"], r["kv_dtype"], r.get("start")) for r in recs]
-    assert rows == [("decode_tok_s", d, s) for d in ("bf16",) for s in (10, 300)] + [("late_over_early", "bf16", None)] + \
-        [("decode_tok_s", "fp32", s) for s in (10, 300)] + [("late_over_early", "fp32", None)]
+    assert rows == [row for d in ("bf16", "fp32", "int8")
+                    for row in [("decode_tok_s", d, 10), ("decode_tok_s", d, 300), ("late_over_early", d, None)]]
     assert all(r["value"] > 0 for r in recs)
 
 

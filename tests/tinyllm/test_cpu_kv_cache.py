@@ -1,8 +1,9 @@
 """The compact, lazily committed K/V cache on a CPU (tinyllm.kv_cache's kv_dtype and kv_storage)
 and the native step over it (tinyllm.decode.cpu_step): a bf16 cache written rounded and read back
-in fp32 by the plain step, read directly by the native step; storage that costs memory only
-where positions are written; and the native step against the plain static step at 4k and 16k
-keys, fp32 and bf16 caches, on a tiny model with max_seq_len raised."""
+in fp32 by the plain step, read directly by the native step; an int8 cache with a scale a head
+and position, written quantized by either step and read back within half a step; storage that
+costs memory only where positions are written; and the native step against the plain static
+step at 4k and 16k keys, fp32, bf16 and int8 caches, on a tiny model with max_seq_len raised."""
 
 import gc
 
@@ -13,7 +14,7 @@ from tests.conftest import tiny_model
 from tinyllm.cuda_graph import GraphDecoder, StaticKVCache
 from tinyllm.decode import cpu_step
 from tinyllm.kernels import cpu_qgemv
-from tinyllm.kv_cache import KVCache, SlotKVCache, kv_storage
+from tinyllm.kv_cache import KVCache, SlotKVCache, kv_storage, quantize_int8
 
 native = pytest.mark.skipif(not cpu_qgemv.available(), reason="the CPU kernels cannot be built here")
 
@@ -41,6 +42,57 @@ def test_a_bf16_cache_holds_rounded_kv_and_reads_them_back_in_the_querys_dtype(c
     torch.testing.assert_close(logits, full, rtol=0, atol=3e-2 * full.abs().max().item())  # bf16 K/V: close, not equal
     more, _ = model(prompt_of(model, 3, 2), cache=cache)  # a second turn appends, reading the bf16 keys as fp32
     assert more.dtype == torch.float32 and cache.n == 12
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("cache_type", [KVCache, StaticKVCache])
+def test_an_int8_cache_reads_back_within_half_a_step_of_each_heads_absmax(cache_type):
+    """K/V written (a prefill of 7, then 2 more) come back within absmax / 127 / 2 of what was
+    written, per (row, head, position): one rounding, the scale fp32."""
+    B, H, D = 2, 3, 16
+    cache = cache_type(1, B, 16, "cpu", kv_dtype=torch.int8)
+    g = torch.Generator().manual_seed(3)
+    written = []
+    for T in (7, 2):
+        cache.begin_step(T, lambda T, start: (torch.zeros(T, D // 2), torch.zeros(T, D // 2)))
+        k = torch.randn(B, H, T, D, generator=g) * torch.rand(B, H, T, 1, generator=g) * 10  # (B, H, T, D)
+        v = torch.randn(B, H, T, D, generator=g)
+        k[0, 1, 0] = 0  # a zero head: scale 0, read back 0
+        written.append((k, v))
+        got_k, got_v = cache.layer(0).update(k, v)  # (B, H, n + T, D), dequantized
+        cache.end_step(T)
+    k = torch.cat([w[0] for w in written], 2)
+    v = torch.cat([w[1] for w in written], 2)
+    assert cache.k[0].dtype == torch.int8 and cache.k_scale[0].shape == (B, H, cache.rows)
+    for x, got in ((k, got_k), (v, got_v)):
+        bound = x.abs().amax(-1, keepdim=True) / 127 / 2  # (B, H, 9, 1)
+        assert got.dtype == torch.float32 and bool(((got - x).abs() <= bound * (1 + 1e-5)).all())
+    assert bool((got_k[0, 1, 0] == 0).all())
+    assert cache.nbytes() == 2 * cache.rows * B * H * (D + 4)  # int8 K/V and an fp32 scale each
+
+
+def test_quantize_int8_is_symmetric_absmax_over_127():
+    x = torch.tensor([[1.0, -2.54, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    q, s = quantize_int8(x)
+    assert q.dtype == torch.int8 and s.dtype == torch.float32
+    assert q.tolist() == [[50, -127, 25, 0], [0, 0, 0, 0]] and s.tolist() == [torch.tensor(2.54 / 127).item(), 0.0]
+
+
+@torch.no_grad()
+def test_an_int8_cache_serves_the_models_forward():
+    model = tiny_model(2)
+    idx = prompt_of(model, 9)
+    cache = StaticKVCache(model.cfg.n_layers, 1, 32, "cpu", kv_dtype=torch.int8)
+    logits, _ = model(idx, cache=cache)
+    full, _ = model(idx)
+    torch.testing.assert_close(logits, full, rtol=0, atol=3e-2 * full.abs().max().item())  # int8 K/V: close
+    more, _ = model(prompt_of(model, 3, 2), cache=cache)
+    assert more.dtype == torch.float32 and cache.n == 12
+
+
+def test_a_slot_cache_refuses_int8():
+    with pytest.raises(ValueError, match="int8"):
+        SlotKVCache(2, 2, 32, "cpu", kv_dtype=torch.int8)
 
 
 @torch.no_grad()
@@ -76,14 +128,15 @@ def test_cpu_storage_costs_memory_only_where_written():
 
 
 @torch.no_grad()
-def test_a_long_cache_costs_memory_for_the_positions_a_prefill_wrote():
+@pytest.mark.parametrize("kv_dtype,mib", [(torch.bfloat16, 128), (torch.int8, 64)])
+def test_a_long_cache_costs_memory_for_the_positions_a_prefill_wrote(kv_dtype, mib):
     model = tiny_model(3, max_seq_len=2**17, dim=128, n_kv_heads=4)  # 512 bytes a position a layer, in bf16
     model(prompt_of(model, 64))  # whatever a forward allocates once, before the count
     gc.collect()
     before = rss_bytes()
-    cache = StaticKVCache(model.cfg.n_layers, 1, 2**17, "cpu", kv_dtype=torch.bfloat16)  # 128k positions
+    cache = StaticKVCache(model.cfg.n_layers, 1, 2**17, "cpu", kv_dtype=kv_dtype)  # 128k positions
     model(prompt_of(model, 64), cache=cache)
-    assert cache.nbytes() > 128 * 2**20
+    assert cache.nbytes() > mib * 2**20  # (int8: its scales committed lazily too)
     assert rss_bytes() - before < 16 * 2**20
 
 
@@ -108,8 +161,8 @@ def decode_both(model, prompt, steps, kv_dtype):
 
 
 @native
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
-def test_the_native_step_over_a_cache_of_either_dtype_equals_the_plain_step(kv_dtype):
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_the_native_step_over_a_cache_of_each_dtype_equals_the_plain_step(kv_dtype):
     model = tiny_model(4)
     got, want = decode_both(model, prompt_of(model, 300), 12, kv_dtype)  # keys in two chunks of 256
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
@@ -146,8 +199,38 @@ def test_use_native_holds_a_fresh_cache_in_bf16_by_default_and_keeps_a_filled_on
 
 
 @native
+@pytest.mark.parametrize("n_heads,n_kv_heads", [(6, 2), (7, 1), (8, 1)])
+def test_the_int8_attention_takes_any_rows_a_head(n_heads, n_kv_heads):
+    """Query rows a key/value head of 3, 7 and 8: the int8 scores run up to 3 rows a pass."""
+    model = tiny_model(4, n_heads=n_heads, n_kv_heads=n_kv_heads, dim=16 * n_heads)
+    got, want = decode_both(model, prompt_of(model, 300), 4, torch.int8)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@native
+def test_the_native_step_over_an_int8_cache_draws_the_plain_steps_greedy_ids():
+    model = tiny_model(4)
+    prompt = prompt_of(model, 40)
+    ids = {}
+    for native_step in (True, False):
+        dec = GraphDecoder(model, 1, max_len=128, use_graph=False)
+        dec.cache.kv_dtype = torch.int8
+        if native_step:
+            cpu_step.use_native(dec, torch.int8)
+        with torch.no_grad():
+            dec.prefill(prompt)
+            dec.tok.copy_(prompt[:, -1:])
+            ids[native_step] = []
+            for _ in range(40):
+                dec.run(1)  # its greedy draw lands in dec.tok, the next step's input
+                ids[native_step].append(int(dec.tok))
+        assert dec.cache.k[0].dtype == torch.int8
+    assert ids[True] == ids[False] and len(set(ids[True])) > 1
+
+
+@native
 @pytest.mark.parametrize("keys", [4096, 16384])
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.int8])
 def test_the_native_step_at_long_windows_equals_the_plain_step(keys, kv_dtype):
     """Prefill keys - 2 positions, then 4 steps across the keys mark: the native step's chunks of
     256 keys split over the pool against the plain step's one masked SDPA over the whole bucket."""

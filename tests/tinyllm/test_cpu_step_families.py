@@ -154,16 +154,19 @@ def test_the_window_and_the_caps_change_the_logits():
 
 
 @torch.no_grad()
-def test_a_window_far_into_the_cache():
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.int8])
+def test_a_window_far_into_the_cache(kv_dtype):
     """Positions past 300: a local layer's keys start in the cache's second chunk of 256 (the
-    attention then skips the chunks before it) while the global layers read them all."""
+    attention then skips the chunks before it, and an int8 cache's scales with them) while the
+    global layers read them all."""
     model = family_model("gemma2", max_seq_len=512)
     prompt = torch.randint(0, 256, (1, 300), generator=torch.Generator().manual_seed(3))
     runs = []
     for native in (True, False):
         dec = GraphDecoder(model, 1, max_len=512, buckets=(256, 512), use_graph=False)
+        dec.cache.kv_dtype = kv_dtype  # the plain twin's K/V as the native step's
         if native:
-            cpu_step.use_native(dec, torch.float32)  # fp32 K/V: the plain twin's
+            cpu_step.use_native(dec, kv_dtype)
         dec.prefill(prompt)
         dec.tok.copy_(prompt[:, -1:])
         runs.append(torch.stack([dec.run(1)[0, -1].clone() for _ in range(12)]))

@@ -21,10 +21,13 @@ Contract:
   the decoder's cache holds no K/V yet, it holds them in `kv_dtype` from its first prefill on
   (None: the model's dtype); a cache already filled keeps its dtype. The step reads an fp32 or
   a bf16 cache (tinyllm.kv_cache's kv_dtype: written rounded, widened as read; the plain step
-  reads it back in fp32, so the two still agree up to fp32 rounding).
+  reads it back in fp32, so the two still agree up to fp32 rounding), or an int8 one
+  (`torch.int8`: a scale a head and position, written quantized by both steps to the same
+  bits, read back dequantized by the plain step; again equal up to fp32 rounding).
 - `KV_DTYPE`: bf16. Half of fp32's bytes a position (the default model's 46 KB -> 23 KB); what
   it costs in logits on the default model and SmolLM2, and what it gains late in a context, is
-  measured in docs/BENCHMARKS.md ("Long context on the CPU").
+  measured in docs/BENCHMARKS.md ("Long context on the CPU"), beside int8's (an option, not
+  the default: about a quarter of fp32's bytes).
 - `NativeStep(dec)`: the step `(window) -> logits (1, 1, V)`, what the decoder's
   `plain_step(window)` does: the model's step through the cache's decode view at `cache.pos`
   (K/V written there, keys first_valid..pos attended, pos advanced), then the sampler's push
@@ -77,8 +80,9 @@ def build(model, cache) -> object:
     cfg = model.cfg
     head, layers = model.native_parts()
     tensors = list(head)
-    for parts, k, v in zip(layers, cache.k, cache.v, strict=True):
-        tensors += [*parts, k, v]
+    none = torch.empty(0)
+    for parts, k, v, ks, vs in zip(layers, cache.k, cache.v, cache.k_scale, cache.v_scale, strict=True):
+        tensors += [*parts, k, v, none if ks is None else ks, none if vs is None else vs]  # scales: int8 K/V only
     # cpu_step.cpp's config and scalars: the family's features, a window per layer (0: global)
     config = [cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim, cfg.head_dim, cfg.rotary_dim,
               int(cfg.act == "gelu_tanh"), *(b.attn.window for b in model.blocks)]
@@ -98,7 +102,7 @@ class NativeStep:
         dec, cache = self.dec, self.dec.cache
         if self.refused:
             return dec.plain_step(window)
-        held = (*cache.k, *cache.v)
+        held = (*cache.k, *cache.v, *cache.k_scale, *cache.v_scale)
         if self._step is None or any(a is not b for a, b in zip(held, self._held, strict=True)):
             if cache.k[0] is None:
                 raise ValueError("prefill before the first decode step")

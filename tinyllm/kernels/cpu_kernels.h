@@ -116,7 +116,8 @@ void dequantize_rows(const void* q, bool int4, const float* s, const float* z, i
 constexpr int64_t ATTN_CHUNK = 256;
 constexpr int64_t ATTN_MAX_R = 8, ATTN_MAX_D = 256;
 
-// Q: the query's and the result's type; KV: the cache's (keys and values), each float or bf16.
+// Q: the query's and the result's type; KV: the cache's (keys and values), float or bf16, or
+// int8 with an fp32 scale a key (ks, vs: (B, Hkv, keys) at strides ksb, ksh and 1).
 template <class Q, class KV = Q>
 struct AttnArgs {
   const Q* q;
@@ -127,16 +128,20 @@ struct AttnArgs {
   float scale;
   float *m, *l, *acc;  // per unit: R maxima, R sums, R x D weighted sums
   float cap = 0.f;     // scores soft-capped to cap * tanh(s / cap) where > 0 (Gemma 2)
+  const float *ks = nullptr, *vs = nullptr;  // int8 k and v only: a key's k = ks * k, v = vs * v
+  int64_t ksb = 0, ksh = 0, vsb = 0, vsh = 0;
 };
 
 inline int64_t attn_chunks(int64_t W) { return std::max<int64_t>(1, (W + ATTN_CHUNK - 1) / ATTN_CHUNK); }
 
 // Runs a's units on the pool and merges each head's chunks into y (B, Hkv, R, D); a.m, a.l and
 // a.acc hold units * R, units * R and units * R * D floats (units = B * Hkv * chunks).
-// fp32 or bf16 throughout, or an fp32 query over a bf16 cache (the native step's compact one).
+// fp32 or bf16 throughout, or an fp32 query over a bf16 or int8 cache (the native step's compact
+// ones).
 void attend_units(const AttnArgs<float>& a, int64_t B, float* y);
 void attend_units(const AttnArgs<bf16>& a, int64_t B, bf16* y);
 void attend_units(const AttnArgs<float, bf16>& a, int64_t B, float* y);
+void attend_units(const AttnArgs<float, int8_t>& a, int64_t B, float* y);
 
 // ---- threads ------------------------------------------------------------------------------
 

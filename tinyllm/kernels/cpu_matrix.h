@@ -11,7 +11,8 @@
 //   ffn(w13, w2, x (K), y (D), gelu): y = w2(silu(gate) * up), gate and up the two halves of w13 x:
 //       qmm_ffn's one op where both are quantized, else the two products and the gating; with
 //       gelu, w2(gelu_tanh(gate) * up) (GeGLU), always the two products and the gating.
-//   attend(q (Hkv, R, D), R, k, v (1, Hkv, rows, D) fp32 or bf16 (both one), first, last, scale, y (Hkv, R, D), cap):
+//   attend(q (Hkv, R, D), R, k, v (1, Hkv, rows, D) fp32 or bf16 (both one), first, last, scale, y (Hkv, R, D), cap,
+//       ks, vs): or int8 k and v, each with its fp32 scales ks, vs (1, Hkv, rows) (k ~ k * ks[..., None]);
 //       decode_attention over keys first..last of the cache (last < rows), as that op computes
 //       it with a mask that lets exactly those keys through; a row with no key gets 0. cap > 0:
 //       the scores soft-capped first (ops.window_attention's cap).
@@ -35,6 +36,7 @@ struct Matrix {
 void matvec(const Matrix& w, const float* x, float* y);
 void ffn(const Matrix& w13, const Matrix& w2, const float* x, float* y, bool gelu = false);
 void attend(const float* q, int64_t R, const at::Tensor& k, const at::Tensor& v, int64_t first, int64_t last,
-            float scale, float* y, float cap = 0.f);
+            float scale, float* y, float cap = 0.f, const at::Tensor& ks = at::Tensor(),
+            const at::Tensor& vs = at::Tensor());
 
 }  // namespace tinyllm_cpu

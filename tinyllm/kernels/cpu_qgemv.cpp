@@ -267,11 +267,16 @@ void ffn(const Matrix& w13, const Matrix& w2, const float* x, float* y, bool gel
 }
 
 void attend(const float* q, int64_t R, const at::Tensor& k, const at::Tensor& v, int64_t first, int64_t last,
-            float scale, float* y, float cap) {
+            float scale, float* y, float cap, const at::Tensor& ks, const at::Tensor& vs) {
   const auto dt = k.scalar_type();
-  TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && (dt == at::kFloat || dt == at::kBFloat16) && v.sizes() == k.sizes() &&
-              v.scalar_type() == dt && k.stride(3) == 1 && v.stride(3) == 1 && 0 <= last && last < k.size(2),
-              "attend: k and v must be fp32 or bf16 (1, Hkv, rows, D) caches holding key ", last);
+  TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kChar) &&
+              v.sizes() == k.sizes() && v.scalar_type() == dt && k.stride(3) == 1 && v.stride(3) == 1 && 0 <= last &&
+              last < k.size(2), "attend: k and v must be fp32, bf16 or int8 (1, Hkv, rows, D) caches holding key ", last);
+  auto scales = [&](const at::Tensor& s) {
+    return s.defined() && s.scalar_type() == at::kFloat && s.dim() == 3 && s.size(0) == 1 &&
+           s.size(1) == k.size(1) && s.size(2) == k.size(2) && s.stride(2) == 1;
+  };
+  TORCH_CHECK(dt != at::kChar || (scales(ks) && scales(vs)), "attend: an int8 cache needs fp32 scales (1, Hkv, rows)");
   // Keys from the chunk holding `first` on (a sliding window's chunks before it hold no key):
   // the chunks keep their places, so the sums are those of a call over keys 0..last.
   const int64_t base = std::min(std::max<int64_t>(first, 0), last) / ATTN_CHUNK * ATTN_CHUNK;
@@ -283,13 +288,18 @@ void attend(const float* q, int64_t R, const at::Tensor& k, const at::Tensor& v,
   float* pp = t_attn.data();
   auto run = [&](auto* kp, auto* vp) {  // the cache's own type, widened as it is loaded
     using KV = std::remove_const_t<std::remove_pointer_t<decltype(kp)>>;
-    const AttnArgs<float, KV> a{q, kp + base * k.stride(2), vp + base * v.stride(2),
-                                reinterpret_cast<const bool*>(t_mask.data()), Hkv, R, D, W, chunks, 0, R * D, 0,
-                                k.stride(1), k.stride(2), 0, v.stride(1), v.stride(2), 0, 1, scale, pp,
-                                pp + units * R, pp + 2 * units * R, cap};
+    AttnArgs<float, KV> a{q, kp + base * k.stride(2), vp + base * v.stride(2),
+                          reinterpret_cast<const bool*>(t_mask.data()), Hkv, R, D, W, chunks, 0, R * D, 0,
+                          k.stride(1), k.stride(2), 0, v.stride(1), v.stride(2), 0, 1, scale, pp,
+                          pp + units * R, pp + 2 * units * R, cap};
+    if constexpr (std::is_same_v<KV, int8_t>) {  // the scales of keys base.. too
+      a.ks = ks.data_ptr<float>() + base, a.ksh = ks.stride(1);
+      a.vs = vs.data_ptr<float>() + base, a.vsh = vs.stride(1);
+    }
     attend_units(a, 1, y);
   };
   if (dt == at::kFloat) run(k.data_ptr<float>(), v.data_ptr<float>());
+  else if (dt == at::kChar) run(k.data_ptr<int8_t>(), v.data_ptr<int8_t>());
   else run(bits<bf16>(k), bits<bf16>(v));
 }
 

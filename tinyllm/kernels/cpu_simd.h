@@ -2,7 +2,7 @@
 //
 // Contract (namespace tinyllm_cpu):
 //   hsum(v): the sum of v's 8 floats. f32(s): a scale of fp32 or fp16 bits (uint16_t) as fp32;
-//   load8(p): 8 of them. widen8(p): 8 fp32, bf16 or fp16 values as fp32; widen1 one of them.
+//   load8(p): 8 of them. widen8(p): 8 fp32, bf16, fp16 or int8 values as fp32; widen1 one of them.
 //   exp256(x): exp, about 1 ulp (Cephes' expf), for the SiLU and the softmax.
 //   tanh256(x): tanh as 1 - 2 / (exp(2x) + 1), within about 1e-7 of torch's (absolute), for
 //   GeGLU and the soft-caps.
@@ -41,6 +41,9 @@ inline __m256 widen8(const bf16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 inline __m256 widen8(const float* p) { return _mm256_loadu_ps(p); }  // (attention's fp32 rows)
+inline __m256 widen8(const int8_t* p) {  // (the attention's int8 cache: its scales apply apart)
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
 inline __m256 widen8(const f16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
 inline float widen1(float v) { return v; }

@@ -9,8 +9,12 @@
 //            ffn_norm | w13 w, s, z | w2 w, s, z | bqkv (q_dim + 2 kv_dim) | q_norm, k_norm
 //            (Dh) | post_attn_norm, post_ffn_norm (dim) | k cache, v cache (1, Hkv, rows, Dh)
 //            fp32, or bf16 (the compact cache: K/V rounded to nearest even as written, widened
-//            as the attention reads them; q and every sum stay fp32)]; a matrix's s and z are empty tensors where it has none (cpu_matrix.h,
-//            Matrix::of, says which forms), and so is each optional vector the model lacks.
+//            as the attention reads them; q and every sum stay fp32), or int8 (the more compact
+//            one) | k scales, v scales (1, Hkv, rows) fp32, int8 caches only: each head's K/V at
+//            a position written as round(x / s) half to even, s = absmax / 127 (0 and s = 0 for
+//            a zero head), as tinyllm.kv_cache.quantize_int8 writes it]; a matrix's s and z are
+//            empty tensors where it has none (cpu_matrix.h, Matrix::of, says which forms), and so
+//            is each optional vector the model lacks (and the scales of an fp32 or bf16 cache).
 //   config   [n_layers, dim, n_heads, n_kv_heads, ffn_dim, head_dim, rotary_dim, gelu,
 //            window of layer 0, ..., of layer n_layers - 1] (gelu 1: GeGLU, 0: SwiGLU; a
 //            window > 0: a local layer, attending that many keys, itself included, with the
@@ -61,7 +65,7 @@ namespace {
 using tinyllm_cpu::Matrix;
 
 struct Layer {
-  at::Tensor attn_norm, ffn_norm, k, v;
+  at::Tensor attn_norm, ffn_norm, k, v, ks, vs;  // ks, vs: an int8 cache's scales (else undefined)
   Matrix wqkv, wo, w13, w2;
   // optional (undefined where the model has none): the q/k/v bias, the per-head q and k norms,
   // the attention's and the FFN's post-norms
@@ -185,7 +189,7 @@ class Step : public torch::CustomClassHolder {
                 "head_dim must be a multiple of 8 up to ", tinyllm_cpu::ATTN_MAX_D, " and n_heads / n_kv_heads at most ",
                 tinyllm_cpu::ATTN_MAX_R);
     TORCH_CHECK(0 < rot2_ && 2 * rot2_ <= Dh_, "rotary_dim must be even, from 2 to head_dim");
-    constexpr int64_t HEAD = 11, PER_LAYER = 21;
+    constexpr int64_t HEAD = 11, PER_LAYER = 23;
     TORCH_CHECK(static_cast<int64_t>(t.size()) == HEAD + PER_LAYER * L_, "expected ", HEAD + PER_LAYER * L_,
                 " tensors, got ", t.size());
     auto opt = [](const at::Tensor& x) { return x.numel() ? x : at::Tensor(); };
@@ -204,7 +208,7 @@ class Step : public torch::CustomClassHolder {
       auto vec = [&](const at::Tensor& x, int64_t n, const char* what) {
         return x.numel() ? fp32_vector(x, n, what) : at::Tensor();
       };
-      Layer l{fp32_vector(p[0], C_, "attn_norm"), fp32_vector(p[7], C_, "ffn_norm"), p[19], p[20],
+      Layer l{fp32_vector(p[0], C_, "attn_norm"), fp32_vector(p[7], C_, "ffn_norm"), p[19], p[20], opt(p[21]), opt(p[22]),
               Matrix::of(p[1], opt(p[2]), opt(p[3])), Matrix::of(p[4], opt(p[5]), opt(p[6])),
               Matrix::of(p[8], opt(p[9]), opt(p[10])), Matrix::of(p[11], opt(p[12]), opt(p[13])),
               vec(p[14], QKV, "bqkv"), vec(p[15], Dh_, "q_norm"), vec(p[16], Dh_, "k_norm"),
@@ -215,9 +219,15 @@ class Step : public torch::CustomClassHolder {
                   l.w13.N == 2 * F_ && l.w13.K == C_ && l.w2.N == C_ && l.w2.K == F_, "layer ", i, ": matrix shapes");
       const auto kv = l.k.scalar_type();
       TORCH_CHECK(l.k.dim() == 4 && l.k.size(0) == 1 && l.k.size(1) == Hkv_ && l.k.size(3) == Dh_ &&
-                  (kv == at::kFloat || kv == at::kBFloat16) && l.v.sizes() == l.k.sizes() && l.v.scalar_type() == kv &&
-                  l.k.stride(3) == 1 && l.v.stride(3) == 1,
-                  "layer ", i, ": the cache must be fp32 or bf16 (1, n_kv_heads, rows, head_dim)");
+                  (kv == at::kFloat || kv == at::kBFloat16 || kv == at::kChar) && l.v.sizes() == l.k.sizes() &&
+                  l.v.scalar_type() == kv && l.k.stride(3) == 1 && l.v.stride(3) == 1,
+                  "layer ", i, ": the cache must be fp32, bf16 or int8 (1, n_kv_heads, rows, head_dim)");
+      auto scales = [&](const at::Tensor& s) {
+        return s.defined() && s.scalar_type() == at::kFloat && s.dim() == 3 && s.size(0) == 1 &&
+               s.size(1) == Hkv_ && s.size(2) == l.k.size(2) && s.stride(2) == 1;
+      };
+      TORCH_CHECK(kv == at::kChar ? scales(l.ks) && scales(l.vs) : !l.ks.defined() && !l.vs.defined(), "layer ", i,
+                  ": an int8 cache needs fp32 scales (1, n_kv_heads, rows), another cache none");
       layers_.push_back(std::move(l));
     }
     rows_ = layers_.empty() ? 0 : layers_[0].k.size(2);
@@ -257,9 +267,10 @@ class Step : public torch::CustomClassHolder {
       rope(q, H_, Dh_, rot2_, c, s);
       rope(k, Hkv_, Dh_, rot2_, c, s);
       if (l.k.scalar_type() == at::kFloat) store(l, k, v, p, l.k.data_ptr<float>(), l.v.data_ptr<float>());
+      else if (l.k.scalar_type() == at::kChar) store_int8(l, k, v, p);
       else store(l, k, v, p, static_cast<tinyllm_cpu::bf16*>(l.k.data_ptr()), static_cast<tinyllm_cpu::bf16*>(l.v.data_ptr()));
       const int64_t from = l.window ? std::max(first, p - l.window + 1) : first;
-      tinyllm_cpu::attend(q, R, l.k, l.v, from, p, scale_, att_.data(), attn_cap_);  // (Hkv, R, Dh)
+      tinyllm_cpu::attend(q, R, l.k, l.v, from, p, scale_, att_.data(), attn_cap_, l.ks, l.vs);  // (Hkv, R, Dh)
       tinyllm_cpu::matvec(l.wo, att_.data(), o_.data());
       if (l.post_attn.defined()) rms_norm(o_.data(), l.post_attn.data_ptr<float>(), C_, eps_, o_.data());
       for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i];
@@ -314,6 +325,26 @@ class Step : public torch::CustomClassHolder {
       T* vr = vc + h * l.v.stride(1) + p * l.v.stride(2);
       for (int64_t d = 0; d < Dh_; ++d) kr[d] = T(k[h * Dh_ + d]), vr[d] = T(v[h * Dh_ + d]);
     }
+  }
+
+  // k and v (Hkv, Dh) into an int8 cache at (0, h, p, :), each head with its scale at (0, h, p):
+  // tinyllm.kv_cache.quantize_int8's bits (s = absmax / 127, round(x / s) half to even).
+  void store_int8(const Layer& l, const float* k, const float* v, int64_t p) const {
+    for (int64_t h = 0; h < Hkv_; ++h) {
+      quantize_head(k + h * Dh_, l.k.data_ptr<int8_t>() + h * l.k.stride(1) + p * l.k.stride(2),
+                    l.ks.data_ptr<float>() + h * l.ks.stride(1) + p);
+      quantize_head(v + h * Dh_, l.v.data_ptr<int8_t>() + h * l.v.stride(1) + p * l.v.stride(2),
+                    l.vs.data_ptr<float>() + h * l.vs.stride(1) + p);
+    }
+  }
+
+  void quantize_head(const float* x, int8_t* q, float* s) const {
+    float amax = 0.f;
+    for (int64_t d = 0; d < Dh_; ++d) amax = std::max(amax, std::fabs(x[d]));
+    const float sc = amax / 127.f;
+    *s = sc;
+    for (int64_t d = 0; d < Dh_; ++d)
+      q[d] = static_cast<int8_t>(sc > 0.f ? std::clamp(std::nearbyint(x[d] / sc), -127.f, 127.f) : 0.f);
   }
 
   static at::Tensor fp32_vector(const at::Tensor& t, int64_t n, const char* what) {

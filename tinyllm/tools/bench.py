@@ -31,8 +31,8 @@ Metrics (batch 1, greedy, unless said):
                    with --engine-guard, engine_tok_s at max_len 256 and 4096 on a small model
                    and engine_guard_ratio (the cost of a token must not grow with max_len)
   late_over_early  with --late-context EARLY,LATE (instead of the above, a CPU): the native step's
-                   decode_tok_s from EARLY and from LATE, alternated in one run, for a bf16 and
-                   an fp32 cache, and their ratio (tinyllm.tools.bench_late)
+                   decode_tok_s from EARLY and from LATE, alternated in one run, for a bf16, an
+                   fp32 and an int8 cache, and their ratio (tinyllm.tools.bench_late)
   replay_us        with --profile (instead of the above, CUDA): one step's graph replay, plain
                    and compiled, first and last bucket; kernels_per_step, and the top kernels
                    on stderr (tinyllm.tools.bench_profile)
