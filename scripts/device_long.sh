@@ -4,8 +4,10 @@
 # limit, so a call ends within its 10 minutes); a phase can be run alone.
 #
 #   run(carry=[".whl"], command="bash scripts/device_long.sh")          tests, then starts (<= 9 min)
+#   run(carry=[".whl"], command="LIMIT_SUITE=400 bash scripts/device_long.sh suite starts")
 #   run(carry=[".whl"], command="bash scripts/device_long.sh engine")   the engine (<= 9 min)
 #
+#   suite   python3 -m pytest -m cuda tests, over 6 processes where pytest-xdist is carried: $OUT/cuda-suite.log
 #   tests   python3 -m pytest -m cuda: tests/tinyllm/test_decode_attention_long.py (4k-128k keys,
 #           D 64/128/256, any tile), tests/tinyllm/test_engine_cuda.py (the no-hidden-sync test),
 #           tests/tinyllm/test_decode_attention.py (the 4,096-key tile case): $OUT/cuda-tests.log
@@ -35,6 +37,14 @@ for phase in $phases; do
         tests/tinyllm/test_decode_attention.py > "$OUT/cuda-tests.log" 2>&1
       echo "== tests: pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed|skipped" "$OUT/cuda-tests.log" | tail -25
       ;;
+    suite)
+      # The whole CUDA suite (the long windows included), over WORKERS processes on the one GPU
+      # where pytest-xdist was carried (.whl/): most of a CUDA test's time is Inductor on the CPU.
+      n=""; python3 -c "import xdist" 2> /dev/null && n="-n ${WORKERS:-6}"
+      timeout "${LIMIT_SUITE:-540}" python3 -m pytest -q -rf -m cuda -p no:cacheprovider $n --durations=25 \
+        tests > "$OUT/cuda-suite.log" 2>&1
+      echo "== suite: pytest exit $? ($n)"; grep -E "^(FAILED|ERROR)|passed|failed|skipped" "$OUT/cuda-suite.log" | tail -40
+      ;;
     starts)
       timeout "${LIMIT_STARTS:-170}" python3 -m tinyllm.tools.cli bench-long --preset tinyllama-1.1b \
         --starts 128,8192,32768 --steps 256 --rounds 5 --compile on > "$OUT/bench-starts.jsonl" 2> "$OUT/bench-starts.err"
@@ -45,6 +55,6 @@ for phase in $phases; do
         --max-lens 1024,8192 --steps 256 --rounds 3 --compile on > "$OUT/bench-engine.jsonl" 2> "$OUT/bench-engine.err"
       echo "== engine: exit $?"; grep -v -i warn "$OUT/bench-engine.err" | tail -10
       ;;
-    *) echo "unknown phase $phase (tests, starts, engine)"; exit 2 ;;
+    *) echo "unknown phase $phase (suite, tests, starts, engine)"; exit 2 ;;
   esac
 done
