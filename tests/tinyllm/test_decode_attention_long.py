@@ -113,7 +113,9 @@ def test_any_tile_launches(tile, monkeypatch):
 def test_model_long_decode_with_the_kernel_matches_the_plain_step(W, D):
     """A small model with max_seq_len W (bf16), two prompts 72 keys short of it: 40 steps of
     its compiled static step (the fused op in every layer) against the plain step
-    (window_attention): logits agree to bf16 rounding at the window's end."""
+    (window_attention), both fed the same tokens: logits agree to bf16 rounding at the window's
+    end. (Fed their own argmax, the two runs of a random model part at the first near-tie and
+    then compare different texts: 6 of 9 cases failed so on the H200, 2026-12-06.)"""
     from tinyllm.cuda_graph import GraphDecoder
     from tinyllm.model import ModelConfig, Transformer
 
@@ -123,16 +125,15 @@ def test_model_long_decode_with_the_kernel_matches_the_plain_step(W, D):
                                 n_kv_heads=max(1, n_heads // 4), ffn_dim=1024, max_seq_len=W)
     model = Transformer(cfg).init_weights(0).to("cuda", torch.bfloat16).eval()
     prompt = torch.randint(0, 1024, (2, W - 72), device="cuda")
+    fed = torch.randint(0, 1024, (40, 2, 1), device="cuda")  # the tokens of the 40 steps
     # At 8,192 row 0 starts 24 keys later (first_valid 24); longer, no pads: a padded prefill
     # builds a (B, 1, T, T) mask, 34 GB at 131,072 keys.
     pad = torch.tensor([24, 0], device="cuda") if W <= 8192 else None
 
     def run(compile: str | None):
         dec = GraphDecoder(model, 2, max_len=W, use_graph=False, compile=compile)
-        logits, outs = dec.prefill(prompt, pad_lens=pad), []
-        for _ in range(40):
-            logits = dec.step(logits[:, -1].argmax(-1, keepdim=True))
-            outs.append(logits.float())
+        dec.prefill(prompt, pad_lens=pad)
+        outs = [dec.step(tok).float() for tok in fed]
         return torch.cat(outs, 1)
 
     slow, fast = run(None), run("eager")
