@@ -30,7 +30,7 @@ Contract: importing this module imports Triton (it fails where Triton is missing
 
 Two kernels:
 - `_split_kernel`, grid (B*Hkv, n_split): one program per KV head and split, a split being
-  `group` blocks of BLOCK_N keys (one block up to MAX_SPLITS blocks, 16,384 keys; past that
+  `group` blocks of BLOCK_N keys (one block up to MAX_SPLITS blocks, 8,192 keys; past that
   n_split stays near MAX_SPLITS and a program walks several blocks in turn). It computes the R
   rows' scores (fp32), masks them, and writes its partial max m (R,), sum l = sum(exp(s - m))
   (R,) and o = exp(s - m) @ v (R, D), fp32, merged online over its blocks. A split with no
@@ -81,12 +81,15 @@ from tinyllm.kernels.switches import SWITCHES
 
 BLOCK_N = 64  # keys a split program reads at once
 BLOCK_S = 32  # splits the combine program reads at once (it loops over more)
-# A head's split programs at most: past MAX_SPLITS blocks (16,384 keys) a program walks several
-# blocks in turn (8 at 131,072 keys), so the scratch and the combine's loop stop growing with W:
+# A head's split programs at most: past MAX_SPLITS blocks (8,192 keys) a program walks several
+# blocks in turn (16 at 131,072 keys), so the scratch and the combine's loop stop growing with W:
 # at 131,072 keys, 2,048 splits of one block would write 64 KB of partials a query row, a
-# quarter of what the row's keys and values are (D = 64). 256 splits a head are still 1,024
-# programs a step for the 1.1B (4 KV heads) at batch 1, eight for each of the H200's 132 SMs.
-MAX_SPLITS = 256
+# quarter of what the row's keys and values are (D = 64). 128 splits a head are 512 programs a
+# step for the 1.1B (4 KV heads) at batch 1, four for each of the H200's 132 SMs. Measured on
+# the H200 (scripts/attn_long_sweep.py: the 1.1B's 22 layers graphed, us a layer), 128 against
+# 256: 17.1-17.2 against 20.9 at 32,768 keys, 43.6 against 48.8 at 131,072, 8.8-9.2 either way
+# at 8,192; 32 or 64, BLOCK_N 128, 8 warps or 4 stages measured no better.
+MAX_SPLITS = 128
 # A window of up to TILE keys takes one program a head, one tile of keys (ONE_PASS): one kernel
 # a layer, no combine. Measured in the 1.1B int8 compiled step on the H200 (scripts/step_rules.py
 # --attention), W=128: one tile 698.8-702.7 us, two blocks of 64 walked in
