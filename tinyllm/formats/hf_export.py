@@ -122,7 +122,8 @@ def hf_config_json(cfg: ModelConfig, tokenizer) -> dict:
     if cfg.rotary_dim != cfg.head_dim:
         raw["partial_rotary_factor"] = cfg.rotary_dim / cfg.head_dim
     if gemma:
-        raw.update(query_pre_attn_scalar=cfg.attn_scale, attn_logit_softcapping=cfg.attn_softcap or None,
+        scalar = int(cfg.attn_scale) if float(cfg.attn_scale).is_integer() else cfg.attn_scale  # an int in HF's config
+        raw.update(query_pre_attn_scalar=scalar, attn_logit_softcapping=cfg.attn_softcap or None,
                    final_logit_softcapping=cfg.final_softcap or None)
     if cfg.local_layers:
         raw["sliding_window"] = cfg.sliding_window
