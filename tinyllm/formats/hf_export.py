@@ -23,6 +23,7 @@ say=None) -> Path` writes into DST:
   add_generation_prompt=True)` gives the ids tinyllm's Conversation feeds).
 - generation_config.json: bos, and as eos every id that ends a reply (EOS and the template's
   stop pieces, "<|im_end|>"), so an engine stops where tinyllm's chat does.
+`hf_tensors(cfg, state, dtype)`: tinyllm-named tensors (dense or QTensor) as the dense HF-named ones.
 Refuses (ValueError / FileNotFoundError, one line; the CLI prints it and exits 2): a SRC that
 is not a model, a non-empty DST without `force`, SRC == DST, a family or shape with no
 Hugging Face form, a tokenizer sp_to_hf cannot write.
@@ -48,7 +49,7 @@ from tinyllm.text.jinja_template import jinja_source
 from tinyllm.text.sp_to_hf import hf_tokenizer_json
 from tinyllm.text.tokenizer import Tokenizer
 
-__all__ = ["export_hf", "hf_config_json"]
+__all__ = ["export_hf", "hf_config_json", "hf_tensors"]
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _HF_DTYPE = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
