@@ -1,5 +1,6 @@
 """tinyllm convert SRC DST: write a tinyllm checkpoint folder from a Hugging Face
-folder or a GGUF file (or re-save a tinyllm folder).
+folder or a GGUF file (or re-save a tinyllm folder); with --to hf, a Hugging Face folder
+from any of them (tinyllm.formats.hf_export: for transformers, vLLM, SGLang).
 
 Contract: DST gets config.json (ModelConfig, name, chat template: a built-in's name, or for
 one taken from the model's Jinja template its full spec in chat.spec), the weights
@@ -11,8 +12,12 @@ groups of --group; --form PREFIX=KIND gives the matrices under a name prefix the
 --half-scales rounds int4 scales to fp16), "keep" keeps a GGUF's or tinyllm folder's quantized matrices as they are,
 "none" (the default) writes dense weights. The folder then opens with `open_any` and
 `tinyllm-chat --model DST` exactly as SRC does.
+--to hf takes --dtype (auto: the source's dense dtype, bf16 for a quantized one), --template,
+--shard-mb (default 2048 there) and --force; quantized matrices are dequantized (one line on
+stderr says how many), so --quant, --group, --form, --half-scales and --name do not apply.
 Errors (unsupported architecture, missing tokenizer, unknown quantization type, an existing
-non-empty DST without --force) print one line on stderr and exit with code 2.
+non-empty DST without --force, an option --to hf does not take) print one line on stderr and
+exit with code 2.
 """
 
 from __future__ import annotations
@@ -89,17 +94,40 @@ def _save_dtype(src: Path, dtype: str) -> torch.dtype:
     return torch.float32
 
 
+def _export_hf(args: argparse.Namespace) -> Path:
+    """--to hf (tinyllm.formats.hf_export), after refusing the options it does not take."""
+    from tinyllm.formats.hf_export import export_hf
+
+    given = [flag for flag, on in (("--quant", args.quant != "none"), ("--group", args.group != 32),
+                                   ("--form", bool(args.form)), ("--half-scales", args.half_scales),
+                                   ("--name", args.name is not None)) if on]
+    if given:
+        raise ValueError(f"--to hf writes dense weights under the source's name; drop {', '.join(given)}")
+    say = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    return export_hf(args.src, args.dst, args.dtype, args.template, 2048 if args.shard_mb is None else args.shard_mb,
+                     args.force, say)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tinyllm convert",
-                                description="Write a tinyllm checkpoint folder from a Hugging Face folder "
-                                            "(llama/mistral) or a llama GGUF file.")
+                                description="Write a tinyllm checkpoint folder from a Hugging Face folder or a "
+                                            "GGUF file (Llama, Mistral, Qwen 2/3, Gemma 2/3, Phi-3), or re-save a "
+                                            "tinyllm folder; --to hf writes a Hugging Face folder from any of them "
+                                            "(transformers, vLLM, SGLang load it).")
     p.add_argument("src", type=Path, help="Hugging Face folder, .gguf file, or tinyllm folder")
-    p.add_argument("dst", type=Path, help="the tinyllm checkpoint folder to write")
+    p.add_argument("dst", type=Path, help="the folder to write (a tinyllm checkpoint, or with --to hf a "
+                                          "Hugging Face folder)")
+    p.add_argument("--to", default="tinyllm", choices=("tinyllm", "hf"),
+                   help="tinyllm: a tinyllm checkpoint folder (default); hf: a Hugging Face folder (config.json, "
+                        "dense safetensors, tokenizer.json, tokenizer_config.json with the chat template, "
+                        "generation_config.json); quantized matrices are dequantized")
     p.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES],
-                   help="weights dtype (auto: the HF folder's own; fp32 for GGUF)")
+                   help="weights dtype (auto: the HF folder's own; fp32 for GGUF; with --to hf the source's "
+                        "dense dtype, bf16 for quantized matrices)")
     p.add_argument("--name", default=None, help="model name (default: the source's)")
     p.add_argument("--template", default=None, help="built-in chat template instead of the model's own")
-    p.add_argument("--shard-mb", type=float, default=15, help="shard size in MiB (default: 15)")
+    p.add_argument("--shard-mb", type=float, default=None,
+                   help="shard size in MiB (default: 15; 2048 with --to hf)")
     p.add_argument("--force", action="store_true", help="write into a non-empty DST")
     p.add_argument("--quant", default="none", choices=("none", "keep", "int8", "int4"),
                    help="none: dense weights; keep: the source's quantized matrices as they are; int8: per "
@@ -112,9 +140,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="int4 scales and offsets in fp16 (GGUF Q4_1's layout: 0.625 bytes a weight at group 32)")
     args = p.parse_args(argv)
     try:
-        forms = dict(_form(f) for f in args.form)
-        out = convert(args.src, args.dst, args.dtype, args.name, args.template, args.shard_mb, args.force,
-                      args.quant, args.group, forms, args.half_scales)
+        if args.to == "hf":
+            out = _export_hf(args)
+        else:
+            forms = dict(_form(f) for f in args.form)
+            out = convert(args.src, args.dst, args.dtype, args.name, args.template,
+                          15 if args.shard_mb is None else args.shard_mb, args.force, args.quant, args.group,
+                          forms, args.half_scales)
     except (ValueError, FileNotFoundError) as e:
         print(f"tinyllm.formats.convert: error: {e}", file=sys.stderr)
         return 2

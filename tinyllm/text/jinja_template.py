@@ -28,6 +28,12 @@ Contract:
   earlier reply back without its reasoning exactly as `ChatTemplate.visible` does. Qwen 3's empty
   think block in the last reply after the last question is allowed: it vanishes once a question
   follows, which is how replies are sent back.
+- `jinja_source(template) -> str`: the other way, a Jinja chat template (transformers' variables:
+  messages, add_generation_prompt, bos_token, enable_thinking) that renders a conversation as
+  the ChatTemplate renders it message by message (BOS as `bos_token` where the template has it,
+  the system message where it goes, earlier replies as `visible` sends them back, the generation
+  prompt and its thinking tail), so `derive_template(jinja_source(t))` gives `t` back. It writes
+  `default_system` where the conversation has no system message (the model's own template did).
 - `guess_builtin(text)` names the built-in template whose markers a template source or a
   model name shows ("<|im_start|>" -> chatml, "[INST]" -> llama2, "<|user|>" -> zephyr,
   "<start_of_turn>" or "gemma" -> gemma).
@@ -50,7 +56,7 @@ from datetime import datetime
 
 from tinyllm.text.chat_template import TEMPLATES, ChatTemplate, get_template
 
-__all__ = ["JinjaChatTemplate", "derive_template", "guess_builtin", "template_from_dict"]
+__all__ = ["JinjaChatTemplate", "derive_template", "guess_builtin", "jinja_source", "template_from_dict"]
 
 MAX_RENDER_SECONDS = 3.0  # all probe renders of one template (a real one takes milliseconds)
 MAX_RENDER_CHARS = 200_000  # per render, and per string/list built with `*` (a real one: < 2,000)
@@ -321,6 +327,43 @@ def _check(t: JinjaChatTemplate, render, lead: str, bos_text: str, with_system: 
                 got += t.assistant_prefix + lead + content + t.assistant_suffix
         if got != want:
             raise ValueError(f"the chat template does not split per message: {want!r} vs {got!r}")
+
+
+def jinja_source(t: ChatTemplate) -> str:
+    """A Jinja chat template that renders whole conversations as `t` renders each message."""
+    q = lambda s: json.dumps(s, ensure_ascii=False)  # noqa: E731  (a Jinja string literal: JSON's escapes)
+    (sys_pre, sys_post), (user_pre, user_post) = _around(t.system), _around(t.user)
+    default = getattr(t, "default_system", None)
+    system_text = f"{q(sys_pre)} + system + {q(sys_post)}"  # the system message as the template renders it
+    lines = [
+        "{%- if messages and messages[0]['role'] == 'system' -%}",
+        "{%- set system = messages[0]['content'] -%}{%- set turns = messages[1:] -%}",
+        f"{{%- else -%}}{{%- set system = {q(default or '')} -%}}{{%- set turns = messages -%}}",
+        "{%- endif -%}",
+        "{{- bos_token -}}" if t.bos else "",
+        "" if t.system_in_first_user else f"{{%- if system -%}}{{{{- {system_text} -}}}}{{%- endif -%}}",
+        "{%- for message in turns -%}",
+        "{%- set content = message['content'] -%}",
+        "{%- if message['role'] == 'user' -%}",
+        (f"{{%- if loop.first and system -%}}{{%- set content = {system_text} + content -%}}{{%- endif -%}}"
+         if t.system_in_first_user else ""),
+        f"{{{{- {q(user_pre)} + content + {q(user_post)} -}}}}",
+        "{%- elif message['role'] == 'assistant' -%}",
+        (f"{{%- if {q(t.reasoning_end)} in content -%}}"
+         f"{{%- set content = content.split({q(t.reasoning_end)})[-1].lstrip('\\n') -%}}{{%- endif -%}}")
+        if t.reasoning_end else "",
+        f"{{{{- {q(t.assistant_prefix)} + content + {q(t.assistant_suffix)} -}}}}",
+        "{%- else -%}{{- raise_exception('only user and assistant messages follow the first system one') -}}",
+        "{%- endif -%}",
+        "{%- endfor -%}",
+        f"{{%- if add_generation_prompt -%}}{{{{- {q(t.assistant_prefix)} -}}}}",
+    ]
+    if t.thinking:
+        on, off = t.thinking
+        think = f"(enable_thinking if enable_thinking is defined else {str(bool(t.thinking_default)).lower()})"
+        lines.append(f"{{%- if {think} -%}}{{{{- {q(on)} -}}}}{{%- else -%}}{{{{- {q(off)} -}}}}{{%- endif -%}}")
+    lines.append("{%- endif -%}")
+    return "\n".join(line for line in lines if line) + "\n"
 
 
 def pick_template(source: str | None, tokenizer, add_bos: bool, template: str | None,

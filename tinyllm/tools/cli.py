@@ -1,6 +1,7 @@
 """`tinyllm`: the library's one command, a subcommand per tool (like git or cargo).
 
     tinyllm convert SRC DST        tinyllm.formats.convert: a tinyllm checkpoint folder from any model
+                                   (--to hf: a Hugging Face folder, for transformers, vLLM, SGLang)
     tinyllm train ...              tinyllm.tools.train: a tokenizer or a model from chat JSONL
     tinyllm eval ...               tinyllm.tools.eval: judge a model's answers
     tinyllm bench ...              tinyllm.tools.bench (also installed as `tinyllm-bench`)
@@ -20,7 +21,7 @@ import sys
 
 # subcommand -> (module whose main(argv) runs it, one line for --help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "convert": ("tinyllm.formats.convert", "write a tinyllm checkpoint folder from a GGUF, HF or tinyllm model"),
+    "convert": ("tinyllm.formats.convert", "write a tinyllm (or, --to hf, a Hugging Face) folder from any model"),
     "train": ("tinyllm.tools.train", "train a tokenizer or a model from chat JSONL"),
     "eval": ("tinyllm.tools.eval.__main__", "judge a model's answers to held-out prompts"),
     "bench": ("tinyllm.tools.bench", "measure decode speed (JSON lines and a table)"),
