@@ -46,6 +46,11 @@ DEPENDENCIES = [
     "jinja2>=3.1",
     # --model hf:OWNER/REPO: the Hub's own download, cache, resume and progress (tinyllm.formats.hub).
     "huggingface_hub>=0.34",
+    # --model http(s)://HOST:PORT/v1, an OpenAI-compatible server (chat_app.server_api): httpx and the
+    # maintained SSE parser httpx-sse, rather than the openai package, which pulls pydantic and more
+    # for the one streamed call the app makes. Neither imports torch.
+    "httpx>=0.27",
+    "httpx-sse>=0.4",
 ]
 
 

@@ -67,10 +67,12 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
 
     p = _Parser(prog=PROG, description="Chat with a small local language model in the terminal.")
     p.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
-    p.add_argument("--model", type=Path, default=None,
+    p.add_argument("--model", default=None,
                    help="tinyllm checkpoint folder, Hugging Face folder (Llama, Mistral, Qwen 2/3, Gemma 2/3, "
                         "Phi-3) or .gguf file, "
-                        "or hf:OWNER/REPO[:FILE] to download one from the Hugging Face Hub "
+                        "or hf:OWNER/REPO[:FILE] to download one from the Hugging Face Hub, "
+                        "or an OpenAI-compatible server: http(s)://HOST:PORT/v1[#MODEL] or a [servers] NAME from "
+                        "config.toml (its key: TINYLLM_CHAT_API_KEY or the table's api_key; docs/USING.md) "
                         f"(default: {DEFAULT_MODEL})")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto")
     p.add_argument("--max-len", type=int, default=None,
@@ -115,6 +117,7 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
                                                  "(/theme lists them; default: textual-dark)")
     p.epilog = ("Defaults for these options can be set in config.toml in the user config folder "
                 "(see docs/USING.md); the command line wins.")
+    p.set_defaults(servers={})
     if defaults:  # config.toml's model is a default --resume may replace: kept apart from --model
         defaults = dict(defaults)
         p.set_defaults(config_model=defaults.pop("model", None), **defaults)
@@ -152,6 +155,9 @@ def build_app(args: argparse.Namespace) -> ChatApp:
     if args.threads is not None and not 1 <= args.threads <= cores():
         raise ValueError(f"--threads must be from 1 to {cores()} (the cores this process may use), got {args.threads}")
     use_compile_cache()
+    from chat_app import api_keys
+    from chat_app.server_api import endpoint, is_server
+    from chat_app.server_session import ServerSession, open_session
     from chat_app.store import Store
     from tinyllm.decode.sampling_params import SamplingParams
     from tinyllm.formats import hub
@@ -161,12 +167,20 @@ def build_app(args: argparse.Namespace) -> ChatApp:
     store = Store.open(system=args.system)
     resumed = store.resume() if args.resume else None
     spec = args.model or getattr(args, "config_model", None)
+    servers = args.servers
     if resumed and resumed.saved and not args.model:  # the chat's own model, where it still is
-        spec, resumed.notice = chat_model(store, spec)
-    path = resolve_model(spec) if spec else DEFAULT_MODEL
-    name = precheck(path)  # the rest of open_session's checks run in the child
-    store.model, store.model_path = name, str(Path(path).expanduser().resolve())
-    store.model_spec = str(spec) if spec and hub.is_hub(spec) else None
+        spec, resumed.notice = chat_model(store, spec, servers)
+    server = None
+    if is_server(spec, servers):  # checked here, before the window opens: reachable, its model listed
+        server = ServerSession(endpoint(str(spec), servers, api_keys.from_environment()), None)  # type: ignore[arg-type]
+        first, name, path = server.endpoint, server.name, server.path
+        server.close()
+        store.model, store.model_path, store.model_spec = name, None, first.spec
+    else:
+        path = resolve_model(spec) if spec else DEFAULT_MODEL
+        name = precheck(path)  # the rest of open_session's checks run in the child
+        store.model, store.model_path = name, str(Path(path).expanduser().resolve())
+        store.model_spec = str(spec) if spec and hub.is_hub(spec) else None
     if args.max_len is not None and args.max_len < 16:
         raise ValueError(f"--max-len must be at least 16, got {args.max_len}")
     max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
@@ -184,32 +198,37 @@ def build_app(args: argparse.Namespace) -> ChatApp:
             raise ValueError(f"unknown theme {args.theme!r}; one of {', '.join(sorted(BUILTIN_THEMES))}")
 
     from chat_app.app import ChatApp
-    from chat_app.remote_session import RemoteSession
 
-    # The session runs in a child process: its decoding never waits for the UI's GIL.
-    opener = partial(RemoteSession, dict(
+    # A local model's session runs in a child process: its decoding never waits for the UI's GIL.
+    # A server's runs here (chat_app.server_session): no torch, no child process.
+    opener = partial(open_session, dict(
         path=str(path), device=args.device, max_len=args.max_len, params=params, system=args.system,
         use_graph=False if args.no_graphs else None, template=args.template,
         compile=COMPILE[args.compile], threads=args.threads, ignore_eos=args.ignore_eos,
         quant=args.quant, cap_max_tokens=args.max_tokens is None,
         context_budget=getattr(args, "context_budget", None),
-        log=str(store.folder / "session.log")))
+        log=str(store.folder / "session.log")), servers, server.endpoint if server else None)
     fallback = args.model or getattr(args, "config_model", None)
-    if spec == fallback or fallback and hub.is_hub(fallback):
+    if spec == fallback or fallback and (hub.is_hub(fallback) or is_server(fallback, servers)):
         fallback = None
     else:  # the chat's own model: if the child refuses it, the one it would have had
         fallback = str(fallback or DEFAULT_MODEL)
-    return ChatApp(opener, store, model_name=name, resume=resumed, theme=args.theme, fallback=fallback)
+    return ChatApp(opener, store, model_name=name, resume=resumed, theme=args.theme, fallback=fallback,
+                   servers=servers)
 
 
-def chat_model(store: Store, fallback: str | Path | None) -> tuple[str | Path | None, str | None]:
-    """The model a resumed chat reopens with (its path, or its hf: spec, fetched now), or
-    `fallback` and the notice that says why not."""
+def chat_model(store: Store, fallback: str | Path | None,
+               servers: dict | None = None) -> tuple[str | Path | None, str | None]:
+    """The model a resumed chat reopens with (its path, its hf: spec, fetched now, or its
+    server), or `fallback` and the notice that says why not."""
     from chat_app.chat_model import gone, locate
+    from chat_app.server_api import is_server
     from tinyllm.formats import hub
     from tinyllm.formats.model_files import precheck
 
     where, why = locate(store.chat_model_path, store.chat_model_spec)
+    if where is not None and is_server(where, servers or {}):
+        return where, None  # reconnected before the window opens (build_app): a server that is down is one line
     if where is not None and hub.is_hub(where):
         try:
             return resolve_model(where), None
@@ -217,7 +236,8 @@ def chat_model(store: Store, fallback: str | Path | None) -> tuple[str | Path | 
             where, why = None, str(e)
     if where is not None:
         return where, None
-    current = precheck(resolve_model(fallback) if fallback else DEFAULT_MODEL)
+    current = str(fallback) if is_server(fallback, servers or {}) else \
+        precheck(resolve_model(fallback) if fallback else DEFAULT_MODEL)
     if store.chat_model_path is None and store.chat_model == current:
         return fallback, None  # a chat saved before paths were kept, with this very model
     return fallback, gone(store.chat_model, why, current)

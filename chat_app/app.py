@@ -34,8 +34,9 @@ anyway is kept in `crash` for main() to report (one line, traceback in the data 
 SIGTERM and SIGHUP quit as Ctrl+Q does; `quit_signal` names the signal (main() exits with
 128 + it). This module never imports torch (of tinyllm only the torch-free chat_events and
 session_protocol): __main__ passes a function that opens the session (a ModelProcess: a
-RemoteSession, whose ChatSession runs in a child process), called as
-`open_session(progress=callback, **changes)` (changes: another path, for /model).
+RemoteSession, whose ChatSession runs in a child process; or a ServerSession, a server's
+replies in this process: chat_app.server_session), called as
+`open_session(progress=callback, **changes)` (changes: another path or server, for /model).
 """
 
 from __future__ import annotations
@@ -121,9 +122,11 @@ class ChatApp(App[None]):
     ]
 
     def __init__(self, open_session: Callable[..., ModelProcess], store: Store, model_name: str = "model",
-                 resume: Resumed | None = None, theme: str | None = None, fallback: str | None = None) -> None:
+                 resume: Resumed | None = None, theme: str | None = None, fallback: str | None = None,
+                 servers: dict[str, dict[str, Any]] | None = None) -> None:
         super().__init__(driver_class=driver_class())
         self.chosen_theme = theme
+        self.servers = servers or {}  # config.toml's [servers]: names /model and the palette offer
         self.store, self.model_name, self.resume = store, model_name, resume
         self.crash: BaseException | None = None  # an exception nothing else caught (main() reports it)
         self.quit_signal: int | None = None  # the signal that ended the app (SIGTERM, SIGHUP)
@@ -363,6 +366,8 @@ class ChatApp(App[None]):
         s = self.session
         if s is None:
             self.say("The model is still loading.", "warning")
+        elif s.step_kind == "remote":
+            self.say("Ctrl+G does not apply here: the server decodes, with its own settings.", "warning")
         elif s.graphs_available:
             s.set_graphs(not s.use_graph)
             self.status.show(graphs=s.use_graph)

@@ -33,7 +33,8 @@ COMMANDS = {  # name: (arguments, what it does)
     "theme": ("NAME", "switch the colour theme and keep it (no NAME: list them)"),
     "clear": ("", "clear the screen and start a new chat (like Ctrl+N)"),
     "chats": ("", "saved chats: open, rename, delete (like Ctrl+O)"),
-    "model": ("PATH", "open another model in a new chat (the old chat stays saved); no PATH: it and every model known here"),
+    "model": ("PATH", "open another model in a new chat (the old chat stays saved): a path, hf:OWNER/REPO, or a "
+              "server (http(s)://HOST:PORT/v1[#MODEL], a [servers] NAME); no PATH: it and every model known here"),
     "help": ("", "this help (like F1)"),
 }
 
@@ -69,6 +70,11 @@ class CommandRunner:
             self.app.note(str(e), "error")
             return
         self.app.save(self.app.store.set_setting, name, value.strip())  # kept with the chat
+        sent = getattr(self.app.session, "sent_params", None)  # a server: only these go with a request
+        if sent is not None and name not in sent:
+            self.app.note(f"{name} = {getattr(self.app.session.params, name)}, kept with the chat but not sent: "
+                          f"the server uses its own (it gets {', '.join(sent)})")
+            return
         self.app.note(f"{name} = {getattr(self.app.session.params, name)} (from the next reply)")
 
     def switch_thinking(self, value: str | None, tell: Callable[[str, str], None]) -> None:
@@ -151,7 +157,10 @@ class CommandRunner:
         weights = getattr(s, "weights", "") or s.dtype
         note = getattr(s, "context_note", "")
         context = f"context {s.max_len:,} positions" + (f" ({note})" if note else " (the model's own)")
-        self.app.note(f"Model: {s.name} on {s.device}, weights {weights}{family}, {context}{think}.\n"
+        model = f"Model: {s.name} on {s.device}, weights {weights}{family}, {context}{think}."
+        if s.step_kind == "remote":
+            model = f"Model: {s.name}, served by {s.path.partition('#')[0]} (its weights and context are the server's)."
+        self.app.note(f"{model}\n"
                       f"System prompt: {s.system or '(none)'}\n"
                       f"Sampling: temperature {p.temperature}, top_p {p.top_p}, top_k {p.top_k}, "
                       f"repeat_penalty {p.repeat_penalty}, max_tokens {p.max_tokens:,}, seed {seed}; Ctrl+R when greedy: "

@@ -9,6 +9,11 @@ only, named as the options are (`max_tokens` or `max-tokens`): model, device, ma
 temperature, top_p, top_k, repeat_penalty, dry_multiplier, dry_base, dry_allowed_length,
 dry_last_n, repeat_stop (0: off), max_tokens, seed, system, template, theme, and
 context_budget (the share of free memory a full context's K/V may take: tinyllm.session.context).
+One table, `[servers.NAME]`, names OpenAI-compatible servers for `--model NAME` and `/model NAME`
+(returned as {"servers": {NAME: {...}}}): `url` (http(s)://HOST:PORT/v1, required), `model` (the
+one to use where NAME has no #MODEL; default: the server's first), `api_key` (a reference to
+the key, never the key: "${VAR}" or "keyring"; chat_app.api_keys refuses a key written here,
+saying what to write instead) and `timeout` (seconds the server may say nothing mid-reply).
 A file that is not TOML, an unknown key, a value of the wrong type or a sampling value out of
 range (tinyllm.decode.sampling_params.check, as for the command line and /set) is a ValueError
 naming the file, the key and what is wanted (the CLI prints it as its one-line error). `save(name,
@@ -55,6 +60,9 @@ def load(file: Path | None = None) -> dict[str, object]:
     out: dict[str, object] = {}
     for key, value in data.items():
         name = key.replace("-", "_")
+        if name == "servers":
+            out["servers"] = servers(value, file)
+            continue
         if name not in KEYS:
             raise ValueError(f"config file {file}: unknown setting {key!r}; one of {', '.join(KEYS)}")
         kinds = KEYS[name]
@@ -69,8 +77,40 @@ def load(file: Path | None = None) -> dict[str, object]:
         if name == "context_budget" and not 0 < value <= 1:
             raise ValueError(f"config file {file}: context_budget is a share of free memory, "
                              f"0 < context_budget <= 1, got {value!r}")
-        out[name] = Path(value).expanduser() if name == "model" else value
+        out[name] = os.path.expanduser(value) if name == "model" and value.startswith("~") else value
     return out
+
+
+SERVER_KEYS: dict[str, type | tuple[type, ...]] = {"url": str, "model": str, "api_key": str, "timeout": (float, int)}
+
+
+def servers(value: object, file: Path) -> dict[str, dict[str, object]]:
+    """The [servers] table, each entry checked (see the module's contract)."""
+    from chat_app.api_keys import check_reference
+    from chat_app.server_api import base_url
+
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ValueError(f"config file {file}: servers is a table of tables: [servers.NAME] with url = \"http://...\"")
+    for name, table in value.items():
+        where = f"config file {file}: [servers.{name}]"
+        for key, item in table.items():
+            if key not in SERVER_KEYS:
+                raise ValueError(f"{where}: unknown key {key!r}; one of {', '.join(SERVER_KEYS)}")
+            if isinstance(item, bool) or not isinstance(item, SERVER_KEYS[key]):
+                raise ValueError(f"{where}: {key} must be a {getattr(SERVER_KEYS[key], '__name__', 'number')}")
+        if "url" not in table:
+            raise ValueError(f"{where}: url is missing (url = \"http://HOST:PORT/v1\")")
+        try:
+            base_url(table["url"])
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        if "api_key" in table:
+            check_reference(table["api_key"], where)
+        if "timeout" in table and not 0 < table["timeout"] <= 3600:
+            raise ValueError(f"{where}: timeout is seconds, from 0 to 3600")
+        if "#" in name or "/" in name or ":" in name:
+            raise ValueError(f"{where}: a server's name holds no '#', '/' or ':'")
+    return value
 
 
 def save(name: str, value: str, file: Path | None = None) -> Path:

@@ -32,6 +32,10 @@ Contract:
   the open model's path and hf: spec for the chats it saves from then on. A model --resume
   opened for its chat that the child refuses (`fallback` set) is the same kind of notice, and
   the model it would have had without --resume opens instead.
+- `/model URL[#MODEL]` or `/model NAME` (a [servers] table) opens an OpenAI-compatible server
+  the same way (chat_app.server_session, on the worker: no child process); a server that cannot
+  be reached, refuses or lacks the model is the same kind of note. Its chats are saved with
+  its URL#MODEL as their model_spec (no path), which --resume and the chat list reopen.
 - A message sent while the first model opens waits for it: shown at once in the conversation,
   marked "waiting for the model to load", and sent (the mark gone) once the model has loaded.
   One message waits at a time: another one sent meanwhile is refused with a notice and stays
@@ -55,7 +59,8 @@ from typing import TYPE_CHECKING
 
 from chat_app.chat_model import gone, locate
 from chat_app.events import Failed
-from chat_app.palette import known_models
+from chat_app.palette import offered_models
+from chat_app.server_api import endpoint, is_server
 from chat_app.widgets.conversation import UserMessage
 from tinyllm.formats import hub  # no torch, as the next
 from tinyllm.formats.model_files import precheck
@@ -172,13 +177,16 @@ class ModelSwitcher:
             app.note("The model is still loading (or failed to load).", "warning")
             return
         if not arg:
-            app.note(models_note(self.session.name, self.session.path, known_models(app.store)))
+            app.note(models_note(self.session.name, self.session.path, offered_models(app)))
             return
         if app.busy:
             app.note("A reply is still running: wait for it, or press Esc, then /model again.", "warning")
             return
         try:
-            if hub.is_hub(arg):
+            if is_server(arg, app.servers):
+                endpoint(arg, app.servers)  # a malformed URL or a missing key variable: refused here
+                name = arg
+            elif hub.is_hub(arg):
                 hub.parse(arg)  # a malformed spec is refused here, before anything starts
                 name = arg
             else:
@@ -196,7 +204,7 @@ class ModelSwitcher:
         if hub.is_hub(arg):
             app.say(f"Getting {arg} from the Hugging Face Hub (or its cache).")
         self._opening_spec = arg if hub.is_hub(arg) else None
-        path = arg if hub.is_hub(arg) else str(Path(arg).expanduser().resolve())
+        path = arg if hub.is_hub(arg) or is_server(arg, app.servers) else str(Path(arg).expanduser().resolve())
         app.queue_job("model", (path, app.store.system, keep_chat))
 
     def reopen_chat_model(self) -> None:
@@ -207,6 +215,10 @@ class ModelSwitcher:
         if where is None:
             if store.chat_model_path is not None or store.chat_model != s.name:
                 self.app.say(gone(store.chat_model, why, s.name), "warning")
+            return
+        if is_server(where, self.app.servers):
+            if where != s.path:
+                self.open_model(where, store.chat_model, keep_chat=True)
             return
         if hub.is_hub(where) and where == store.model_spec or Path(where).resolve() == Path(s.path).resolve():
             return  # the model open already
@@ -223,7 +235,8 @@ class ModelSwitcher:
                 if app.store.settings:
                     app.queue_job("params", app.store.settings)
             app.drawer.forget_stats()
-            app.store.model_path, app.store.model_spec = s.path, self._opening_spec
+            server = s.step_kind == "remote"  # a server: no path; its URL#MODEL reopens it
+            app.store.model_path, app.store.model_spec = (None, s.path) if server else (s.path, self._opening_spec)
             app.say(f"This chat's own model, {s.name}, is open again." if keep_chat else
                     f"Now chatting with {s.name}, in a new chat (the last one is saved: Ctrl+O).")
         self.session, self._switching_from, self.opening_first = s, None, False
@@ -284,9 +297,12 @@ class ModelSwitcher:
 def models_note(name: str, path: str, known: list[tuple[str, str]]) -> str:
     """/model's answer: the model open, then every model known here (the models folder's, those
     saved chats used: what Tab and the palette offer), the open one marked."""
-    here = os.path.realpath(path) if not path.startswith("hf:") else path
+    def key(where: str) -> str:
+        return where if where.startswith(("hf:", "http://", "https://")) or "/" not in where else os.path.realpath(where)
+
+    here = key(path)
     lines = [f"Model: {name} ({path}). /model PATH opens another (Tab completes these; * is open):"]
     for name, where in known:
-        mine = (os.path.realpath(where) if not where.startswith("hf:") else where) == here
+        mine = key(where) == here
         lines.append(f"{'*' if mine else ' '} {name}: {where}")
     return "\n".join(lines)

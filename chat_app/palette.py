@@ -14,8 +14,10 @@ Ctrl+Q quits.
 - ChatsProvider: the saved chats whose title or text holds the query (the store's search,
   Store.chats, as the chat list filters), one its text holds ranked as if its title held it;
   choosing one opens it as the chat list does (ChatSwitcher.chosen).
-- ModelsProvider: `known_models` (the models folder's models and those saved chats were
-  written with, where they still are); choosing one runs "/model PATH" (or its hf: name).
+- ModelsProvider: `offered_models` (the models folder's models and those saved chats were
+  written with, where they still are; config.toml's [servers] by NAME; the open server's
+  models, from its GET /v1/models, as URL#MODEL); choosing one runs "/model PATH" (or its hf:
+  name, server NAME or URL#MODEL).
 A hit is shown as "Kind: name", scored by Textual's fuzzy matcher on that text. Names that did
 not come from this code (titles, model names, paths) are shown as plain text
 (chat_app.labels), never as markup. A store that cannot be read gives no chats, never an
@@ -70,10 +72,25 @@ def known_models(store: Store, folder: Path | None = None) -> list[tuple[str, st
     except StoreError:
         used = []
     for name, where in used:
-        key = where if where.startswith("hf:") else str(Path(where).resolve())
-        if where.startswith("hf:") or os.path.exists(where):
+        remote = where.startswith(("hf:", "http://", "https://"))
+        key = where if remote else str(Path(where).resolve())
+        if remote or os.path.exists(where):
             found.setdefault(key, (name, where))
     return list(found.values())
+
+
+def offered_models(app: ChatApp) -> list[tuple[str, str]]:
+    """What /model, Tab and the palette offer: known_models, then the [servers] names, then the
+    open server's models (as URL#MODEL), each once."""
+    found = dict((where, name) for name, where in known_models(app.store))
+    for name, table in app.servers.items():
+        found.setdefault(name, f"server {table.get('url', '')}")
+    s = app.session
+    if s is not None and s.step_kind == "remote":
+        url = s.path.partition("#")[0]
+        for model in getattr(s, "models", []):
+            found.setdefault(f"{url}#{model}", model)
+    return [(name, where) for where, name in found.items()]
 
 
 def completion_sources(app: ChatApp) -> Sources:
@@ -83,7 +100,7 @@ def completion_sources(app: ChatApp) -> Sources:
     settings = {name: [] if params is None else [str(getattr(params, name)).lower()] for name in LIMITS}
     settings["seed"] = list(dict.fromkeys([*settings["seed"], "none"]))
     return Sources(themes=sorted(app.available_themes), settings=settings,
-                   models=[where for _, where in known_models(app.store)])
+                   models=[where for _, where in offered_models(app)])
 
 
 def into_prompt(app: ChatApp, text: str) -> None:
@@ -166,9 +183,11 @@ class ChatsProvider(ChatProvider):
 class ModelsProvider(ChatProvider):
     def entries(self, query: str) -> Iterable[tuple[str, Callable[[], Any], str, float]]:
         s = self.chat.session
-        open_now = str(Path(s.path).resolve()) if s is not None and s.path else None
-        for name, where in known_models(self.chat.store):
-            here = " (open)" if not where.startswith("hf:") and str(Path(where).resolve()) == open_now else ""
+        open_now = s.path if s is not None and s.step_kind == "remote" else \
+            str(Path(s.path).resolve()) if s is not None and s.path else None
+        for name, where in offered_models(self.chat):
+            local = not where.startswith(("hf:", "http://", "https://")) and where not in self.chat.servers
+            here = " (open)" if (str(Path(where).resolve()) if local else where) == open_now else ""
             yield f"Model: {name}", partial(run, self.chat, f"/model {where}"), where + here, 0.0
 
 

@@ -5,7 +5,8 @@ the context is less than the model's: --max-len lifts it), the state (loading / 
 generating), the model name, time to first token, which decode step runs ("compiling…" while
 the compiled step is built in the background, then "compiled"; "native" / "eager" on a CPU),
 CUDA graphs (ON / OFF; left out on a CPU, where there are none), the device with the weights
-as held ("cpu int4", "cuda bf16": a quantized model's matrices, not the activations' float32),
+as held ("cpu int4", "cuda bf16": a quantized model's matrices, not the activations' float32;
+a server's host:port, its step "remote", its context "-": chat_app.server_session),
 and where the chat template has a thinking switch, "think on" / "think off". The model family
 ("qwen3") follows the name. The live numbers come first: they are what a narrow terminal keeps, and notices
 (shown above the bar) never cover them. When the line does not fit, the model name is
@@ -25,7 +26,7 @@ from textual.widgets import Static
 from chat_app.labels import plain
 
 STEPS = {"plain": "", "compiling": "compiling…", "compiled": "compiled", "native": "native", "eager": "eager",
-         "compile failed": "plain step"}
+         "compile failed": "plain step", "remote": "remote"}
 NAME_MIN = 8  # a long model name is cut to no less than this
 NAME_NARROW = 20  # ... and to this below NARROW columns, so growing numbers do not push it around
 NARROW = 100
@@ -66,7 +67,7 @@ class StatusBar(Static):
         live = [
             f"{tok_s:.0f} tok/s" if tok_s is not None else "- tok/s",
             f"W {f.get('window') or '-'}",
-            f"pos {f.get('position', '-')}/{f.get('max_len', '-')}{' cap' if f.get('capped') else ''}",
+            f"pos {f.get('position', '-')}/{f.get('max_len') or '-'}{' cap' if f.get('capped') else ''}",
             str(f["state"]),
         ]
         return live + [p for p in self._optional().values() if p], name
@@ -79,7 +80,7 @@ class StatusBar(Static):
                 "ttft": f"TTFT {ttft:.0f} ms" if ttft is not None else "TTFT -",
                 "step": STEPS.get(str(f.get("step", "plain")), ""),
                 "graphs": "" if graphs is None else f"graphs {'ON' if graphs else 'OFF'}",
-                "device": f"{f.get('device', '-')} {f.get('weights', '-')}",
+                "device": f"{f.get('device', '-')} {f.get('weights', '-')}".strip(),
                 "think": "" if f.get("thinking") is None else f"think {'on' if f['thinking'] else 'off'}"}
 
     def _fit(self, parts: list[str], name: str, width: int) -> str:

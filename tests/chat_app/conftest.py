@@ -182,3 +182,13 @@ def notes(app: ChatApp) -> list[str]:
     from chat_app.widgets.system_note import SystemNote
 
     return [n.text for n in app.query(SystemNote)]
+
+
+@pytest.fixture
+def stub() -> Iterator:
+    """A stand-in OpenAI-compatible server (tests/chat_app/openai_stub.py), scripted by the test."""
+    from tests.chat_app.openai_stub import OpenAIStub
+
+    server = OpenAIStub()
+    yield server
+    server.close()
