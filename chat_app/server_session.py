@@ -22,9 +22,9 @@ Contract:
   a timeout) changes nothing and raises ValueError (the app gives the message back to the
   input). One that fails after (the stream cut, malformed SSE, a timeout mid-reply) keeps what
   came as the reply, marked stopped, then raises ValueError: the app keeps and marks it too.
-- `stop()` (any thread) ends the reply at once: the stream is closed on a thread of its own, so
-  the server sees the client go (llama-server then stops decoding) and a server that answers
-  nothing never holds the app. A stop before the server accepted takes the turn back, as a
+- `stop()` (any thread) ends the reply at once: the connection is shut down under the stream
+  thread, so the server sees the client go (llama-server then stops decoding) and a server that
+  answers nothing never holds the app. A stop before the server accepted takes the turn back, as a
   failure does. `close()` stops and closes the connection pool.
 - continue_reply sends the conversation with the reply as its last, assistant, message.
   llama-server continues such a message (its default; `--no-prefill-assistant` turns that off),
@@ -43,6 +43,7 @@ RemoteSession for a local model.
 from __future__ import annotations
 
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -226,7 +227,7 @@ class ServerSession:
             with self._lock:
                 self._response = r
             if stopped.is_set():
-                _close_soon(r)
+                _hang_up(r)
 
         reason = None
         try:
@@ -244,7 +245,7 @@ class ServerSession:
             items.put(("error", ServerError(f"the stream from {self.endpoint.host} failed ({type(e).__name__})")))
         finally:
             if response is not None:
-                _close_soon(response)
+                _close(response)  # here, on the thread that reads it
 
     def stop(self) -> None:
         """End the reply in flight now (any thread); its stream closes in the background."""
@@ -254,12 +255,12 @@ class ServerSession:
         if items is not None:
             items.put(("stop", None))
         if response is not None:
-            _close_soon(response)
+            _hang_up(response)
 
     def close(self) -> None:
         self._closed = True
         self.stop()
-        _close_soon(self._http)
+        threading.Thread(target=_close, args=(self._http,), daemon=True, name="tinyllm-server-close").start()
 
     # ---- the rest of the Session -------------------------------------------------------------
 
@@ -297,9 +298,19 @@ class ServerSession:
         self.load_messages(messages)  # never called: `ended` stays ""
 
 
-def _close_soon(thing: httpx.Response | httpx.Client) -> None:
-    """Close a response or client on a thread of its own: never blocks the caller (the UI)."""
-    threading.Thread(target=_close, args=(thing,), daemon=True, name="tinyllm-server-close").start()
+def _hang_up(response: httpx.Response) -> None:
+    """End a response's connection from another thread: shutdown(), which sends the server a FIN
+    and wakes the stream thread's blocked read at once, never blocks, and leaves the close to
+    that thread. (A close() from here did neither: on Linux it frees the descriptor under the
+    blocked read, and the next request's socket took its number, so that read stole the next
+    reply, and llama-server, still writing the old one, never saw the client go.)"""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # closed already
 
 
 def _close(thing: httpx.Response | httpx.Client) -> None:
