@@ -287,7 +287,7 @@ class ChatApp(App[None]):
             await self.models.send_when_loaded(event)
         elif self.ready_for_reply():
             self.accept(event)
-            self.drawer.begin("send", text)
+            await self.drawer.send(text)
 
     def accept(self, event: PromptInput.Submitted) -> None:
         """The input gives up the submitted text, which joins the prompt history."""

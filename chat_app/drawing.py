@@ -4,8 +4,10 @@ Contract: `drain()` (a timer, at most DRAIN_HZ times a second) empties the worke
 the Token texts drained together are ONE Markdown update, and nothing is dropped. Each other
 event goes to the part of the app that owns it: Loaded and a model's failure to the model
 switcher (chat_app.model_switch), a chat's "open" barrier to the chat switcher
-(chat_app.chats), the load's Progress to the load bar. A reply replaces what is on screen only
-once it has begun (Started); it is saved as partial at its first text and then at least every
+(chat_app.chats), the load's Progress to the load bar. A message sent is shown at once
+(`send()`; the status bar says "prefilling" while its prompt is read) and taken back into the
+input if the session refuses it; its reply replaces what is on screen only once it has begun
+(Started); it is saved as partial at its first text and then at least every
 SAVE_EVERY_S, and whole (stopped or not) at its Finished. A failed reply keeps what streamed,
 marked; a refused message goes back to the input. The status bar follows each reply's numbers
 and a step kind that changed between replies (a compile ended). Nothing is drawn while the app
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from tinyllm.session.chat_events import StepStats
 
 DRAIN_HZ = 30
+PREFILLING = "prefilling"  # the status bar's state from a reply's job until it begins
 SAVE_EVERY_S = 1.0  # a streaming reply is written to the store at least this often
 
 
@@ -54,14 +57,23 @@ class Drawer:
         self.row: Saved | None = None  # ... and its row in the store
         self.text: list[str] = []  # ... and its text as the session gave it
         self.saved_at = 0.0
+        self.pending: UserMessage | None = None  # a message sent, shown, its reply not begun yet
         self.prefill_tokens = 0  # the last reply's prefill
         self.last_stats: StepStats | None = None  # the last reply's numbers (/stats)
         self.compile_failure_said = False
 
     def begin(self, kind: str, arg: Any) -> None:
-        """Queue a job that streams a reply."""
+        """Queue a job that streams a reply; the status bar says "prefilling" until it begins."""
         self.busy = True
+        self.app.status.show(state=PREFILLING)
         self.app.queue_job(kind, arg)
+
+    async def send(self, text: str) -> None:
+        """Send a message: shown at once, before its reply begins (a prompt of thousands of
+        tokens is read for seconds, which showed nothing before, 2026-12-06), taken back from
+        the conversation if the session refuses it."""
+        self.pending = await self.app.conversation.add_user(text)
+        self.begin("send", text)
 
     def stop(self) -> None:
         s = self.app.session
@@ -158,8 +170,9 @@ class Drawer:
             app.status.show(state="generating")
             return
         else:
-            if not await app.models.waiting_began():  # (a message sent while the model loaded is shown already)
-                await conversation.add_user(item.text)
+            pending, self.pending = self.pending, None  # shown when it was sent (send())
+            if not (pending is not None and pending.is_attached or await app.models.waiting_began()):
+                await conversation.add_user(item.text)  # (a message sent while the model loaded is shown already)
             conversation.query(UserMessage).last().saved = asked = Saved("user", item.text)
             app.save(store.add, asked)
         self.row, self.text, self.saved_at = Saved("assistant", "", partial=True, model=app.model_name), [], 0.0
@@ -206,6 +219,9 @@ class Drawer:
             if self.row is not None:
                 app.save(app.store.update, self.row, "".join(self.text), partial=False, stopped=True)
         elif item.kind == "send":
+            pending, self.pending = self.pending, None
+            if pending is not None and pending.is_attached:
+                await pending.remove()
             await app.models.waiting_refused()
             app.prompt.give_back(item.arg)  # refused before it was shown (or while it waited)
         elif item.kind == "edit":

@@ -2,7 +2,7 @@
 
 Shows, in this order: decode tokens/s, the attention bucket W, position / max_len ("cap" when
 the context is less than the model's: --max-len lifts it), the state (loading / ready /
-generating), the model name, time to first token, which decode step runs ("compiling…" while
+prefilling / generating), the model name, time to first token, which decode step runs ("compiling…" while
 the compiled step is built in the background, then "compiled"; "native" / "eager" on a CPU),
 CUDA graphs (ON / OFF; left out on a CPU, where there are none), the device with the weights
 as held ("cpu int4", "cuda bf16": a quantized model's matrices, not the activations' float32;
