@@ -45,8 +45,8 @@ class HeldInChild(RemoteSession):
 
 def held_in_child(app, replies: int = 1):
     """The app, whose child processes hold their first `replies` replies until stopped."""
-    opener = app.open_session  # partial(RemoteSession, open_kwargs)
-    app.open_session = partial(HeldInChild, *opener.args, **opener.keywords, replies=replies)
+    opener = app.open_session  # partial(server_session.open_session, open_kwargs, servers, first): a local model's
+    app.open_session = partial(HeldInChild, opener.args[0], replies=replies)
     return app
 
 
@@ -63,8 +63,8 @@ class HeldLoad(RemoteSession):
 
 def held_load(app, gate: Path, kernels: str = "", fail: bool = False):
     """The app, whose model processes hold their load until `gate` exists."""
-    opener = app.open_session
-    app.open_session = partial(HeldLoad, *opener.args, **opener.keywords, gate=gate, kernels=kernels, fail=fail)
+    opener = app.open_session  # as held_in_child's
+    app.open_session = partial(HeldLoad, opener.args[0], gate=gate, kernels=kernels, fail=fail)
     return app
 
 
