@@ -5,6 +5,7 @@
 # registry this project's machines reach, so the sdist is how llama.cpp gets here.
 #
 #   bash scripts/build_llama_cpp.sh [BUILD_DIR]      # default BUILD_DIR: /work/llama.cpp-build
+#   bash scripts/build_llama_cpp.sh --server [DIR]   # llama-server alone, portable, cached (below)
 #
 # Idempotent: the sdist is downloaded and unpacked only when $LLAMA_CPP_SRC (default
 # /work/llama.cpp-src, outside the repo) lacks vendor/llama.cpp; cmake re-configures and
@@ -38,9 +39,29 @@
 #     --outtype f32 --outfile OUT.gguf        # outtypes: f32 f16 bf16 q8_0 tq1_0 tq2_0 auto
 # (requirements-convert_hf_to_gguf.txt pins transformers 4.57.6 and torch 2.11; the venv's
 # transformers 5.x and torch 2.13 worked for that check.)
+#
+# --server: llama-server alone, for the tests that talk to a real OpenAI-compatible server
+# (tests/llama_server.py; .ci/run calls this). It differs from the default build in three ways:
+# - portable: -DGGML_NATIVE=OFF with an explicit x86-64 baseline of SSE4.2, AVX, AVX2, FMA, F16C
+#   and BMI2 (ggml's own "haswell" CPU variant: Intel Haswell, AMD Zen and later), no AVX-512 and
+#   no AMX (the VM's SIGILL above cannot happen: objdump finds no zmm or tile instruction in the
+#   binary). A binary cached on one CI host therefore runs on another x86-64 host with AVX2.
+#   ggml's runtime CPU-variant dispatch (GGML_BACKEND_DL with GGML_CPU_ALL_VARIANTS) is not
+#   used: it compiles the CPU backend once for each of its 14 x86 variants, and its
+#   sapphirerapids variant would pick AMX on this VM.
+# - static (-DBUILD_SHARED_LIBS=OFF): one self-contained file (libstdc++ and libgomp from the
+#   system), so only the binary is kept.
+# - cached: DIR defaults to ${XDG_CACHE_HOME:-~/.cache}/tinyllm-ci/llama-server-VERSION-HASH,
+#   HASH the first 12 hex digits of the sha256 of the cmake flags below, so a change of version
+#   or flags builds anew beside the old. When DIR/bin/llama-server answers --version nothing is
+#   built. Otherwise the build runs in a temporary folder (removed after) and DIR/bin/llama-server
+#   appears only once whole (a copy, then a rename). The path of the binary is all it prints on
+#   stdout; everything else goes to stderr. Needs cmake and ninja on PATH.
 set -euo pipefail
 VERSION=0.3.36
 SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+SERVER=0
+if [ "${1:-}" = --server ]; then SERVER=1; shift; exec 3>&1 1>&2; fi  # stdout (fd 3): the path alone
 BUILD=${1:-/work/llama.cpp-build}
 SRC=${LLAMA_CPP_SRC:-/work/llama.cpp-src}
 PY=${PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}
@@ -54,6 +75,30 @@ if [ ! -f "$SRC/vendor/llama.cpp/CMakeLists.txt" ]; then
     echo "$SHA256  $tarball" | sha256sum -c -
     mkdir -p "$SRC"
     tar -xzf "$tarball" -C "$SRC" --strip-components=1
+    rm -rf "$tmp"
+    trap - EXIT
+fi
+
+if [ "$SERVER" = 1 ]; then
+    flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF
+           -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+           -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+           -DGGML_BACKEND_DL=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+           -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF)
+    hash=$(printf '%s\n' "${flags[@]}" | sha256sum | cut -c1-12)
+    DIR=${1:-${XDG_CACHE_HOME:-$HOME/.cache}/tinyllm-ci/llama-server-$VERSION-$hash}
+    if ! "$DIR/bin/llama-server" --version > /dev/null 2>&1; then
+        tmp_build=$(mktemp -d)
+        trap 'rm -rf "$tmp_build"' EXIT
+        cmake -S "$SRC/vendor/llama.cpp" -B "$tmp_build" "${flags[@]}"
+        cmake --build "$tmp_build" -j2 --target llama-server
+        mkdir -p "$DIR/bin"
+        cp "$tmp_build/bin/llama-server" "$DIR/bin/llama-server.part.$$"
+        mv -f "$DIR/bin/llama-server.part.$$" "$DIR/bin/llama-server"
+        "$DIR/bin/llama-server" --version
+    fi
+    echo "$DIR/bin/llama-server" >&3
+    exit 0
 fi
 
 NOAMX=${NOAMX--mno-amx-tile -mno-amx-int8 -mno-amx-bf16}

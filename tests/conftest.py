@@ -10,6 +10,7 @@ import threading
 import pytest
 import torch
 
+from tests.llama_server import llama_server, llama_server_factory  # noqa: F401 (fixtures: a real llama-server)
 from tinyllm.model import ModelConfig, Transformer
 
 HANG_S = 900  # the slowest test takes about 60 s on the 2-core CPU

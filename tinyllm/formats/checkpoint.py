@@ -46,7 +46,7 @@ from tinyllm.text.jinja_template import template_from_dict
 from tinyllm.text.tokenizer import Tokenizer
 
 __all__ = ["Checkpoint", "CheckpointInfo", "inspect", "inspect_checkpoint", "load_checkpoint", "save_checkpoint",
-           "tensors"]
+           "split_shards", "tensors"]
 
 CONFIG, TOKENIZER = "config.json", "tokenizer.model"
 TOKENIZER_JSON = "tokenizer.json"  # a BPETokenizer, with its tokenizer_config.json
@@ -203,7 +203,7 @@ def save_checkpoint(model: Transformer, tokenizer: Tokenizer, path: str | Path, 
         (path / TOKENIZER).write_bytes(tokenizer.serialized())
     else:
         tokenizer.save(path)  # BPETokenizer: tokenizer.json + tokenizer_config.json
-    shards = _split(state, int(shard_mb * 2**20))
+    shards = split_shards(state, int(shard_mb * 2**20))
     if len(shards) == 1:
         save_file(shards[0], path / WEIGHTS)
         return path
@@ -228,7 +228,7 @@ def _stored(name: str, t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tens
     return t.to(dtype or t.dtype).contiguous()
 
 
-def _split(state: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.Tensor]]:
+def split_shards(state: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.Tensor]]:
     """Greedy shards of at most `limit` bytes (a single larger tensor gets a shard alone)."""
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0

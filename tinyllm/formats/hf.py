@@ -58,7 +58,7 @@ from tinyllm.text.jinja_template import pick_template
 from tinyllm.text.sp_proto import sentencepiece_piece
 from tinyllm.text.tokenizer import Tokenizer
 
-__all__ = ["hf_config", "inspect", "load_hf", "tensors"]
+__all__ = ["hf_config", "hf_names", "inspect", "load_hf", "tensors"]
 
 _HINT = "a Hugging Face folder holds config.json, model.safetensors (or shards) and a tokenizer"
 ACTS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
@@ -182,7 +182,7 @@ def _local_layers(raw: dict, mt: str, n_layers: int) -> tuple[int, ...]:
 Split = tuple[tuple[str, int], ...]
 
 
-def _hf_names(cfg: ModelConfig) -> dict[str, str | Split]:
+def hf_names(cfg: ModelConfig) -> dict[str, str | Split]:
     """Hugging Face tensor name -> tinyllm name (or the names and rows of its parts)."""
     names: dict[str, str | Split] = {"model.embed_tokens.weight": "tok_emb.weight", "model.norm.weight": "norm.weight",
                                      "lm_head.weight": "lm_head.weight"}
@@ -259,7 +259,7 @@ def inspect(path: str | Path, template: str | None = None) -> ModelSpec:
             if t["dtype"] not in ("F32", "F16", "BF16"):
                 raise ValueError(f"{f}: tensor {k} has dtype {t['dtype']}; tinyllm reads F32, F16 and BF16")
             where[name], shapes[name], stored[name] = f, tuple(t["shape"]), k
-    names = _hf_names(cfg)
+    names = hf_names(cfg)
     if not cfg.tie_embeddings and "lm_head.weight" not in where:
         cfg.tie_embeddings = True  # no output matrix stored: the embeddings serve (as transformers ties)
     want = expected_shapes(cfg)

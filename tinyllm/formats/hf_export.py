@@ -39,8 +39,8 @@ import torch
 from safetensors.torch import save_file
 
 from tinyllm.core.quant import QTensor
-from tinyllm.formats.checkpoint import _split
-from tinyllm.formats.hf import _hf_names, hf_config
+from tinyllm.formats.checkpoint import split_shards
+from tinyllm.formats.hf import hf_config, hf_names
 from tinyllm.formats.model_files import INDEX, WEIGHTS, classify
 from tinyllm.formats.open_model import format_of
 from tinyllm.model import ModelConfig
@@ -170,12 +170,12 @@ def hf_tensors(cfg: ModelConfig, state: dict, dtype: torch.dtype) -> dict[str, t
     if cfg.family.startswith("gemma"):  # Gemma's norms scale by (1 + w); tinyllm holds the 1 inside
         dense = {k: v.float() - 1 if k.endswith("norm.weight") else v for k, v in dense.items()}
     out: dict[str, torch.Tensor] = {}
-    for hf, tl in _hf_names(cfg).items():
+    for hf, tl in hf_names(cfg).items():
         if isinstance(tl, tuple):  # Phi-3's fused projections: the parts' rows stacked
             out[hf] = torch.cat([dense[name] for name, _ in tl])
         elif tl in dense and not (tl == "lm_head.weight" and cfg.tie_embeddings):
             out[hf] = dense[tl]
-    missing = sorted(set(dense) - {n for tl in _hf_names(cfg).values()
+    missing = sorted(set(dense) - {n for tl in hf_names(cfg).values()
                                    for n in ([p for p, _ in tl] if isinstance(tl, tuple) else [tl])})
     assert not missing, f"tensors with no Hugging Face name: {missing[:3]}"
     return {k: v.detach().to("cpu", dtype).contiguous() for k, v in out.items()}
@@ -192,7 +192,7 @@ def _auto_dtype(state: dict) -> torch.dtype:
 
 
 def _save_weights(weights: dict[str, torch.Tensor], dst: Path, shard_mb: float) -> None:
-    shards = _split(weights, int(shard_mb * 2**20))
+    shards = split_shards(weights, int(shard_mb * 2**20))
     if len(shards) == 1:
         save_file(weights, dst / WEIGHTS, metadata={"format": "pt"})
         return
