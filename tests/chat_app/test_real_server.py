@@ -8,9 +8,9 @@ exactly two deltas) are tests/chat_app/test_server_session.py and test_server_ap
 stand-in (tests/chat_app/openai_stub.py).
 
 The servers run with --ignore-eos, so a reply runs until Esc, the kill, or max_tokens: a test
-that acts mid-reply cannot see the reply end first. Every wait is on state. The module skips
-where tests/llama_server.py is absent, and its fixtures skip (or in CI fail) without a
-llama-server binary or the GGUF."""
+that acts mid-reply cannot see the reply end first. Every wait is on state. The fixtures (tests/llama_server.py,
+through tests/conftest.py) skip the tests, or in CI fail them, without a llama-server binary or
+the GGUF."""
 
 from __future__ import annotations
 
@@ -20,10 +20,6 @@ from chat_app import config
 from chat_app.__main__ import build_app, build_parser, main
 from chat_app.widgets.reply import Reply
 from tests.chat_app.conftest import loaded, notices, rows, saved_chat, send, wait_until
-
-llama = pytest.importorskip("tests.llama_server", reason="tests/llama_server.py (a real llama-server) is not here")
-llama_server_factory = llama.llama_server_factory  # the fixture, where tests/conftest.py does not import it yet
-llama_server = llama.llama_server
 
 pytestmark = pytest.mark.anyio
 SIZE = (110, 30)
