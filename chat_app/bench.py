@@ -19,7 +19,9 @@ Metrics:
                          child_started, torch_imported, open_started, model_loaded,
                          graphs_captured, compiled
 Options are tinyllm-chat's (--model, --device, --compile, --threads, ...) plus --tokens,
---replies. The app's data folder is a temporary one.
+--replies. The app's data folder is a temporary one. A server as the model (--model
+http://HOST:PORT/v1): the session side is a ServerSession, and the replies are fixed length only
+if the server ignores its end of text (llama-server --ignore-eos; scripts/server_side_by_side.sh).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import tempfile
 import time
 
 from chat_app.__main__ import COMPILE, DEFAULT_MODEL, build_app, build_parser
+from chat_app.server_api import endpoint, is_server
+from chat_app.server_session import ServerSession
 from tinyllm.tools.bench import Report
 
 
@@ -105,6 +109,8 @@ def session_side(args, ours, report: Report) -> list[float]:
 
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             repeat_penalty=args.repeat_penalty, max_tokens=args.max_tokens, seed=args.seed)
+    if is_server(args.model, {}):  # the server's own session, no UI (fixed length: llama-server --ignore-eos)
+        return session_speeds(ServerSession(endpoint(args.model, {}), params, args.system), ours, report)
     t0 = time.perf_counter()
     session = open_session(args.model or DEFAULT_MODEL, args.device, max_len=args.max_len, params=params,
                            system=args.system, use_graph=False if args.no_graphs else None, template=args.template,
@@ -113,6 +119,10 @@ def session_side(args, ours, report: Report) -> list[float]:
     session.stop_ids = set()  # fixed-length replies, as --ignore-eos does in the app
     session.wait_compiled()
     report("open_to_compiled_s", time.perf_counter() - t0, "s", where="session", step=session.step_kind)
+    return session_speeds(session, ours, report)
+
+
+def session_speeds(session, ours, report: Report) -> list[float]:
     list(session.send("Tell me a story about a lighthouse keeper."))  # the first reply: as in the app
     speeds = []
     for i in range(ours.replies):
