@@ -71,7 +71,10 @@ class Drawer:
     async def send(self, text: str) -> None:
         """Send a message: shown at once, before its reply begins (a prompt of thousands of
         tokens is read for seconds, which showed nothing before, 2026-12-06), taken back from
-        the conversation if the session refuses it."""
+        the conversation if the session refuses it. Busy, and said so on the status bar, before
+        the message is drawn: no frame shows the message under "ready"."""
+        self.busy = True
+        self.app.status.show(state=PREFILLING)
         self.pending = await self.app.conversation.add_user(text)
         self.begin("send", text)
 
