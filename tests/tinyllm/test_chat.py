@@ -257,3 +257,23 @@ def test_an_edit_on_the_default_model_replies_as_a_fresh_chat():
         list(s.send("What is the capital of France?"))
     list(edited.send("Name three colours."))
     assert list(edited.edit("Name three fruits."))[-1].text == list(fresh.send("Name three fruits."))[-1].text
+
+
+def test_on_a_cpu_a_reply_streams_a_few_steps_at_a_time(ckpt):
+    """A CPU launch runs its steps before it returns: one run at a time, of CPU_CHUNK steps, so
+    each token is shown after at most CPU_CHUNK more steps (was: two runs of 16 launched ahead,
+    32 steps before the second token: 1.7 s on a 0.5B model, 2026-12-06)."""
+    from tinyllm.session.decode_runner import CPU_CHUNK
+
+    session = open_session(ckpt, "cpu", max_len=1024)
+    session.runner.stop_ids = set()  # a reply of max_tokens
+    session.set_param("max_tokens", "40")
+    assert session.chunk == CPU_CHUNK < 16
+    steps: list[int] = []
+    run = session.decoder.run
+    session.decoder.run = lambda n=1, capture=True: (steps.append(n), run(n, capture))[1]
+    ran_at_token = [sum(steps) for e in session.send("Hello!") if isinstance(e, Token)]
+    # the first token comes from the prefill; then each is shown once its run has returned
+    assert ran_at_token[0] == 0 and len(ran_at_token) >= 40  # (and the text's tail, flushed at the end)
+    assert all(ran - i <= CPU_CHUNK for i, ran in enumerate(ran_at_token[:40]))
+    assert max(steps) == CPU_CHUNK

@@ -60,7 +60,7 @@ from tinyllm.model import Transformer
 from tinyllm.session.chat_events import Finished, Message, Prefilled, StepStats, Token
 from tinyllm.session.context import Context, choose_context
 from tinyllm.session.conversation import Conversation, or_restore, stop_ids
-from tinyllm.session.decode_runner import CHUNK, DecodeRunner
+from tinyllm.session.decode_runner import CHUNK, CPU_CHUNK, DecodeRunner
 from tinyllm.session.step_policy import StepPolicy
 from tinyllm.text.chat_template import ChatTemplate
 from tinyllm.text.tokenizer import Tokenizer
@@ -75,7 +75,7 @@ class ChatSession:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, template: ChatTemplate,
                  max_len: int | None = None, params: SamplingParams = SamplingParams(),
                  system: str | None = None, use_graph: bool | None = None, name: str = "model",
-                 compile: str | None = "auto", chunk: int = CHUNK, threads: int | None = None,
+                 compile: str | None = "auto", chunk: int | None = None, threads: int | None = None,
                  source: tuple[str, str] | None = None, context: Context | None = None):
         self.model, self.tokenizer, self.template, self.name = model, tokenizer, template, name
         # How max_len was chosen (tinyllm.session.context); None: as given, or the model's own.
@@ -87,6 +87,8 @@ class ChatSession:
         # torch's CPU thread count is per thread (OpenMP): set it in every thread that decodes.
         self.threads = (threads or default_cpu_threads()) if model.device.type == "cpu" else None
         self.params = params
+        if chunk is None:  # steps a run: CHUNK on CUDA, CPU_CHUNK on a CPU (tinyllm.session.decode_runner)
+            chunk = CHUNK if model.device.type == "cuda" else CPU_CHUNK
         self.runner = DecodeRunner(model, tokenizer, max_len, use_graph, chunk, self.threads,
                                    stop_ids(tokenizer, template))
         self.max_len = self.runner.max_len

@@ -10,8 +10,9 @@ public methods only. `reply(context, params, dropped, policy, record)` streams t
 
 Decoding: the sampler runs inside the decode step (seeded noise); the first id is drawn
 eagerly from the prefill's logits, as a step would draw it. The decoder runs `chunk` steps per
-replay, launched ahead of the one being read (at most IN_FLIGHT in flight): the host reads ids
-once per chunk, never once per token. A reply that ends inside a chunk (a stop id, `stop()`,
+replay, launched ahead of the one being read (at most IN_FLIGHT in flight on CUDA, one at a time
+of CPU_CHUNK steps on a CPU, where a launch runs before it returns): the host reads ids once
+per chunk, never once per token. A reply that ends inside a chunk (a stop id, `stop()`,
 the token limit, the context's end) rewinds the cache to exactly what a token-by-token run
 holds: every reply id but the last, and the last too when a stop id came after it. A run
 never crosses a bucket boundary, and is a whole chunk or one step (`run_length`), so chunked
@@ -55,7 +56,14 @@ from tinyllm.session.step_policy import StepPolicy
 from tinyllm.text.tokenizer import StreamDecoder, Tokenizer
 
 CHUNK = MAX_RUN  # decode steps per replay (one host read per chunk)
-IN_FLIGHT = 2  # chunks launched ahead of the host
+IN_FLIGHT = 2  # chunks launched ahead of the host (CUDA: a launch returns before its steps run)
+# On a CPU a launch runs its steps before it returns, so nothing overlaps: one chunk at a time,
+# of CPU_CHUNK steps. Measured on the default model (native step, 1 thread, the 2-core CPU, the
+# repetition stop on, 512-token replies; docs/BENCHMARKS.md, 2026-12-06): in flight 2 x 16
+# steps showed the reply's second token 316 ms after its first and then 16 at a time (88.8-90.3
+# tok/s); 1 x 4: 39-40 ms, then 4 at a time (86.1-88.6); 1 x 1: 10 ms, but the repetition
+# check once a chunk cost 10% (77.6-80.6). A 0.5B model at 18 tok/s waited 1.7 s for its second.
+CPU_CHUNK = 4
 
 
 class DecodeRunner:
@@ -73,6 +81,7 @@ class DecodeRunner:
         if not 1 <= chunk <= MAX_RUN:
             raise ValueError(f"chunk must be in [1, {MAX_RUN}], got {chunk}")
         self.chunk = chunk
+        self.in_flight = IN_FLIGHT if model.device.type == "cuda" else 1
         self.stop_ids = stop_ids or set()
         self.last_stats: StepStats | None = None
         self._stop = threading.Event()
@@ -169,10 +178,10 @@ class DecodeRunner:
         yield Finished(reason, text, stats)
 
     def _launch(self, chunks: deque[Chunk], n0: int, max_tokens: int, policy: StepPolicy) -> None:
-        """Launch chunks until IN_FLIGHT are queued (at least one). A chunk never runs past the
+        """Launch chunks until `in_flight` are queued (at least one). A chunk never runs past the
         token limit, the context or its bucket; the first id of the reply came from prefill."""
         dec = self.decoder
-        while len(chunks) < IN_FLIGHT:
+        while len(chunks) < self.in_flight:
             steps_left = max_tokens - 1 - (dec.n - n0)  # ids the reply may still draw
             room = self.max_len - dec.n
             if (steps_left <= 0 or room <= 0) and chunks:
