@@ -108,14 +108,14 @@ class Held:
 
 @pytest.fixture
 def make_held_app(make_app) -> Callable[..., tuple[ChatApp, list[Held]]]:
-    """make_app, with the session wrapped in `Held` (the list gets it once it has loaded)."""
-    def make(*argv: str) -> tuple[ChatApp, list[Held]]:
+    """make_app, with the session wrapped in `Held` (or `wrapper`: the list gets it once it has loaded)."""
+    def make(*argv: str, wrapper: Callable = Held) -> tuple[ChatApp, list[Held]]:
         app = make_app(*argv)
         opened: list[Held] = []
         real_open = app.open_session
 
         def open_held(**kwargs):
-            opened.append(Held(real_open(**kwargs)))
+            opened.append(wrapper(real_open(**kwargs)))
             return opened[-1]
 
         app.open_session = open_held

@@ -43,25 +43,12 @@ class HeldPrefill:
         return self._session.send(text)
 
 
-def held_app(make_app, *argv: str):
-    app = make_app(*argv)
-    opened: list[HeldPrefill] = []
-    real_open = app.open_session
-
-    def open_held(**kwargs):
-        opened.append(HeldPrefill(real_open(**kwargs)))
-        return opened[-1]
-
-    app.open_session = open_held
-    return app, opened
-
-
 def users(app) -> list[str]:
     return [m.text for m in app.query(UserMessage)]
 
 
-async def test_a_message_is_shown_while_its_prompt_is_read(make_app, data_dir):
-    app, opened = held_app(make_app, "--max-tokens", "4")
+async def test_a_message_is_shown_while_its_prompt_is_read(make_held_app, data_dir):
+    app, opened = make_held_app("--max-tokens", "4", wrapper=HeldPrefill)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Tell me about the sea", wait=False)
