@@ -172,7 +172,8 @@ def build_app(args: argparse.Namespace) -> ChatApp:
         spec, resumed.notice = chat_model(store, spec, servers)
     server = None
     if is_server(spec, servers):  # checked here, before the window opens: reachable, its model listed
-        server = ServerSession(endpoint(str(spec), servers, api_keys.from_environment()), None)  # type: ignore[arg-type]
+        env_key = api_keys.from_environment() if args.model else None  # the --model server's only (api_keys)
+        server = ServerSession(endpoint(str(spec), servers, env_key), None)  # type: ignore[arg-type]
         first, name, path = server.endpoint, server.name, server.path
         server.close()
         store.model, store.model_path, store.model_spec = name, None, first.spec
@@ -310,6 +311,9 @@ def main(argv: list[str] | None = None) -> None:
     except (FileNotFoundError, ValueError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl+C while a server is asked for its models, say
+        print(f"{PROG}: interrupted before the window opened", file=sys.stderr)
+        sys.exit(130)
     except Exception as e:
         fatal(e)
     try:

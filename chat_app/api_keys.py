@@ -79,16 +79,25 @@ def resolve(reference: str, name: str) -> Secret:
         if not key:
             raise ValueError(f'server {name}: no key in the system keyring for service "{KEYRING_SERVICE}", '
                              f'user "{name}" (keyring set {KEYRING_SERVICE} {name})')
-        return Secret(key)
+        return _checked(key.strip(), f"the system keyring (server {name})")
     m = _REFERENCE.fullmatch(reference)
     assert m, f"an unchecked api_key reference for {name}"
-    key = os.environ.get(m.group(1), "")
+    key = os.environ.get(m.group(1), "").strip()
     if not key:
         raise ValueError(f"server {name}: api_key names the environment variable {m.group(1)}, which is not set")
-    return Secret(key)
+    return _checked(key, f"{m.group(1)} (server {name})")
 
 
 def from_environment() -> Secret | None:
     """TINYLLM_CHAT_API_KEY, for the --model server only (see the rule above)."""
-    key = os.environ.get(ENV_KEY, "")
-    return Secret(key) if key else None
+    key = os.environ.get(ENV_KEY, "").strip()
+    return _checked(key, ENV_KEY) if key else None
+
+
+def _checked(key: str, source: str) -> Secret:
+    """The key as a Secret, surrounding whitespace gone; ValueError naming where it came from
+    (never the key) when it cannot go into an HTTP header: not printable ASCII."""
+    if not (key.isascii() and key.isprintable()) or any(c.isspace() for c in key):
+        raise ValueError(f"the API key from {source} holds a space, a control or a non-ASCII character; "
+                         "an HTTP header cannot carry it")
+    return Secret(key)

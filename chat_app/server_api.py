@@ -80,7 +80,7 @@ class Chunk:
 
 
 def _is_url(spec: str) -> bool:
-    return spec.startswith(("http://", "https://"))
+    return spec.lower().startswith(("http://", "https://"))
 
 
 def is_server(spec: str | None, servers: Mapping[str, Any]) -> bool:
@@ -125,12 +125,15 @@ def client(ep: Endpoint) -> httpx.Client:
     """One connection pool for the session (its key in its headers, for its URL only)."""
     headers = {"Authorization": f"Bearer {ep.key.reveal()}"} if ep.key is not None else {}
     timeout = httpx.Timeout(connect=CONNECT_S, read=ep.read_s, write=ep.read_s, pool=CONNECT_S)
-    return httpx.Client(headers=headers, timeout=timeout, follow_redirects=False, trust_env=False)
+    # verify: the machine's own trusted certificates (OpenSSL's defaults, which SSL_CERT_FILE and
+    # SSL_CERT_DIR set), not only certifi's bundle: a server with a company CA the machine trusts.
+    return httpx.Client(headers=headers, timeout=timeout, follow_redirects=False, trust_env=False,
+                        verify=ssl.create_default_context())
 
 
 def list_models(http: httpx.Client, ep: Endpoint) -> list[str]:
     try:
-        response = http.get(f"{ep.url}/models")
+        response = http.get(f"{ep.url}/models", timeout=CONNECT_S)  # before the window opens: not a reply's wait
     except httpx.HTTPError as e:
         raise ServerError(describe(e, ep)) from None
     if response.status_code != 200:
@@ -243,6 +246,8 @@ def status_message(status: int, content: bytes, ep: Endpoint, headers: Mapping[s
         said = error_text(json.loads(content))
     except ValueError:
         said = ""
+    if ep.key is not None and ep.key.reveal():  # a server or proxy that echoes the token back: never shown
+        said = said.replace(ep.key.reveal(), "***")
     said = f": {said}" if said else ""
     if status in (401, 403):
         how = ("give the right key: TINYLLM_CHAT_API_KEY or a [servers] table's api_key (docs/USING.md)"
@@ -250,6 +255,8 @@ def status_message(status: int, content: bytes, ep: Endpoint, headers: Mapping[s
                "api_key (docs/USING.md)")
         return f"{ep.host} refused the request ({status}{said}); {how}"
     if status == 404:
+        if ep.model is None:  # the model list itself: the URL's path is not an OpenAI API's
+            return f"{ep.host} has no {urlsplit(ep.url).path or '/'}/models (404{said}); is the URL's path /v1?"
         return f"{ep.host} does not know model {ep.model!r} or this path (404{said}); /model lists its models"
     if status == 429:
         wait = headers.get("retry-after")

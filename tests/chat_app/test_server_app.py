@@ -172,6 +172,36 @@ async def test_named_servers_and_resume_reconnects(stub, data_dir, tmp_path, mon
     assert stub.requests[-1]["headers"]["Authorization"] == "Bearer sk-home"  # found by its URL
 
 
+async def test_the_environment_key_goes_to_the_command_lines_server_only(stub, data_dir, monkeypatch):
+    """TINYLLM_CHAT_API_KEY is for the server --model names: a chat --resume reopens on a server
+    (found in chat.db, not on the command line) gets none (it was sent there, a review found)."""
+    app = server_app("--model", stub.url)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "First")
+    monkeypatch.setenv("TINYLLM_CHAT_API_KEY", KEY)
+    app = server_app("--resume")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Second")
+    assert [m["content"] for m in stub.bodies[-1]["messages"]][-1] == "Second"
+    assert all("Authorization" not in r["headers"] for r in stub.requests)
+    app = server_app("--model", stub.url)  # named on the command line: it gets the key
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Third")
+    assert stub.requests[-1]["headers"]["Authorization"] == f"Bearer {KEY}"
+
+
+@pytest.mark.parametrize("key", ["sk-a b", "sk-ab\x07", "sk-\u00e9t\u00e9"])
+def test_a_key_no_header_can_carry_is_one_line_naming_its_source(stub, capsys, monkeypatch, key):
+    monkeypatch.setenv("TINYLLM_CHAT_API_KEY", key)
+    with pytest.raises(SystemExit) as e:
+        main(["--model", stub.url])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "TINYLLM_CHAT_API_KEY" in err and key not in err
+
+
 def test_bad_servers_are_one_line_before_the_window_opens(capsys, monkeypatch):
     import socket
 
