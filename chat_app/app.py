@@ -414,7 +414,9 @@ class ChatApp(App[None]):
         s = self.session
         model = f"{s.name} ({s.family})" if s is not None and getattr(s, "family", "") else ""
         about = ""
-        if s is not None:
+        if s is not None and s.step_kind == "remote":  # a server's context is its own (max_len 0)
+            about = f"Served by {s.path}: its context, sampling and speed are the server's."
+        elif s is not None:
             note = getattr(s, "context_note", "")
             about = f"Context: {s.max_len:,} positions" + (f"; {note}." if note else ", the model's own.")
         self.push_screen(HelpScreen(keys, commands, model, about))

@@ -40,6 +40,8 @@ async def test_a_reply_streams_and_is_saved_with_the_server_and_model(stub, data
         assert "tok/s" in app.status.line and "TTFT" in app.status.line
         await pilot.press("ctrl+g")
         assert any("does not apply" in n for n in notices(app))
+        await pilot.press("f1")  # the help says who serves it, not a context of 0 positions
+        assert app.screen.about.startswith(f"Served by {stub.url}") and "0 positions" not in app.screen.about
     saved = saved_chat(data_dir)
     assert [(m.role, m.content, m.model) for m in saved][-1] == (
         "assistant", "Hello from the server.", f"tiny-remote (127.0.0.1:{stub.port})")
