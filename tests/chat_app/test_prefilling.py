@@ -5,37 +5,21 @@ conversation and goes back to the input."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from chat_app.widgets.conversation import UserMessage
 from chat_app.widgets.reply import Reply
-from tests.chat_app.conftest import loaded, notices, rows, send, wait_until
+from tests.chat_app.conftest import Held, loaded, notices, rows, send, wait_until
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)
 
 
-class HeldPrefill:
+class HeldPrefill(Held):
     """The app's session whose replies wait before their first event (the prompt being read)
     until `release()`."""
-
-    def __init__(self, session) -> None:
-        self._session = session
-        self.gate = threading.Event()
-        self.held = threading.Event()  # a reply waits at the gate now
-
-    def __getattr__(self, name: str):
-        return getattr(self._session, name)
-
-    def release(self) -> None:
-        self.gate.set()
-
-    def close(self) -> None:
-        self.gate.set()
-        self._session.close()
 
     def send(self, text: str) -> Iterator:
         self.held.set()

@@ -45,13 +45,18 @@ async def test_a_reply_from_llama_server(llama_server, data_dir):
     assert saved_chat(data_dir)[-1].model == app.session.name
 
 
+async def streaming(pilot, app) -> None:
+    """A long reply asked for, and streaming: its first text is on screen."""
+    await loaded(pilot)
+    await send(pilot, "Tell me a long story.", wait=False)
+    await wait_until(pilot, lambda: app.query(Reply) and app.query_one(Reply).text, what="streamed text")
+
+
 async def test_escape_mid_stream_with_llama_server(llama_server_factory, data_dir):
     server = llama_server_factory(extra_args=ENDLESS)
     app = app_for("--model", server.url, "--max-tokens", "100000")
     async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot)
-        await send(pilot, "Tell me a long story.", wait=False)
-        await wait_until(pilot, lambda: app.query(Reply) and app.query_one(Reply).text, what="streamed text")
+        await streaming(pilot, app)
         await pilot.press("escape")
         await wait_until(pilot, lambda: not app.busy, what="the reply to stop")
         assert app.session.messages[-1].stopped and app.query_one(Reply).has_class("-noted")
@@ -65,9 +70,7 @@ async def test_llama_server_killed_mid_reply(llama_server_factory, data_dir):
     server = llama_server_factory(extra_args=ENDLESS)
     app = app_for("--model", server.url, "--max-tokens", "100000")
     async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot)
-        await send(pilot, "Tell me a long story.", wait=False)
-        await wait_until(pilot, lambda: app.query(Reply) and app.query_one(Reply).text, what="streamed text")
+        await streaming(pilot, app)
         server.kill()
         await wait_until(pilot, lambda: not app.busy, what="the reply to end")
         said = [n for n in notices(app) if "mid-reply" in n]
