@@ -15,22 +15,36 @@ from tinyllm.formats.build import quantize_model
 from tinyllm.formats.checkpoint import load_checkpoint, save_checkpoint
 from tinyllm.formats.model_format import load_model
 from tinyllm.formats.open_model import format_of, open_any
-from tinyllm.formats.quant_rule import AUTO, DEFAULT, MEANING, QUANTS, quant_help
-from tinyllm.kernels import cpu_qgemv
+from tinyllm.formats.quant_rule import AUTO, DEFAULT, MEANING, NO_TRITON, QUANTS, auto_quant, quant_help
+from tinyllm.kernels import cpu_qgemv, qgemv
 from tinyllm.tools.testing import make_tiny_tokenizer
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # a device object needs no GPU
 
 
+def test_auto_is_a_pure_function_of_the_device_and_triton():
+    """CUDA: what the file stores where Triton's kernels are there, every matrix dense where they
+    are not; a CPU (and any other device type) what the file stores."""
+    rule = {(d, t): auto_quant(d, t) for d in ("cuda", "cpu", "mps") for t in (True, False)}
+    assert rule == {("cuda", True): "keep", ("cuda", False): "none", ("cpu", True): "keep", ("cpu", False): "keep",
+                    ("mps", True): "keep", ("mps", False): "keep"}
+    assert AUTO == {"cuda": "keep", "cpu": "keep"} and NO_TRITON == "none"
+
+
 def test_auto_is_the_tables_entry_on_each_device(monkeypatch):
-    """On CUDA every matrix dense in bf16; on a CPU what the file stores, an int4 matrix as int8
-    where only fbgemm's int8 kernel is fast (no AVX2 kernel); other quants as asked."""
-    for device in (CPU, CUDA):
-        assert load_policy.resolve_quant("auto", device) == AUTO[device.type]
-        for quant in QUANTS[1:]:
-            assert load_policy.resolve_quant(quant, device) == quant
-    cuda = load_policy.holding(CUDA, "auto", {"int4", "int8"})
-    assert (cuda.quant, cuda.dtype, cuda.int4_as) == ("none", torch.bfloat16, "int4")
+    """resolve_quant asks tinyllm.kernels.qgemv whether Triton is there; on CUDA bf16 either way;
+    on a CPU an int4 matrix as int8 where only fbgemm's int8 kernel is fast (no AVX2 kernel);
+    other quants as asked."""
+    for triton in (True, False):
+        monkeypatch.setattr(qgemv, "available", lambda triton=triton: triton)
+        for device in (CPU, CUDA):
+            assert load_policy.resolve_quant("auto", device) == auto_quant(device.type, triton)
+            for quant in QUANTS[1:]:
+                assert load_policy.resolve_quant(quant, device) == quant
+        cuda = load_policy.holding(CUDA, "auto", {"int4", "int8"})
+        assert (cuda.quant, cuda.dtype, cuda.int4_as) == ("keep" if triton else "none", torch.bfloat16, "int4")
+    for stored in (torch.float16, torch.bfloat16, torch.float32):  # a kept file's dense matrices on CUDA
+        assert load_policy.matrix_dtype(stored, CUDA, torch.bfloat16, "keep") == torch.bfloat16
     monkeypatch.setattr(load_policy, "cpu_has_bf16", lambda: False)
     monkeypatch.setattr(load_policy, "fbgemm_available", lambda: True)
     for kernel, int4_as in ((True, "int4"), (False, "int8")):
@@ -72,9 +86,11 @@ def test_a_quantized_checkpoint_opens_on_a_cpu_as_auto_says(tmp_path):
     assert type(dense.blocks[0].attn.wqkv) is DenseLinear
 
 
-def test_a_gguf_is_read_dense_for_cuda_under_auto(tmp_path):
-    """What "auto" reads for CUDA (no GPU needed: the tensors, before they move): every GGUF
-    matrix dequantized, in bf16, read once (not as a QTensor first)."""
+def test_a_gguf_is_read_for_cuda_as_auto_says(tmp_path, monkeypatch):
+    """What "auto" reads for CUDA (no GPU needed: the tensors, before they move): with Triton every
+    quantized matrix in the form the file stores and the F16 / BF16 ones as stored (the build
+    holds them in bf16); without it every matrix dequantized, in bf16, read once (not as a
+    QTensor first)."""
     from tests.tinyllm.test_gguf import MIXED, sp_kv, tiny, write_gguf
     from tinyllm.formats import gguf
 
@@ -84,11 +100,15 @@ def test_a_gguf_is_read_dense_for_cuda_under_auto(tmp_path):
     with gguf.inspect(path) as spec:
         assert spec.stored == {"int4", "int8"}
         hold = load_policy.holding(CUDA, "auto", spec.stored)
-        state = gguf.tensors(spec, hold.quant, hold.dtype)
-        kept = gguf.tensors(spec, load_policy.holding(CPU, "auto", spec.stored).quant, torch.float32)
-    assert not any(isinstance(t, QTensor) for t in state.values())
-    assert {t.dtype for t in state.values()} == {torch.bfloat16}
+        kept = gguf.tensors(spec, hold.quant, hold.dtype)
+        monkeypatch.setattr(qgemv, "available", lambda: False)
+        hold = load_policy.holding(CUDA, "auto", spec.stored)
+        dense = gguf.tensors(spec, hold.quant, hold.dtype)
     assert {t.kind for t in kept.values() if isinstance(t, QTensor)} == spec.stored
+    assert {t.dtype for t in kept.values() if not isinstance(t, QTensor) and t.dim() == 2} == {
+        torch.float16, torch.bfloat16}  # MIXED's F16 and BF16 matrices
+    assert not any(isinstance(t, QTensor) for t in dense.values())
+    assert {t.dtype for t in dense.values()} == {torch.bfloat16}
 
 
 def _help(main, *argv) -> str:
@@ -111,9 +131,8 @@ def test_every_quant_help_states_the_rule_the_loader_runs():
     from tinyllm.tools.bench import parse_args
     from tinyllm.tools.eval.__main__ import main as eval_main
 
-    for device in (CUDA, CPU):
-        where = "on CUDA" if device.type == "cuda" else "on a CPU"
-        assert f"{where} {MEANING[load_policy.resolve_quant('auto', device)]}" in quant_help()
+    for device, triton, where in ((CUDA, True, "on CUDA"), (CUDA, False, "without Triton"), (CPU, True, "on a CPU")):
+        assert f"{where} {MEANING[auto_quant(device.type, triton)]}" in quant_help()
     for main, choices in ((chat_main, QUANT_CHOICES), (bench_main, QUANTS), (eval_main, QUANTS)):
         assert quant_help(choices) in _help(main), main.__module__
     assert build_parser().parse_args([]).quant == parse_args([]).quant == DEFAULT

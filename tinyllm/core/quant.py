@@ -11,6 +11,9 @@ Contract:
 - `held_exactly(t)`: scales or offsets as a layer holds them, never rounded (fp16 where every
   value is exact in fp16, else fp32); `cat(parts)`: a fused projection's rows; `fits(shape,
   kind, group)`: whether a matrix can be held as `kind`.
+- `half_scales(qt)`: an int4 QTensor with its scales and offsets in fp16, rounded where no value
+  loses more than fp16's rounding (tinyllm.formats.build holds int4 so on CUDA, where the
+  bytes are what a decode step reads).
 - `fbgemm_available()`: whether PyTorch's fbgemm engine is here (tinyllm.core.quant_linear's CPU int8
   kernel without the AVX2 one; the load rule asks too).
 The layers that hold QTensors, one class per kernel, are tinyllm.core.quant_linear's.
@@ -68,10 +71,27 @@ def held_exactly(t: Tensor | None) -> Tensor | None:
     """Scales or offsets as a layer holds them, never rounded: fp16 where every value is exact in
     fp16 (a GGUF's), else fp32. Rounded to bf16 (the activations' dtype on CUDA), a checkpoint
     saved from the layer would no longer be the one loaded."""
-    if t is None:
-        return None
+    if t is None or t.dtype == torch.float16:  # fp16 is exact in fp16: shared, not copied
+        return t
     t = t.float()
     return t.half() if exact_in_fp16(t) else t
+
+
+def half_scales(qt: QTensor) -> QTensor:
+    """`qt` with int4 scales and offsets in fp16: 2 bytes each instead of 4, so a group of 32
+    is 20 bytes (5 bits a weight) instead of 24 (6). Rounded, where no value moves by more than
+    2^-11 of itself (fp16's unit roundoff: no overflow, no subnormal loss); either tensor
+    failing that leaves both as held_exactly holds them, and int8 is as it is (one scale a row).
+    A weight q s + z then moves by at most 2^-11 (q |s| + |z|). A GGUF's Q4_K (s = d sc,
+    z = -dmin mn: exact in fp32, about 5-15% exact in fp16) rounded so moved a weight by at
+    most 1.1% of its group's step, where bf16 (every weight of a dense load on CUDA) moved it
+    by up to 4.2% (random Q4_K blocks of weights with std 0.005-0.1, measured on the CPU)."""
+    if qt.kind != "int4":
+        return qt
+    s, z = qt.scales.float(), qt.zeros.float()
+    if not all(((t.half().float() - t).abs() <= t.abs() * 2**-11).all() for t in (s, z)):
+        return QTensor("int4", qt.qweight, held_exactly(s), held_exactly(z))
+    return QTensor("int4", qt.qweight, s.half(), z.half())
 
 
 def cat(parts: list[QTensor]) -> QTensor:

@@ -11,7 +11,10 @@ tinyllm.formats.matrix_forms'. This module owns the assembly:
   `load_policy.matrix_dtype`'s dtype, norms in `dtype`; each matrix is the layer of the kernel
   that runs it here, picked once (tinyllm.core.linear.dense_linear, tinyllm.core.quant_linear.quant_linear;
   the embedding a DenseEmbedding or QuantEmbedding), computing in `dtype`; tied embeddings
-  share one tensor (or one QTensor's).
+  share one tensor (or one QTensor's: the lm_head reads the table the embedding looks up). On
+  CUDA an int4 matrix's scales and offsets are held in fp16 (tinyllm.core.quant.half_scales:
+  rounded where not exact, never by more than fp16 rounds; Q4_K's 6 bits a weight become 5),
+  since there a decode step's speed is its bytes; a CPU holds them exactly (held_exactly).
   It runs `check_finite` first, so every format gets it. The model is in eval mode.
 - `quantize_model(model, quant, group)`: the same, from a dense model in memory.
 Refuses with one line (ValueError): an unknown quant, a weight that is not finite (naming the
@@ -24,7 +27,7 @@ import torch
 from torch import nn
 
 from tinyllm.core.linear import dense_embedding, dense_linear
-from tinyllm.core.quant import QTensor
+from tinyllm.core.quant import QTensor, half_scales
 from tinyllm.core.quant_linear import QuantEmbedding, quant_linear
 from tinyllm.formats.load_policy import check_quant, holding, matrix_dtype, stored_forms
 from tinyllm.formats.matrix_forms import hold_matrices
@@ -53,8 +56,10 @@ def build_transformer(cfg: ModelConfig, state: dict[str, torch.Tensor | QTensor]
         model = Transformer(cfg)
     held: dict[str, nn.Parameter | QTensor] = {}  # each matrix on the device, as the layer holds it
     for key, v in mats.items():
-        held[key] = (v.map(lambda t: t.to(device)) if isinstance(v, QTensor) else
-                     nn.Parameter(v.to(device=device, dtype=matrix_dtype(v.dtype, device, dtype, hold.quant))))
+        if isinstance(v, QTensor):
+            held[key] = (half_scales(v) if device.type == "cuda" else v).map(lambda t: t.to(device))
+        else:
+            held[key] = nn.Parameter(v.to(device=device, dtype=matrix_dtype(v.dtype, device, dtype, hold.quant)))
     if cfg.tie_embeddings:  # one tensor (or one QTensor's) for both
         held["lm_head.weight"] = held["tok_emb.weight"]
     for key, m in held.items():  # each matrix as the layer of the kernel that runs it

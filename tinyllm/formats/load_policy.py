@@ -5,8 +5,10 @@ One rule for every format; tinyllm.formats.quant_rule holds its table (and every
 - `holding(device, quant, stored, dtype=None) -> Holding(quant, dtype, int4_as)`: the rule a
   load follows, decided before a weight is read from the forms its file stores (`stored`,
   a set of "int8" / "int4"; `stored_forms(tensors)` for tensors in memory). `quant` "auto"
-  becomes what quant_rule.AUTO says for the device (`resolve_quant`: "none" on CUDA, "keep" on
-  a CPU); the dtype is `dtype`, else `default_dtype(device, holds_int4(...))`; `int4_as` is
+  becomes what quant_rule.auto_quant says for the device (`resolve_quant`: "keep" on CUDA where
+  Triton's kernels are there, tinyllm.kernels.qgemv.available(), else "none"; "keep" on a CPU;
+  a kept file's dense matrices in `matrix_dtype`'s dtype, bf16 on CUDA); the dtype is `dtype`,
+  else `default_dtype(device, holds_int4(...))`; `int4_as` is
   "int8" under "auto" on a CPU computing in fp32 where fbgemm is there and the AVX2 kernel
   (tinyllm.kernels.cpu_qgemv) cannot be built (fbgemm's int8 kernel is then the fast one), else "int4".
 - `default_dtype(device, int4)`, `holds_int4(quant, stored)`: bf16 on CUDA; on a CPU fp32, or
@@ -28,8 +30,8 @@ import torch
 
 from tinyllm.core.linear import HALF
 from tinyllm.core.quant import GROUPS, QTensor, fbgemm_available
-from tinyllm.formats.quant_rule import AUTO, QUANTS
-from tinyllm.kernels import cpu_qgemv
+from tinyllm.formats.quant_rule import QUANTS, auto_quant
+from tinyllm.kernels import cpu_qgemv, qgemv
 
 __all__ = ["QUANTS", "Holding", "check_quant", "cpu_has_bf16", "default_dtype", "holding", "holds_int4",
            "matrix_dtype", "resolve_device", "resolve_quant", "stored_forms"]
@@ -83,8 +85,8 @@ def holds_int4(quant: str, stored: Collection[str]) -> bool:
 
 
 def resolve_quant(quant: str, device: torch.device) -> str:
-    """"auto" as quant_rule.AUTO says for the device; any other quant as it is."""
-    return AUTO.get(device.type, AUTO["cpu"]) if quant == "auto" else quant
+    """"auto" as quant_rule.auto_quant says for the device and Triton's kernels; any other quant as it is."""
+    return auto_quant(device.type, qgemv.available()) if quant == "auto" else quant
 
 
 @dataclass(frozen=True)
