@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tinyllm.core.linear import DenseEmbedding, DenseLinear, Embedding, Linear
+from tinyllm.core.linear import ACTIVATIONS, DenseEmbedding, DenseLinear, Embedding, Linear
 from tinyllm.core.nn_module import Module
 from tinyllm.core.ops import Ops, ops_for
 from tinyllm.core.rope import Rope, apply_rope
@@ -142,7 +142,6 @@ class ModelConfig:
         return cls(**{**PRESETS[name], **overrides})
 
 
-ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 ROPE_SCALING = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
                                                   "original_max_position_embeddings"),
                 "longrope": ("short_factor", "long_factor", "original_max_position_embeddings")}
@@ -294,9 +293,7 @@ class Attention(Module):
         """x + attention(norm(x)) (x + post(attention(norm(x))) with a post-norm): the block's first
         half, skip connection included."""
         B, T, _ = x.shape
-        qkv = self.wqkv.fused(x, norm=norm)  # (B, T, q_dim + 2 kv_dim)
-        if self.bqkv is not None:
-            qkv = qkv + self.bqkv
+        qkv = self.wqkv.fused(x, norm=norm, bias=self.bqkv)  # (B, T, q_dim + 2 kv_dim)
         if (self.fusable and kv is not None
                 and (y := ops.rope_attend(kv, qkv, cos, sin, self.scale, self.window, self.cap)) is not None):
             # (B, Hkv, R, D): RoPE, the cache write and attention in one op
@@ -383,8 +380,7 @@ class FeedForward(Module):
         half, skip connection included (SwiGLU without a post-norm may run in fewer ops: Linear.swiglu)."""
         if self.act == "silu" and post is None:
             return self.w13.swiglu(self.w2, x, norm)  # (B, T, C)
-        gate, up = self.w13.fused(x, norm=norm).chunk(2, dim=-1)  # (B, T, F) each
-        y = ACTIVATIONS[self.act](gate) * up
+        y = self.w13.gated(x, norm, self.act)  # (B, T, F): act(gate) * up
         return self.w2.fused(y, residual=x) if post is None else x + post(self.w2(y))
 
 

@@ -37,6 +37,24 @@ def case(n, k, rows, kind, group, device="cpu", dtype=torch.float32):
     return x, qt, ref
 
 
+class DenseQ:
+    """A dense matrix where fused_case expects a QTensor."""
+
+    def __init__(self, w):
+        self.w, self.shape = w, tuple(w.shape)
+
+    def dequantize(self, dtype):
+        return self.w.to(dtype)
+
+
+def dense_case(n, k, rows, device="cpu", dtype=torch.float32, wdtype=torch.bfloat16):
+    """x (rows, K), a 16-bit W (N, K) and the float64 x @ W.T."""
+    g = torch.Generator().manual_seed(n * k + rows + 1)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(device, wdtype)
+    x = torch.randn(rows, k, generator=g).to(device, dtype)
+    return x, w, x.double() @ w.double().T
+
+
 def rel_err(y, ref):
     return ((y.double() - ref).norm() / ref.norm()).item()
 
@@ -61,13 +79,41 @@ def test_not_supported_without_cuda():
 
 INTERPRETED = textwrap.dedent("""
     import torch
+    from tests.triton_interpreter import fix_numpy_index
+    fix_numpy_index()
     from tinyllm.kernels import qgemv_triton as T
-    from tests.tinyllm.test_qgemv import CASES, case, fused_case, rel_err
+    from tests.tinyllm.test_qgemv import CASES, DenseQ, case, dense_case, fused_case, rel_err
 
     def raw(x, qt, group, gated=False, *fused):  # the ops launch their kernels themselves: the interpreter runs them
         if qt.kind == "int8":
             return T.int8_gemv(x, qt.qweight, qt.scales, gated, *fused)
         return T.int4_gemv(x, qt.qweight, qt.scales, qt.zeros, group, gated, *fused)
+
+    def gelu(t):
+        return torch.nn.functional.gelu(t, approximate="tanh")
+
+    SMALL = [c for c in CASES if c[0] * c[1] <= 200_000]  # the interpreter is slow: the folds on small shapes
+    for n, k, rows, kind, group in SMALL:  # a bias on each row, and GeGLU's gating
+        x, qt, ref = case(n, k, rows, kind, group)
+        b = torch.randn(n, generator=torch.Generator().manual_seed(n))
+        y = raw(x, qt, group, False, None, 0.0, None, b)
+        assert rel_err(y, ref + b.double()) < 1e-5, (n, k, rows, kind, "bias")
+        if n % 2 == 0:
+            y = raw(x, qt, group, True, None, 0.0, None, b, "gelu_tanh")
+            gate, up = (ref + b.double()).chunk(2, dim=-1)
+            assert rel_err(y, gelu(gate) * up) < 1e-5, (n, k, rows, kind, "gelu")
+
+    for n, k, rows, _, _ in SMALL:  # dense 16-bit matrices: every fold, against the float64 product
+        x, w, ref = dense_case(n, k, rows)
+        b = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(w.dtype)
+        assert rel_err(T.dense_gemv(x, w), ref) < 1e-5, (n, k, rows, "dense")
+        g, r, fref = fused_case(x, DenseQ(w))
+        y = T.dense_gemv(x, w, False, g, 1e-5, r, b)
+        assert rel_err(y, fref + b.double()) < 1e-5, (n, k, rows, "dense fused")
+        if n % 2 == 0:
+            for act, f in (("silu", torch.nn.functional.silu), ("gelu_tanh", gelu)):
+                gate, up = ref.chunk(2, dim=-1)
+                assert rel_err(T.dense_gemv(x, w, True, act=act), f(gate) * up) < 1e-5, (n, k, rows, act)
 
     for n, k, rows, kind, group in CASES:
         x, qt, ref = case(n, k, rows, kind, group)
@@ -98,7 +144,7 @@ def test_kernels_under_the_triton_interpreter():
                     reason="needs triton; on a CUDA machine the CUDA tests compile them for real")
 @pytest.mark.parametrize("halves,fused", [(1, False), (2, False), (1, True), (2, True)])
 @pytest.mark.parametrize("pdl", [False, True])
-@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("kind", ["int8", "int4", "dense"])
 def test_kernels_compile_for_the_h200_without_a_gpu(kind, pdl, halves, fused):
     """Compiled for sm_90 with the hints a real launch gets (16-byte aligned pointers), the
     inner loop has no int-to-float conversion instruction (quarter rate on Hopper), loads the
@@ -111,18 +157,23 @@ def test_kernels_compile_for_the_h200_without_a_gpu(kind, pdl, halves, fused):
     from tinyllm.kernels import qgemv_triton as T
 
     aligned = [["tt.divisibility", 16]]
-    tail = {"g_ptr": "*bf16", "r_ptr": "*bf16", "eps": "fp32", "N": "i32", "K": "constexpr"}
-    flags = {"HALVES": halves, "NORM": fused, "RES": fused, "PDL": pdl}
+    tail = {"g_ptr": "*bf16", "r_ptr": "*bf16", "b_ptr": "*bf16", "eps": "fp32", "N": "i32", "K": "constexpr"}
+    flags = {"HALVES": halves, "NORM": fused, "RES": fused, "BIAS": fused, "ACT": 0, "PDL": pdl}
     if kind == "int8":
         sig = {"x_ptr": "*bf16", "w_ptr": "*i8", "s_ptr": "*bf16", "y_ptr": "*bf16", **tail,
                "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", **dict.fromkeys(flags, "constexpr")}
         src = ASTSource(T._int8_kernel, sig, constexprs={"K": 2048, "BLOCK_N": 4, "BLOCK_K": 512, **flags},
+                        attrs={(i,): aligned for i in range(7)})
+    elif kind == "dense":
+        sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", **tail,
+               "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", **dict.fromkeys(flags, "constexpr")}
+        src = ASTSource(T._dense_kernel, sig, constexprs={"K": 2048, "BLOCK_N": 4, "BLOCK_K": 256, **flags},
                         attrs={(i,): aligned for i in range(6)})
     else:
         sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*bf16", "z_ptr": "*bf16", "y_ptr": "*bf16", **tail,
                "G": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", **dict.fromkeys(flags, "constexpr")}
         src = ASTSource(T._int4_kernel, sig, constexprs={"K": 2048, "G": 32, "BLOCK_N": 4, "BLOCK_K": 1024, **flags},
-                        attrs={(i,): aligned for i in range(7)})
+                        attrs={(i,): aligned for i in range(8)})
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
     ptx = compiled.asm["ptx"]
     assert compiled.asm["cubin"]

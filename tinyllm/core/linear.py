@@ -4,19 +4,26 @@ Contract:
 - `Linear`: y = x @ W.T for an (N, K) matrix W: x (..., K) -> (..., N) in x's dtype. Every
   Linear answers the same four calls, so the model asks nothing of a layer's kind:
   - `forward(x)`: the product, by this class's kernel.
-  - `fused(x, norm=None, residual=None)`: residual + self(norm(x)), the norm (a model.RMSNorm)
-    and the residual (..., N) each optional. A kernel that runs the three as one op does
-    (tinyllm.core.quant_linear.TritonLinear, a few rows on CUDA); here they run in that order.
-  - `swiglu(down, x, norm)`: x + down(silu(gate) * up) of norm(x), x (..., K) -> (..., K), this
-    layer holding SwiGLU's gate and up (its two halves of rows) and `down` the down
-    projection. A kernel with a fused form runs it in fewer ops; here it is the two products.
+  - `fused(x, norm=None, residual=None, bias=None)`: residual + (self(norm(x)) + bias), the norm
+    (a model.RMSNorm), the residual (..., N) and the bias (N,) each optional. A kernel that runs
+    them as one op does (TritonProducts: a few rows on CUDA); here they run in that order.
+  - `gated(x, norm, act="silu") -> (..., F)`: act(gate) * up of norm(x), this layer holding a
+    gated FFN's gate and up (its two halves of rows); act one of ACTIVATIONS.
+  - `swiglu(down, x, norm)`: x + down(silu(gate) * up) of norm(x), x (..., K) -> (..., K), `down`
+    the down projection. A kernel with a fused form runs it in fewer ops; here it is the two products.
   - `native_parts() -> [w, scales, zeros]`: the matrix as the native CPU step reads it
     (tinyllm.decode.cpu_step; empty tensors where it has no scales or zeros); ValueError, saying
     what the layer is, where this kernel's layout is not one that step reads.
+- `TritonProducts`: the four calls above through tinyllm.kernels.qgemv's Triton kernels where a
+  layer says they take x (`_gemv_ok`: a few rows on CUDA), each call one kernel with its norm,
+  bias, gating and residual inside (where qgemv.fold()); the next class's calls otherwise. The
+  quantized TritonLinear (tinyllm.core.quant_linear) and DenseLinear on CUDA run it.
 - `DenseLinear(in_features, out_features)`: torch's nn.Linear without a bias (its init, its
   `weight`), computing with the library's product of W widened to x's dtype where W is held
-  narrower. Inside a compiled step of a single row (batch-1 decode), with K <= REDUCTION_MAX_K
-  or W held narrower than x, the product is written as a product and a sum over K instead:
+  narrower. On CUDA, outside a compile, a few rows of x in W's own dtype take qgemv's dense
+  kernel (TritonProducts): decode's products are then one kernel each, with no Inductor.
+  Inside a compiled step of a single row (batch-1 decode), with K <= REDUCTION_MAX_K or W held
+  narrower than x, the product is written as a product and a sum over K instead:
   Inductor makes that one reduction kernel and fuses elementwise work around it into it
   (and a narrower W's widening into its loads), where a library call is a kernel of its own
   with a ~3 µs floor on CUDA.
@@ -41,7 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tinyllm.core.nn_module import Module
-from tinyllm.kernels import cpu_qgemv
+from tinyllm.kernels import cpu_qgemv, qgemv
 
 # Largest input width K for which a compiled batch-1 step computes x @ W.T as an Inductor
 # reduction (DenseLinear). Measured on an H200, compiled step in CUDA graphs: the default model
@@ -51,6 +58,8 @@ REDUCTION_MAX_K = 1536
 HALF = (torch.bfloat16, torch.float16)  # matrices a CPU may hold narrower than its fp32 activations
 NATIVE_DENSE = (torch.float32, *HALF)  # the dense matrices and tables the native CPU step reads
 NONE = torch.empty(0)  # a part the native step's layout leaves empty
+# A gated FFN's activations by name (model.ModelConfig.act): SwiGLU's silu, GeGLU's tanh-approximated gelu.
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 class Linear(Module):
@@ -59,28 +68,82 @@ class Linear(Module):
     in_features: int
     out_features: int
 
-    def fused(self, x: Tensor, norm: nn.Module | None = None, residual: Tensor | None = None) -> Tensor:
-        """residual + self(norm(x)), x (..., K) -> (..., N)."""
+    def fused(self, x: Tensor, norm: nn.Module | None = None, residual: Tensor | None = None,
+              bias: Tensor | None = None) -> Tensor:
+        """residual + (self(norm(x)) + bias), x (..., K) -> (..., N)."""
         y = self.forward(x if norm is None else norm(x))  # (..., N)
+        if bias is not None:
+            y = y + bias
         return y if residual is None else residual + y
+
+    def gated(self, x: Tensor, norm: nn.Module, act: str = "silu") -> Tensor:
+        """act(gate) * up of norm(x), this layer holding gate and up: (..., K) -> (..., F)."""
+        gate, up = self.fused(x, norm=norm).chunk(2, dim=-1)  # (..., F) each
+        return ACTIVATIONS[act](gate) * up
 
     def swiglu(self, down: Linear, x: Tensor, norm: nn.Module) -> Tensor:
         """x + down(silu(gate) * up) of norm(x), this layer holding gate and up."""
-        gate, up = self.fused(x, norm=norm).chunk(2, dim=-1)  # (..., F) each
-        return down.fused(F.silu(gate) * up, residual=x)  # (..., K)
+        return down.fused(self.gated(x, norm), residual=x)  # (..., K)
 
     def native_parts(self) -> list[Tensor]:
         raise ValueError(f"a {type(self).__name__} the native step does not run")
 
 
-class DenseLinear(Linear, nn.Linear):
+class TritonProducts(Linear):
+    """A layer's calls as tinyllm.kernels.qgemv's kernels where `_gemv_ok(x)` (the module docstring)."""
+
+    def _gemv_ok(self, x: Tensor) -> bool:
+        raise NotImplementedError
+
+    def _gemv(self, rows: Tensor, **folds) -> Tensor:
+        """The product of rows (M, K) with the folds of qgemv.linear -> (M, N)."""
+        raise NotImplementedError
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self._gemv_ok(x):
+            return super().forward(x)
+        return self._gemv(x.reshape(-1, self.in_features)).view(*x.shape[:-1], -1)  # (..., N)
+
+    def fused(self, x: Tensor, norm: nn.Module | None = None, residual: Tensor | None = None,
+              bias: Tensor | None = None) -> Tensor:
+        """For a few rows, the norm (a model.RMSNorm, where qgemv.fold()), the bias and the
+        residual (..., N) folded into the product's kernel; otherwise run apart."""
+        if not self._gemv_ok(x) or not (qgemv.fold() or norm is None and residual is None):
+            return super().fused(x, norm, residual, bias)
+        y = self._gemv(x.reshape(-1, self.in_features), norm=None if norm is None else (norm.weight, norm.eps),
+                       residual=None if residual is None else residual.reshape(-1, self.out_features),
+                       bias=bias)  # (M, N)
+        return y.view(*x.shape[:-1], -1)
+
+    def gated(self, x: Tensor, norm: nn.Module, act: str = "silu") -> Tensor:
+        """For a few rows: the norm (where qgemv.fold()) and the gating in one kernel."""
+        if not self._gemv_ok(x):
+            return super().gated(x, norm, act)
+        fold = qgemv.fold()
+        h = self._gemv((x if fold else norm(x)).reshape(-1, self.in_features), gated=True,
+                       norm=(norm.weight, norm.eps) if fold else None, act=act)  # (M, F)
+        return h.view(*x.shape[:-1], -1)
+
+
+class DenseLinear(TritonProducts, nn.Linear):
     """x @ W.T with W a dense (N, K) Parameter (see the module docstring)."""
 
     def __init__(self, in_features: int, out_features: int) -> None:
         nn.Linear.__init__(self, in_features, out_features, bias=False)
 
+    def _gemv_ok(self, x: Tensor) -> bool:
+        w = self.weight
+        return (qgemv.supported(x) and w.device == x.device and w.dtype == x.dtype and self.bias is None
+                and w.is_contiguous() and not torch.compiler.is_compiling()
+                and not (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad)))  # no autograd here
+
+    def _gemv(self, rows: Tensor, **folds) -> Tensor:
+        return qgemv.linear(rows, "dense", self.weight, **folds)
+
     def forward(self, x: Tensor) -> Tensor:
         """x (..., K) -> (..., N)."""
+        if self._gemv_ok(x):
+            return super().forward(x)  # TritonProducts: one kernel
         w = self.weight  # (N, K)
         if (torch.compiler.is_dynamo_compiling() and x.shape[:-1].numel() == 1
                 and (x.shape[-1] <= REDUCTION_MAX_K or w.dtype != x.dtype)):

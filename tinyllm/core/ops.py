@@ -9,16 +9,15 @@ Contract:
 - `ops.window_attention(q, k, v, mask, scale, cap=0.0)`: one decode position over a window of W keys:
   q (B, Hkv, R, D), the R query heads that share a KV head; k, v (B, Hkv, W, D); mask
   (B, 1, 1, W) bool, True = attend -> (B, Hkv, R, D); scores soft-capped where cap > 0 (the
-  CPU op takes cap = 0 only; the Triton kernel any). Outside a compile, `window_attention`
-  (the reference, below); inside one, the device's kernel where it takes these inputs
-  (tinyllm.kernels.decode_attention: the split-K Triton kernel on CUDA, the threaded C++ op on a CPU
-  where tinyllm.kernels.cpu_qgemv is loaded), else the reference, on a CPU written as products and
-  sums. The kernels run in the compiled step only: graph replay and the eager twin of the
-  compiled step run the same kernel and stay bit-identical, and the plain step never imports
-  Triton and torch's kernel wrapping on the start-up path (measured on the H200: start-up to
-  the first reply went from 7.4 to 11.8 s).
+  CPU op takes cap = 0 only; the Triton kernel any). The device's kernel where it takes these
+  inputs (tinyllm.kernels.decode_attention), else `window_attention` (the reference, below):
+  - on CUDA, the split-K Triton kernel, in the plain step and the compiled step alike: graph
+    replay and its eager twin run the same kernel and stay bit-identical, and the plain step,
+    which serves a launch's first replies, is as fast as the kernels make it with no compile;
+  - on a CPU, inside a compile only, the threaded C++ op where tinyllm.kernels.cpu_qgemv is
+    loaded, else the reference written as products and sums.
 - `ops.rope_attend(kv, qkv, cos, sin, scale, sliding=0, cap=0.0) -> Tensor | None`: a decode step's (T = 1) RoPE,
-  cache write and attention as one op, inside a compile on CUDA, where the cache layer `kv`
+  cache write and attention as one op on CUDA (plain or compiled step), where the cache layer `kv`
   runs it (`kv.rope_attend`: a static or slot cache's decode view,
   decode_attention.rope_decode_attention): qkv (B, 1, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D);
   None elsewhere, and the model runs them apart.
@@ -103,17 +102,17 @@ class CpuOps(Ops):
 
 
 class CudaOps(Ops):
-    """CUDA's: the Triton decode attention, and RoPE and the cache write inside it, in a compiled step."""
+    """CUDA's: the Triton decode attention, and RoPE and the cache write inside it."""
 
     def window_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float,
                          cap: float = 0.0) -> Tensor:
-        if torch.compiler.is_compiling() and decode_attention.supported(q, k, v, mask):
+        if decode_attention.supported(q, k, v, mask):
             return decode_attention.decode_attention(q, k, v, mask, scale, cap)  # (B, Hkv, R, D)
         return window_attention(q, k, v, mask, scale, cap)
 
     def rope_attend(self, kv, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float, sliding: int = 0,
                     cap: float = 0.0) -> Tensor | None:
-        if qkv.shape[1] != 1 or not torch.compiler.is_compiling():
+        if qkv.shape[1] != 1:
             return None
         return kv.rope_attend(qkv.view(qkv.shape[0], -1), cos, sin, scale, sliding, cap)  # (B, Hkv, R, D) or None
 

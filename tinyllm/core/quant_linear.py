@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tinyllm.core import quant
-from tinyllm.core.linear import NONE, Embedding, Linear
+from tinyllm.core.linear import NONE, Embedding, Linear, TritonProducts
 from tinyllm.core.quant import QTensor, exact_in_fp16, held_exactly, pack_int4, unpack_int4
 from tinyllm.kernels import cpu_qgemv, qgemv
 
@@ -236,34 +236,17 @@ class Int8PackLinear(DequantLinear):
         return y.view(*x.shape[:-1], -1)
 
 
-class TritonLinear(DequantLinear):
+class TritonLinear(TritonProducts, DequantLinear):
     """tinyllm.kernels.qgemv's Triton kernels for a few rows on CUDA; the reference for more."""
 
-    def forward(self, x: Tensor) -> Tensor:
-        if not qgemv.supported(x):
-            return super().forward(x)
-        y = qgemv.linear(self._rows(x), self.kind, self.qweight, self.scales, self.zeros, self.group)  # (M, N)
-        return y.view(*x.shape[:-1], -1)
+    def __init__(self, qt: QTensor, dtype: torch.dtype) -> None:
+        super().__init__(qt.map(Tensor.contiguous), dtype)  # the kernels read rows at their strides' offsets
 
-    def fused(self, x: Tensor, norm: nn.Module | None = None, residual: Tensor | None = None) -> Tensor:
-        """For a few rows, the norm (a model.RMSNorm, where qgemv.fold()) and the residual
-        (..., N) folded into the product's kernel; otherwise run apart."""
-        if not qgemv.supported(x) or not (qgemv.fold() or norm is None and residual is None):
-            return super().fused(x, norm, residual)
-        y = qgemv.linear(self._rows(x), self.kind, self.qweight, self.scales, self.zeros, self.group,
-                         norm=None if norm is None else (norm.weight, norm.eps),
-                         residual=None if residual is None else residual.reshape(-1, self.out_features))  # (M, N)
-        return y.view(*x.shape[:-1], -1)
+    def _gemv_ok(self, x: Tensor) -> bool:
+        return qgemv.supported(x)
 
-    def swiglu(self, down: Linear, x: Tensor, norm: nn.Module) -> Tensor:
-        """For a few rows: the norm (where qgemv.fold()) and the gating in gate/up's kernel, and
-        the residual in down's (down.fused)."""
-        if not qgemv.supported(x):
-            return super().swiglu(down, x, norm)
-        fold = qgemv.fold()
-        h = qgemv.linear(self._rows(x if fold else norm(x)), self.kind, self.qweight, self.scales, self.zeros,
-                         self.group, gated=True, norm=(norm.weight, norm.eps) if fold else None)  # (M, F)
-        return down.fused(h.view(*x.shape[:-1], -1), residual=x)  # (..., K)
+    def _gemv(self, rows: Tensor, **folds) -> Tensor:
+        return qgemv.linear(rows, self.kind, self.qweight, self.scales, self.zeros, self.group, **folds)
 
 
 def kernel_for(qt: QTensor, dtype: torch.dtype, device: torch.device) -> type[QuantLinear]:

@@ -37,10 +37,9 @@ the partial product with v), and a second small kernel merges the blocks: two la
 layer instead of three, and W spread over B*Hkv*W/64 programs (at most 256 a head: past 16,384
 keys a program walks several blocks). Any window up to the cache's length runs, 131,072 keys
 included, for every head size, at any TINYLLM_ATTN_TILE (test_decode_attention_long.py).
-The ops call it in the compiled step only (tinyllm.core.ops): graph replay and eager twin of
-the compiled step run the same kernel and stay bit-identical; the plain step keeps
-`window_attention` (its first use here would import Triton and torch's kernel wrapping on the
-start-up path).
+On CUDA the ops call it in the plain step and the compiled step alike (tinyllm.core.ops): graph
+replay and its eager twin run the same kernel and stay bit-identical, and a launch's first
+replies, served by the plain step while nothing is compiled, run it too.
 
 On a CPU the compiled step's own attention is Inductor's loop on one thread (cuda_graph.compiled
 runs Inductor's kernels single-threaded): about 200 us a layer for SmolLM2 at W = 1,024, where
@@ -61,6 +60,7 @@ from tinyllm.kernels.switches import SWITCHES
 _HAS_TRITON = importlib.util.find_spec("triton") is not None and SWITCHES.decode_attn
 _FUSED = SWITCHES.rope_attn  # off: RoPE and the cache write apart (to measure)
 _CPU = SWITCHES.cpu_attn  # off: the compiled CPU step keeps Inductor's loop (to measure)
+_INTERPRET = SWITCHES.triton_interpret  # the Triton kernels take CPU tensors (Triton's interpreter: tests)
 HEAD_DIMS = (32, 64, 128, 256)  # = decode_attention_triton.HEAD_DIMS (that module imports Triton)
 
 
@@ -69,10 +69,14 @@ def available() -> bool:
     return _HAS_TRITON
 
 
+def _triton_device(t: Tensor) -> bool:
+    return t.is_cuda or (_INTERPRET and t.device.type == "cpu")
+
+
 def supported(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> bool:
-    if q.device.type == "cpu":
+    if q.device.type == "cpu" and not _INTERPRET:
         return _cpu_supported(q, k, v, mask)
-    return (_HAS_TRITON and q.is_cuda and q.shape[-1] in HEAD_DIMS and mask.dtype == torch.bool
+    return (_HAS_TRITON and _triton_device(q) and q.shape[-1] in HEAD_DIMS and mask.dtype == torch.bool
             and q.dtype == k.dtype == v.dtype and v.dtype in (torch.bfloat16, torch.float16))
 
 
@@ -85,7 +89,7 @@ def _cpu_supported(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> bool:
 
 
 def rope_supported(qkv: Tensor, k_cache: Tensor, v_cache: Tensor) -> bool:
-    return (_HAS_TRITON and _FUSED and qkv.is_cuda and k_cache.shape[-1] in HEAD_DIMS
+    return (_HAS_TRITON and _FUSED and _triton_device(qkv) and k_cache.shape[-1] in HEAD_DIMS
             and qkv.dtype == k_cache.dtype == v_cache.dtype and qkv.dtype in (torch.bfloat16, torch.float16))
 
 
@@ -98,7 +102,7 @@ def rope_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, fi
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, cap: float = 0.0) -> Tensor:
-    if q.device.type == "cpu":
+    if q.device.type == "cpu" and not _INTERPRET:
         assert not cap, "the CPU op takes no soft-cap (supported() says so)"
         return torch.ops.tinyllm_cpu.decode_attention(q, k, v, mask, scale)  # (B, Hkv, R, D)
     from tinyllm.kernels import decode_attention_triton  # Triton, and the op registered, on first use

@@ -1,13 +1,15 @@
-"""Quantized matrix-vector products on CUDA: Triton kernels for decode's few rows.
+"""Matrix-vector products on CUDA, quantized or dense: Triton kernels for decode's few rows.
 
 Contract:
-- `linear(x, qt_parts...)`: y = x @ W.T for a QTensor W held in canonical form on the GPU
-  (tinyllm.core.quant): x (M, K) on CUDA, y (M, N) in x's dtype, fp32 accumulation. It reads the
-  int8 / packed int4 weights in place, once per row of x, with the dequantization fused into
+- `linear(x, kind, qt_parts...)`: y = x @ W.T for a QTensor W held in canonical form on the GPU
+  (tinyllm.core.quant; kind "int8" / "int4"), or for a dense 16-bit W (kind "dense", the
+  matrix as `qweight`): x (M, K) on CUDA, y (M, N) in x's dtype, fp32 accumulation. It reads the
+  int8 / packed int4 / bf16 weights in place, once per row of x, with the dequantization fused into
   the product. It is the slow twin `x @ W.dequantize().T`, to fp32 rounding order.
-  With `gated`, W holds SwiGLU's gate and up rows and it returns silu(gate) * up in one kernel.
-  With `norm` (an RMSNorm's weights (K,) and eps) it is the product of RMSNorm(x), and with
-  `residual` (M, N) it returns residual + the product: both inside the same kernel.
+  With `gated`, W holds a gated FFN's gate and up rows and it returns act(gate) * up in one kernel
+  (`act` "silu", SwiGLU, or "gelu_tanh", GeGLU). With `norm` (an RMSNorm's weights (K,) and eps) it
+  is the product of RMSNorm(x); with `bias` (N,) (2F for a gated W) each row's bias is added to
+  the product; with `residual` (M, N) it returns residual + the result: all inside the same kernel.
 - `supported(x)`: whether to call it: Triton is installed (and not switched off with
   TINYLLM_QGEMV=0), x is on CUDA, and x has at most MAX_ROWS rows. Wider inputs (a prompt's
   prefill, a large engine batch) are better served by dequantizing once and one library
@@ -32,6 +34,7 @@ from torch import Tensor
 from tinyllm.kernels.switches import SWITCHES
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None and SWITCHES.qgemv
+_INTERPRET = SWITCHES.triton_interpret
 MAX_ROWS = 4
 # Where a product takes its RMSNorm and residual add (quant_linear.TritonLinear.fused). Measured on the H200,
 # 1.1B int8, one call (docs/BENCHMARKS-LOG.md): in the plain step the fold cut the
@@ -52,19 +55,24 @@ def available() -> bool:
 
 
 def supported(x: Tensor) -> bool:
-    return _HAS_TRITON and x.is_cuda and x.shape[:-1].numel() <= MAX_ROWS
+    """x on CUDA (or anywhere under Triton's interpreter: switches.triton_interpret) with at most MAX_ROWS rows."""
+    return _HAS_TRITON and (x.is_cuda or _INTERPRET) and x.shape[:-1].numel() <= MAX_ROWS
 
 
-def linear(x: Tensor, kind: str, qweight: Tensor, scales: Tensor, zeros: Tensor | None, group: int,
-           gated: bool = False, norm: tuple[Tensor, float] | None = None, residual: Tensor | None = None) -> Tensor:
-    """x (M, K) -> (M, N); kind "int8" (zeros None) or "int4". gated: W holds SwiGLU's gate
-    and up (2F rows), and the result is silu(gate) * up, (M, F). norm: (weights (K,), eps) of
-    an RMSNorm applied to x first; residual (M, N): added to the result."""
+def linear(x: Tensor, kind: str, qweight: Tensor, scales: Tensor | None = None, zeros: Tensor | None = None,
+           group: int = 0, gated: bool = False, norm: tuple[Tensor, float] | None = None,
+           residual: Tensor | None = None, bias: Tensor | None = None, act: str = "silu") -> Tensor:
+    """x (M, K) -> (M, N); kind "int8" (zeros None), "int4" or "dense" (qweight the (N, K)
+    matrix in x's dtype, no scales). gated: W holds a gated FFN's gate and up (2F rows), and the
+    result is act(gate) * up, (M, F). norm: (weights (K,), eps) of an RMSNorm applied to x
+    first; bias: added to each row's product; residual (M, N): added to the result."""
     from tinyllm.kernels import qgemv_triton  # Triton, and the ops registered, on first use
 
     x = x.contiguous()
     g, eps = norm if norm is not None else (None, 0.0)
     r = None if residual is None else residual.contiguous()
+    if kind == "dense":
+        return qgemv_triton.dense_gemv(x, qweight, gated, g, eps, r, bias, act)
     if kind == "int8":
-        return qgemv_triton.int8_gemv(x, qweight, scales, gated, g, eps, r)
-    return qgemv_triton.int4_gemv(x, qweight, scales, zeros, group, gated, g, eps, r)
+        return qgemv_triton.int8_gemv(x, qweight, scales, gated, g, eps, r, bias, act)
+    return qgemv_triton.int4_gemv(x, qweight, scales, zeros, group, gated, g, eps, r, bias, act)

@@ -109,12 +109,30 @@ def _block_rows(pid_n, N, BLOCK_N: tl.constexpr, HALVES: tl.constexpr):
 
 
 @triton.jit
-def _store(y_ptr, y, m, pid_n, N, BLOCK_N: tl.constexpr, HALVES: tl.constexpr, r_ptr, RES: tl.constexpr):
+def _finish(y, ss, row, n_ok, b_ptr, eps, K: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr):
+    """A block's sums y (R,) fp32 -> the product's values: scaled by the norm's rsqrt (NORM:
+    RMSNorm(x) @ W.T = rsqrt(mean(x ** 2) + eps) ((x * g) @ W.T), ss the steps' x ** 2), plus
+    each weight row's bias (BIAS: b_ptr[row], before any gating)."""
+    if NORM:
+        y *= tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+    if BIAS:
+        y += tl.load(b_ptr + row, mask=n_ok, other=0.0).to(tl.float32)
+    return y
+
+
+@triton.jit
+def _store(y_ptr, y, m, pid_n, N, BLOCK_N: tl.constexpr, HALVES: tl.constexpr, r_ptr, RES: tl.constexpr,
+           ACT: tl.constexpr = 0):
     """y (HALVES * BLOCK_N,) fp32 -> y_ptr[m, the block's features]: as it is, or, with two
-    halves, silu(gate) * up; with RES, plus the residual r_ptr[m, those features]."""
+    halves, act(gate) * up (ACT 0: silu, 1: gelu with the tanh approximation); with RES, plus
+    the residual r_ptr[m, those features]."""
     if HALVES == 2:
         gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N)), (1, 0)))  # (BLOCK_N,) each
-        y = gate * tl.sigmoid(gate) * up
+        if ACT == 0:
+            y = gate * tl.sigmoid(gate) * up
+        else:  # gelu_tanh(x) = x (1 + tanh(u)) / 2 = x sigmoid(2u), u = sqrt(2 / pi) (x + 0.044715 x^3)
+            u = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+            y = gate * tl.sigmoid(2.0 * u) * up
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if RES:
         y += tl.load(r_ptr + m * N + rn, mask=rn < N, other=0.0).to(tl.float32)
@@ -139,9 +157,9 @@ def _squares(x_ptr, m, k0, K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, eps, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
+def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1, NORM: tl.constexpr = False, RES: tl.constexpr = False,
-                 PDL: tl.constexpr = False):
+                 BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, PDL: tl.constexpr = False):
     pid_n, m = tl.program_id(0), tl.program_id(1)
     rn, row = _block_rows(pid_n, N, BLOCK_N, HALVES)  # (R,) each, R = HALVES * BLOCK_N
     rk = tl.arange(0, BLOCK_K)  # (BLOCK_K,)
@@ -170,22 +188,21 @@ def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, eps, N, K: tl.constex
             ss += _squares(x_ptr, m, k0, K, BLOCK_K)
         w = w_next
     y = tl.sum(acc, axis=1) * tl.load(s_ptr + row, mask=n_ok, other=0.0).to(tl.float32)
-    if NORM:  # RMSNorm(x) @ W.T = rsqrt(mean(x ** 2) + eps) ((x * g) @ W.T)
-        y *= tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
-    _store(y_ptr, y, m, pid_n, N, BLOCK_N, HALVES, r_ptr, RES)
+    y = _finish(y, ss, row, n_ok, b_ptr, eps, K, NORM, BIAS)
+    _store(y_ptr, y, m, pid_n, N, BLOCK_N, HALVES, r_ptr, RES, ACT)
 
 
 @triton.jit
-def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, g_ptr, r_ptr, eps, N, K: tl.constexpr, G: tl.constexpr,
+def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: tl.constexpr, G: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1, NORM: tl.constexpr = False,
-                 RES: tl.constexpr = False, PDL: tl.constexpr = False):
+                 RES: tl.constexpr = False, BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, PDL: tl.constexpr = False):
     NG: tl.constexpr = BLOCK_K // G  # groups a step
     pid_n, m = tl.program_id(0), tl.program_id(1)
     rn, row = _block_rows(pid_n, N, BLOCK_N, HALVES)  # (R,) each, R = HALVES * BLOCK_N
     rg = tl.arange(0, NG)  # (NG,)
     rj = tl.arange(0, G // 2)  # byte j of a group holds its elements 2j and 2j + 1
     n_ok = rn < N
-    groups = K // G
+    groups: tl.constexpr = K // G
     rows = w_ptr + row[:, None, None] * (K // 2)  # (R, 1, 1)
     # As in _int8_kernel: the first step's bytes before the wait, then each step loads the next's.
     byte = rg[:, None] * (G // 2) + rj[None, :]  # (NG, G/2), written so it is seen contiguous
@@ -217,16 +234,45 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, g_ptr, r_ptr, eps, N, K: tl.
         z = tl.load(z_ptr + row[:, None] * groups + g[None, :], mask=ok, other=0.0).to(tl.float32)
         acc += s * qx + z * xs
         b = b_next
-    y = tl.sum(acc, axis=1)
-    if NORM:  # as in _int8_kernel
-        y *= tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
-    _store(y_ptr, y, m, pid_n, N, BLOCK_N, HALVES, r_ptr, RES)
+    y = _finish(tl.sum(acc, axis=1), ss, row, n_ok, b_ptr, eps, K, NORM, BIAS)
+    _store(y_ptr, y, m, pid_n, N, BLOCK_N, HALVES, r_ptr, RES, ACT)
+
+
+@triton.jit
+def _dense_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1, NORM: tl.constexpr = False,
+                  RES: tl.constexpr = False, BIAS: tl.constexpr = False, ACT: tl.constexpr = 0,
+                  PDL: tl.constexpr = False):
+    """_int8_kernel's walk over a dense 16-bit W (bf16 / fp16): no scales, no conversion trick."""
+    pid_n, m = tl.program_id(0), tl.program_id(1)
+    rn, row = _block_rows(pid_n, N, BLOCK_N, HALVES)  # (R,) each, R = HALVES * BLOCK_N
+    rk = tl.arange(0, BLOCK_K)  # (BLOCK_K,)
+    n_ok = rn < N
+    rows = w_ptr + row[:, None] * K  # (R, 1)
+    w = tl.load(rows + rk[None, :], mask=n_ok[:, None] & (rk[None, :] < K), other=0.0)  # (R, BLOCK_K)
+    if PDL:  # as in _int8_kernel: the first step's weights before the wait
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    acc = tl.zeros((HALVES * BLOCK_N, BLOCK_K), dtype=tl.float32)
+    ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + rk
+        ok = n_ok[:, None] & (k[None, :] < K)
+        w_next = tl.load(rows + (k[None, :] + BLOCK_K), mask=n_ok[:, None] & (k[None, :] + BLOCK_K < K), other=0.0)
+        kk = k[None, :] + 0 * rn[:, None]  # (R, BLOCK_K): x in w's layout (see _int8_kernel)
+        x = tl.load(x_ptr + m * K + kk, mask=ok, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * _normed(x, g_ptr, kk, ok, NORM)
+        if NORM:
+            ss += _squares(x_ptr, m, k0, K, BLOCK_K)
+        w = w_next
+    y = _finish(tl.sum(acc, axis=1), ss, row, n_ok, b_ptr, eps, K, NORM, BIAS)
+    _store(y_ptr, y, m, pid_n, N, BLOCK_N, HALVES, r_ptr, RES, ACT)
 
 
 @functools.cache
 def _sms(device: torch.device) -> int:
-    if device.type != "cuda":  # Triton's interpreter (the CPU tests): any count will do
-        return 33
+    if device.type != "cuda":  # Triton's interpreter (the CPU tests), which runs each program in turn: few, wide ones
+        return 1
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
@@ -268,54 +314,87 @@ def _outputs(qweight: Tensor, gated: bool) -> int:
     return qweight.shape[0] // 2 if gated else qweight.shape[0]
 
 
-def _fused_args(x: Tensor, n: int, norm: Tensor | None, residual: Tensor | None) -> tuple[Tensor, Tensor, dict]:
-    """The norm's weights and the residual to pass (x where absent: never read), and their
-    constexprs."""
+ACTS = {"silu": 0, "gelu_tanh": 1}  # a gated product's activation -> its kernels' ACT
+
+
+def _fused_args(x: Tensor, rows: int, n: int, norm: Tensor | None, residual: Tensor | None, bias: Tensor | None,
+                act: str) -> tuple[Tensor, Tensor, Tensor, dict]:
+    """The norm's weights, the residual and the bias to pass (x where absent: never read), and
+    their constexprs. rows: the weight rows (2n when gated), which the bias runs along."""
     torch._check(norm is None or norm.shape == (x.shape[1],), lambda: "qgemv: the norm's weights are not (K,)")
     torch._check(residual is None or (residual.shape == (x.shape[0], n) and residual.is_contiguous()),
                  lambda: "qgemv: the residual is not a contiguous (M, N)")
-    return x if norm is None else norm, x if residual is None else residual, {"NORM": norm is not None,
-                                                                          "RES": residual is not None}
+    torch._check(bias is None or (bias.shape == (rows,) and bias.is_contiguous()),
+                 lambda: "qgemv: the bias is not a contiguous (N,)")
+    torch._check(act in ACTS, lambda: f"qgemv: unknown activation {act}")
+    flags = {"NORM": norm is not None, "RES": residual is not None, "BIAS": bias is not None, "ACT": ACTS[act]}
+    return (x if norm is None else norm, x if residual is None else residual, x if bias is None else bias, flags)
 
 
 @torch.library.custom_op("tinyllm::int8_gemv", mutates_args=())
 def int8_gemv(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False, norm: Tensor | None = None,
-              eps: float = 0.0, residual: Tensor | None = None) -> Tensor:
+              eps: float = 0.0, residual: Tensor | None = None, bias: Tensor | None = None,
+              act: str = "silu") -> Tensor:
     m, k = x.shape
     n, halves = _outputs(qweight, gated), 1 + gated
     torch._check(qweight.shape == (n * halves, k) and scales.shape[0] == n * halves,
                  lambda: "int8_gemv: shapes disagree")
-    g, r, flags = _fused_args(x, n, norm, residual)
+    torch._check(qweight.is_contiguous() and scales.is_contiguous(), lambda: "int8_gemv: weights not contiguous")
+    g, r, b, flags = _fused_args(x, n * halves, n, norm, residual, bias, act)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_n, block_k, warps = _cut(n, k, 1, gated, x.device)
-    _launch(_int8_kernel, n, m, warps, x, qweight, scales, y, g, r, eps, n, k, BLOCK_N=block_n, BLOCK_K=block_k,
+    _launch(_int8_kernel, n, m, warps, x, qweight, scales, y, g, r, b, eps, n, k, BLOCK_N=block_n, BLOCK_K=block_k,
             HALVES=halves, **flags)
     return y
 
 
 @int8_gemv.register_fake
 def _(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False, norm: Tensor | None = None,
-      eps: float = 0.0, residual: Tensor | None = None) -> Tensor:
+      eps: float = 0.0, residual: Tensor | None = None, bias: Tensor | None = None, act: str = "silu") -> Tensor:
     return x.new_empty((x.shape[0], _outputs(qweight, gated)))
 
 
 @torch.library.custom_op("tinyllm::int4_gemv", mutates_args=())
 def int4_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int, gated: bool = False,
-              norm: Tensor | None = None, eps: float = 0.0, residual: Tensor | None = None) -> Tensor:
+              norm: Tensor | None = None, eps: float = 0.0, residual: Tensor | None = None,
+              bias: Tensor | None = None, act: str = "silu") -> Tensor:
     m, k = x.shape
     n, halves = _outputs(qweight, gated), 1 + gated
     torch._check(qweight.shape == (n * halves, k // 2) and scales.shape == zeros.shape
                  and scales.shape == (n * halves, k // group), lambda: "int4_gemv: shapes disagree")
-    g, r, flags = _fused_args(x, n, norm, residual)
+    torch._check(qweight.is_contiguous() and scales.is_contiguous() and zeros.is_contiguous(),
+                 lambda: "int4_gemv: the weights, scales and zeros must be contiguous")
+    g, r, b, flags = _fused_args(x, n * halves, n, norm, residual, bias, act)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_n, block_k, warps = _cut(n, k, 0.5, gated, x.device)
     block_k = max(block_k, group)  # whole groups a step
-    _launch(_int4_kernel, n, m, warps, x, qweight, scales, zeros, y, g, r, eps, n, k, G=group, BLOCK_N=block_n,
+    _launch(_int4_kernel, n, m, warps, x, qweight, scales, zeros, y, g, r, b, eps, n, k, G=group, BLOCK_N=block_n,
             BLOCK_K=block_k, HALVES=halves, **flags)
     return y
 
 
 @int4_gemv.register_fake
 def _(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int, gated: bool = False,
-      norm: Tensor | None = None, eps: float = 0.0, residual: Tensor | None = None) -> Tensor:
+      norm: Tensor | None = None, eps: float = 0.0, residual: Tensor | None = None, bias: Tensor | None = None,
+      act: str = "silu") -> Tensor:
     return x.new_empty((x.shape[0], _outputs(qweight, gated)))
+
+
+@torch.library.custom_op("tinyllm::dense_gemv", mutates_args=())
+def dense_gemv(x: Tensor, weight: Tensor, gated: bool = False, norm: Tensor | None = None, eps: float = 0.0,
+               residual: Tensor | None = None, bias: Tensor | None = None, act: str = "silu") -> Tensor:
+    m, k = x.shape
+    n, halves = _outputs(weight, gated), 1 + gated
+    torch._check(weight.shape == (n * halves, k) and weight.is_contiguous(), lambda: "dense_gemv: shapes disagree")
+    g, r, b, flags = _fused_args(x, n * halves, n, norm, residual, bias, act)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block_n, block_k, warps = _cut(n, k, weight.element_size(), gated, x.device)
+    _launch(_dense_kernel, n, m, warps, x, weight, y, g, r, b, eps, n, k, BLOCK_N=block_n, BLOCK_K=block_k,
+            HALVES=halves, **flags)
+    return y
+
+
+@dense_gemv.register_fake
+def _(x: Tensor, weight: Tensor, gated: bool = False, norm: Tensor | None = None, eps: float = 0.0,
+      residual: Tensor | None = None, bias: Tensor | None = None, act: str = "silu") -> Tensor:
+    return x.new_empty((x.shape[0], _outputs(weight, gated)))

@@ -40,6 +40,9 @@ class Switches:
     attn_tile: int = 128  # TINYLLM_ATTN_TILE: windows up to this many keys one program a head (0: always split)
     pdl: str = "1"  # TINYLLM_PDL: 1 | 0 (no PDL) | kernels (our kernels only, not Inductor's: tinyllm.kernels.pdl)
     trace_dir: str = ""  # TINYLLM_TRACE_DIR: a Chrome trace of each profiled step there (tinyllm.tools.bench_profile)
+    # TRITON_INTERPRET=1 (Triton's own switch: its interpreter runs the kernels on the CPU): our Triton
+    # paths (tinyllm.kernels.qgemv, decode_attention) then take CPU tensors too, so a CPU runs CUDA's step (tests)
+    triton_interpret: bool = False
 
 
 def read(env: Mapping[str, str]) -> Switches:
@@ -59,7 +62,8 @@ def read(env: Mapping[str, str]) -> Switches:
     return Switches(cpu_kernel=on("CPU_KERNEL"), cache_dir=get("CACHE_DIR"), qgemv=on("QGEMV"),
                     qgemv_fold=get("QGEMV_FOLD", "plain"), qgemv_blocks=get("QGEMV_BLOCKS"),
                     decode_attn=on("DECODE_ATTN"), rope_attn=on("ROPE_ATTN"), cpu_attn=on("CPU_ATTN"),
-                    attn_tile=attn_tile, pdl=get("PDL", "1"), trace_dir=get("TRACE_DIR"))
+                    attn_tile=attn_tile, pdl=get("PDL", "1"), trace_dir=get("TRACE_DIR"),
+                    triton_interpret=env.get("TRITON_INTERPRET") == "1")
 
 
 SWITCHES = read(os.environ)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue 50 on the device: the fused decode step (this tree) against the tree before it (OLD), on
+# one card, in phases that each fit a 10-minute call (docs/BENCHMARKS.md, "The fused decode step").
+# Here, once: git archive d2313ff tinyllm chat_app | gzip > data/device/old.tar.gz, the wheels in
+# .whl/ (device/README.md), and scripts/gpu_side_by_side.sh's files in data/device.
+#   setup            wheels into /tmp/site; OLD unpacked into /tmp/old; the card
+#   tests LIMIT      the CUDA suite (-m cuda) of this tree: $OUT/cuda_tests.txt
+#   lib LIMIT TAG SIDE ARGS...   tinyllm bench ARGS with this tree (SIDE new) or OLD (old):
+#                    the plain step (graph_plain: a launch's first replies) and the compiled step
+#   app LIMIT SIDE COMPILE MODEL the app itself (python -m chat_app.bench, Pilot, headless) and its
+#                    session without a UI, in one process, --compile COMPILE (on: today's default)
+set -u
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/pyc
+step=$1; shift
+side_dir() { if [ "$1" = old ]; then echo /tmp/old; else pwd; fi; }
+case $step in
+setup)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  rm -rf /tmp/old && mkdir -p /tmp/old && tar -xzf data/device/old.tar.gz -C /tmp/old && ln -sfn "$PWD/models" /tmp/old/models
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  ;;
+tests)
+  timeout "$1" python3 -m pytest -q -rfs --tb=short -m cuda tests > "$OUT/cuda_tests.txt" 2>&1
+  echo "== tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/cuda_tests.txt" | tail -25
+  ;;
+lib)
+  limit=$1 t=$2 side=$3; shift 3
+  (cd "$(side_dir "$side")" && PYTHONPATH=/tmp/site:. timeout "$limit" python3 -m tinyllm.tools.cli bench "$@" \
+      > "$OUT/lib_${t}_$side.jsonl" 2> "/tmp/lib_${t}_$side.err")
+  echo "== lib $t $side rc=$?"
+  grep -hE '"(graph_plain|graph_compiled|kernels_per_step|replay_us|weights_mib|decode_tok_s)' "$OUT/lib_${t}_$side.jsonl" \
+      | cut -c1-200
+  [ -s "$OUT/lib_${t}_$side.jsonl" ] || tail -5 "/tmp/lib_${t}_$side.err"
+  cat "$OUT/lib_${t}_$side.jsonl" >> "$OUT/lib.jsonl"; rm "$OUT/lib_${t}_$side.jsonl"
+  ;;
+app)
+  limit=$1 side=$2 compile=$3 model=$(realpath "$4")
+  (cd "$(side_dir "$side")" && PYTHONPATH=/tmp/site:. TINYLLM_CHAT_DATA_DIR=/tmp/chatdata-$side timeout "$limit" \
+      python3 -m chat_app.bench --model "$model" --device cuda --tokens 512 --replies 3 --compile "$compile" \
+      > "/tmp/app_$side.jsonl" 2> "/tmp/app_$side.err")
+  echo "== app $side compile=$compile rc=$?"
+  grep -A30 "^metric" "/tmp/app_$side.err" | grep -v "^metric"
+  [ -s "/tmp/app_$side.jsonl" ] || tail -5 "/tmp/app_$side.err"
+  sed "s/^{/{\"side\": \"$side\", \"compile\": \"$compile\", /" "/tmp/app_$side.jsonl" >> "$OUT/app.jsonl"
+  ;;
+*) echo "unknown step $step"; exit 2 ;;
+esac

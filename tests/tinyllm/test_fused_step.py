@@ -1,0 +1,144 @@
+"""CUDA's fused decode step against the unfused one, for every family and weight form, on the CPU.
+
+On CUDA a decode step of one row runs each half of a block as a few Triton kernels: the RMSNorm,
+the QKV product and its bias in one (tinyllm.kernels.qgemv), RoPE, the cache write and the
+attention in one (decode_attention.rope_decode_attention, where the family's layer can take it),
+the output product and the residual add in one, the norm, gate, up and activation in one, and
+the down product and the residual add in one; dense bf16, int8 and int4 matrices alike. Here
+Triton's interpreter (TRITON_INTERPRET=1, in a child process: tinyllm.kernels.switches reads it
+at import) runs those kernels on the CPU on small shapes, and each step's logits are compared
+with the unfused step's (the reference ops, the library products), both fed the same tokens
+(teacher-forced, so a near-tie cannot make them part), to bf16 tolerance. The same comparison
+runs on the GPU in test_fused_step_cuda below (and every fast path's own tests under -m cuda).
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.tinyllm.formats_common import need
+
+ROOT = Path(__file__).resolve().parents[2]
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+need("transformers")
+
+# Each family's tiny model with heads of 32 dims (a head size the attention kernels take), so
+# the fused attention runs where the family's layer allows it.
+WIDE = {"llama3": dict(hidden_size=128), "qwen2": dict(hidden_size=128), "phi3": dict(hidden_size=128)}
+FORMS = ("none", "int8", "int4")
+
+CHILD = textwrap.dedent("""
+    import sys, tempfile
+    from pathlib import Path
+    import torch
+    from tests.tinyllm.test_families import FAMILIES, make_family
+    from tests.tinyllm.test_fused_step import WIDE, compare
+    from tests.tinyllm.test_hf import save_bpe
+    from tests.triton_interpreter import fix_numpy_index
+    fix_numpy_index()
+    families = sys.argv[1].split(",")
+    forms = sys.argv[2].split(",")
+    for name in families:
+        path = Path(tempfile.mkdtemp()) / name
+        tok = save_bpe(path)
+        own = FAMILIES[name][2]
+        FAMILIES[name] = (*FAMILIES[name][:2], {**own, **WIDE.get(name, {})})
+        make_family(name, path, tok.get_vocab_size())
+        for form in forms:
+            err, fused = compare(path, form, "cpu", torch.float16)  # fp16: the interpreter's tl.dot on bf16 is wrong
+            print(name, form, f"{err:.4f}", fused)
+            assert fused, (name, form, "no fused kernel ran")
+            assert err < 0.02, (name, form, err)
+    print("ok")
+""")
+
+
+def compare(path, form: str, device: str, dtype: torch.dtype = torch.bfloat16, steps: int = 6,
+            window: int = 32) -> tuple[float, list[str]]:
+    """The largest relative difference between the fused and the unfused decode step's logits
+    over `steps` teacher-forced steps after a prefill, and which fused kernels ran."""
+    from tinyllm.core.ops import CudaOps, Ops
+    from tinyllm.core.quant_linear import QuantLinear, TritonLinear
+    from tinyllm.cuda_graph import StaticKVCache
+    from tinyllm.formats.open_model import open_any
+    from tinyllm.kernels import decode_attention, qgemv
+
+    model = open_any(path, device, dtype, quant=form).model
+    for block in model.blocks:  # the quantized matrices as CUDA holds them (a CPU picks its own kernels)
+        for owner, name in ((block.attn, "wqkv"), (block.attn, "wo"), (block.ffn, "w13"), (block.ffn, "w2")):
+            layer = getattr(owner, name)
+            if isinstance(layer, QuantLinear) and not isinstance(layer, TritonLinear):
+                setattr(owner, name, TritonLinear(layer.qtensor(), dtype))
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, model.cfg.vocab_size, (1, 6), generator=g).to(device)
+    tokens = torch.randint(3, model.cfg.vocab_size, (steps,), generator=g).to(device)
+    real = qgemv.supported, qgemv.linear, decode_attention.rope_decode_attention
+    ran = set()
+
+    def spy(name, fn):
+        def call(*a, **k):
+            ran.add(name)
+            return fn(*a, **k)
+        return call
+
+    def decode(fused: bool) -> list[torch.Tensor]:
+        model.ops = CudaOps() if fused else Ops()  # the reference ops: the attention apart, as SDPA / products
+        qgemv.supported = real[0] if fused else (lambda x: False)  # the reference: the library's products
+        cache = StaticKVCache(model.cfg.n_layers, 1, 64, device=device)
+        with torch.no_grad():
+            model(prompt, cache=cache)  # prefill: more rows than the fused kernels take, the same either way
+            out = []
+            for t in tokens:
+                logits, _ = model(t.view(1, 1), cache=cache.decode(window))
+                cache.advance_host(1)
+                out.append(logits.float().flatten())
+        return out
+
+    qgemv.linear = spy("gemv", real[1])
+    decode_attention.rope_decode_attention = spy("rope_attend", real[2])
+    try:
+        fused = decode(True)
+        ran_fused = sorted(ran)
+        ran.clear()
+        plain = decode(False)
+    finally:
+        qgemv.supported, qgemv.linear, decode_attention.rope_decode_attention = real
+    assert not ran, f"the reference step ran {ran}"
+    err = max(((a - b).norm() / b.norm()).item() for a, b in zip(fused, plain, strict=True))
+    return err, ran_fused
+
+
+@pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
+                    reason="needs triton (its interpreter); on a CUDA machine test_fused_step_cuda runs the kernels")
+@pytest.mark.parametrize("families", ["llama3,qwen2,qwen3", "gemma2,gemma3,phi3"])
+def test_fused_step_equals_the_unfused_step_under_the_interpreter(families):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", CHILD, families, ",".join(FORMS)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0 and r.stdout.endswith("ok\n"), r.stdout + r.stderr[-4000:]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("name", ["llama3", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
+def test_fused_step_cuda(name, form, tmp_path):
+    from tests.tinyllm.test_families import FAMILIES, make_family
+    from tests.tinyllm.test_hf import save_bpe
+
+    tok = save_bpe(tmp_path)
+    cls, model_cls, own = FAMILIES[name]
+    FAMILIES_WIDE = {**FAMILIES, name: (cls, model_cls, {**own, **WIDE.get(name, {})})}
+    import tests.tinyllm.test_families as tf
+    saved, tf.FAMILIES = tf.FAMILIES, FAMILIES_WIDE
+    try:
+        make_family(name, tmp_path, tok.get_vocab_size())
+    finally:
+        tf.FAMILIES = saved
+    err, fused = compare(tmp_path, form, "cuda")
+    assert "gemv" in fused and err < 0.02, (err, fused)
