@@ -122,7 +122,7 @@ def test_no_import_cycle():
 
 
 # tinyllm's layers, bottom first: a module may import its own layer and those below, never above.
-LAYERS = (("kernels", "text"), ("core",), ("formats",), ("decode",), ("session",), ("tools",))
+LAYERS = (("kernels", "text", "families"), ("core",), ("formats",), ("decode",), ("session",), ("tools",))
 # The seed's three modules live where the seed names them (tinyllm/model.py, ...), each in a layer.
 SEED_MODULES = {"model": "core", "kv_cache": "core", "cuda_graph": "decode"}
 

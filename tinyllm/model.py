@@ -46,6 +46,7 @@ from tinyllm.core.linear import ACTIVATIONS, DenseEmbedding, DenseLinear, Embedd
 from tinyllm.core.nn_module import Module
 from tinyllm.core.ops import Ops, ops_for
 from tinyllm.core.rope import Rope, apply_rope
+from tinyllm.families import PRESETS as FAMILY_PRESETS
 
 
 @dataclass
@@ -60,7 +61,7 @@ class ModelConfig:
     rope_theta: float = 10000.0  # RoPE base frequency
     norm_eps: float = 1e-5  # RMSNorm epsilon
     tie_embeddings: bool = False  # output projection shares the embedding matrix
-    # -- what the model families add (the defaults are Llama's; FAMILIES below names each) --
+    # -- what the model families add (the defaults are Llama's; tinyllm.families says who sets which) --
     family: str = "llama"  # the family the config came from: shown to the user, changes no math
     head_dim: int = 0  # width of one head; 0: dim // n_heads (Qwen 3 and Gemma set their own)
     qkv_bias: bool = False  # q/k/v projections carry a bias (Qwen 2)
@@ -178,29 +179,9 @@ PRESETS: dict[str, dict] = {
                  max_seq_len=2048),
     "tinyllama-1.1b": dict(vocab_size=32000, dim=2048, n_layers=22, n_heads=32, n_kv_heads=4,
                            ffn_dim=5632, max_seq_len=2048),
-    # The families' shapes (their config.json as tinyllm.formats.hf maps it; contexts cut to 8,192),
+    # The families' shapes (tinyllm.families: their config.json as tinyllm.formats.hf maps it),
     # for benches with random weights where the real files are not at hand.
-    "llama3.2-1b": dict(family="llama", vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8,
-                        ffn_dim=8192, max_seq_len=8192, rope_theta=500000.0, tie_embeddings=True,
-                        rope_scaling={"type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
-    "qwen2.5-0.5b": dict(family="qwen2", vocab_size=151936, dim=896, n_layers=24, n_heads=14, n_kv_heads=2,
-                         ffn_dim=4864, max_seq_len=8192, rope_theta=1e6, norm_eps=1e-6, tie_embeddings=True,
-                         qkv_bias=True),
-    "qwen3-0.6b": dict(family="qwen3", vocab_size=151936, dim=1024, n_layers=28, n_heads=16, n_kv_heads=8,
-                       head_dim=128, ffn_dim=3072, max_seq_len=8192, rope_theta=1e6, norm_eps=1e-6,
-                       tie_embeddings=True, qk_norm=True),
-    "gemma2-2b": dict(family="gemma2", vocab_size=256000, dim=2304, n_layers=26, n_heads=8, n_kv_heads=4,
-                      head_dim=256, ffn_dim=9216, max_seq_len=8192, norm_eps=1e-6, tie_embeddings=True,
-                      act="gelu_tanh", post_norms=True, embed_scale=2304 ** 0.5, attn_scale=256.0,
-                      attn_softcap=50.0, final_softcap=30.0, sliding_window=4096, local_layers=tuple(range(0, 26, 2))),
-    "gemma3-270m": dict(family="gemma3", vocab_size=262144, dim=640, n_layers=18, n_heads=4, n_kv_heads=1,
-                        head_dim=256, ffn_dim=2048, max_seq_len=8192, rope_theta=1e6, norm_eps=1e-6,
-                        tie_embeddings=True, qk_norm=True, act="gelu_tanh", post_norms=True,
-                        embed_scale=640 ** 0.5, attn_scale=256.0, sliding_window=512,
-                        local_layers=tuple(i for i in range(18) if (i + 1) % 6), rope_local_theta=10000.0),
-    "phi3-mini": dict(family="phi3", vocab_size=32064, dim=3072, n_layers=32, n_heads=32, n_kv_heads=32,
-                      ffn_dim=8192, max_seq_len=4096, rope_theta=10000.0),
+    **FAMILY_PRESETS,
 }
 
 

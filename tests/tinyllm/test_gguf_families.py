@@ -172,7 +172,7 @@ def test_q8_0_file_keeps_the_logits(tmp_path_factory):
 
 
 @pytest.mark.parametrize("arch, kv, message", [
-    ("qwen2moe", {}, "GGUF architecture 'qwen2moe' is not supported (tinyllm reads llama, qwen2, qwen3"),
+    ("qwen2moe", {}, "GGUF architecture 'qwen2moe' is not supported (tinyllm reads "),
     ("qwen2", {"rope.scaling.type": "yarn"}, "rope scaling ('yarn') is not supported"),
     ("qwen3", {"expert_count": 8}, "mixture-of-experts qwen3 models are not supported"),
 ])

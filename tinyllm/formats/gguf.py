@@ -1,6 +1,6 @@
 """GGUF files (llama.cpp's format): read the header and tensors, dequantize to fp32, and import a
-file of the architectures tinyllm runs (llama, qwen2, qwen3, gemma2, gemma3, phi3; their
-mapping onto the one Transformer is gguf_arch.py's) as a Transformer, tokenizer and chat template.
+file of the architectures tinyllm runs (tinyllm.families; their mapping onto the one Transformer
+is gguf_arch.py's) as a Transformer, tokenizer and chat template.
 
 Our own reader (about 100 lines over numpy): the `gguf` package is not needed at run time;
 tests use it to write files and as the reference dequantizer.
@@ -26,9 +26,9 @@ Contract:
   quant="auto", group=32, progress=None) -> LoadedModel` runs both and builds
   (tinyllm.formats.model_format.load_model). llama.cpp's converter permutes the Q/K rows of
   each head from the Hugging Face "rotate half" layout into the interleaved one for the llama
-  architecture only (gguf_arch.PERMUTED; the others run NEOX RoPE, rotate-half as stored);
-  `tensors` undoes it (on either form), so our rotate-half RoPE sees what the model was
-  trained with. The tokenizer comes from the metadata: `llama` (SentencePiece, Gemma's too)
+  architecture only (gguf_arch.PERMUTED, from tinyllm.families; the others run NEOX RoPE,
+  rotate-half as stored); `tensors` undoes it (on either form), so our rotate-half RoPE sees
+  what the model was trained with. The tokenizer comes from the metadata: `llama` (SentencePiece, Gemma's too)
   vocabularies become a sentencepiece model proto (built here, no protobuf needed) for
   `Tokenizer`; `gpt2` BPE vocabularies a `BPETokenizer` with the pre-tokenizer
   `tokenizer.ggml.pre` names (needs the `tokenizers` extra). The chat template is the file's

@@ -1,27 +1,29 @@
 """The GGUF architectures tinyllm runs, as configuration of the one Transformer: llama.cpp's
-metadata keys and tensor names mapped onto `ModelConfig` and tinyllm's state-dict names.
+metadata keys and tensor names mapped onto `ModelConfig` and tinyllm's state-dict names, the
+fields every architecture shares here and each family's own in tinyllm.families.
 
 Contract:
-- `gguf_config(g) -> ModelConfig` for `general.architecture` llama, qwen2, qwen3, gemma2,
-  gemma3 or phi3, from `<arch>.*` metadata as llama.cpp's converter (convert_hf_to_gguf.py)
-  writes it and llama.cpp reads it: head_dim from attention.key_length, partial rotary from
-  rope.dimension_count, RoPE scaling from rope.scaling.type (linear) and the small factor
-  tensors (`rope_freqs.weight`: Llama 3's per-frequency divisors; `rope_factors_short/long`:
-  Phi-3's LongRoPE, with rope.scaling.attn_factor), both run as per-frequency divisors
-  (rope_scaling "longrope"), so the result equals the Hugging Face model's. Those tensors are
-  the only data it reads (a few floats each). Gemma: GeGLU, post-norms, sqrt(dim) embedding
-  scale, soft-caps, sliding-window layers (attention.sliding_window_pattern, else llama.cpp's
-  default: every 2nd layer global for Gemma 2, every 6th for Gemma 3), the local RoPE base
-  (rope.freq_base_swa, else llama.cpp's default), and the query scale llama.cpp uses (head_dim,
-  or dim / heads for the 27B shapes: GGUF does not store query_pre_attn_scalar). Gemma norm
-  weights already hold the 1 of HF's (1 + w) (the converter adds it), so nothing is added here.
+- `gguf_config(g) -> ModelConfig` for a `general.architecture` of a family
+  (`tinyllm.families.by_gguf_arch`), from `<arch>.*` metadata as llama.cpp's converter
+  (convert_hf_to_gguf.py) writes it and llama.cpp reads it: head_dim from attention.key_length,
+  partial rotary from rope.dimension_count, RoPE scaling from rope.scaling.type (linear) and the
+  small factor tensors (`rope_freqs.weight`: Llama 3's per-frequency divisors;
+  `rope_factors_short/long`: Phi-3's LongRoPE, with rope.scaling.attn_factor), both run as
+  per-frequency divisors (rope_scaling "longrope"), so the result equals the Hugging Face
+  model's. Those tensors are the only data it reads (a few floats each). Then the family's
+  features and its own fields (`Family.from_gguf`: Gemma's scales, soft-caps and
+  sliding-window layers, Phi-3's window, ...), reading the metadata through `GGUFMeta`
+  (`swa_layers`: llama.cpp's set_swa_pattern). Norm weights are used as stored (llama.cpp's
+  converter already added the 1 of Gemma's (1 + w)).
 - `gguf_names(g, cfg) -> {gguf name: tinyllm name | Split | None}`: every tensor but the RoPE
-  factor tensors; None for a name tinyllm has no place for; a Split for Phi-3's fused
-  `attn_qkv` (q, k, v rows) and `ffn_up` (gate rows, then up rows).
-- `PERMUTED`: the architectures whose q/k rows llama.cpp's converter permutes into the
-  interleaved RoPE layout (llama only; the others use NEOX RoPE, rotate-half, as stored).
+  factor tensors, by the family's per-layer table; None for a name tinyllm has no place for; a
+  Split for a fused tensor (any family's `attn_qkv`: q, k, v rows; Phi-3's `ffn_up`: gate rows,
+  then up rows), which holds the parts its layer does not store under their own names.
+- `PERMUTED`: the families whose q/k rows llama.cpp's converter permutes into the
+  interleaved RoPE layout (`Family.gguf_permuted`: llama only; the others use NEOX RoPE,
+  rotate-half, as stored).
 - `meta(g, key, kind, default, item)`: a metadata value checked for its type.
-Refuses (ValueError, one line): other architectures, mixture-of-experts, RoPE scaling other
+Refuses (ValueError, one line): architectures of no family, mixture-of-experts, RoPE scaling other
 than linear / llama3 factors / LongRoPE (yarn, ...), per-layer head counts, head sizes llama.cpp's
 converter would not write for the architecture.
 """
@@ -29,9 +31,12 @@ converter would not write for the architecture.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from tinyllm.families import FAMILIES, by_gguf_arch
+from tinyllm.families.family import GGUF_FIXED
 from tinyllm.formats.gguf_header import ARCHS
+from tinyllm.formats.tensor_checks import part_rows
 from tinyllm.model import ModelConfig
 
 if TYPE_CHECKING:
@@ -39,18 +44,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ARCHS", "PERMUTED", "Split", "gguf_config", "gguf_names", "meta"]
 
-PERMUTED = ("llama",)
-_GEMMA = dict(act="gelu_tanh", post_norms=True)
-# architecture -> what it sets on ModelConfig beyond the shared keys
-_OWN: dict[str, dict] = {"llama": {}, "qwen2": dict(qkv_bias=True), "qwen3": dict(qk_norm=True),
-                         "gemma2": _GEMMA, "gemma3": dict(_GEMMA, qk_norm=True), "phi3": {}}
-_PATTERN = {"gemma2": 2, "gemma3": 6}  # llama.cpp's default sliding-window layer pattern
-_BIG_GEMMA = {"gemma2": 46, "gemma3": 62}  # layers of the 27B shapes (query scale dim / heads)
+PERMUTED = tuple(f.name for f in FAMILIES.values() if f.gguf_arch and f.gguf_permuted)
 _RATIO_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
-_LAYER = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn_q": "attn.wq", "attn_k": "attn.wk",
-          "attn_v": "attn.wv", "attn_output": "attn.wo", "ffn_gate": "ffn.w1", "ffn_up": "ffn.w3",
-          "ffn_down": "ffn.w2", "attn_q_norm": "attn.q_norm", "attn_k_norm": "attn.k_norm",
-          "post_attention_norm": "post_attn_norm", "post_ffw_norm": "post_ffn_norm"}
 Split = tuple[tuple[str, int], ...]  # (tinyllm name, rows) of each part, in row order
 
 _KINDS = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", list: "an array"}
@@ -80,19 +75,39 @@ def short(v) -> str:
     return r if len(r) <= 40 else r[:37] + "..."
 
 
+class ArchMeta:
+    """A file's `<arch>.*` metadata, as a family's `from_gguf` reads it (tinyllm.families.family.GGUFMeta)."""
+
+    def __init__(self, g: GGUFFile, arch: str) -> None:
+        self.g, self.arch = g, arch
+
+    def get(self, key: str, default: Any = None, kind: type = int) -> Any:
+        v = meta(self.g, f"{self.arch}.{key}", kind, default)
+        if v is None:
+            raise ValueError(f"{self.g.path}: GGUF metadata lacks {self.arch}.{key}")
+        return v
+
+    def swa_layers(self, n_layers: int, pattern: int) -> tuple[int, ...]:
+        """The sliding-window layers: llama.cpp's set_swa_pattern (layer i slides unless i % n == n - 1)."""
+        g, key = self.g, f"{self.arch}.attention.sliding_window_pattern"
+        if isinstance(g.metadata.get(key), list):
+            flags = meta(g, key, list, item=bool)
+            if len(flags) != n_layers:
+                raise ValueError(f"{g.path}: {key} has {len(flags)} entries for {n_layers} layers")
+            return tuple(i for i, f in enumerate(flags) if f)
+        n = int(meta(g, key, int, pattern))
+        return tuple(i for i in range(n_layers) if n == 0 or i % n < n - 1)
+
+
 def gguf_config(g: GGUFFile) -> ModelConfig:
     """The ModelConfig an architecture's metadata describes (see the module docstring)."""
     arch = g.metadata.get("general.architecture")
-    if arch not in ARCHS:
+    family = by_gguf_arch(arch)
+    if family is None:
         raise ValueError(f"{g.path}: GGUF architecture {short(arch)} is not supported "
                          f"(tinyllm reads {', '.join(ARCHS)})")
-
-    def get(key, default=None, kind: type = int):
-        v = meta(g, f"{arch}.{key}", kind, default)
-        if v is None:
-            raise ValueError(f"{g.path}: GGUF metadata lacks {arch}.{key}")
-        return v
-
+    m = ArchMeta(g, arch)
+    get = m.get
     if get("expert_count", 0):
         raise ValueError(f"{g.path}: mixture-of-experts {arch} models are not supported")
     heads, dim = int(get("attention.head_count")), int(get("embedding_length"))
@@ -103,7 +118,7 @@ def gguf_config(g: GGUFFile) -> ModelConfig:
         raise ValueError(f"{g.path}: {arch}.attention.value_length differs from key_length; tinyllm does not "
                          "support that")
     rotary = int(get("rope.dimension_count", head_dim))
-    if arch in PERMUTED and (head_dim != dim // heads or rotary != head_dim):
+    if family.gguf_permuted and (head_dim != dim // heads or rotary != head_dim):
         raise ValueError(f"{g.path}: {arch} head size {head_dim} / rotary dims {rotary} other than "
                          f"embedding_length / head_count ({dim} / {heads}) are not supported")
     n_layers, max_len = int(get("block_count")), int(get("context_length", 2048))
@@ -111,27 +126,13 @@ def gguf_config(g: GGUFFile) -> ModelConfig:
     vocab = int(meta(g, f"{arch}.vocab_size", int) or (emb.shape[0] if emb and emb.shape else len(
         meta(g, "tokenizer.ggml.tokens", list, []))))
     scaling, max_len = _rope_scaling(g, arch, get, rotary, max_len)
-    cfg = dict(vocab_size=vocab, dim=dim, n_layers=n_layers, n_heads=heads,
-               n_kv_heads=int(get("attention.head_count_kv", heads)), ffn_dim=int(get("feed_forward_length")),
-               max_seq_len=max_len, rope_theta=float(get("rope.freq_base", 10000.0, float)),
-               norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5, float)),
-               tie_embeddings="output.weight" not in g.tensors, family=arch, head_dim=head_dim,
-               rotary_dim=rotary, rope_scaling=scaling, **_OWN[arch])
-    window = int(get("attention.sliding_window", 0))
-    if arch in _PATTERN:
-        cfg.update(embed_scale=dim ** 0.5, attn_scale=float(dim // heads if n_layers == _BIG_GEMMA[arch] else head_dim),
-                   attn_softcap=float(get("attn_logit_softcapping", 0.0, float)),
-                   final_softcap=float(get("final_logit_softcapping", 0.0, float)))
-        if arch == "gemma2" and not window:
-            window = 4096  # llama.cpp's default for Gemma 2
-        if window:
-            local = _local_layers(g, arch, n_layers)
-            # llama.cpp's local RoPE: Gemma 2's is the global one unless set, Gemma 3's base 10,000
-            base = float(get("rope.freq_base_swa", 0.0 if arch == "gemma2" else 10000.0, float))
-            cfg.update(sliding_window=window, local_layers=local, rope_local_theta=base if local else 0.0)
-    elif arch == "phi3" and 0 < window < max_len:
-        cfg.update(sliding_window=window, local_layers=tuple(range(n_layers)))
-    return ModelConfig(**cfg)
+    shared = dict(vocab_size=vocab, dim=dim, n_layers=n_layers, n_heads=heads,
+                  n_kv_heads=int(get("attention.head_count_kv", heads)), ffn_dim=int(get("feed_forward_length")),
+                  max_seq_len=max_len, rope_theta=float(get("rope.freq_base", 10000.0, float)),
+                  norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5, float)),
+                  tie_embeddings="output.weight" not in g.tensors, family=family.name, head_dim=head_dim,
+                  rotary_dim=rotary, rope_scaling=scaling, **family.features)
+    return ModelConfig(**{**shared, **family.from_gguf(m, shared)})
 
 
 def _rope_scaling(g: GGUFFile, arch: str, get, rotary: int, max_len: int) -> tuple[dict | None, int]:
@@ -145,7 +146,7 @@ def _rope_scaling(g: GGUFFile, arch: str, get, rotary: int, max_len: int) -> tup
     if kind not in ("none", "longrope"):
         raise ValueError(f"{g.path}: rope scaling ({short(kind)}) is not supported "
                          "(tinyllm runs linear, llama3 factors and longrope)")
-    if arch == "phi3" and "rope_factors_short.weight" in g.tensors:
+    if "rope_factors_short.weight" in g.tensors:  # Phi-3's LongRoPE
         short_f, long_f = (_factors(g, f"rope_factors_{k}.weight", rotary) for k in ("short", "long"))
         old = int(get("rope.scaling.original_context_length"))
         attn = float(get("rope.scaling.attn_factor", 1.0, float))
@@ -172,40 +173,29 @@ def _factors(g: GGUFFile, name: str, rotary: int) -> list[float]:
     return f
 
 
-def _local_layers(g: GGUFFile, arch: str, n_layers: int) -> tuple[int, ...]:
-    """The sliding-window layers: llama.cpp's set_swa_pattern (layer i slides unless i % n == n - 1)."""
-    key = f"{arch}.attention.sliding_window_pattern"
-    v = g.metadata.get(key)
-    if isinstance(v, list):
-        flags = meta(g, key, list, item=bool)
-        if len(flags) != n_layers:
-            raise ValueError(f"{g.path}: {key} has {len(flags)} entries for {n_layers} layers")
-        return tuple(i for i, f in enumerate(flags) if f)
-    n = int(meta(g, key, int, _PATTERN[arch]))
-    return tuple(i for i in range(n_layers) if n == 0 or i % n < n - 1)
-
-
 def gguf_names(g: GGUFFile, cfg: ModelConfig) -> dict[str, str | Split | None]:
-    """GGUF tensor name -> tinyllm name, the parts of a fused Phi-3 tensor, or None (unknown)."""
-    fixed = {"token_embd.weight": "tok_emb.weight", "output_norm.weight": "norm.weight",
-             "output.weight": "lm_head.weight"}
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    """GGUF tensor name -> tinyllm name, the parts of a fused tensor, or None (unknown)."""
+    table = FAMILIES[cfg.family].gguf_tensors
+    own = {tl: name for name, tl in table.items() if isinstance(tl, str)}  # a part's own tensor
+    rows = part_rows(cfg)
     out: dict[str, str | Split | None] = {}
     for name in g.tensors:
         if name in _RATIO_TENSORS:
             continue
         parts = name.split(".")
-        if name in fixed:
-            out[name] = fixed[name]
-        elif len(parts) == 4 and parts[0] == "blk" and parts[2] == "attn_qkv" and parts[3] == "weight":
-            t = f"blocks.{parts[1]}.attn."
-            out[name] = ((t + "wq.weight", q), (t + "wk.weight", kv), (t + "wv.weight", kv))
-        elif (cfg.family == "phi3" and len(parts) == 4 and parts[2] == "ffn_up"
-              and f"blk.{parts[1]}.ffn_gate.weight" not in g.tensors):
-            t = f"blocks.{parts[1]}.ffn."
-            out[name] = ((t + "w1.weight", cfg.ffn_dim), (t + "w3.weight", cfg.ffn_dim))
-        elif len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER and parts[3] in ("weight", "bias"):
-            out[name] = f"blocks.{parts[1]}.{_LAYER[parts[2]]}.{parts[3]}"
-        else:
+        if name in GGUF_FIXED:
+            out[name] = GGUF_FIXED[name]
+        elif len(parts) != 4 or parts[0] != "blk" or parts[2] not in table or parts[3] not in ("weight", "bias"):
             out[name] = None
+        elif isinstance(table[parts[2]], tuple):  # fused: the parts its layer does not store on their own
+            i, leaf = parts[1], parts[3]
+            inside = [p for p in table[parts[2]] if p not in own or f"blk.{i}.{own[p]}.weight" not in g.tensors]
+            if len(inside) == 1:
+                out[name] = f"blocks.{i}.{inside[0]}.{leaf}"
+            elif inside and leaf == "weight":
+                out[name] = tuple((f"blocks.{i}.{p}.weight", rows[f"{p}.weight"]) for p in inside)
+            else:
+                out[name] = None
+        else:
+            out[name] = f"blocks.{parts[1]}.{table[parts[2]]}.{parts[3]}"
     return out

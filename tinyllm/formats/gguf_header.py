@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")  # the architectures tinyllm reads (gguf_arch)
+from tinyllm.families import GGUF_ARCHS
+
+ARCHS = GGUF_ARCHS  # the architectures tinyllm reads (tinyllm.families; gguf_arch maps them)
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
             12: "<d"}
 STRING, ARRAY = 8, 9

@@ -1,5 +1,5 @@
-"""Hugging Face folders of the families tinyllm runs (config.json model_type llama, mistral,
-qwen2, qwen3, gemma2, gemma3_text, gemma3's text model, phi3): map their weights onto the one
+"""Hugging Face folders of the families tinyllm runs (tinyllm.families: each family's
+config.json model_types, its own fields and tensor names): map their weights onto the one
 `Transformer`, and take the tokenizer, BOS/EOS and chat template from the folder.
 
 A folder holds config.json, model.safetensors (or model-0000i-of-0000n.safetensors shards
@@ -8,18 +8,21 @@ tokenizer.json, which needs the `tokenizers` extra), and usually tokenizer_confi
 (special tokens, the Jinja chat_template) or chat_template.jinja.
 
 Contract:
-- `hf_config(raw, where) -> ModelConfig` maps config.json: hidden_size, layers, heads,
-  num_key_value_heads, head_dim, intermediate_size, RoPE (rope_parameters, or rope_theta and
-  rope_scaling: linear, llama3, longrope; partial_rotary_factor), rms_norm_eps,
-  max_position_embeddings, tie_word_embeddings, and each family's own: Qwen 2's q/k/v biases,
-  Qwen 3's q/k norms, Gemma's GeGLU, post-norms, embedding scale, query_pre_attn_scalar,
-  soft-caps, sliding-window layers (layer_types, or the family's pattern) and their own RoPE
-  base, Phi-3's fused qkv_proj / gate_up_proj (split by rows on load). Gemma's norms scale by
-  (1 + w): the loader adds the 1, so the model's norm is the plain one (llama.cpp's GGUF
-  converter does the same). HF q/k weights already use the rotate-half layout, so no
-  permutation. Mistral's sliding window caps max_seq_len (within the window attention is
-  exact); Phi-3's LongRoPE runs its short factors where a run's context is within the
-  original one and its long factors past it (tinyllm.core.rope), so max_seq_len is the model's own.
+- `hf_config(raw, where) -> ModelConfig` maps config.json: the family its model_type names
+  (`tinyllm.families.by_model_type`; a multimodal config its text model's), then the fields every
+  family shares: hidden_size, layers, heads, num_key_value_heads, head_dim, intermediate_size,
+  RoPE (rope_parameters, or rope_theta and rope_scaling: linear, llama3, longrope;
+  partial_rotary_factor), rms_norm_eps, max_position_embeddings, tie_word_embeddings,
+  hidden_act, the local layers' RoPE base (rope_parameters' sliding_attention or
+  rope_local_base_freq); then the family's features and its own fields (`Family.from_hf`:
+  biases, q/k norms, Gemma's scales and soft-caps, sliding-window layers, ...). Norms a family
+  stores as w - offset (Gemma's (1 + w)) get the offset added on load, so the model's norm is
+  the plain one (llama.cpp's GGUF converter does the same). HF q/k weights already use the
+  rotate-half layout, so no permutation. Phi-3's LongRoPE runs its short factors where a run's
+  context is within the original one and its long factors past it (tinyllm.core.rope), so
+  max_seq_len is the model's own.
+- `hf_names(cfg)`: every Hugging Face tensor name -> tinyllm's, from the family's per-layer
+  table; a fused tensor (Phi-3's qkv_proj, gate_up_proj) names its parts and their rows.
 - The format's two functions (tinyllm.formats.model_format): `inspect(path, template=None) ->
   ModelSpec` validates config, every tensor's name, shape and dtype (safetensors headers),
   the tokenizer and the chat template without reading a weight; `tensors(spec, quant, dtype,
@@ -33,10 +36,10 @@ Contract:
   the built-in named by `template`; else the folder's Jinja template when it splits per
   message (jinja_template.py); else a built-in guessed from the template or the model name
   (with a warning when a Jinja template did not split); else chatml.
-Refuses (ValueError/FileNotFoundError, one line): other model types, rope scaling other than
-linear/llama3/longrope, MLP biases (and attention biases outside Qwen 2), activations other
-than silu and tanh-GELU, Qwen's use_sliding_window, quantized (GPTQ/AWQ/bitsandbytes) weights,
-.bin-only weights, a missing tokenizer.
+Refuses (ValueError/FileNotFoundError, one line): model types of no family, rope scaling other
+than linear/llama3/longrope, MLP biases (and attention biases where the family has none),
+activations other than silu and tanh-GELU, what a family refuses (Qwen's use_sliding_window),
+quantized (GPTQ/AWQ/bitsandbytes) weights, .bin-only weights, a missing tokenizer.
 """
 
 from __future__ import annotations
@@ -48,11 +51,13 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from tinyllm.families import FAMILIES, MODEL_TYPES, Family, by_model_type
+from tinyllm.families.family import HF_FIXED
 from tinyllm.formats.load_policy import check_quant
-from tinyllm.formats.model_files import SUPPORTED, read_safetensors_header, weight_files
+from tinyllm.formats.model_files import read_safetensors_header, weight_files
 from tinyllm.formats.model_format import LoadedModel, ModelSpec, Progress, Tensors, load_model, with_progress
 from tinyllm.formats.quant_rule import DEFAULT
-from tinyllm.formats.tensor_checks import check_tensors, check_vocab, expected_shapes
+from tinyllm.formats.tensor_checks import check_tensors, check_vocab, expected_shapes, part_rows
 from tinyllm.model import ModelConfig
 from tinyllm.text.jinja_template import pick_template
 from tinyllm.text.sp_proto import sentencepiece_piece
@@ -62,33 +67,30 @@ __all__ = ["hf_config", "hf_names", "inspect", "load_hf", "tensors"]
 
 _HINT = "a Hugging Face folder holds config.json, model.safetensors (or shards) and a tokenizer"
 ACTS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+HF_DEFAULTS = {"hidden_act": "silu", "tie_word_embeddings": False}  # transformers' Llama; a family's own win
 
 
 def hf_config(raw: dict, where: str = "config.json") -> ModelConfig:
-    """config.json -> ModelConfig: each family is a mapping onto the one model's fields."""
-    mt = raw.get("model_type")
-    if mt not in SUPPORTED:
-        raise ValueError(f"{where}: model_type {mt!r} is not supported "
-                         f"(tinyllm reads {', '.join(SUPPORTED)})")
-    if mt == "gemma3":  # the multimodal Gemma 3: its text model only
-        raw = {**raw.get("text_config", {}), "model_type": "gemma3_text",
-               "tie_word_embeddings": raw.get("tie_word_embeddings", True)}
-        mt = "gemma3_text"
+    """config.json -> ModelConfig: the fields every family shares, then the family's own
+    (tinyllm.families)."""
+    family = by_model_type(raw.get("model_type"))
+    if family is None:
+        raise ValueError(f"{where}: model_type {raw.get('model_type')!r} is not supported "
+                         f"(tinyllm reads {', '.join(MODEL_TYPES)})")
+    raw = family.hf_text_config(raw)
     if raw.get("quantization_config"):
         q = raw["quantization_config"]
         method = q.get("quant_method", "?") if isinstance(q, dict) else str(q)[:40]
         raise ValueError(f"{where}: quantized weights ({method}) are not supported; "
                          "use an fp16/bf16/fp32 model")
-    gemma = mt.startswith("gemma")
-    act = raw.get("hidden_activation") or raw.get("hidden_act") or ("gelu_pytorch_tanh" if gemma else "silu")
+    defaults = {**HF_DEFAULTS, **family.hf_defaults}
+    act = raw.get("hidden_activation") or raw.get("hidden_act") or defaults["hidden_act"]
     if act not in ACTS:
         raise ValueError(f"{where}: hidden_act {act!r} is not supported (silu or gelu_pytorch_tanh)")
     if raw.get("mlp_bias"):
         raise ValueError(f"{where}: mlp_bias=true is not supported (tinyllm's FFN has no biases)")
-    if raw.get("attention_bias") and mt != "qwen2":
-        raise ValueError(f"{where}: attention_bias=true is not supported for {mt}")
-    if raw.get("use_sliding_window") and mt in ("qwen2", "qwen3"):
-        raise ValueError(f"{where}: use_sliding_window=true is not supported for {mt}")
+    if raw.get("attention_bias") and not family.features.get("qkv_bias"):
+        raise ValueError(f"{where}: attention_bias=true is not supported for {raw['model_type']}")
     try:
         dim, heads, n_layers = int(raw["hidden_size"]), int(raw["num_attention_heads"]), int(raw["num_hidden_layers"])
         head_dim = int(raw.get("head_dim") or dim // heads)
@@ -97,37 +99,21 @@ def hf_config(raw: dict, where: str = "config.json") -> ModelConfig:
         theta = float(global_rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
         scaling = _rope_scaling(global_rope, raw, max_len, where)
         rotary = int(head_dim * float(global_rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))))
-        window = int(raw.get("sliding_window") or 0)
-        local: tuple[int, ...] = ()
-        if mt == "mistral" and window:
-            max_len = min(max_len, window)  # within the window attention is exact
-        elif window and (gemma or mt == "phi3"):
-            local = _local_layers(raw, mt, n_layers)
-        if mt == "phi3" and window >= max_len:
-            local = ()
-        cfg = dict(
+        shared = dict(
             vocab_size=int(raw["vocab_size"]), dim=dim, n_layers=n_layers, n_heads=heads,
             n_kv_heads=int(raw.get("num_key_value_heads") or heads), ffn_dim=int(raw["intermediate_size"]),
             max_seq_len=max_len, rope_theta=theta, norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            tie_embeddings=bool(raw.get("tie_word_embeddings", gemma)), family=mt.removesuffix("_text"),
-            head_dim=head_dim, qkv_bias=mt == "qwen2", qk_norm=mt in ("qwen3", "gemma3_text"),
-            act=ACTS[act], rope_scaling=scaling, rotary_dim=rotary,
-            sliding_window=window if local else 0, local_layers=local)
-        if gemma:
-            cfg.update(post_norms=True, embed_scale=dim ** 0.5,
-                       attn_scale=float(raw.get("query_pre_attn_scalar") or head_dim),
-                       attn_softcap=float(raw.get("attn_logit_softcapping") or 0.0),
-                       final_softcap=float(raw.get("final_logit_softcapping") or 0.0))
-        if local and local_rope is not None:
+            tie_embeddings=bool(raw.get("tie_word_embeddings", defaults["tie_word_embeddings"])),
+            family=family.name, head_dim=head_dim, act=ACTS[act], rope_scaling=scaling, rotary_dim=rotary)
+        cfg = {**family.features, **shared, **family.from_hf(raw, shared)}
+        if cfg.get("local_layers") and local_rope is not None:
             cfg["rope_local_theta"] = float(local_rope.get("rope_theta", 10000.0))
-        elif local and raw.get("rope_local_base_freq"):
+        elif cfg.get("local_layers") and raw.get("rope_local_base_freq"):
             cfg["rope_local_theta"] = float(raw["rope_local_base_freq"])
         return ModelConfig(**cfg)
     except KeyError as e:
         raise ValueError(f"{where} lacks {e.args[0]!r}") from None
     except (TypeError, ValueError) as e:
-        if "tinyllm" in str(e) or "rope" in str(e) or "model config" in str(e):
-            raise ValueError(f"{where}: {e}") from None
         raise ValueError(f"{where}: {e}") from None
 
 
@@ -165,58 +151,32 @@ def _rope_scaling(rope: dict, raw: dict, max_len: int, where: str) -> dict | Non
     raise ValueError(f"rope scaling {kind!r} is not supported (tinyllm runs linear, llama3 and longrope)")
 
 
-def _local_layers(raw: dict, mt: str, n_layers: int) -> tuple[int, ...]:
-    """The layers that attend only the sliding window."""
-    types = raw.get("layer_types")
-    if types:
-        return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
-    if mt == "gemma2":
-        return tuple(range(0, n_layers, 2))  # even layers slide, odd ones see everything
-    if mt == "gemma3_text":
-        pattern = int(raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6)
-        return tuple(i for i in range(n_layers) if (i + 1) % pattern)
-    return tuple(range(n_layers))  # Phi-3: every layer
-
-
 # tinyllm's tensors split out of one Hugging Face tensor (Phi-3's fused projections), by rows
 Split = tuple[tuple[str, int], ...]
 
 
 def hf_names(cfg: ModelConfig) -> dict[str, str | Split]:
-    """Hugging Face tensor name -> tinyllm name (or the names and rows of its parts)."""
-    names: dict[str, str | Split] = {"model.embed_tokens.weight": "tok_emb.weight", "model.norm.weight": "norm.weight",
-                                     "lm_head.weight": "lm_head.weight"}
-    gemma = cfg.family.startswith("gemma")
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    """Hugging Face tensor name -> tinyllm name (or the names and rows of its parts): the
+    family's per-layer table (tinyllm.families) for every layer."""
+    table, rows = family_of(cfg).hf_tensors, part_rows(cfg)
+    names: dict[str, str | Split] = dict(HF_FIXED)
     for i in range(cfg.n_layers):
         h, t = f"model.layers.{i}.", f"blocks.{i}."
-        names.update({h + "input_layernorm.weight": t + "attn_norm.weight",
-                      h + "self_attn.o_proj.weight": t + "attn.wo.weight",
-                      h + "mlp.down_proj.weight": t + "ffn.w2.weight"})
-        if gemma:
-            names.update({h + "post_attention_layernorm.weight": t + "post_attn_norm.weight",
-                          h + "pre_feedforward_layernorm.weight": t + "ffn_norm.weight",
-                          h + "post_feedforward_layernorm.weight": t + "post_ffn_norm.weight"})
-        else:
-            names[h + "post_attention_layernorm.weight"] = t + "ffn_norm.weight"
-        if cfg.family == "phi3":
-            names[h + "self_attn.qkv_proj.weight"] = ((t + "attn.wq.weight", q), (t + "attn.wk.weight", kv),
-                                                      (t + "attn.wv.weight", kv))
-            names[h + "mlp.gate_up_proj.weight"] = ((t + "ffn.w1.weight", cfg.ffn_dim), (t + "ffn.w3.weight", cfg.ffn_dim))
-        else:
-            for p, tl in (("q", "wq"), ("k", "wk"), ("v", "wv")):
-                names[h + f"self_attn.{p}_proj.weight"] = t + f"attn.{tl}.weight"
-                if cfg.qkv_bias:
-                    names[h + f"self_attn.{p}_proj.bias"] = t + f"attn.{tl}.bias"
-            names.update({h + "mlp.gate_proj.weight": t + "ffn.w1.weight", h + "mlp.up_proj.weight": t + "ffn.w3.weight"})
-        if cfg.qk_norm:
-            names.update({h + "self_attn.q_norm.weight": t + "attn.q_norm.weight",
-                          h + "self_attn.k_norm.weight": t + "attn.k_norm.weight"})
+        for hf, tl in table.items():
+            names[h + hf] = tuple((t + p, rows[p]) for p in tl) if isinstance(tl, tuple) else t + tl
     return names
 
 
+def family_of(cfg: ModelConfig) -> Family:
+    """The record of cfg's family (a tinyllm checkpoint may name one tinyllm has no record of)."""
+    if cfg.family not in FAMILIES:
+        raise ValueError(f"a {cfg.family!r} model has no Hugging Face form here "
+                         f"(the export writes {', '.join(FAMILIES)})")
+    return FAMILIES[cfg.family]
+
+
 def _strip_prefix(name: str) -> str | None:
-    """A multimodal Gemma 3's text tensors under the text model's own names; None for the rest."""
+    """A multimodal model's text tensors under the text model's own names; None for the rest."""
     for head in ("model.language_model.", "language_model.model."):
         if name.startswith(head):
             return "model." + name[len(head):]
@@ -295,17 +255,17 @@ def inspect(path: str | Path, template: str | None = None) -> ModelSpec:
 def tensors(spec: ModelSpec, quant: str, dtype: torch.dtype, progress: Progress | None = None) -> Tensors:
     """Every weight as stored, under tinyllm's names (`quant` and `dtype` change nothing here)."""
     plan: dict[Path, dict[str, str | Split]] = spec.source
-    gemma = spec.config.family.startswith("gemma")
+    offset = FAMILIES[spec.config.family].norm_offset
     state: Tensors = {}
     with ExitStack() as files:
         opened = {f: files.enter_context(safe_open(str(f), framework="pt")) for f in plan}
         reads = [(opened[f], hf, tl) for f, names in plan.items() for hf, tl in names.items()]
         for st, hf, tl in with_progress(reads, progress):
             t = st.get_tensor(hf)
-            if isinstance(tl, tuple):  # Phi-3's fused projections, split by rows
+            if isinstance(tl, tuple):  # a fused tensor (Phi-3's projections), split by rows
                 state.update({name: part for (name, _), part in zip(tl, t.split([r for _, r in tl]), strict=True)})
-            elif gemma and tl.endswith("norm.weight"):
-                state[tl] = t.float() + 1  # Gemma's norms scale by (1 + w): held as the plain norm's w
+            elif offset and tl.endswith("norm.weight"):
+                state[tl] = t.float() + offset  # Gemma's norms scale by (1 + w): held as the plain norm's w
             else:
                 state[tl] = t
     return state

@@ -3,17 +3,17 @@ transformers and the engines that read its folders (vLLM, SGLang).
 
 Contract: `export_hf(src, dst, dtype="auto", template=None, shard_mb=2048, force=False,
 say=None) -> Path` writes into DST:
-- config.json: the model's family as its Hugging Face model_type (`hf_config_json`: llama,
-  mistral, qwen2, qwen3, gemma2, gemma3_text, phi3: tinyllm.formats.hf's mapping run backwards),
-  with bos/eos ids and torch_dtype. It is checked by mapping it forwards again
+- config.json: the model's family as its Hugging Face model_type and class (`hf_config_json`:
+  the fields every family shares, then the family's own, `Family.to_hf` of tinyllm.families:
+  tinyllm.formats.hf's mapping run backwards), with bos/eos ids and torch_dtype. It is checked by mapping it forwards again
   (tinyllm.formats.hf.hf_config): a config that does not come back as the model's own (a
   family with a part its Hugging Face class lacks) is refused, never written approximately.
 - model.safetensors (or model-0000i-of-0000n shards of at most `shard_mb` MiB with
   model.safetensors.index.json): every weight dense under Hugging Face's names, in `dtype`
   ("auto": the source's dense dtype, bf16 where its matrices are quantized; fp32, fp16, bf16).
   Quantized matrices (a tinyllm folder's int8 / int4, a GGUF's blocks) are dequantized
-  (`say` tells how many); Gemma's norms go back to Hugging Face's (1 + w) form; Phi-3's
-  q/k/v and gate/up are fused again; with tied embeddings no lm_head is stored.
+  (`say` tells how many); norms a family stores offset go back to that form (Gemma's (1 + w));
+  fused tensors (Phi-3's q/k/v and gate/up) are fused again; with tied embeddings no lm_head is stored.
 - The tokenizer: a sentencepiece model as tokenizer.model plus tokenizer.json
   (tinyllm.text.sp_to_hf), a tokenizer.json tokenizer as its own tokenizer.json; and
   tokenizer_config.json: tokenizer_class PreTrainedTokenizerFast (transformers 4 and 5 both
@@ -40,7 +40,7 @@ from safetensors.torch import save_file
 
 from tinyllm.core.quant import QTensor
 from tinyllm.formats.checkpoint import split_shards
-from tinyllm.formats.hf import hf_config, hf_names
+from tinyllm.formats.hf import family_of, hf_config, hf_names
 from tinyllm.formats.model_files import INDEX, WEIGHTS, classify
 from tinyllm.formats.open_model import format_of
 from tinyllm.model import ModelConfig
@@ -53,11 +53,6 @@ __all__ = ["export_hf", "hf_config_json", "hf_tensors"]
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _HF_DTYPE = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-# tinyllm family -> (Hugging Face model_type, architecture)
-FAMILIES = {"llama": ("llama", "LlamaForCausalLM"), "mistral": ("mistral", "MistralForCausalLM"),
-            "qwen2": ("qwen2", "Qwen2ForCausalLM"), "qwen3": ("qwen3", "Qwen3ForCausalLM"),
-            "gemma2": ("gemma2", "Gemma2ForCausalLM"), "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
-            "phi3": ("phi3", "Phi3ForCausalLM")}
 
 
 def export_hf(src: str | Path, dst: str | Path, dtype: str = "auto", template: str | None = None,
@@ -96,44 +91,33 @@ def export_hf(src: str | Path, dst: str | Path, dtype: str = "auto", template: s
 
 def hf_config_json(cfg: ModelConfig, tokenizer) -> dict:
     """config.json for `cfg` in its family's Hugging Face form, checked by mapping it back."""
-    if cfg.family not in FAMILIES:
-        raise ValueError(f"a {cfg.family!r} model has no Hugging Face form here "
-                         f"(the export writes {', '.join(FAMILIES)})")
-    model_type, arch = FAMILIES[cfg.family]
-    gemma = cfg.family.startswith("gemma")
+    family = family_of(cfg)
+    fields = cfg.to_dict()
     raw: dict = {
-        "architectures": [arch], "model_type": model_type, "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
-        "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "max_position_embeddings": cfg.max_seq_len,
-        "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "tie_word_embeddings": cfg.tie_embeddings,
-        ("hidden_activation" if gemma else "hidden_act"): "gelu_pytorch_tanh" if cfg.act == "gelu_tanh" else cfg.act,
+        "architectures": [family.hf_class], "model_type": family.model_types[0], "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.dim, "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "hidden_act": "gelu_pytorch_tanh" if cfg.act == "gelu_tanh" else cfg.act,
         "attention_bias": cfg.qkv_bias, "bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
     }
     if tokenizer.pad_id is not None:
         raw["pad_token_id"] = tokenizer.pad_id
-    if model_type != "phi3":
-        raw["mlp_bias"] = False
-    if model_type in ("mistral", "qwen2", "qwen3"):
-        raw["sliding_window"] = None  # Mistral's window capped max_seq_len on import (exact within it)
-        raw["use_sliding_window"] = False
+    raw["mlp_bias"] = False
+    raw = family.to_hf(fields, raw)
     if cfg.rope_scaling:
         raw["rope_scaling"] = _rope_scaling(cfg)
         if cfg.rope_scaling["type"] == "longrope":
             raw["original_max_position_embeddings"] = cfg.rope_scaling["original_max_position_embeddings"]
     if cfg.rotary_dim != cfg.head_dim:
         raw["partial_rotary_factor"] = cfg.rotary_dim / cfg.head_dim
-    if gemma:
-        scalar = int(cfg.attn_scale) if float(cfg.attn_scale).is_integer() else cfg.attn_scale  # an int in HF's config
-        raw.update(query_pre_attn_scalar=scalar, attn_logit_softcapping=cfg.attn_softcap or None,
-                   final_logit_softcapping=cfg.final_softcap or None)
     if cfg.local_layers:
         raw["sliding_window"] = cfg.sliding_window
         raw["layer_types"] = ["sliding_attention" if i in cfg.local_layers else "full_attention"
                               for i in range(cfg.n_layers)]
         if cfg.rope_local_theta:
             raw["rope_local_base_freq"] = cfg.rope_local_theta
-    elif model_type == "phi3":
-        raw["sliding_window"] = None
     _check_round_trip(cfg, raw)
     return raw
 
@@ -167,11 +151,12 @@ def _check_round_trip(cfg: ModelConfig, raw: dict) -> None:
 def hf_tensors(cfg: ModelConfig, state: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """tinyllm's tensors (dense or QTensor) under Hugging Face's names, dense, in `dtype`."""
     dense = {k: (v.dequantize(torch.float32) if isinstance(v, QTensor) else v) for k, v in state.items()}
-    if cfg.family.startswith("gemma"):  # Gemma's norms scale by (1 + w); tinyllm holds the 1 inside
-        dense = {k: v.float() - 1 if k.endswith("norm.weight") else v for k, v in dense.items()}
+    offset = family_of(cfg).norm_offset  # Gemma's norms scale by (1 + w); tinyllm holds the 1 inside
+    if offset:
+        dense = {k: v.float() - offset if k.endswith("norm.weight") else v for k, v in dense.items()}
     out: dict[str, torch.Tensor] = {}
     for hf, tl in hf_names(cfg).items():
-        if isinstance(tl, tuple):  # Phi-3's fused projections: the parts' rows stacked
+        if isinstance(tl, tuple):  # a fused tensor (Phi-3's projections): the parts' rows stacked
             out[hf] = torch.cat([dense[name] for name, _ in tl])
         elif tl in dense and not (tl == "lm_head.weight" and cfg.tie_embeddings):
             out[hf] = dense[tl]

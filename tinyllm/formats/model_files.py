@@ -32,9 +32,11 @@ import math
 import struct
 from pathlib import Path
 
+from tinyllm.families import MODEL_TYPES
+
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 TOKENIZERS = ("tokenizer.model", "tokenizer.json")
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3")  # HF model_types
+SUPPORTED = MODEL_TYPES  # the Hugging Face model_types of tinyllm.families
 _KINDS = ("a tinyllm checkpoint folder, a Hugging Face folder (Llama, Mistral, Qwen 2/3, Gemma 2/3, Phi-3) "
           "or a .gguf file")
 

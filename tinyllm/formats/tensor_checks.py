@@ -2,7 +2,8 @@
 
 - `expected_shapes(cfg)`, `quant_shapes(...)`, `match_tensors(...)`, `check_tensors(...)`: every
   tensor a config implies, present, with its shape; a quantized matrix may stand for a dense one
-  (see quant.py). `check_vocab(...)`: the tokenizer and the embedding agree.
+  (see quant.py). `check_vocab(...)`: the tokenizer and the embedding agree. `part_rows(cfg)`:
+  the rows of each matrix a fused stored tensor holds (tinyllm.families' tuples).
 - `check_finite(state)`: every weight finite (the scales and zeros of a quantized matrix; its
   integers cannot be anything else), by one reduction per tensor; build_transformer runs it
   first, so every format gets it. A NaN or Inf loaded silently before: a model that then
@@ -108,3 +109,10 @@ def check_finite(state: dict[str, torch.Tensor | QTensor]) -> None:
                 where = f"{name.removesuffix('.weight')}{suffix}" if suffix else name
                 raise ValueError(f"the weights are damaged: {where} holds NaN or infinite values; "
                                  "download or convert the model again")
+
+
+def part_rows(cfg: ModelConfig) -> dict[str, int]:
+    """The rows of each matrix a fused tensor may hold (Phi-3's q/k/v and gate/up), by its name in a block."""
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    return {"attn.wq.weight": q, "attn.wk.weight": kv, "attn.wv.weight": kv, "ffn.w1.weight": cfg.ffn_dim,
+            "ffn.w3.weight": cfg.ffn_dim}
