@@ -67,6 +67,7 @@ class Family:
     hf_defaults: dict = field(default_factory=dict)  # config.json values the family's files may leave out
     hf_text_config: Callable[[dict], dict] = as_is  # config.json -> its text model's (a multimodal model's)
     gguf_permuted: bool = False  # llama.cpp's converter permuted q/k rows into interleaved RoPE (undone on load)
+    gguf_longrope: bool = False  # rope_factors_short/long tensors are its LongRoPE (Phi-3); others' are ignored
     norm_offset: float = 0.0  # stored norm weights are w - offset (Gemma's scale by 1 + w): added on load
 
 

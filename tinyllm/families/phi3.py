@@ -3,9 +3,9 @@
 The Llama layout with q, k and v stored as one matrix (qkv_proj; llama.cpp: attn_qkv) and the
 gate and up projections as one (gate_up_proj; llama.cpp: ffn_up), split by rows on load and
 fused again on export; Phi-4-mini turns RoPE on 3/4 of each head (partial_rotary_factor). Its
-LongRoPE (short and long per-frequency factors; llama.cpp: the rope_factors_short/long tensors)
-is read by the shared code. A sliding window shorter than the context makes every layer local
-(Phi-3-mini-4k's 2,047 keys); config.json has no mlp_bias for it.
+LongRoPE (short and long per-frequency factors; llama.cpp: the rope_factors_short/long tensors,
+read for this family's files alone) is run by the shared code. A sliding window shorter than the
+context makes every layer local (Phi-3-mini-4k's 2,047 keys); config.json has no mlp_bias for it.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ FAMILY = Family(
     name="phi3", model_types=("phi3",), hf_class="Phi3ForCausalLM", gguf_arch="phi3", features={},
     from_hf=from_hf, to_hf=to_hf, from_gguf=from_gguf,
     hf_tensors={**{k: v for k, v in HF_LAYER.items() if k not in HF_SEPARATE}, **HF_FUSED},
-    gguf_tensors={**GGUF_LAYER, "ffn_up": ("ffn.w1", "ffn.w3")},
+    gguf_tensors={**GGUF_LAYER, "ffn_up": ("ffn.w1", "ffn.w3")}, gguf_longrope=True,
     presets={"phi3-mini": dict(  # Phi-3-mini-4k's config.json
         vocab_size=32064, dim=3072, n_layers=32, n_heads=32, n_kv_heads=32, ffn_dim=8192, max_seq_len=4096,
         rope_theta=10000.0)})

@@ -8,13 +8,13 @@ Contract:
   (convert_hf_to_gguf.py) writes it and llama.cpp reads it: head_dim from attention.key_length,
   partial rotary from rope.dimension_count, RoPE scaling from rope.scaling.type (linear) and the
   small factor tensors (`rope_freqs.weight`: Llama 3's per-frequency divisors;
-  `rope_factors_short/long`: Phi-3's LongRoPE, with rope.scaling.attn_factor), both run as
-  per-frequency divisors (rope_scaling "longrope"), so the result equals the Hugging Face
-  model's. Those tensors are the only data it reads (a few floats each). Then the family's
-  features and its own fields (`Family.from_gguf`: Gemma's scales, soft-caps and
-  sliding-window layers, Phi-3's window, ...), reading the metadata through `GGUFMeta`
-  (`swa_layers`: llama.cpp's set_swa_pattern). Norm weights are used as stored (llama.cpp's
-  converter already added the 1 of Gemma's (1 + w)).
+  `rope_factors_short/long`: LongRoPE, with rope.scaling.attn_factor, in the files of a family
+  whose `gguf_longrope` says so: Phi-3), both run as per-frequency divisors (rope_scaling
+  "longrope"), so the result equals the Hugging Face model's. Those tensors are the only data
+  it reads (a few floats each). Then the family's features and its own fields
+  (`Family.from_gguf`: Gemma's scales, soft-caps and sliding-window layers, Phi-3's window,
+  ...), reading the metadata through `ArchMeta` (`swa_layers`: llama.cpp's set_swa_pattern).
+  Norm weights are used as stored (llama.cpp's converter already added the 1 of Gemma's (1 + w)).
 - `gguf_names(g, cfg) -> {gguf name: tinyllm name | Split | None}`: every tensor but the RoPE
   factor tensors, by the family's per-layer table; None for a name tinyllm has no place for; a
   Split for a fused tensor (any family's `attn_qkv`: q, k, v rows; Phi-3's `ffn_up`: gate rows,
@@ -125,7 +125,7 @@ def gguf_config(g: GGUFFile) -> ModelConfig:
     emb = g.tensors.get("token_embd.weight")
     vocab = int(meta(g, f"{arch}.vocab_size", int) or (emb.shape[0] if emb and emb.shape else len(
         meta(g, "tokenizer.ggml.tokens", list, []))))
-    scaling, max_len = _rope_scaling(g, arch, get, rotary, max_len)
+    scaling, max_len = _rope_scaling(g, arch, get, rotary, max_len, family.gguf_longrope)
     shared = dict(vocab_size=vocab, dim=dim, n_layers=n_layers, n_heads=heads,
                   n_kv_heads=int(get("attention.head_count_kv", heads)), ffn_dim=int(get("feed_forward_length")),
                   max_seq_len=max_len, rope_theta=float(get("rope.freq_base", 10000.0, float)),
@@ -135,7 +135,7 @@ def gguf_config(g: GGUFFile) -> ModelConfig:
     return ModelConfig(**{**shared, **family.from_gguf(m, shared)})
 
 
-def _rope_scaling(g: GGUFFile, arch: str, get, rotary: int, max_len: int) -> tuple[dict | None, int]:
+def _rope_scaling(g: GGUFFile, arch: str, get, rotary: int, max_len: int, longrope: bool) -> tuple[dict | None, int]:
     """(tinyllm's rope_scaling, max_seq_len) from rope.scaling.* and the RoPE factor tensors."""
     kind = get("rope.scaling.type", "none", str)
     factor = float(get("rope.scaling.factor", 0.0, float) or get("rope.scale_linear", 0.0, float))
@@ -146,7 +146,7 @@ def _rope_scaling(g: GGUFFile, arch: str, get, rotary: int, max_len: int) -> tup
     if kind not in ("none", "longrope"):
         raise ValueError(f"{g.path}: rope scaling ({short(kind)}) is not supported "
                          "(tinyllm runs linear, llama3 factors and longrope)")
-    if "rope_factors_short.weight" in g.tensors:  # Phi-3's LongRoPE
+    if longrope and "rope_factors_short.weight" in g.tensors:  # Phi-3's (Family.gguf_longrope)
         short_f, long_f = (_factors(g, f"rope_factors_{k}.weight", rotary) for k in ("short", "long"))
         old = int(get("rope.scaling.original_context_length"))
         attn = float(get("rope.scaling.attn_factor", 1.0, float))

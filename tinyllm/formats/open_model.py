@@ -1,8 +1,8 @@
 """open_any: the one entry point that opens every kind of model tinyllm reads.
 
   a tinyllm checkpoint folder   config.json with "format": "tinyllm"   checkpoint.py
-  a Hugging Face folder         config.json with a "model_type"        hf.py (llama, mistral)
-  a GGUF file                   *.gguf (or a folder holding one)       gguf.py (llama)
+  a Hugging Face folder         config.json with a "model_type"        hf.py (tinyllm.families)
+  a GGUF file                   *.gguf (or a folder holding one)       gguf.py (tinyllm.families)
 
 Contract: `open_any(path, device="cpu", dtype=None, template=None, quant="auto", group=32,
 progress=None) -> LoadedModel(model, tokenizer, template, name)` (a NamedTuple: it unpacks as
