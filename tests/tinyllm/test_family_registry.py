@@ -87,7 +87,7 @@ def test_each_preset_has_its_features_and_a_hugging_face_form(preset):
     assert (raw["model_type"], raw["architectures"]) == (f.model_types[0], [f.hf_class])
 
 
-def test_the_readers_hold_no_familys_name():
+def test_the_readers_name_no_family():
     names = set(FAMILIES) | set(MODEL_TYPES) | set(GGUF_ARCHS) | {f.hf_class for f in FAMILIES.values()}
     for path in READERS:
         tree = ast.parse((ROOT / path).read_text())

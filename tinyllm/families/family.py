@@ -39,14 +39,17 @@ class GGUFMeta(Protocol):
 
 
 def as_is(raw: dict) -> dict:
+    """A config.json that is its text model's already (hf_text_config of most families)."""
     return raw
 
 
-def nothing(raw: dict, fields: Fields) -> Fields:
+def nothing(source: object, fields: Fields) -> Fields:
+    """No fields of the family's own (from_hf, from_gguf of a family its features describe)."""
     return {}
 
 
 def unchanged(cfg: Fields, raw: dict) -> dict:
+    """The shared config.json as it is (to_hf of a family that writes nothing of its own)."""
     return raw
 
 
@@ -64,7 +67,7 @@ class Family:
     gguf_tensors: Names  # llama.cpp per-layer tensor name -> tinyllm's; a fused one holds the parts the
     # layer does not store under their own names (Phi-3's ffn_up: gate and up rows, unless ffn_gate is there)
     presets: dict[str, Fields]  # named shapes (tinyllm.model.PRESETS); the family and its features are added
-    hf_defaults: dict = field(default_factory=dict)  # config.json values the family's files may leave out
+    hf_defaults: dict[str, Any] = field(default_factory=dict)  # config.json values the family's files may leave out
     hf_text_config: Callable[[dict], dict] = as_is  # config.json -> its text model's (a multimodal model's)
     gguf_permuted: bool = False  # llama.cpp's converter permuted q/k rows into interleaved RoPE (undone on load)
     gguf_longrope: bool = False  # rope_factors_short/long tensors are its LongRoPE (Phi-3); others' are ignored
