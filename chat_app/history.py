@@ -9,7 +9,11 @@ change any conversation no other instance holds (ValueError names the one that d
 PROMPTS_KEPT); `export_markdown` writes the branch shown of the open conversation from memory, each reply under
 the model that wrote it, each system prompt where it was set and a message with other
 versions marked "(version 2 of 3)", and only ever to a regular
-file (`write_regular`: a FIFO, device or folder is a ValueError, never a wait). Read failures
+file (`write_regular`: a FIFO, device or folder is a ValueError, never a wait). The Markdown
+(`/export`'s and the unsaved-*.md written at quit) holds no control character a terminal acts
+on: each is made visible as the screen shows it (chat_app.labels.printable: ESC is "␛"; tab and
+newline stay), so `cat` of an export sets no title or clipboard; chat.db keeps the text as it
+came (nothing lost), and only what is written out is made visible. Read failures
 are StoreErrors, as everywhere in the store; a column holding no text where text belongs (a
 BLOB title, say) is read as empty, never a crash.
 """
@@ -24,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chat_app.branches import tree, versions
+from chat_app.labels import printable
 
 if TYPE_CHECKING:
     from chat_app.store import Store, _Chat
@@ -137,7 +142,8 @@ class History:
 def markdown(store: Store, chat: _Chat) -> str:
     """A conversation's branch shown as Markdown, each reply under the model that wrote it,
     each system prompt where it was set, and a message with other versions marked with
-    which it is ("version 2 of 3": the others stay in the chat, not here)."""
+    which it is ("version 2 of 3": the others stay in the chat, not here). Control characters
+    are made visible (printable): the file is for a terminal's `cat` too."""
     parts = [f"# Chat with {store.model}\n"]
     if chat.system:
         parts.append(f"**System:** {chat.system}\n")
@@ -150,7 +156,7 @@ def markdown(store: Store, chat: _Chat) -> str:
         shown = versions(m, chat.messages)
         note += f"\n\n*(version {shown.index(m) + 1} of {len(shown)})*" if len(shown) > 1 else ""
         parts.append(f"## {who}\n\n{m.content.strip()}{note}\n")
-    return "\n".join(parts)
+    return printable("\n".join(parts))
 
 
 def _shown(db, cid: int, leaf: object) -> tuple[int, object]:

@@ -11,7 +11,9 @@ clipboard, no cleared screen), C1 controls become U+FFFD.
   that are shown with markup off already (a notice: `notify(..., markup=False)`, Markdown).
 - `plain(text) -> Text`: that as a Rich Text, which no widget parses as markup: for border
   titles, table cells, Static and Label updates.
-Text this code writes itself (bindings, hints, help) does not need them.
+Text this code writes itself (bindings, hints, help) does not need them. What the app writes to a
+file goes through `printable` too: the Markdown of `/export` and of an unsaved-*.md
+(chat_app.history.markdown).
 """
 
 from __future__ import annotations

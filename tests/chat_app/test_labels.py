@@ -18,7 +18,7 @@ from rich.console import Console
 
 from chat_app.commands import shortened
 from chat_app.labels import printable
-from chat_app.store import Saved, Store
+from chat_app.store import Saved, Store, StoreError
 from chat_app.widgets.chat_list import ChatList
 from chat_app.widgets.reply import Reply
 from tests.chat_app.conftest import loaded, notes, notices, send, wait_until
@@ -161,3 +161,54 @@ async def test_model_names_are_plain_text(make_app, ckpt, tmp_path):
         app.clear_notifications()
         await pilot.pause()
         await shows(pilot, f"╭─ {FILE_SHOWN} ─", "· ready · g[bold]x[|b] ␛]0;PWNE")
+
+
+EVERY_CONTROL = "".join(chr(c) for c in [*range(32), *range(0x7F, 0xA0)])  # C0, DEL and C1: tab and newline too
+REPLY = f"Here: {ESCAPES} and every control: {EVERY_CONTROL} end"  # as a server might send it
+
+
+def assert_inert(data: bytes) -> str:
+    """data as UTF-8 holds no control character a terminal acts on (tab and newline are kept) and
+    shows the escapes as the screen does; the text."""
+    text = data.decode("utf-8")
+    assert not (CONTROLS - {"\t"}) & set(text), f"a control character reaches the file:\n{text!r}"
+    assert b"\x1b" not in data and b"\x07" not in data and b"\xc2\x9b" not in data  # ESC, BEL, C1 CSI
+    assert printable(REPLY) in text and "␛]52;c;SGVsbG8=␇" in text and "\t" in text
+    return text
+
+
+async def test_export_and_the_unsaved_copy_write_no_control_a_terminal_acts_on(make_app, data_dir, tmp_path,
+                                                                               monkeypatch):
+    """Issue 52, defect 1: a reply holding OSC 52 (clipboard), OSC 0 (title) and CSI 2J was stored
+    raw and /export wrote it raw: `cat` of the file set the clipboard and the title. chat.db keeps
+    it as it came (nothing lost); /export and the unsaved-*.md written at quit (the one Markdown
+    rendering, chat_app.history.markdown) show each control as the screen does."""
+    import sqlite3
+
+    store = Store.open(data_dir, model=HOSTILE)
+    store.add(Saved("user", f"say {ESCAPES}"))
+    store.add(Saved("assistant", REPLY, model=HOSTILE))
+    store.close()
+    app = make_app("--max-tokens", "3", "--resume")
+    out = tmp_path / "chat.md"
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await wait_until(pilot, lambda: len(app.session.messages) == 2, what="the resumed chat")
+        await send(pilot, f"/export {out}")
+        await wait_until(pilot, lambda: any("Exported" in n for n in notices(app)), what="the export (a worker writes it)")
+    text = assert_inert(out.read_bytes())
+    assert f"## {SHOWN}" in text and f"say {printable(ESCAPES)}" in text  # the model's name and the message too
+    with sqlite3.connect(data_dir / "chat.db") as db:  # the store: the reply as it came
+        assert db.execute("SELECT content FROM messages WHERE role = 'assistant'").fetchall() == [(REPLY,)]
+
+    not_a_folder = tmp_path / "file"  # a data folder that is a file: the chat goes to unsaved-*.md at quit
+    not_a_folder.write_text("")
+    store = Store(not_a_folder / "chat.db")
+    for m in (Saved("user", "hi"), Saved("assistant", REPLY, model=HOSTILE)):
+        with pytest.raises(StoreError):
+            store.add(m)
+    here = tmp_path / "cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert store.rescue()
+    assert_inert(next(here.glob("unsaved-*.md")).read_bytes())

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
+from tests.tinyllm.forced import assert_same_draws, eager_logits
 from tinyllm.core.ops import window_attention
 from tinyllm.cuda_graph import GraphDecoder
-from tinyllm.decode.generate import generate
 from tinyllm.kernels import cpu_qgemv, decode_attention
 
 needs_kernel = pytest.mark.skipif(not cpu_qgemv.available(), reason="no AVX2 kernel on this machine")
@@ -90,14 +90,15 @@ def test_a_mask_shared_by_the_batch_broadcasts():
 @torch.no_grad()
 def test_the_compiled_step_calls_the_op_and_follows_the_plain_step_and_generate():
     """Decode past 256 keys (two chunks) with the compiled step, against the plain step's
-    logits and generate()'s greedy tokens."""
+    logits, both fed the plain step's greedy tokens, and generate()'s steps fed the same tokens:
+    their draws are the plain step's wherever no near-tie can flip them."""
     torch.set_num_threads(2)
     model = tiny_model()
     prompt = torch.tensor([[5, 17, 99, 3, 250, 41, 7, 300]])
     plain = GraphDecoder(model, 1, max_len=320, buckets=(320,), use_graph=False)
     fast = GraphDecoder(model, 1, max_len=320, buckets=(320,), use_graph=False, compile="inductor")
     a, b = plain.prefill(prompt), fast.prefill(prompt)
-    tokens = []
+    tokens, logits = [], []
     for step in range(300):
         tok = a[:, -1].argmax(-1, keepdim=True)  # (1, 1)
         tokens.append(tok.item())
@@ -108,5 +109,7 @@ def test_the_compiled_step_calls_the_op_and_follows_the_plain_step_and_generate(
         else:
             a, b = plain.step(tok), fast.step(tok)
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+        logits.append(a[0, -1].clone())
     assert fast.n == 308
-    assert [t.item() for t in generate(model, prompt, max_new_tokens=300)] == tokens
+    gen = eager_logits(model, prompt, tokens[:-1])  # (299, V): generate()'s steps after tokens[i]
+    assert_same_draws(torch.stack(logits[:-1]), tokens[1:], (gen.argmax(-1).tolist(), gen))

@@ -3,7 +3,8 @@ and the native step over it (tinyllm.decode.cpu_step): a bf16 cache written roun
 in fp32 by the plain step, read directly by the native step; an int8 cache with a scale a head
 and position, written quantized by either step and read back within half a step; storage that
 costs memory only where positions are written; and the native step against the plain static
-step at 4k and 16k keys, fp32, bf16 and int8 caches, on a tiny model with max_seq_len raised."""
+step at 4k and 16k keys, fp32, bf16 and int8 caches, on a tiny model with max_seq_len raised.
+Two decodes compared step by step read one text (teacher-forced, tests/tinyllm/forced.py)."""
 
 import gc
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
+from tests.tinyllm.forced import assert_same_draws
 from tinyllm.cuda_graph import GraphDecoder, StaticKVCache
 from tinyllm.decode import cpu_step
 from tinyllm.kernels import cpu_qgemv
@@ -140,22 +142,40 @@ def test_a_long_cache_costs_memory_for_the_positions_a_prefill_wrote(kv_dtype, m
     assert rss_bytes() - before < 16 * 2**20
 
 
+def run_fed(dec, feed):
+    """Logits (len(feed), V) and draws of one step per id of feed, step i fed feed[i]."""
+    logits, draws = [], []
+    for t in feed:
+        dec.tok.fill_(t)
+        logits.append(dec.run(1)[0, -1].clone())
+        draws.append(int(dec.tok))
+    return torch.stack(logits), draws
+
+
 def decode_both(model, prompt, steps, kv_dtype):
     """Logits (steps, V) of the native step, then of the plain static step, from the same prefilled
-    cache: the native steps run, the cache rewinds, and the plain steps run the same tokens."""
+    cache: the native steps run, the cache rewinds, and the plain steps run the same tokens (the
+    last prompt id, then the native step's draws)."""
     dec = GraphDecoder(model, 1, max_len=model.cfg.max_seq_len, use_graph=False)
     dec.cache.kv_dtype = kv_dtype
     cpu_step.use_native(dec, kv_dtype)
     with torch.no_grad():
         dec.prefill(prompt)
         n = dec.n
-        runs = []
+        runs, feed = [], [int(prompt[0, -1])]
         for step in ("native", "plain"):
             if step == "plain":
                 dec.set_compile(None)
             dec.truncate(n)
             dec.tok.copy_(prompt[:, -1:])
-            runs.append(torch.stack([dec.run(1)[0, -1].clone() for _ in range(steps)]))
+            logits = []
+            for i in range(steps):
+                if step == "plain":
+                    dec.tok.fill_(feed[i])
+                logits.append(dec.run(1)[0, -1].clone())
+                if step == "native":
+                    feed.append(int(dec.tok))
+            runs.append(torch.stack(logits))
     assert dec.cache.k[0].dtype == kv_dtype
     return runs
 
@@ -170,17 +190,29 @@ def test_the_native_step_over_a_cache_of_each_dtype_equals_the_plain_step(kv_dty
 
 @native
 def test_the_bf16_cache_is_close_to_fp32_and_picks_the_same_tokens():
+    """Fed one text (the fp32 cache's greedy one), the bf16 cache's logits stay within its rounding
+    and its draws are fp32's wherever no near-tie can flip them."""
     model = tiny_model(4)
     prompt = prompt_of(model, 40)
-    ids = {}
+    runs, feed = {}, None
     for kv_dtype in (torch.float32, torch.bfloat16):
         dec = GraphDecoder(model, 1, max_len=128, use_graph=False)
         cpu_step.use_native(dec, kv_dtype)
         with torch.no_grad():
-            dec.prefill(prompt)
-            dec.tok.copy_(prompt[:, -1:])
-            ids[kv_dtype] = [int(dec.run(1)[0, -1].argmax()) for _ in range(24)]
-    assert ids[torch.float32] == ids[torch.bfloat16]
+            first = dec.prefill(prompt)[0, -1].argmax()
+            if feed is None:  # fp32: its own draws, the first from the prefill
+                dec.tok.fill_(int(first))
+                logits, draws = [], []
+                for _ in range(24):
+                    logits.append(dec.run(1)[0, -1].clone())
+                    draws.append(int(dec.tok))
+                runs[kv_dtype] = torch.stack(logits), draws
+                feed = [int(first), *draws[:-1]]
+            else:
+                runs[kv_dtype] = run_fed(dec, feed)
+    (want, want_ids), (got, got_ids) = runs[torch.float32], runs[torch.bfloat16]
+    torch.testing.assert_close(got, want, rtol=0, atol=2**-8 * want.abs().max().item())  # bf16: 8 bits; seen 2.4e-4
+    assert_same_draws(want, want_ids, (got_ids, got))
 
 
 @native
@@ -209,23 +241,33 @@ def test_the_int8_attention_takes_any_rows_a_head(n_heads, n_kv_heads):
 
 @native
 def test_the_native_step_over_an_int8_cache_draws_the_plain_steps_greedy_ids():
+    """Fed the plain step's text, the native step's C++ greedy draws are the plain step's wherever
+    no near-tie can flip them."""
     model = tiny_model(4)
     prompt = prompt_of(model, 40)
-    ids = {}
-    for native_step in (True, False):
+    runs, feed = {}, None
+    for native_step in (False, True):
         dec = GraphDecoder(model, 1, max_len=128, use_graph=False)
         dec.cache.kv_dtype = torch.int8
         if native_step:
             cpu_step.use_native(dec, torch.int8)
         with torch.no_grad():
             dec.prefill(prompt)
-            dec.tok.copy_(prompt[:, -1:])
-            ids[native_step] = []
-            for _ in range(40):
-                dec.run(1)  # its greedy draw lands in dec.tok, the next step's input
-                ids[native_step].append(int(dec.tok))
+            if feed is None:  # the plain step: its greedy draw lands in dec.tok, the next step's input
+                dec.tok.copy_(prompt[:, -1:])
+                logits, draws = [], []
+                for _ in range(40):
+                    logits.append(dec.run(1)[0, -1].clone())
+                    draws.append(int(dec.tok))
+                runs[native_step] = torch.stack(logits), draws
+                feed = [int(prompt[0, -1]), *draws[:-1]]
+            else:
+                runs[native_step] = run_fed(dec, feed)
         assert dec.cache.k[0].dtype == torch.int8
-    assert ids[True] == ids[False] and len(set(ids[True])) > 1
+    (want, want_ids), (got, got_ids) = runs[False], runs[True]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert_same_draws(want, want_ids, (got_ids, got))
+    assert len(set(want_ids)) > 1
 
 
 @native
