@@ -286,6 +286,7 @@ class ChatApp(App[None]):
         elif self.models.loading_first:  # it waits for the model (chat_app.model_switch)
             await self.models.send_when_loaded(event)
         elif self.ready_for_reply():
+            self.drawer.ask(text)  # in the chat before anything else happens to it (chat_app.drawing)
             self.accept(event)
             await self.drawer.send(text)
 

@@ -4,9 +4,11 @@ Contract: `drain()` (a timer, at most DRAIN_HZ times a second) empties the worke
 the Token texts drained together are ONE Markdown update, and nothing is dropped. Each other
 event goes to the part of the app that owns it: Loaded and a model's failure to the model
 switcher (chat_app.model_switch), a chat's "open" barrier to the chat switcher
-(chat_app.chats), the load's Progress to the load bar. A message sent is shown at once
-(`send()`; the status bar says "prefilling" while its prompt is read) and taken back into the
-input if the session refuses it; its reply replaces what is on screen only once it has begun
+(chat_app.chats), the load's Progress to the load bar. A message sent is saved to the chat
+before anything else happens to it (`ask()`, before it is shown or the model is asked: killed
+right after Enter, --resume still shows it), shown at once (`send()`; the status bar says
+"prefilling" while its prompt is read) and taken back into the input, and out of the chat, if
+the session refuses it; its reply replaces what is on screen only once it has begun
 (Started); it is saved as partial at its first text and then at least every
 SAVE_EVERY_S, and whole (stopped or not) at its Finished. A failed reply keeps what streamed,
 marked; a refused message goes back to the input. The status bar follows each reply's numbers
@@ -58,6 +60,7 @@ class Drawer:
         self.text: list[str] = []  # ... and its text as the session gave it
         self.saved_at = 0.0
         self.pending: UserMessage | None = None  # a message sent, shown, its reply not begun yet
+        self.asked: Saved | None = None  # ... and its row in the store, saved when it was sent
         self.prefill_tokens = 0  # the last reply's prefill
         self.last_stats: StepStats | None = None  # the last reply's numbers (/stats)
         self.compile_failure_said = False
@@ -68,14 +71,30 @@ class Drawer:
         self.app.status.show(state=PREFILLING)
         self.app.queue_job(kind, arg)
 
+    def ask(self, text: str) -> Saved:
+        """Save a message being sent to the open chat, first of all (before the input gives it
+        up, before it is shown or the model is asked). Killed 50 ms after Enter, the message was
+        only in the prompt history, and --resume showed nothing (issue 52): it was saved when its
+        reply began. Its reply's Started finds the row; a refusal takes it back (`Store.drop`)."""
+        self.asked = Saved("user", text)
+        self.app.save(self.app.store.add, self.asked)
+        return self.asked
+
+    def take_back(self) -> None:
+        """The message `ask()` saved was not sent after all (the session refused it, or no model
+        loaded): out of the chat again, as it goes back into the input."""
+        asked, self.asked = self.asked, None
+        if asked is not None:
+            self.app.save(self.app.store.drop, asked)
+
     async def send(self, text: str) -> None:
-        """Send a message: shown at once, before its reply begins (a prompt of thousands of
-        tokens is read for seconds, which showed nothing before, 2026-12-06), taken back from
-        the conversation if the session refuses it. Busy, and said so on the status bar, before
-        the message is drawn: no frame shows the message under "ready"."""
+        """Send a message (saved by `ask()` first): shown at once, before its reply begins (a
+        prompt of thousands of tokens is read for seconds, which showed nothing before,
+        2026-12-06), taken back from the conversation if the session refuses it. Busy, and said
+        so on the status bar, before the message is drawn: no frame shows the message under "ready"."""
         self.busy = True
         self.app.status.show(state=PREFILLING)
-        self.pending = await self.app.conversation.add_user(text)
+        self.pending = await self.app.conversation.add_user(text, saved=self.asked)
         self.begin("send", text)
 
     def stop(self) -> None:
@@ -174,10 +193,13 @@ class Drawer:
             return
         else:
             pending, self.pending = self.pending, None  # shown when it was sent (send())
+            asked, self.asked = self.asked, None  # saved when it was sent (ask())
+            if asked is None or asked.content != item.text or store.messages()[-1:] != [asked]:
+                asked = Saved("user", item.text)  # the chat changed since (Ctrl+N while the model loaded)
+                app.save(store.add, asked)
             if not (pending is not None and pending.is_attached or await app.models.waiting_began()):
                 await conversation.add_user(item.text)  # (a message sent while the model loaded is shown already)
-            conversation.query(UserMessage).last().saved = asked = Saved("user", item.text)
-            app.save(store.add, asked)
+            conversation.query(UserMessage).last().saved = asked
         self.row, self.text, self.saved_at = Saved("assistant", "", partial=True, model=app.model_name), [], 0.0
         app.save(store.add, self.row)
         self.reply = await conversation.add_reply(app.model_name, saved=self.row)
@@ -222,6 +244,7 @@ class Drawer:
             if self.row is not None:
                 app.save(app.store.update, self.row, "".join(self.text), partial=False, stopped=True)
         elif item.kind == "send":
+            self.take_back()  # saved when it was sent: out of the chat, back into the input
             pending, self.pending = self.pending, None
             if pending is not None and pending.is_attached:
                 await pending.remove()

@@ -37,10 +37,11 @@ Contract:
   be reached, refuses or lacks the model is the same kind of note. Its chats are saved with
   its URL#MODEL as their model_spec (no path), which --resume and the chat list reopen.
 - A message sent while the first model opens waits for it: shown at once in the conversation,
-  marked "waiting for the model to load", and sent (the mark gone) once the model has loaded.
+  marked "waiting for the model to load", and saved to the chat at once (chat_app.drawing's
+  `ask`), and sent (the mark gone) once the model has loaded.
   One message waits at a time: another one sent meanwhile is refused with a notice and stays
-  in the input. If the model does not load, the waiting message is marked "not sent" and
-  comes back to the input. (While /model opens another model, messages are refused.)
+  in the input. If the model does not load, the waiting message is marked "not sent", leaves
+  the saved chat and comes back to the input. (While /model opens another model, messages are refused.)
 - `/model` alone shows the model's name and path, as a note.
 - A model process whose log (session.log) cannot be written runs without one: one notice a run.
 - A model process that ends on its own (killed, crashed) is said once, mid-reply or not, and
@@ -104,8 +105,9 @@ class ModelSwitcher:
         if self.waiting is not None:
             app.say("A message is already waiting for the model to load; send this one after its reply.", "warning")
             return
+        asked = app.drawer.ask(event.text)  # in the chat first (chat_app.drawing)
         app.accept(event)
-        self.waiting = await app.conversation.add_user(event.text)
+        self.waiting = await app.conversation.add_user(event.text, saved=asked)
         self.waiting.mark(WAITING)
 
     def send_waiting(self) -> None:
@@ -135,6 +137,8 @@ class ModelSwitcher:
         """The model did not load: the waiting message stays shown, marked, its text back in the input."""
         waiting, self.waiting = self.waiting, None
         if waiting is not None:
+            self.app.drawer.take_back()  # saved when it was sent (chat_app.drawing): not in the chat
+            waiting.saved = None
             waiting.mark(NOT_SENT)
             self.app.prompt.give_back(waiting.text)
 
@@ -152,9 +156,9 @@ class ModelSwitcher:
         self._restarting = True
         self.show_loading(app.model_name)
         app.say("Starting the model process again; the chat so far is reloaded into it.")
-        pairs = [("system", app.store.system or "")]
+        pairs = [("system", app.store.system or "")]  # not the message being sent: saved already, its job brings it
         app.session_worker.put("restart", pairs + [(m.role, m.content) for m in app.store.messages()
-                                                   if m.role != "system"])
+                                                   if m.role != "system" and m is not app.drawer.asked])
 
     def restarted(self) -> None:
         self._restarting = False

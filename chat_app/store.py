@@ -14,7 +14,8 @@ Contract:
   clears it); `system` is the one in force. A chat is a tree (chat_app.branches): each
   message row names its `parent` (0: the chat's first), the conversation row its `leaf`, and
   `messages()` is the branch that ends there (what the screen, the model, the export and a
-  resumed chat see). `add` continues the branch; `branch(m)` goes back to just before `m`, so
+  resumed chat see). `add` continues the branch; `drop(m)` takes back its last message (a
+  message sent that the session refused before its reply began); `branch(m)` goes back to just before `m`, so
   the next `add` is another version of it (Ctrl+R, an edit: the old one stays; an empty reply
   goes); `switch(m)` shows the branch through another version (on through its newest
   replies); `versions(m)` says which of how many. Rows from before chat.db kept parents get
@@ -303,6 +304,18 @@ class Store(History):
         """Continue the branch shown with a message (the caller keeps it, to `update` it later)."""
         message.parent, self.chat.leaf, self.chat.meta_dirty = self.chat.leaf, message, True
         self.chat.messages.append(message)
+        self.sync()
+
+    def drop(self, message: Saved) -> None:
+        """Take back the branch's last message, which nothing follows (a message sent and saved
+        that the session refused before its reply began): gone from memory and from chat.db."""
+        chat = self.chat
+        if message is not chat.leaf or any(m.parent is message for m in chat.messages):
+            return
+        chat.leaf, chat.meta_dirty = message.parent, True
+        chat.messages.remove(message)
+        if message.id is not None:
+            chat.deleted.append(message.id)
         self.sync()
 
     def update(self, message: Saved, content: str, partial: bool = True, stopped: bool = False) -> None:

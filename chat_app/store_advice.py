@@ -6,8 +6,9 @@ wrong and what to do, naming every file that matters (for a read-only database: 
 is the line for a lock that cannot be taken (the chat then goes on unlocked). `identity(path)`
 tells one file from another (a chat.db deleted or replaced while open). `rescue(markdown,
 folder)` writes an `unsaved-<time>.md` in the data folder, else the current directory, else
-the temp folder, and returns one line naming it (or saying that it could not). Nothing here
-raises.
+the temp folder, and returns one line naming it (or saying that it could not); a write that
+fails midway (a full disk: ENOSPC at write or at close) leaves no file behind in that folder,
+empty or cut short, before the next folder is tried. Nothing here raises.
 """
 
 from __future__ import annotations
@@ -73,13 +74,23 @@ def rescue(markdown: str, folder: Path) -> str:
 
 
 def _create(folder: Path, stamp: str, text: str) -> Path:
-    """A new file unsaved-<stamp>.md (-2, -3, ... when that name is taken) holding text."""
+    """A new file unsaved-<stamp>.md (-2, -3, ... when that name is taken) holding text; where
+    the write fails after the file was made, the file is removed (a full data folder kept a
+    0-byte unsaved-*.md while the copy went to the current folder: issue 52)."""
     for n in range(1, 100):
         target = folder / (f"unsaved-{stamp}.md" if n == 1 else f"unsaved-{stamp}-{n}.md")
         try:
-            with open(target, "x", encoding="utf-8") as f:
-                f.write(text)
+            f = open(target, "x", encoding="utf-8")
         except FileExistsError:
             continue
+        try:
+            with f:  # close() flushes: a full disk may fail there too
+                f.write(text)
+        except BaseException:
+            try:
+                target.unlink()
+            except OSError:
+                pass  # (a folder that lets nothing be removed: the error below says enough)
+            raise
         return target
     raise FileExistsError(f"{folder}/unsaved-{stamp}*.md: too many")

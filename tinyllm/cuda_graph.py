@@ -187,17 +187,19 @@ class _StaticDecode:
                 read_as(c.v[i][:, :, :W], v, None if vs is None else vs[:, :, :W]))  # (B, Hkv, W, D)
 
     def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float, sliding: int = 0,
-                    cap: float = 0.0) -> Tensor | None:
+                    cap: float = 0.0, norms=None, table=None) -> Tensor | None:
         """Layer i's RoPE, cache write at pos and attention over the window, one op on CUDA:
         qkv (B, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D); None where the op can't take them.
-        The op reads the rotary tables at pos and builds the window's mask from pos and
-        first_valid itself (cos, sin and attn_kwargs are the same values, left unused): inputs
-        the step already holds, which Inductor hands to every layer's call as they are."""
+        The op reads the rotary tables (`table`, a model.Rope, else the step's) at pos and builds
+        the window's mask from pos and first_valid itself (cos, sin and attn_kwargs are the same
+        values, left unused): inputs the step already holds, which Inductor hands to every layer's
+        call as they are. `norms`: (q_norm, k_norm, eps) of a layer that normalizes each head."""
         c = self.cache
         if c.k_scale[i] is not None or not decode_attention.rope_supported(qkv, c.k[i], c.v[i]):
             return None  # (an int8 cache: the unfused step reads it dequantized)
-        return decode_attention.rope_decode_attention(qkv, self.rope.cos, self.rope.sin, c.pos, c.first_valid,
-                                                      c.k[i], c.v[i], self.window, scale, sliding, cap)
+        t = table or self.rope
+        return decode_attention.rope_decode_attention(qkv, t.cos, t.sin, c.pos, c.first_valid,
+                                                      c.k[i], c.v[i], self.window, scale, sliding, cap, norms)
 
     def end_step(self, T: int) -> None:
         self.cache.pos.add_(1)  # captured into the graph; the host copy moves in advance_host()

@@ -200,7 +200,7 @@ class _PrefillLayer:
         return self.cache.query_pos
 
     def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float, sliding: int = 0,
-                    cap: float = 0.0) -> None:
+                    cap: float = 0.0, norms=None, table=None) -> None:
         return None
 
 
@@ -390,7 +390,7 @@ class _SlotDecode:
         return read_as(c.k[i][:B, :, :W], k), read_as(c.v[i][:B, :, :W], v)  # (B, Hkv, W, D)
 
     def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float, sliding: int = 0,
-                    cap: float = 0.0) -> Tensor | None:
+                    cap: float = 0.0, norms=None, table=None) -> Tensor | None:
         """Layer i's RoPE, cache write and attention over the window for the first B = `rows`
         slots, one op on CUDA (decode_attention.rope_decode_attention, a position per slot): qkv
         (B, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D); None where the op can't take them, or before
@@ -404,9 +404,10 @@ class _SlotDecode:
         c, B = self.cache, self.rows
         if c.k[i] is None or not decode_attention.rope_supported(qkv, c.k[i], c.v[i]):
             return None
-        return decode_attention.rope_decode_attention(qkv, self.rope.cos, self.rope.sin, c._lens_dev[:B],
-                                                      c._first_valid[:B], c.k[i], c.v[i], self.window,
-                                                      scale, sliding, cap)  # (B, Hkv, R, D)
+        t = table or self.rope  # a layer's own table (Gemma 3's local layers), else the step's
+        return decode_attention.rope_decode_attention(qkv, t.cos, t.sin, c._lens_dev[:B], c._first_valid[:B],
+                                                      c.k[i], c.v[i], self.window, scale, sliding, cap,
+                                                      norms)  # (B, Hkv, R, D)
 
     def end_step(self, T: int) -> None:
         c = self.cache
@@ -432,10 +433,10 @@ class ViewLayer:
         return self.view.update(self.i, k, v)
 
     def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float, sliding: int = 0,
-                    cap: float = 0.0) -> Tensor | None:
+                    cap: float = 0.0, norms=None, table=None) -> Tensor | None:
         """The view's fused RoPE, cache write and attention (tinyllm.core.ops), or None where the view
         has none or cannot take these inputs."""
-        return self.view.rope_attend(self.i, qkv, cos, sin, scale, sliding, cap)
+        return self.view.rope_attend(self.i, qkv, cos, sin, scale, sliding, cap, norms, table)
 
 
 class _SlotLayerKV(_PrefillLayer):

@@ -265,18 +265,21 @@ class Attention(Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         # The fused op (RoPE, cache write and attention in one: ops.rope_attend) runs a layer whose
-        # every head's dims are rotated, with no norm between projection and RoPE, by the model's
-        # one RoPE table; its sliding window and soft-cap too.
-        self.fusable = not (cfg.qk_norm or cfg.rotary_dim < cfg.head_dim or (self.local and cfg.rope_local_theta))
+        # every head's dims are rotated, its per-head q/k norms, its own RoPE table (`rope`), its
+        # sliding window and soft-cap too.
+        self.fusable = cfg.rotary_dim == cfg.head_dim
 
     def forward(self, x: Tensor, norm: RMSNorm, cos: Tensor, sin: Tensor, kv, ops: Ops,
-                post: RMSNorm | None = None) -> Tensor:
+                post: RMSNorm | None = None, rope: Rope | None = None) -> Tensor:
         """x + attention(norm(x)) (x + post(attention(norm(x))) with a post-norm): the block's first
-        half, skip connection included."""
+        half, skip connection included. `rope`: the layer's own RoPE table where it is not the
+        model's (Gemma 3's local layers), for the fused op."""
         B, T, _ = x.shape
         qkv = self.wqkv.fused(x, norm=norm, bias=self.bqkv)  # (B, T, q_dim + 2 kv_dim)
+        norms = None if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         if (self.fusable and kv is not None
-                and (y := ops.rope_attend(kv, qkv, cos, sin, self.scale, self.window, self.cap)) is not None):
+                and (y := ops.rope_attend(kv, qkv, cos, sin, self.scale, self.window, self.cap, norms, rope))
+                is not None):
             # (B, Hkv, R, D): RoPE, the cache write and attention in one op
             return self._out(y.reshape(B, 1, -1), x, post)
         q, k, v = qkv.split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
@@ -375,8 +378,8 @@ class Block(Module):
         self.post_attn_norm = RMSNorm(cfg.dim, cfg.norm_eps) if cfg.post_norms else None
         self.post_ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps) if cfg.post_norms else None
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv, ops: Ops) -> Tensor:
-        x = self.attn(x, self.attn_norm, cos, sin, kv, ops, self.post_attn_norm)  # x + attn(attn_norm(x))
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv, ops: Ops, rope: Rope | None = None) -> Tensor:
+        x = self.attn(x, self.attn_norm, cos, sin, kv, ops, self.post_attn_norm, rope)  # x + attn(attn_norm(x))
         return self.ffn(x, self.ffn_norm, self.post_ffn_norm)  # x + ffn(ffn_norm(x))
 
 
@@ -471,7 +474,8 @@ class Transformer(Module):
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
         for i, block in enumerate(self.blocks):
             c, s = local if block.attn.local else (cos, sin)
-            x = block(x, c, s, cache.layer(i) if cache is not None else None, self.ops)
+            own = self.rope_local if block.attn.local else None  # a local layer's table, where it has its own
+            x = block(x, c, s, cache.layer(i) if cache is not None else None, self.ops, own)
         if cache is not None:
             cache.end_step(T)
         if last_only:

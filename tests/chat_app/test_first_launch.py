@@ -114,11 +114,13 @@ async def test_a_waiting_message_survives_a_load_that_fails(make_app, tmp_path, 
     app = held_load(make_app(), gate, fail=True)
     async with app.run_test(size=SIZE) as pilot:
         await send(pilot, "Hello", wait=False)
+        assert [r[2:4] for r in rows(data_dir)] == [("user", "Hello")]  # saved as it was sent (issue 52)
         gate.touch()
         await wait_until(pilot, lambda: app.status.fields.get("state") == "failed", what="the load to fail")
         await pilot.pause()
         [shown] = user_messages(app)
         assert shown.border_subtitle == NOT_SENT and app.prompt.text == "Hello"
+        assert rows(data_dir) == []  # not sent: out of the saved chat, as it is back in the input
         assert any("out of memory" in n for n in notices(app))
         await send(pilot, "Hello", wait=False)  # no model: refused as before, the text stays
         assert app.prompt.text == "Hello" and len(user_messages(app)) == 1

@@ -16,7 +16,7 @@ from chat_app.terminal import VISIBLE_ESC, PasteGuard
 from chat_app.widgets.conversation import UserMessage
 from chat_app.widgets.prompt_input import PromptInput, clean_paste
 from chat_app.widgets.reply import Reply, printable
-from tests.chat_app.conftest import loaded, notices, rows, saved_chat, send, wait_until
+from tests.chat_app.conftest import Held, loaded, notices, rows, saved_chat, send, wait_until
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)
@@ -213,6 +213,48 @@ async def test_partial_reply_is_saved_while_streaming_and_resumes(make_held_app,
         await send(pilot, "And then?")
         assert [m.role for m in app.session.messages] == ["user", "assistant"] * 2
     assert [(m.role, m.partial) for m in saved_chat(data_dir)] == [("user", False), ("assistant", False)] * 2
+
+
+async def test_a_message_is_in_chat_db_before_the_model_is_asked(make_held_app, make_app, data_dir):
+    """Issue 52, defect 5: killed 50 ms after Enter, the message was only in the prompt history
+    (it was saved when its reply began), so --resume showed nothing. Now it is in chat.db before
+    anything else happens to it: here the model is never asked before the app "dies"; --resume
+    shows it. A message the session refuses leaves chat.db again, as it goes back to the input."""
+    seen: list[list[tuple]] = []
+
+    class NeverAsked(Held):
+        """The session, whose send records what chat.db holds as the model would be asked, and
+        then waits (the app dies meanwhile)."""
+        def send(self, text):
+            seen.append([(r[2], r[3]) for r in rows(data_dir)])
+            self.held.set()
+            self.gate.wait(timeout=300)
+            return super().send(text)
+
+    app, held = make_held_app("--max-tokens", "5", wrapper=NeverAsked)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Remember me", wait=False)
+        assert [(r[2], r[3]) for r in rows(data_dir)] == [("user", "Remember me")]  # at once, on Enter
+        await wait_until(pilot, lambda: held and held[0].held.is_set(), what="the model to be asked")
+        assert seen == [[("user", "Remember me")]]
+        app.store.db.close()  # the process "dies" before its reply begins: nothing more reaches chat.db
+        app.store.db = None
+        app.store.path = data_dir / "gone" / "chat.db"
+    app = make_app("--max-len", "128", "--max-tokens", "5", "--resume")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await wait_until(pilot, lambda: len(app.session.messages) == 2, what="the resumed chat")
+        assert [w.text for w in app.query(UserMessage)] == ["Remember me"]
+        before = rows(data_dir)
+        await send(pilot, "word " * 300, wait=False)  # too long for the context: refused
+        await wait_until(pilot, lambda: not app.busy and any("too long" in e for e in errors(app)),
+                         what="the refusal")
+        assert app.prompt.text.startswith("word word") and rows(data_dir) == before  # back in the input, not in the chat
+        app.prompt.clear()
+        await send(pilot, "Still here?")
+    assert [(m.role, m.content) for m in saved_chat(data_dir) if m.role == "user"] == [
+        ("user", "Remember me"), ("user", "Still here?")]
 
 
 async def test_quitting_mid_reply_never_waits_on_a_frozen_model_process(make_app):

@@ -120,6 +120,51 @@ def test_rescue_falls_back_to_the_current_then_the_temp_folder_and_says_when_it_
     assert "could not" in line and "lost" in line
 
 
+@pytest.mark.parametrize("fails_at", ["write", "close"])
+def test_rescue_on_a_full_disk_leaves_no_empty_file_behind(tmp_path, monkeypatch, fails_at):
+    """Issue 52, defect 4: quitting with chat.db unwritable on a full disk left a 0-byte
+    unsaved-*.md in the full data folder (the copy itself went to the current folder, as the line
+    said). ENOSPC at the write, or at the close that flushes it: nothing is left in that folder."""
+    import errno
+
+    from chat_app import store_advice
+
+    full = tmp_path / "data"  # the full disk
+    full.mkdir()
+    here = tmp_path / "cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    real_open = open
+
+    class FullDisk:
+        """A file on the full disk: made (as O_CREAT makes it, 0 bytes), then no room for its text."""
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, text):
+            if fails_at == "write":
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return len(text)  # buffered; the flush at close finds no room
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+            if fails_at == "close" and exc[0] is None:
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+    def open_on_a_full_disk(path, *args, **kwargs):
+        f = real_open(path, *args, **kwargs)
+        return FullDisk(f) if Path(path).parent == full else f
+
+    monkeypatch.setattr(store_advice, "open", open_on_a_full_disk, raising=False)
+    line = store_advice.rescue("keep me", full)
+    [copy] = here.glob("unsaved-*.md")
+    assert str(copy) in line and copy.read_text() == "keep me"
+    assert list(full.iterdir()) == [], "no file, empty or cut short, in the full folder"
+
+
 # ---- 2. chat.db deleted or replaced while the app runs -------------------------------------------
 
 async def test_chat_db_deleted_while_running_is_written_again(make_app, data_dir):

@@ -16,11 +16,12 @@ Contract:
     which serves a launch's first replies, is as fast as the kernels make it with no compile;
   - on a CPU, inside a compile only, the threaded C++ op where tinyllm.kernels.cpu_qgemv is
     loaded, else the reference written as products and sums.
-- `ops.rope_attend(kv, qkv, cos, sin, scale, sliding=0, cap=0.0) -> Tensor | None`: a decode step's (T = 1) RoPE,
-  cache write and attention as one op on CUDA (plain or compiled step), where the cache layer `kv`
-  runs it (`kv.rope_attend`: a static or slot cache's decode view,
-  decode_attention.rope_decode_attention): qkv (B, 1, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D);
-  None elsewhere, and the model runs them apart.
+- `ops.rope_attend(kv, qkv, cos, sin, scale, sliding=0, cap=0.0, norms=None, table=None) -> Tensor | None`: a
+  decode step's (T = 1) RoPE, cache write and attention as one op on CUDA (plain or compiled step),
+  where the cache layer `kv` runs it (`kv.rope_attend`: a static or slot cache's decode view,
+  decode_attention.rope_decode_attention): qkv (B, 1, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D); `norms`
+  (q_norm's and k_norm's weights, eps) normalize each head first, `table` (a model.Rope) is the
+  layer's own rotary table where it has one; None elsewhere, and the model runs them apart.
 - `ops.sdpa(q, k, v, attn_kwargs, cached)`: F.scaled_dot_product_attention; attention over a
   cache (`cached`) outside a compile never takes cuDNN's kernel (CACHED_SDPA), and inside a
   compile no backend is named (the context would stop AOTAutograd's cache: warm starts).
@@ -79,7 +80,7 @@ class Ops:
         return window_attention(q, k, v, mask, scale, cap)  # (B, Hkv, R, D)
 
     def rope_attend(self, kv, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float, sliding: int = 0,
-                    cap: float = 0.0) -> Tensor | None:
+                    cap: float = 0.0, norms=None, table=None) -> Tensor | None:
         return None
 
     def sdpa(self, q: Tensor, k: Tensor, v: Tensor, attn_kwargs: dict, cached: bool) -> Tensor:
@@ -111,10 +112,11 @@ class CudaOps(Ops):
         return window_attention(q, k, v, mask, scale, cap)
 
     def rope_attend(self, kv, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float, sliding: int = 0,
-                    cap: float = 0.0) -> Tensor | None:
+                    cap: float = 0.0, norms=None, table=None) -> Tensor | None:
         if qkv.shape[1] != 1:
             return None
-        return kv.rope_attend(qkv.view(qkv.shape[0], -1), cos, sin, scale, sliding, cap)  # (B, Hkv, R, D) or None
+        qkv = qkv.view(qkv.shape[0], -1)  # (B, (H + 2 Hkv) D)
+        return kv.rope_attend(qkv, cos, sin, scale, sliding, cap, norms, table)  # (B, Hkv, R, D) or None
 
 
 _OPS = {"cpu": CpuOps(), "cuda": CudaOps()}

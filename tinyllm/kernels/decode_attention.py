@@ -18,7 +18,7 @@ Contract:
   fp32 (the order of the sums), to bf16 rounding in bf16 (scores and weights are not rounded to
   bf16), and also gives 0 to a row with no key.
 - `rope_decode_attention(qkv, cos, sin, pos, first_valid, k_cache, v_cache, window, scale,
-  sliding=0, cap=0.0)`:
+  sliding=0, cap=0.0, norms=None)`:
   RoPE, the cache write and the attention of a decode step in one op (decode_attention_triton
   states its contract); its slow twin is model.apply_rope, an index_copy_ into the caches (an
   index_put_ where each row has its own position) and window_attention.
@@ -94,11 +94,14 @@ def rope_supported(qkv: Tensor, k_cache: Tensor, v_cache: Tensor) -> bool:
 
 
 def rope_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, first_valid: Tensor, k_cache: Tensor,
-                          v_cache: Tensor, window: int, scale: float, sliding: int = 0, cap: float = 0.0) -> Tensor:
+                          v_cache: Tensor, window: int, scale: float, sliding: int = 0, cap: float = 0.0,
+                          norms: tuple[Tensor, Tensor, float] | None = None) -> Tensor:
+    """`norms`: (q_norm's weights, k_norm's, eps), each head normalized before RoPE (Qwen 3, Gemma 3)."""
     from tinyllm.kernels import decode_attention_triton
 
+    q_norm, k_norm, eps = norms or (None, None, 0.0)
     return decode_attention_triton.rope_decode_attention(qkv, cos, sin, pos, first_valid, k_cache, v_cache, window,
-                                                         scale, sliding, cap)
+                                                         scale, sliding, cap, q_norm, k_norm, eps)
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, cap: float = 0.0) -> Tensor:

@@ -8,9 +8,11 @@ Contract: importing this module imports Triton (it fails where Triton is missing
   (B, Hkv, R, D) in v's dtype. q, k, v share one dtype, bf16 or fp16; D is 32, 64, 128 or
   256. `cap` > 0 soft-caps the scores, cap * tanh(score / cap) (Gemma 2), as window_attention does.
 - `torch.ops.tinyllm.rope_decode_attention(qkv, cos, sin, pos, first_valid, k_cache, v_cache,
-  window, scale, sliding=0, cap=0.0)`: a decode step's RoPE, cache write and attention in one;
-  `sliding` > 0 narrows each row's keys to its last `sliding` (a sliding-window layer: blocks
-  before them are never walked), `cap` soft-caps the scores. qkv
+  window, scale, sliding=0, cap=0.0, q_norm=None, k_norm=None, eps=0.0)`: a decode step's RoPE, cache
+  write and attention in one; `sliding` > 0 narrows each row's keys to its last `sliding` (a
+  sliding-window layer: blocks before them are never walked), `cap` soft-caps the scores, and
+  q_norm, k_norm (D,) normalize each head of q and of the new key before RoPE (RMSNorm with eps:
+  Qwen 3, Gemma 3). qkv
   (B, (Hkv R + 2 Hkv) D) is the step's q, k, v projections before RoPE (model.Attention's
   wqkv); cos, sin (L, D/2) fp32 the rotary tables (model.Rope), read at row pos; pos (P,) long,
   P = 1 (every row at one position) or B; first_valid (B,) long; k_cache, v_cache
@@ -141,6 +143,18 @@ def _rope(x, partner, c, s, D: tl.constexpr):
 
 
 @triton.jit
+def _head_norm(x, partner, w_ptr, cols, half, eps, D: tl.constexpr):
+    """RMSNorm over each head's D dims (Qwen 3's and Gemma 3's q_norm and k_norm, as model.RMSNorm
+    rounds: normalized in fp32, rounded to x's dtype, times the weights) of x (..., D) and of its
+    partners (the same row's elements, permuted: one rsqrt serves both)."""
+    xf = x.to(tl.float32)
+    r = tl.rsqrt(tl.sum(xf * xf, axis=-1, keep_dims=True) / D + eps)  # (..., 1)
+    w, wp = tl.load(w_ptr + cols), tl.load(w_ptr + half)  # (D,)
+    return (((xf * r).to(x.dtype) * w).to(x.dtype),
+            ((partner.to(tl.float32) * r).to(x.dtype) * wp).to(x.dtype))
+
+
+@triton.jit
 def _softcap(x, cap):
     """cap * tanh(x / cap) (Gemma 2's soft-capped scores), tanh from one exp: stable for any x."""
     t = tl.exp(-2.0 * tl.abs(x / cap))
@@ -151,9 +165,10 @@ def _softcap(x, cap):
 def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
                   W, n_split, group, Hkv, R, scale, cap, sliding,
                   sq_b, sq_h, sq_r, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sm_b, sm_n,
-                  kn_ptr, vn_ptr, cos_ptr, sin_ptr, pos_ptr, fv_ptr, sn_b, sc_p, sp_b,
+                  kn_ptr, vn_ptr, cos_ptr, sin_ptr, pos_ptr, fv_ptr, sn_b, sc_p, sp_b, qw_ptr, kw_ptr, eps,
                   D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, NEW: tl.constexpr = False,
-                  ONE_PASS: tl.constexpr = False, SOFTCAP: tl.constexpr = False, PDL: tl.constexpr = False):
+                  ONE_PASS: tl.constexpr = False, SOFTCAP: tl.constexpr = False, QK_NORM: tl.constexpr = False,
+                  PDL: tl.constexpr = False):
     if PDL:  # every input may come from the kernels just before (the new key and value too)
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -179,10 +194,15 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, o_ptr, out_ptr,
         c = tl.load(cos_ptr + p * sc_p + cols % (D // 2))  # (D,) fp32: row p of the table
         s = tl.load(sin_ptr + p * sc_p + cols % (D // 2))
         half = (cols + D // 2) % D  # each element's partner
-        q = _rope(tl.load(q_at + cols[None, :] * sq_d, mask=row_ok[:, None], other=0.0),
-                  tl.load(q_at + half[None, :] * sq_d, mask=row_ok[:, None], other=0.0), c, s, D)  # (BLOCK_R, D)
+        qx = tl.load(q_at + cols[None, :] * sq_d, mask=row_ok[:, None], other=0.0)  # (BLOCK_R, D)
+        qp = tl.load(q_at + half[None, :] * sq_d, mask=row_ok[:, None], other=0.0)
         kn_at = kn_ptr + b * sn_b + h * D
-        k_new = _rope(tl.load(kn_at + cols), tl.load(kn_at + half), c, s, D)  # (D,)
+        kx, kp = tl.load(kn_at + cols), tl.load(kn_at + half)  # (D,)
+        if QK_NORM:  # each head normalized before RoPE
+            qx, qp = _head_norm(qx, qp, qw_ptr, cols, half, eps, D)
+            kx, kp = _head_norm(kx, kp, kw_ptr, cols, half, eps, D)
+        q = _rope(qx, qp, c, s, D)  # (BLOCK_R, D)
+        k_new = _rope(kx, kp, c, s, D)  # (D,)
         v_new = tl.load(vn_ptr + b * sn_b + h * D + cols)  # (D,)
     else:
         q = tl.load(q_at + cols[None, :] * sq_d, mask=row_ok[:, None], other=0.0)  # (BLOCK_R, D)
@@ -285,10 +305,11 @@ def _combine_kernel(m_ptr, l_ptr, o_ptr, out_ptr, n_split, R,
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, W: int, new=None,
-            cap: float = 0.0, sliding: int = 0) -> Tensor:
+            cap: float = 0.0, sliding: int = 0, norms: tuple[Tensor, Tensor, float] | None = None) -> Tensor:
     """The kernels over the first W keys of k and v; new = (k_new, v_new, cos, sin, pos,
     first_valid), the fused op's extra inputs (then no mask), or None; scores soft-capped at
-    `cap` (0: not); `sliding` > 0 (the fused op): each row attends its last `sliding` keys only."""
+    `cap` (0: not); `sliding` > 0 (the fused op): each row attends its last `sliding` keys only;
+    `norms` (q_norm's and k_norm's weights (D,), eps): the fused op normalizes each head first."""
     B, Hkv, R, D = q.shape
     if mask is not None:
         mask = mask.expand(B, 1, 1, W)  # a view: a batch-broadcast mask gets stride 0
@@ -303,6 +324,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, 
         l_buf = torch.empty((B * Hkv, n_split, R), dtype=torch.float32, device=dev)  # and sum of exp
         o_buf = torch.empty((B * Hkv, n_split, R, D), dtype=torch.float32, device=dev)  # and exp @ v
     k_new, v_new, cos, sin, pos, first_valid = new or (q, q, q, q, q, q)  # unused without NEW
+    q_w, k_w, eps = norms or (q, q, 0.0)  # unread without QK_NORM
     launch = pdl.launch_options(dev)
     _split_kernel[(B * Hkv, n_split)](
         q, k, v, q if mask is None else mask, m_buf, l_buf, o_buf, out, W, n_split, group, Hkv, R, scale,  # no mask: unread
@@ -311,8 +333,9 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, 
         k.stride(0), k.stride(1), k.stride(2), k.stride(3),
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
         0 if mask is None else mask.stride(0), 0 if mask is None else mask.stride(3),
-        k_new, v_new, cos, sin, pos, first_valid, k_new.stride(0), cos.stride(0), pos.stride(0),
-        D=D, BLOCK_R=block_r, BLOCK_N=block_n, NEW=new is not None, ONE_PASS=one_pass, SOFTCAP=cap > 0, **launch)
+        k_new, v_new, cos, sin, pos, first_valid, k_new.stride(0), cos.stride(0), pos.stride(0), q_w, k_w, eps,
+        D=D, BLOCK_R=block_r, BLOCK_N=block_n, NEW=new is not None, ONE_PASS=one_pass, SOFTCAP=cap > 0,
+        QK_NORM=norms is not None, **launch)
     if not one_pass:
         _combine_kernel[(B * Hkv, R)](m_buf, l_buf, o_buf, out, n_split, R, D=D, BLOCK_S=BLOCK_S, **launch)
     return out
@@ -344,7 +367,8 @@ def _heads(qkv: Tensor, k_cache: Tensor) -> tuple[int, int, int, int]:
 
 @torch.library.custom_op("tinyllm::rope_decode_attention", mutates_args=("k_cache", "v_cache"))
 def rope_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, first_valid: Tensor, k_cache: Tensor,
-                          v_cache: Tensor, window: int, scale: float, sliding: int = 0, cap: float = 0.0) -> Tensor:
+                          v_cache: Tensor, window: int, scale: float, sliding: int = 0, cap: float = 0.0,
+                          q_norm: Tensor | None = None, k_norm: Tensor | None = None, eps: float = 0.0) -> Tensor:
     B, Hkv, R, D = _heads(qkv, k_cache)
     torch._check(qkv.shape == (B, (R + 2) * Hkv * D) and qkv.stride(1) == 1 and k_cache.shape == v_cache.shape
                  and k_cache.shape[0] >= B and window <= k_cache.shape[2] and cos.shape[-1] == D // 2
@@ -353,12 +377,16 @@ def rope_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, fi
     q_dim, kv_dim = R * Hkv * D, Hkv * D
     q = qkv[:, :q_dim].view(B, Hkv, R, D)  # a view: strides (row stride, R D, D, 1)
     _check(q, k_cache, v_cache, None)
+    torch._check((q_norm is None) == (k_norm is None) and (q_norm is None or q_norm.shape == k_norm.shape == (D,)),
+                 lambda: "rope_decode_attention: q_norm and k_norm are both (D,) or both absent")
     new = (qkv[:, q_dim:], qkv[:, q_dim + kv_dim:], cos, sin, pos.expand(B), first_valid)
-    return _attend(q, k_cache, v_cache, None, scale, window, new, cap=cap, sliding=sliding)
+    norms = None if q_norm is None else (q_norm, k_norm, eps)
+    return _attend(q, k_cache, v_cache, None, scale, window, new, cap=cap, sliding=sliding, norms=norms)
 
 
 @rope_decode_attention.register_fake
 def _(qkv: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, first_valid: Tensor, k_cache: Tensor, v_cache: Tensor,
-      window: int, scale: float, sliding: int = 0, cap: float = 0.0) -> Tensor:
+      window: int, scale: float, sliding: int = 0, cap: float = 0.0, q_norm: Tensor | None = None,
+      k_norm: Tensor | None = None, eps: float = 0.0) -> Tensor:
     B, Hkv, R, D = _heads(qkv, k_cache)
     return qkv.new_empty((B, Hkv, R, D))
