@@ -163,3 +163,36 @@ def test_an_unreadable_model_is_one_line_and_exit_2(capsys, ckpt, tmp_path, monk
         monkeypatch.undo()
         path.chmod(0o755)
     assert "cannot read the model at " in err and "Permission denied" in err, err
+
+
+def test_a_broken_gguf_is_refused_before_the_window_opens(tmp_path):
+    """Issue 52, defect 6: a truncated GGUF, and one whose header claims 2^40 tensors, passed the
+    check before the window (it read the metadata only) and were refused by the loader after the
+    window had opened ("Opening half…", then the error). Now `tinyllm-chat --model BROKEN.gguf`, run
+    as a command with no terminal, says one line and exits 2 at the check; the intact file passes
+    it and is refused only for want of a terminal, which is checked after the model."""
+    pytest.importorskip("gguf")
+    from tests.tinyllm.test_gguf import sp_kv, tiny, write_gguf
+    from tinyllm.tools.testing import make_tiny_tokenizer
+
+    tok = make_tiny_tokenizer(tmp_path)
+    good = tmp_path / "good.gguf"
+    write_gguf(good, tiny(tok.vocab_size, tie=True), {}, sp_kv(tok))
+    data = good.read_bytes()
+    half = tmp_path / "half.gguf"
+    half.write_bytes(data[: len(data) // 2])  # the header whole, half the tensors' data
+    many = tmp_path / "many.gguf"
+    many.write_bytes(data[:8] + (2**40).to_bytes(8, "little") + data[16:])  # magic, version, then the count
+    env = {**os.environ, "TINYLLM_CHAT_DATA_DIR": str(tmp_path / "data"),
+           "TINYLLM_CHAT_CONFIG_DIR": str(tmp_path / "config")}
+
+    def run(path: Path) -> str:
+        out = subprocess.run([str(Path(sys.executable).with_name("tinyllm-chat")), "--model", str(path)],
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, env=env)
+        assert out.returncode == 2 and out.stdout == "", (out.returncode, out.stdout)
+        assert out.stderr.count("\n") == 1 and out.stderr.startswith("tinyllm-chat: error: "), out.stderr
+        return out.stderr
+
+    assert "not a terminal" in run(good)  # the model passed every check made before the window
+    assert f"{half} is truncated: tensor " in run(half)
+    assert f"{many} is truncated or corrupt: its header claims 1,099,511,627,776 tensors" in run(many)

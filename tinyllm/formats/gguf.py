@@ -41,7 +41,6 @@ tensors that do not match the metadata.
 
 from __future__ import annotations
 
-import math
 import mmap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,8 +50,8 @@ import torch
 
 from tinyllm.core.quant import QTensor
 from tinyllm.formats.gguf_arch import PERMUTED, Split, gguf_config, gguf_names, meta, short
-from tinyllm.formats.gguf_header import MAX_DIMS, open_header
-from tinyllm.formats.gguf_quants import GGML_TYPES, dequantize, held_form, supported_types, to_qtensor
+from tinyllm.formats.gguf_header import GGUFTensor, open_header, read_tensors
+from tinyllm.formats.gguf_quants import dequantize, held_form, supported_types, to_qtensor
 from tinyllm.formats.load_policy import check_quant
 from tinyllm.formats.model_format import LoadedModel, ModelSpec, Progress, Tensors, load_model, with_progress
 from tinyllm.formats.quant_rule import DEFAULT
@@ -60,19 +59,6 @@ from tinyllm.formats.tensor_checks import check_tensors, check_vocab, expected_s
 from tinyllm.text.jinja_template import pick_template
 from tinyllm.text.sp_proto import sentencepiece_proto
 from tinyllm.text.tokenizer import Tokenizer
-
-
-@dataclass
-class GGUFTensor:
-    name: str
-    shape: tuple[int, ...]  # PyTorch order (GGUF's dims reversed)
-    type: int  # ggml type id
-    offset: int  # absolute byte offset in the file
-    nbytes: int | None  # None for a type we cannot read
-
-    @property
-    def type_name(self) -> str:
-        return GGML_TYPES.get(self.type, (f"type {self.type}",))[0]
 
 
 @dataclass
@@ -114,35 +100,12 @@ def read_gguf(path: str | Path) -> GGUFFile:
     """Parse a GGUF header (metadata and tensor table) without reading tensor data."""
     path = Path(path).expanduser()
     r, version, n_tensors, meta = open_header(path)
-    mm = r.buf
-    infos = []
-    for _ in range(n_tensors):
-        name = r.string()
-        n_dims = r.scalar(4)
-        if n_dims > MAX_DIMS:
-            raise ValueError(f"{path}: tensor {short(name)} has {n_dims} dimensions (GGUF allows {MAX_DIMS}); "
-                             "the file is corrupt")
-        dims = [r.scalar(10) for _ in range(n_dims)]
-        infos.append((name, tuple(reversed(dims)), r.scalar(4), r.scalar(10)))
-    align = meta.get("general.alignment", 32)
-    if type(align) is not int or align <= 0 or align & (align - 1):
-        raise ValueError(f"{path}: general.alignment {align!r} is not a positive power of two; "
-                         "the file is corrupt")
-    start = (r.pos + align - 1) // align * align
-    tensors = {}
-    for name, shape, typ, off in infos:
-        _, block, size = GGML_TYPES.get(typ, (None, None, None))
-        nbytes = None
-        if block is not None:
-            numel = math.prod(shape)  # Python ints: np.prod would wrap past 2^63
-            if shape and shape[-1] % block:
-                raise ValueError(f"{path}: tensor {short(name)} rows of {shape[-1]} are not whole {block}-blocks")
-            nbytes = numel // block * size
-            if start + off + nbytes > len(mm):
-                raise ValueError(f"{path} is truncated: tensor {short(name)} runs past the end of the file; "
-                                 "copy or download it again")
-        tensors[name] = GGUFTensor(name, shape, typ, start + off, nbytes)
-    return GGUFFile(path, version, meta, tensors, mm)
+    try:
+        tensors = read_tensors(r, n_tensors, meta)  # (gguf_header: torch-free, the app's precheck reads it too)
+    except BaseException:
+        r.buf.close()
+        raise
+    return GGUFFile(path, version, meta, tensors, r.buf)
 
 
 # ---- importing a file ----------------------------------------------------------------

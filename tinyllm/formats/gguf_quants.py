@@ -14,19 +14,7 @@ from __future__ import annotations
 import torch
 
 from tinyllm.core.quant import QTensor, pack_int4, quantize
-
-# ggml type id -> (name, elements per block, bytes per block); None: a type we cannot read.
-GGML_TYPES: dict[int, tuple[str, int, int] | tuple[str, None, None]] = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", None, None), 10: ("Q2_K", 256, 84),
-    11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210),
-    15: ("Q8_K", None, None), 16: ("IQ2_XXS", None, None), 17: ("IQ2_XS", None, None),
-    18: ("IQ3_XXS", None, None), 19: ("IQ1_S", None, None), 20: ("IQ4_NL", None, None),
-    21: ("IQ3_S", None, None), 22: ("IQ2_S", None, None), 23: ("IQ4_XS", None, None), 24: ("I8", None, None),
-    25: ("I16", None, None), 26: ("I32", None, None), 27: ("I64", None, None), 28: ("F64", 1, 8),
-    29: ("IQ1_M", None, None), 30: ("BF16", 1, 2), 34: ("TQ1_0", None, None), 35: ("TQ2_0", None, None),
-    39: ("MXFP4", None, None),
-}
+from tinyllm.formats.gguf_header import GGML_TYPES  # the type table, torch-free (the app's precheck reads it)
 
 
 def supported_types() -> list[str]:

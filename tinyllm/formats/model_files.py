@@ -12,8 +12,10 @@ Contract:
   without torch, in this order: the path is one of the three kinds, config.json parses, the
   architecture is one tinyllm reads (an HF folder's `model_type` in SUPPORTED, not quantized;
   a GGUF's `general.architecture`, no experts, a llama or gpt2 tokenizer: its header, read by
-  tinyllm.formats.gguf_header), every weight file is there and as long as its header says, a
-  tokenizer file is there, and the weights fit the RAM free now (`check_memory`).
+  tinyllm.formats.gguf_header), every weight file is there and as long as its header says (a
+  GGUF's tensor table read whole: counts the file cannot hold, such as 2^40 tensors, and
+  tensors past its end, a truncated file, are refused here, not after the app's window has
+  opened), a tokenizer file is there, and the weights fit the RAM free now (`check_memory`).
   The name is `model_name`'s, the one the app shows everywhere (open_any reports the same).
 - `model_name(path) -> str`: a tinyllm checkpoint's config.json "name"; for any other model
   its file's or folder's name ("SmolLM2-135M-Instruct.Q4_1"), never a GGUF's general.name
@@ -177,9 +179,20 @@ def _precheck(path: str | Path) -> str:
 
 
 def _precheck_gguf(path: Path) -> None:
-    from tinyllm.formats.gguf_header import ARCHS, read_metadata  # numpy, not torch
+    from tinyllm.formats.gguf_header import open_header, read_tensors  # numpy, not torch
 
-    meta = read_metadata(path)
+    r, _, n_tensors, meta = open_header(path)  # a count the file cannot hold (2^40 tensors) is refused here
+    try:
+        _precheck_gguf_meta(path, meta)
+        read_tensors(r, n_tensors, meta)  # and a truncated file: every tensor inside it, not the loader's find
+    finally:
+        r.buf.close()
+    check_memory(path, path.stat().st_size)
+
+
+def _precheck_gguf_meta(path: Path, meta: dict) -> None:
+    from tinyllm.formats.gguf_header import ARCHS
+
     arch = meta.get("general.architecture")
     if arch not in ARCHS:
         raise ValueError(f"{path}: GGUF architecture {repr(arch)[:40]} is not supported "
@@ -189,7 +202,6 @@ def _precheck_gguf(path: Path) -> None:
     tokenizer = meta.get("tokenizer.ggml.model")
     if tokenizer not in ("llama", "gpt2"):
         raise ValueError(f"{path}: GGUF tokenizer model {repr(tokenizer)[:40]} is not supported (llama or gpt2)")
-    check_memory(path, path.stat().st_size)
 
 
 def available_memory() -> int | None:
