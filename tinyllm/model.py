@@ -47,6 +47,7 @@ from tinyllm.core.nn_module import Module
 from tinyllm.core.ops import Ops, ops_for
 from tinyllm.core.rope import Rope, apply_rope
 from tinyllm.families import PRESETS as FAMILY_PRESETS
+from tinyllm.kernels import qgemv
 
 
 @dataclass
@@ -196,6 +197,14 @@ class RMSNorm(Module):
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return xf.type_as(x) * self.weight
 
+    def add_to(self, x: Tensor, y: Tensor) -> Tensor:
+        """x + self(y): a post-norm and its skip connection, one kernel for a few rows on CUDA
+        outside a compile (qgemv.add_norm; Inductor fuses it itself)."""
+        if (qgemv.supported(y) and y.dtype == self.weight.dtype == x.dtype and not torch.compiler.is_compiling()
+                and not (torch.is_grad_enabled() and (y.requires_grad or self.weight.requires_grad))):
+            return qgemv.add_norm(x, y, (self.weight, self.eps))
+        return x + self(y)
+
 
 def fuse_linears(module: nn.Module, fused: str, parts: dict[str, int], bias: str | None = None) -> None:
     """Keep `module.<fused>` (one layer whose output rows are the parts' rows, in order) in
@@ -311,7 +320,7 @@ class Attention(Module):
     def _out(self, y: Tensor, x: Tensor, post: RMSNorm | None) -> Tensor:
         if post is None:
             return self.wo.fused(y, residual=x)  # (B, T, C)
-        return x + post(self.wo(y))
+        return post.add_to(x, self.wo(y))
 
     def _mask(self, kwargs: dict, q_pos: Tensor, S: int) -> Tensor:
         """The bool mask (B | 1, 1, T, S) of a layer with a window or a soft-cap: the cache's own
@@ -365,7 +374,7 @@ class FeedForward(Module):
         if self.act == "silu" and post is None:
             return self.w13.swiglu(self.w2, x, norm)  # (B, T, C)
         y = self.w13.gated(x, norm, self.act)  # (B, T, F): act(gate) * up
-        return self.w2.fused(y, residual=x) if post is None else x + post(self.w2(y))
+        return self.w2.fused(y, residual=x) if post is None else post.add_to(x, self.w2(y))
 
 
 class Block(Module):

@@ -127,6 +127,16 @@ INTERPRETED = textwrap.dedent("""
         w, r, ref = fused_case(x, qt)  # RMSNorm before, the residual after: in the same kernel
         y = raw(x, qt, group, False, w, 1e-5, r)
         assert rel_err(y, ref) < 1e-5, (n, k, rows, kind, "fused", rel_err(y, ref))
+    for rows, c in ((1, 640), (3, 100)):  # a post-norm and its skip connection, rounded as the model's
+        from tinyllm.model import RMSNorm
+        g = torch.Generator().manual_seed(c)
+        x, y = (torch.randn(rows, c, generator=g).half() for _ in range(2))
+        norm = RMSNorm(c, 1e-6).half()
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(c, generator=g))
+            want = x + norm(y)
+            got = T.add_rmsnorm(x, y, norm.weight, 1e-6)
+        assert (got.float() - want.float()).abs().max() <= 2e-3 * want.abs().max(), (rows, c)
     print("ok")
 """)
 

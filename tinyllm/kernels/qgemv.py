@@ -10,7 +10,9 @@ Contract:
   (`act` "silu", SwiGLU, or "gelu_tanh", GeGLU). With `norm` (an RMSNorm's weights (K,) and eps) it
   is the product of RMSNorm(x); with `bias` (N,) (2F for a gated W) each row's bias is added to
   the product; with `residual` (M, N) it returns residual + the result: all inside the same kernel.
-- `supported(x)`: whether to call it: Triton is installed (and not switched off with
+- `add_norm(x, y, norm)`: x + RMSNorm(y), norm (weights (C,), eps), x and y (M, C): a post-norm
+  and its skip connection (Gemma 2/3) in one kernel, rounded as model.RMSNorm and the add are.
+- `supported(x)`: whether to call either: Triton is installed (and not switched off with
   TINYLLM_QGEMV=0), x is on CUDA, and x has at most MAX_ROWS rows. Wider inputs (a prompt's
   prefill, a large engine batch) are better served by dequantizing once and one library
   matrix product, since the kernels read W again for each row.
@@ -76,3 +78,12 @@ def linear(x: Tensor, kind: str, qweight: Tensor, scales: Tensor | None = None, 
     if kind == "int8":
         return qgemv_triton.int8_gemv(x, qweight, scales, gated, g, eps, r, bias, act)
     return qgemv_triton.int4_gemv(x, qweight, scales, zeros, group, gated, g, eps, r, bias, act)
+
+
+def add_norm(x: Tensor, y: Tensor, norm: tuple[Tensor, float]) -> Tensor:
+    """x + RMSNorm(y), (..., C) each (see the module docstring)."""
+    from tinyllm.kernels import qgemv_triton
+
+    c = x.shape[-1]
+    out = qgemv_triton.add_rmsnorm(x.reshape(-1, c).contiguous(), y.reshape(-1, c).contiguous(), norm[0], norm[1])
+    return out.view(x.shape)

@@ -398,3 +398,40 @@ def dense_gemv(x: Tensor, weight: Tensor, gated: bool = False, norm: Tensor | No
 def _(x: Tensor, weight: Tensor, gated: bool = False, norm: Tensor | None = None, eps: float = 0.0,
       residual: Tensor | None = None, bias: Tensor | None = None, act: str = "silu") -> Tensor:
     return x.new_empty((x.shape[0], _outputs(weight, gated)))
+
+
+@triton.jit
+def _add_rmsnorm_kernel(x_ptr, y_ptr, g_ptr, out_ptr, eps, C: tl.constexpr, BLOCK_C: tl.constexpr,
+                        PDL: tl.constexpr = False):
+    """out[m] = x[m] + RMSNorm(y[m]) for one row m a program, rounded as model.RMSNorm and the
+    add are: the norm in fp32, rounded to y's dtype, times the weights (rounded), plus x (rounded)."""
+    m = tl.program_id(0)
+    c = tl.arange(0, BLOCK_C)
+    ok = c < C
+    g = tl.load(g_ptr + c, mask=ok, other=0.0)  # (BLOCK_C,): no kernel of the step writes the weights
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    y = tl.load(y_ptr + m * C + c, mask=ok, other=0.0)
+    yf = y.to(tl.float32)
+    r = tl.rsqrt(tl.sum(yf * yf, axis=0) / C + eps)
+    normed = ((yf * r).to(y.dtype) * g).to(y.dtype)
+    x = tl.load(x_ptr + m * C + c, mask=ok, other=0.0)
+    tl.store(out_ptr + m * C + c, (x + normed).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@torch.library.custom_op("tinyllm::add_rmsnorm", mutates_args=())
+def add_rmsnorm(x: Tensor, y: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x + RMSNorm(y) (a post-norm and its skip connection: Gemma 2/3), x and y (M, C) contiguous."""
+    torch._check(x.shape == y.shape and weight.shape == (x.shape[1],) and x.is_contiguous() and y.is_contiguous(),
+                 lambda: "add_rmsnorm: shapes disagree")
+    out = torch.empty_like(x)
+    C = x.shape[1]
+    _add_rmsnorm_kernel[(x.shape[0],)](x, y, weight, out, eps, C, BLOCK_C=triton.next_power_of_2(C),
+                                       **pdl.launch_options(x.device), num_warps=4)
+    return out
+
+
+@add_rmsnorm.register_fake
+def _(x: Tensor, y: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return torch.empty_like(x)
