@@ -61,10 +61,15 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def compare(path, form: str, device: str, dtype: torch.dtype = torch.bfloat16, steps: int = 6,
-            window: int = 32) -> tuple[float, list[str]]:
-    """The largest relative difference between the fused and the unfused decode step's logits
-    over `steps` teacher-forced steps after a prefill, and which fused kernels ran."""
+def rel(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """The largest relative difference of two runs' logits, step by step."""
+    return max(((x - y).norm() / y.norm()).item() for x, y in zip(a, b, strict=True))
+
+
+def decode_logits(path, form: str, device: str, dtype: torch.dtype, fused: bool, steps: int = 6,
+                  window: int = 32) -> tuple[list[torch.Tensor], set[str]]:
+    """Each step's logits (fp32) over `steps` teacher-forced decode steps after a prefill (the same
+    seeded tokens on every call), by the fused step or the unfused one, and which fused kernels ran."""
     from tinyllm.core.ops import CudaOps, Ops
     from tinyllm.core.quant_linear import QuantLinear, TritonLinear
     from tinyllm.cuda_graph import StaticKVCache
@@ -89,9 +94,12 @@ def compare(path, form: str, device: str, dtype: torch.dtype = torch.bfloat16, s
             return fn(*a, **k)
         return call
 
-    def decode(fused: bool) -> list[torch.Tensor]:
-        model.ops = CudaOps() if fused else Ops()  # the reference ops: the attention apart, as SDPA / products
-        qgemv.supported = real[0] if fused else (lambda x: False)  # the reference: the library's products
+    model.ops = CudaOps() if fused else Ops()  # the reference ops: the attention apart, as SDPA / products
+    qgemv.supported = real[0] if fused else (lambda x: False)  # the reference: the library's products
+    qgemv.linear = spy("gemv", real[1])
+    decode_attention.rope_decode_attention = spy("rope_attend", real[2])
+    qgemv.add_norm = spy("post_norm", real[3])
+    try:
         cache = StaticKVCache(model.cfg.n_layers, 1, 64, device=device)
         with torch.no_grad():
             model(prompt, cache=cache)  # prefill: more rows than the fused kernels take, the same either way
@@ -100,21 +108,18 @@ def compare(path, form: str, device: str, dtype: torch.dtype = torch.bfloat16, s
                 logits, _ = model(t.view(1, 1), cache=cache.decode(window))
                 cache.advance_host(1)
                 out.append(logits.float().flatten())
-        return out
-
-    qgemv.linear = spy("gemv", real[1])
-    decode_attention.rope_decode_attention = spy("rope_attend", real[2])
-    qgemv.add_norm = spy("post_norm", real[3])
-    try:
-        fused = decode(True)
-        ran_fused = sorted(ran)
-        ran.clear()
-        plain = decode(False)
     finally:
         qgemv.supported, qgemv.linear, decode_attention.rope_decode_attention, qgemv.add_norm = real
-    assert not ran, f"the reference step ran {ran}"
-    err = max(((a - b).norm() / b.norm()).item() for a, b in zip(fused, plain, strict=True))
-    return err, ran_fused
+    assert fused or not ran, f"the reference step ran {ran}"
+    return out, ran
+
+
+def compare(path, form: str, device: str, dtype: torch.dtype) -> tuple[float, list[str]]:
+    """The largest relative difference between the fused and the unfused step's logits, and
+    which fused kernels ran."""
+    fused, ran = decode_logits(path, form, device, dtype, True)
+    plain, _ = decode_logits(path, form, device, dtype, False)
+    return rel(fused, plain), sorted(ran)
 
 
 @pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
@@ -143,5 +148,11 @@ def test_fused_step_cuda(name, form, tmp_path):
         make_family(name, tmp_path, tok.get_vocab_size())
     finally:
         tf.FAMILIES = saved
-    err, fused = compare(tmp_path, form, "cuda")
-    assert "gemv" in fused and err < 0.02, (err, fused)
+    # In bf16 the unfused step rounds after every op and the fused one keeps fp32 inside each kernel:
+    # both are held to the fp32 unfused step, the fused one no further from it than the unfused one's
+    # own bf16 rounding allows (measured on an H100, llama3 dense: fused against unfused 0.06).
+    fused, ran = decode_logits(tmp_path, form, "cuda", torch.bfloat16, True)
+    plain, _ = decode_logits(tmp_path, form, "cuda", torch.bfloat16, False)
+    ref, _ = decode_logits(tmp_path, form, "cuda", torch.float32, False)
+    assert "gemv" in ran and ("rope_attend" in ran or name == "phi3"), ran
+    assert rel(fused, ref) <= 1.5 * rel(plain, ref) + 0.005, (rel(fused, ref), rel(plain, ref))
