@@ -17,9 +17,10 @@ Contract:
   maintained SSE parser; httpx + httpx-sse rather than the openai package, which pulls
   pydantic and more for the one call this needs).
 - Every failure is a `ServerError` (a ValueError) whose message is one line naming the server:
-  connection refused, DNS, TLS, timeouts (connect CONNECT_S, then READ_S between two bytes;
-  a `[servers]` table's `timeout` changes the second), 401/403, 404, 429, 5xx (with the
-  server's own message, cut to one line), a stream cut mid-way, malformed SSE. Text from the
+  connection refused, DNS, TLS, timeouts (connect CONNECT_S; the start-up check's answer
+  CONNECT_S too; a reply's READ_S between two bytes, which a `[servers]` table's `timeout`
+  changes; each message names the time waited and which of these it was), 401/403, 404, 429,
+  5xx (with the server's own message, cut to one line), a stream cut mid-way, malformed SSE. Text from the
   server is untrusted: it reaches the screen only through chat_app.labels like any other.
 - The key is sent as `Authorization: Bearer` to this endpoint only; it never appears in a
   message, a repr or the log.
@@ -42,7 +43,7 @@ from httpx_sse import EventSource, SSEError
 
 from chat_app.api_keys import Secret, resolve
 
-CONNECT_S = 10.0  # a server that does not accept a connection in this long is not there
+CONNECT_S = 10.0  # a server that does not accept a connection, or answer GET /models at start-up, in this long is not there
 READ_S = 120.0  # the longest silence between two bytes (a long prompt's prefill on a slow server)
 RETRIES = 2  # 429 / 5xx tried again at most this often, where the server asks (Retry-After)
 RETRY_AFTER_MAX_S = 10.0  # ... and only when it asks for this long at most
@@ -59,7 +60,7 @@ class Endpoint:
     model: str | None = None  # None: the server's first
     key: Secret | None = None  # sent only here (chat_app.api_keys)
     name: str = ""  # its [servers] name ("" for a URL)
-    read_s: float = READ_S
+    read_s: float = READ_S  # a reply's read timeout: its [servers] table's `timeout` (not the start-up check's)
 
     @property
     def host(self) -> str:
@@ -135,7 +136,7 @@ def list_models(http: httpx.Client, ep: Endpoint) -> list[str]:
     try:
         response = http.get(f"{ep.url}/models", timeout=CONNECT_S)  # before the window opens: not a reply's wait
     except httpx.HTTPError as e:
-        raise ServerError(describe(e, ep)) from None
+        raise ServerError(describe(e, ep, startup=True)) from None
     if response.status_code != 200:
         raise ServerError(status_message(response.status_code, response.content, ep, response.headers))
     try:
@@ -266,8 +267,10 @@ def status_message(status: int, content: bytes, ep: Endpoint, headers: Mapping[s
     return f"{ep.host} refused the request ({status}{said})"
 
 
-def describe(error: BaseException, ep: Endpoint, mid_reply: bool = False) -> str:
-    """A transport failure in one line: what happened, to which server."""
+def describe(error: BaseException, ep: Endpoint, mid_reply: bool = False, startup: bool = False) -> str:
+    """A transport failure in one line: what happened, to which server. A timeout names the
+    time it waited and which limit that was: `startup` is the model-list check (CONNECT_S for
+    everything), else a reply (CONNECT_S to connect, the endpoint's read_s for the rest)."""
     causes = []
     seen: BaseException | None = error
     while seen is not None and len(causes) < 10:
@@ -275,9 +278,16 @@ def describe(error: BaseException, ep: Endpoint, mid_reply: bool = False) -> str
         seen = seen.__cause__ or seen.__context__
     text = " ".join(str(c) for c in causes)
     if isinstance(error, httpx.ConnectTimeout):
-        return f"{ep.host} did not accept a connection within {CONNECT_S:.0f} s"
-    if isinstance(error, httpx.ReadTimeout | httpx.WriteTimeout | httpx.PoolTimeout):
-        return (f"{ep.host} sent nothing for {ep.read_s:g} s (timeout; a [servers] table's timeout changes it)"
+        return f"{ep.host} did not accept a connection within {CONNECT_S:g} s (the connect timeout, fixed)"
+    if isinstance(error, httpx.TimeoutException) and startup:
+        return (f"{ep.host} accepted the connection but answered nothing in {CONNECT_S:g} s at start-up "
+                "(GET /models; the start-up check's fixed limit: a [servers] table's timeout is a reply's)")
+    if isinstance(error, httpx.PoolTimeout):
+        return f"no connection to {ep.host} came free within {CONNECT_S:g} s (the connect timeout, fixed)"
+    if isinstance(error, httpx.ReadTimeout | httpx.WriteTimeout):
+        setting = f"[servers.{ep.name}] timeout" if ep.name else "a [servers] table's timeout"
+        what = "sent nothing for" if isinstance(error, httpx.ReadTimeout) else "took none of the request for"
+        return (f"{ep.host} {what} {ep.read_s:g} s (a reply's read timeout; {setting} changes it)"
                 + ("; the reply so far is kept" if mid_reply else ""))
     if any(isinstance(c, socket.gaierror) for c in causes) or "Name or service not known" in text \
             or "name resolution" in text or "nodename nor servname" in text:

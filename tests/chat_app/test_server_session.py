@@ -2,14 +2,16 @@
 gives, what goes in a request, and each fault as one line with the conversation kept. The
 stand-in, not the real llama-server (tests/chat_app/test_real_server.py), because each of these
 faults must happen on cue: a stream cut after two deltas, malformed SSE, 429 with Retry-After,
-500, a server that never answers. No test waits on time but the timeout test, whose subject it is."""
+500, a server that never answers. No test waits on time but the timeout tests, whose subject it is."""
 
 from __future__ import annotations
 
 import socket
+import threading
 
 import pytest
 
+from chat_app import server_api
 from chat_app.api_keys import Secret
 from chat_app.server_api import Endpoint, endpoint
 from chat_app.server_session import ServerSession
@@ -110,9 +112,45 @@ def test_a_key_goes_as_a_bearer_header_and_a_wrong_one_is_one_line(stub):
 def test_a_server_that_never_answers_times_out(stub):
     s = session(stub, read_s=0.3)
     stub.script = ["hang"]
-    with pytest.raises(ValueError, match="sent nothing for 0.3 s"):
+    with pytest.raises(ValueError, match=r"sent nothing for 0.3 s \(a reply's read timeout; a \[servers\] table's"):
         list(s.send("hi"))
     assert s.messages == []
+    named = ServerSession(endpoint("slow", {"slow": {"url": stub.url, "timeout": 0.3}}), SamplingParams())
+    stub.script = ["hang"]  # the table's timeout is a reply's read timeout, and the message names the table
+    with pytest.raises(ValueError) as timed_out:
+        list(named.send("hi"))
+    assert str(timed_out.value) == f"{named.endpoint.host} sent nothing for 0.3 s (a reply's read timeout; " \
+        "[servers.slow] timeout changes it)"
+
+
+def test_a_server_that_accepts_and_never_answers_says_the_start_up_limit(monkeypatch):
+    """A real socket that accepts the connection and reads the request, and never answers: the
+    start-up check waits CONNECT_S (made short here), and says so, whatever the table's timeout."""
+    monkeypatch.setattr(server_api, "CONNECT_S", 0.2)
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted, asked = threading.Event(), threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        accepted.set()
+        with conn:
+            while data := conn.recv(4096):  # until the client gives up and closes
+                if b"GET /v1/models" in data:
+                    asked.set()
+
+    server = threading.Thread(target=serve, daemon=True, name="never-answers")
+    server.start()
+    ep = endpoint("slow", {"slow": {"url": f"http://127.0.0.1:{listener.getsockname()[1]}/v1", "timeout": 300}})
+    assert ep.read_s == 300.0
+    try:
+        with pytest.raises(ValueError) as refused:
+            ServerSession(ep, SamplingParams())
+        server.join(30)
+    finally:
+        listener.close()
+    assert accepted.is_set() and asked.is_set() and not server.is_alive()
+    assert str(refused.value) == (f"{ep.host} accepted the connection but answered nothing in 0.2 s at start-up (GET "
+                                  "/models; the start-up check's fixed limit: a [servers] table's timeout is a reply's)")
 
 
 def test_stop_mid_stream_finishes_stopped_and_closes_the_stream(stub):
