@@ -542,8 +542,9 @@ def test_slot_decode_hands_the_fused_op_each_slots_length(monkeypatch):
         view = cache.decode(W, B)
         cos, sin = view.begin_step(1, rope)
         assert view.rope_attend(0, qkv[:B], cos, sin, 0.25).shape == (B, Hkv, R, D)
-    for (x, cos1, sin1, pos, fv, k, v, w, scale, sliding, cap), B in zip(calls, (S, 4), strict=True):
+    for (x, cos1, sin1, pos, fv, k, v, w, scale, sliding, cap, norms), B in zip(calls, (S, 4), strict=True):
         assert x.shape[0] == B and cos1 is rope.cos and sin1 is rope.sin and (w, scale, sliding, cap) == (W, 0.25, 0, 0.0)
+        assert norms is None  # no per-head q/k norm asked for
         assert k is cache.k[0] and v is cache.v[0]  # the whole caches: the op uses their first B rows
         assert pos.tolist() == [0, 7, 0, 31, 2, 0, 0, 5][:B] and pos.data_ptr() == cache._lens_dev.data_ptr()
         assert fv.tolist() == [0] * B and fv.dtype == torch.long
@@ -681,6 +682,7 @@ def run_interpreted(script: str) -> None:
     same path as this process (Triton may lie outside the venv)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    script = "from tests.triton_interpreter import fix_numpy_index\nfix_numpy_index()\n" + textwrap.dedent(script)
     r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
@@ -721,18 +723,21 @@ def test_kernels_compile_for_the_h200_without_a_gpu(D):
 
     target = GPUTarget("cuda", 90, 32)
     types = (["*bf16"] * 3 + ["*i1"] + ["*fp32"] * 3 + ["*bf16"] + ["i32"] * 5 + ["fp32"] * 2 + ["i32"] * 15
-             + ["*bf16"] * 2 + ["*fp32"] * 2 + ["*i64"] * 2 + ["i32"] * 3 + ["constexpr"] * 7)
+             + ["*bf16"] * 2 + ["*fp32"] * 2 + ["*i64"] * 2 + ["i32"] * 3 + ["*bf16"] * 2 + ["fp32"]
+             + ["constexpr"] * 8)
     sig = dict(zip(T._split_kernel.arg_names, types, strict=True))
-    def split_kernel(block_n=64, new=True, one_pass=False, softcap=False):
+    def split_kernel(block_n=64, new=True, one_pass=False, softcap=False, qk_norm=False):
         # every flag named: Triton's compile cache keys a partial dict of constexprs by its values alone
         flags = {"D": D, "BLOCK_R": 16, "BLOCK_N": block_n, "NEW": new, "ONE_PASS": one_pass, "SOFTCAP": softcap,
-                 "PDL": True}
+                 "QK_NORM": qk_norm, "PDL": True}
         return triton.compile(ASTSource(T._split_kernel, sig, constexprs=flags), target=target)
 
     fused = split_kernel()
     assert "mma" in fused.asm["ptx"] and fused.asm["cubin"]
     capped = split_kernel(softcap=True)  # Gemma 2's soft-capped scores
     assert "mma" in capped.asm["ptx"] and capped.asm["cubin"]
+    normed = split_kernel(qk_norm=True)  # Qwen 3's and Gemma 3's per-head q/k norms
+    assert "mma" in normed.asm["ptx"] and normed.asm["cubin"]
     split, one_pass = split_kernel(new=False), split_kernel(one_pass=True)
     tile = split_kernel(block_n=128, one_pass=True)  # a window of 128 keys in one tile
     sig2 = {"m_ptr": "*fp32", "l_ptr": "*fp32", "o_ptr": "*fp32", "out_ptr": "*bf16", "n_split": "i32", "R": "i32",
