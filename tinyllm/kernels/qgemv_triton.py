@@ -202,7 +202,7 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N,
     rg = tl.arange(0, NG)  # (NG,)
     rj = tl.arange(0, G // 2)  # byte j of a group holds its elements 2j and 2j + 1
     n_ok = rn < N
-    groups: tl.constexpr = K // G
+    groups = K // G
     rows = w_ptr + row[:, None, None] * (K // 2)  # (R, 1, 1)
     # As in _int8_kernel: the first step's bytes before the wait, then each step loads the next's.
     byte = rg[:, None] * (G // 2) + rj[None, :]  # (NG, G/2), written so it is seen contiguous
