@@ -7,8 +7,14 @@ y (M, N) in x's dtype, fp32 accumulation:
 - `torch.ops.tinyllm.int8_gemv(x, qweight, scales)`: qweight int8 (N, K), scales (N,);
 - `torch.ops.tinyllm.int4_gemv(x, qweight, scales, zeros, group)`: qweight uint8 (N, K/2)
   (element 2j in the low nibble), scales and zeros (N, K/g), w = q * s + z, g = group.
-With `gated=True` W holds 2F rows, SwiGLU's gate then up, and either op returns
-silu(x @ gate.T) * (x @ up.T), (M, F): one kernel instead of the product and the gating.
+- `torch.ops.tinyllm.dense_gemv(x, weight)`: weight a dense (N, K) matrix of any float dtype
+  (bf16 on CUDA), contiguous: the same walk with no scales (tinyllm.core.linear.DenseLinear on CUDA);
+- `torch.ops.tinyllm.add_rmsnorm(x, y, weight, eps)`: x + RMSNorm(y), one row a program, rounded as
+  model.RMSNorm and the add are (Gemma's post-norms and their skip connection).
+With `gated=True` W holds 2F rows, a gated FFN's gate then up, and each product op returns
+act(x @ gate.T) * (x @ up.T), (M, F), act silu or gelu_tanh (`act`): one kernel instead of the
+product and the gating. `bias` (the weight rows' biases, Qwen 2's QKV) is added to each row's
+product before the gating and the residual.
 Two more optional arguments fold a decode step's neighbours into the same kernel:
 - `norm` (K,) and `eps`: the product is of RMSNorm(x) = x * rsqrt(mean(x ** 2) + eps) * norm
   (model.RMSNorm) instead of x, in fp32 throughout (the module rounds to x's dtype twice);
