@@ -38,19 +38,14 @@ CHILD = textwrap.dedent("""
     import sys, tempfile
     from pathlib import Path
     import torch
-    from tests.tinyllm.test_families import FAMILIES, make_family
-    from tests.tinyllm.test_fused_step import WIDE, compare
-    from tests.tinyllm.test_hf import save_bpe
+    from tests.tinyllm.test_fused_step import compare, make_wide
     from tests.triton_interpreter import fix_numpy_index
     fix_numpy_index()
     families = sys.argv[1].split(",")
     forms = sys.argv[2].split(",")
     for name in families:
         path = Path(tempfile.mkdtemp()) / name
-        tok = save_bpe(path)
-        own = FAMILIES[name][2]
-        FAMILIES[name] = (*FAMILIES[name][:2], {**own, **WIDE.get(name, {})})
-        make_family(name, path, tok.get_vocab_size())
+        make_wide(name, path)
         for form in forms:
             err, fused = compare(path, form, "cpu", torch.float16)  # fp16: the interpreter's tl.dot on bf16 is wrong
             print(name, form, f"{err:.4f}", fused)
@@ -59,6 +54,21 @@ CHILD = textwrap.dedent("""
             assert err < 0.02, (name, form, err)
     print("ok")
 """)
+
+
+def make_wide(name: str, path) -> None:
+    """test_families' tiny model of `name`, with WIDE's sizes, saved as a Hugging Face folder at `path`."""
+    import tests.tinyllm.test_families as tf
+    from tests.tinyllm.test_hf import save_bpe
+
+    tok = save_bpe(path)
+    cls, model_cls, own = tf.FAMILIES[name]
+    saved = tf.FAMILIES
+    tf.FAMILIES = {**saved, name: (cls, model_cls, {**own, **WIDE.get(name, {})})}  # make_family reads it
+    try:
+        tf.make_family(name, path, tok.get_vocab_size())
+    finally:
+        tf.FAMILIES = saved
 
 
 def rel(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -136,18 +146,7 @@ def test_fused_step_equals_the_unfused_step_under_the_interpreter(families):
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("name", ["llama3", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
 def test_fused_step_cuda(name, form, tmp_path):
-    from tests.tinyllm.test_families import FAMILIES, make_family
-    from tests.tinyllm.test_hf import save_bpe
-
-    tok = save_bpe(tmp_path)
-    cls, model_cls, own = FAMILIES[name]
-    FAMILIES_WIDE = {**FAMILIES, name: (cls, model_cls, {**own, **WIDE.get(name, {})})}
-    import tests.tinyllm.test_families as tf
-    saved, tf.FAMILIES = tf.FAMILIES, FAMILIES_WIDE
-    try:
-        make_family(name, tmp_path, tok.get_vocab_size())
-    finally:
-        tf.FAMILIES = saved
+    make_wide(name, tmp_path)
     # In bf16 the unfused step rounds after every op and the fused one keeps fp32 inside each kernel:
     # both are held to the fp32 unfused step, the fused one no further from it than the unfused one's
     # own bf16 rounding allows (measured on an H100, llama3 dense: fused against unfused 0.06).
