@@ -23,6 +23,9 @@ Contract:
   interleaved RoPE layout (`Family.gguf_permuted`: llama only; the others use NEOX RoPE,
   rotate-half, as stored).
 - `meta(g, key, kind, default, item)`: a metadata value checked for its type.
+- `GGUFSource`: what these functions read of an open file (its path, metadata, tensor table and
+  `tensor(name)`), a Protocol that tinyllm.formats.gguf.GGUFFile meets: this module is below
+  gguf.py and imports nothing of it.
 Refuses (ValueError, one line): architectures of no family, mixture-of-experts, RoPE scaling other
 than linear / llama3 factors / LongRoPE (yarn, ...), per-layer head counts, head sizes llama.cpp's
 converter would not write for the architecture.
@@ -31,27 +34,41 @@ converter would not write for the architecture.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
 
 from tinyllm.families import FAMILIES, by_gguf_arch
 from tinyllm.families.family import GGUF_FIXED
-from tinyllm.formats.gguf_header import ARCHS
+from tinyllm.formats.gguf_header import ARCHS, GGUFTensor
 from tinyllm.formats.tensor_checks import part_rows
 from tinyllm.model import ModelConfig
 
-if TYPE_CHECKING:
-    from tinyllm.formats.gguf import GGUFFile
-
-__all__ = ["ARCHS", "PERMUTED", "Split", "gguf_config", "gguf_names", "meta"]
+__all__ = ["ARCHS", "PERMUTED", "GGUFSource", "Split", "gguf_config", "gguf_names", "meta"]
 
 PERMUTED = tuple(f.name for f in FAMILIES.values() if f.gguf_arch and f.gguf_permuted)
 _RATIO_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 Split = tuple[tuple[str, int], ...]  # (tinyllm name, rows) of each part, in row order
 
+
+class GGUFSource(Protocol):
+    """What this module reads of an open file (tinyllm.formats.gguf.GGUFFile is one; declared
+    here, below it, so that the two modules do not import each other)."""
+
+    path: Path
+    metadata: dict
+    tensors: dict[str, GGUFTensor]
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The tensor dequantized to fp32 (only the RoPE factor tensors are read here)."""
+        ...
+
+
 _KINDS = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", list: "an array"}
 
 
-def meta(g: GGUFFile, key: str, kind: type, default=None, item: type | None = None):
+def meta(g: GGUFSource, key: str, kind: type, default=None, item: type | None = None):
     """Metadata `key` checked to be of `kind` (a list of `item`s for list; float takes an int;
     bool takes 0/1), or `default` when absent; the wrong type is a one-line ValueError."""
     v = g.metadata.get(key)
@@ -78,7 +95,7 @@ def short(v) -> str:
 class ArchMeta:
     """A file's `<arch>.*` metadata, as a family's `from_gguf` reads it (tinyllm.families.family.GGUFMeta)."""
 
-    def __init__(self, g: GGUFFile, arch: str) -> None:
+    def __init__(self, g: GGUFSource, arch: str) -> None:
         self.g, self.arch = g, arch
 
     def get(self, key: str, default: Any = None, kind: type = int) -> Any:
@@ -99,7 +116,7 @@ class ArchMeta:
         return tuple(i for i in range(n_layers) if n == 0 or i % n < n - 1)
 
 
-def gguf_config(g: GGUFFile) -> ModelConfig:
+def gguf_config(g: GGUFSource) -> ModelConfig:
     """The ModelConfig an architecture's metadata describes (see the module docstring)."""
     arch = g.metadata.get("general.architecture")
     family = by_gguf_arch(arch)
@@ -135,7 +152,7 @@ def gguf_config(g: GGUFFile) -> ModelConfig:
     return ModelConfig(**{**shared, **family.from_gguf(m, shared)})
 
 
-def _rope_scaling(g: GGUFFile, arch: str, get, rotary: int, max_len: int, longrope: bool) -> tuple[dict | None, int]:
+def _rope_scaling(g: GGUFSource, arch: str, get, rotary: int, max_len: int, longrope: bool) -> tuple[dict | None, int]:
     """(tinyllm's rope_scaling, max_seq_len) from rope.scaling.* and the RoPE factor tensors."""
     kind = get("rope.scaling.type", "none", str)
     factor = float(get("rope.scaling.factor", 0.0, float) or get("rope.scale_linear", 0.0, float))
@@ -163,7 +180,7 @@ def _rope_scaling(g: GGUFFile, arch: str, get, rotary: int, max_len: int, longro
     return None, max_len
 
 
-def _factors(g: GGUFFile, name: str, rotary: int) -> list[float]:
+def _factors(g: GGUFSource, name: str, rotary: int) -> list[float]:
     t = g.tensors.get(name)
     if t is None or t.shape != (rotary // 2,) or t.type != 0:  # F32
         raise ValueError(f"{g.path}: tensor {name} should be F32 of shape ({rotary // 2},); the file is corrupt")
@@ -173,7 +190,7 @@ def _factors(g: GGUFFile, name: str, rotary: int) -> list[float]:
     return f
 
 
-def gguf_names(g: GGUFFile, cfg: ModelConfig) -> dict[str, str | Split | None]:
+def gguf_names(g: GGUFSource, cfg: ModelConfig) -> dict[str, str | Split | None]:
     """GGUF tensor name -> tinyllm name, the parts of a fused tensor, or None (unknown)."""
     table = FAMILIES[cfg.family].gguf_tensors
     own = {tl: name for name, tl in table.items() if isinstance(tl, str)}  # a part's own tensor
