@@ -24,7 +24,8 @@ Contract:
   may run the RMSNorm and the residual add inside its product's kernel), so each half of a
   block takes its norm and returns its skip connection (`Attention.forward(x, norm, ...)` =
   x + attention(norm(x))), and the final norm goes into the output product, applied after
-  the positions are picked. SwiGLU is `w13.swiglu(w2, x, norm)`.
+  the positions are picked. SwiGLU is `w13.swiglu(w2, x, norm)`. A half's output scaled before
+  the add (`residual_scale`, Granite) is added apart (`add_branch`).
 - A windowed decode step (T=1 with a bool mask) attends through `ops.window_attention`; where
   the ops run RoPE, the cache write and the attention as one op (`ops.rope_attend`: CUDA's
   compiled step over a static or slot cache), the step hands them the raw projections instead.
@@ -78,6 +79,8 @@ class ModelConfig:
     rope_local_theta: float = 0.0  # the local layers' RoPE base; 0: rope_theta (Gemma 3: 10,000)
     rope_scaling: dict | None = None  # the global RoPE's scaling: {"type": "linear" | "llama3" | "longrope", ...}
     rotary_dim: int = 0  # leading dims of a head that RoPE turns; 0: all of them (Phi-4-mini: 3/4)
+    residual_scale: float = 1.0  # each half's output (after its post-norm) times this before the skip connection (Granite)
+    logit_divisor: float = 1.0  # the output logits are divided by this, before any final soft-cap (Granite)
 
     def __post_init__(self) -> None:
         # Every size is checked before anything is allocated: a config (or a GGUF header) that
@@ -86,11 +89,12 @@ class ModelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
                 raise ValueError(f"model config {name} must be an integer from 1 to {top}, got {value!r}")
-        for name in ("rope_theta", "norm_eps"):
+        for name in ("rope_theta", "norm_eps", "logit_divisor"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ValueError(f"model config {name} must be a positive finite number, got {value!r}")
-        for name in ("embed_scale", "attn_scale", "attn_softcap", "final_softcap", "rope_local_theta"):
+        for name in ("embed_scale", "attn_scale", "attn_softcap", "final_softcap", "rope_local_theta",
+                     "residual_scale"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise ValueError(f"model config {name} must be a finite number >= 0, got {value!r}")
@@ -256,6 +260,16 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
     return scores.softmax(dim=-1).to(v.dtype) @ v  # (B, H, T, D)
 
 
+def add_branch(x: Tensor, out: Linear, y: Tensor, post: RMSNorm | None, scale: float) -> Tensor:
+    """x + scale * post(out(y)): a block half's output product, its post-norm (if any), the residual
+    scale (Granite's, if not 1) and the skip connection. Without a scale the residual add goes into
+    the product's kernel (Linear.fused), or the post-norm's (RMSNorm.add_to)."""
+    if scale != 1.0:
+        branch = out(y) if post is None else post(out(y))  # (B, T, C)
+        return x + branch * scale
+    return out.fused(y, residual=x) if post is None else post.add_to(x, out(y))
+
+
 class Attention(Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
@@ -266,6 +280,7 @@ class Attention(Module):
         self.sdpa_scale = {"scale": self.scale} if cfg.attn_scale else {}  # SDPA's default is head_dim ** -0.5
         self.local = layer in cfg.local_layers  # attends the sliding window, with the local RoPE
         self.window = cfg.sliding_window if self.local else 0
+        self.residual_scale = cfg.residual_scale
         self.wqkv: Linear = DenseLinear(cfg.dim, self.q_dim + 2 * self.kv_dim)
         self.wo: Linear = DenseLinear(self.q_dim, cfg.dim)
         self.bqkv = nn.Parameter(torch.zeros(self.q_dim + 2 * self.kv_dim)) if cfg.qkv_bias else None
@@ -318,9 +333,7 @@ class Attention(Module):
         return not (self.window or self.cap)
 
     def _out(self, y: Tensor, x: Tensor, post: RMSNorm | None) -> Tensor:
-        if post is None:
-            return self.wo.fused(y, residual=x)  # (B, T, C)
-        return post.add_to(x, self.wo(y))
+        return add_branch(x, self.wo, y, post, self.residual_scale)  # (B, T, C)
 
     def _mask(self, kwargs: dict, q_pos: Tensor, S: int) -> Tensor:
         """The bool mask (B | 1, 1, T, S) of a layer with a window or a soft-cap: the cache's own
@@ -366,15 +379,17 @@ class FeedForward(Module):
         self.w13: Linear = DenseLinear(cfg.dim, 2 * cfg.ffn_dim)  # gate (w1) and up (w3)
         self.w2: Linear = DenseLinear(cfg.ffn_dim, cfg.dim)  # down
         self.act = cfg.act
+        self.residual_scale = cfg.residual_scale
         fuse_linears(self, "w13", {"w1": cfg.ffn_dim, "w3": cfg.ffn_dim})
 
     def forward(self, x: Tensor, norm: RMSNorm, post: RMSNorm | None = None) -> Tensor:
-        """x + w2(act(gate) * up) of norm(x) (x + post(...) with a post-norm): the block's second
-        half, skip connection included (SwiGLU without a post-norm may run in fewer ops: Linear.swiglu)."""
-        if self.act == "silu" and post is None:
+        """x + w2(act(gate) * up) of norm(x) (x + post(...) with a post-norm, the output times
+        residual_scale): the block's second half, skip connection included (SwiGLU without a
+        post-norm or a scale may run in fewer ops: Linear.swiglu)."""
+        if self.act == "silu" and post is None and self.residual_scale == 1.0:
             return self.w13.swiglu(self.w2, x, norm)  # (B, T, C)
         y = self.w13.gated(x, norm, self.act)  # (B, T, F): act(gate) * up
-        return self.w2.fused(y, residual=x) if post is None else post.add_to(x, self.w2(y))
+        return add_branch(x, self.w2, y, post, self.residual_scale)  # (B, T, C)
 
 
 class Block(Module):
@@ -492,6 +507,8 @@ class Transformer(Module):
         elif at is not None:
             x = x[torch.arange(B, device=x.device), at][:, None]  # (B, 1, C)
         logits = self.lm_head.fused(x, norm=self.norm)  # (B, T, V)
+        if self.cfg.logit_divisor != 1.0:
+            logits = logits / self.cfg.logit_divisor  # Granite's logits_scaling
         if self.cfg.final_softcap:
             logits = softcap(logits.float(), self.cfg.final_softcap).to(logits.dtype)
         loss = None

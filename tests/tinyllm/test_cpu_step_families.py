@@ -41,9 +41,10 @@ FAMILIES = {
     "phi3": dict(rotary_dim=12, rope_scaling={"type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0],
                                               "long_factor": [2.0, 2.5, 3.0, 4.0, 5.0, 6.0],
                                               "original_max_position_embeddings": 64}),
+    "granite": dict(embed_scale=3.0, attn_scale=120.0, residual_scale=0.5, logit_divisor=2.5, tie_embeddings=True),
     # every feature at once: the step must not depend on which ones come together
     "all": dict(GEMMA, n_layers=3, qkv_bias=True, qk_norm=True, local_layers=(1,), rope_local_theta=10000.0,
-                attn_softcap=5.0, final_softcap=3.0, rotary_dim=24),
+                attn_softcap=5.0, final_softcap=3.0, rotary_dim=24, residual_scale=0.5, logit_divisor=2.5),
 }
 PROMPT, STEPS, BUCKETS = 10, 40, (16, 32, 64)
 
@@ -207,7 +208,7 @@ def test_what_the_native_step_still_refuses():
     assert "native CPU step does not run" in reason and "head width of 12" in reason
 
 
-@pytest.mark.parametrize("name", ["llama3", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
+@pytest.mark.parametrize("name", ["llama3", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite"])
 def test_the_hf_configs_of_test_families(name, tmp_path):
     """The exact configs test_families checks against transformers, opened from their folders."""
     from tests.tinyllm.formats_common import need

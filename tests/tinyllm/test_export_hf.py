@@ -132,6 +132,9 @@ FAMILIES = {
     "phi3": dict(family="phi3", rotary_dim=8, rope_scaling={
         "type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3], "long_factor": [1.5, 2.0, 3.0, 4.0],
         "original_max_position_embeddings": 64, "factor": 2.0, "attention_factor": None}),
+    # attn_scale: an attention_multiplier's ** -2 (0.09), as tinyllm.families.granite reads one
+    "granite": dict(family="granite", embed_scale=3.0, attn_scale=0.09 ** -2, residual_scale=0.5, logit_divisor=2.5,
+                    tie_embeddings=True),
 }
 
 

@@ -44,6 +44,9 @@ FAMILIES = {
         partial_rotary_factor=0.75, original_max_position_embeddings=64, pad_token_id=0,
         rope_scaling={"type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0],
                       "long_factor": [2.0, 2.5, 3.0, 4.0, 5.0, 6.0]})),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", dict(
+        embedding_multiplier=3.0, attention_multiplier=0.09, residual_multiplier=0.5, logits_scaling=2.5,
+        tie_word_embeddings=True)),
 }
 
 

@@ -66,7 +66,7 @@ runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
 
 # family -> the GGUF pre-tokenizer name of its tiny BPE (None: a sentencepiece tokenizer.model)
 PRE = {"llama3": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma2": None, "gemma3": None,
-       "phi3": "gpt-4o"}
+       "phi3": "gpt-4o", "granite": "llama-bpe"}
 ARCH = {"llama3": "llama"}
 
 

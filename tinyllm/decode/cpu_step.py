@@ -15,7 +15,8 @@ Contract:
   matrices and tables, and the AVX2 kernel's quantized ones, int8 and int4), of any family:
   q/k/v biases, q/k norms, head_dim apart from dim / n_heads, GeGLU, post-norms, the embedding
   scale, the attention scale, attention and final soft-caps, sliding-window layers with their own
-  RoPE tables, partial rotary (what it does not run: tinyllm.model.native_unsupported).
+  RoPE tables, partial rotary, the residual scale and the logit divisor (what it does not run:
+  tinyllm.model.native_unsupported).
 - `use_native(dec, kv_dtype=KV_DTYPE) -> NativeStep`: makes the native step the decoder's step
   (`dec.set_step`, named "native"); `dec.set_compile(None)` goes back to the plain step. Where
   the decoder's cache holds no K/V yet, it holds them in `kv_dtype` from its first prefill on
@@ -87,7 +88,7 @@ def build(model, cache) -> object:
     config = [cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim, cfg.head_dim, cfg.rotary_dim,
               int(cfg.act == "gelu_tanh"), *(b.attn.window for b in model.blocks)]
     scalars = [float(cfg.norm_eps), float(cfg.embed_scale), float(model.blocks[0].attn.scale),
-               float(cfg.attn_softcap), float(cfg.final_softcap)]
+               float(cfg.attn_softcap), float(cfg.final_softcap), float(cfg.residual_scale), float(cfg.logit_divisor)]
     return torch.classes.tinyllm_cpu.Step(tensors, config, scalars)
 
 

@@ -20,14 +20,15 @@
 //            window > 0: a local layer, attending that many keys, itself included, with the
 //            local tables)
 //   scalars  [norm_eps, embed_scale, attn_scale (the query scale itself), attn_softcap,
-//            final_softcap] (a cap of 0: none)
+//            final_softcap, residual_scale, logit_divisor] (a cap of 0: none)
 //   tok (1, 1) int64, pos (1,) int64 and first_valid (1,) int64: the StaticKVCache's own
 //   tensors. The step embeds tok (times embed_scale), runs every block (RMSNorm, the fused QKV
 //   product plus its bias, each head of q and k RMS-normed, RoPE in the rotate-half layout at
 //   pos over the first rotary_dim dims of each head, K/V written at pos, attention over keys
 //   first_valid..pos (a local layer's from pos - window + 1), soft-capped scores, the output
-//   product, its post-norm and the residual, RMSNorm, SwiGLU or GeGLU, its post-norm and the
-//   residual), the final norm and lm_head, the final soft-cap, adds 1 to pos, and returns
+//   product, its post-norm and the residual (each half's output times residual_scale), RMSNorm,
+//   SwiGLU or GeGLU, its post-norm and the residual), the final norm and lm_head, the logits
+//   divided by logit_divisor, the final soft-cap, adds 1 to pos, and returns
 //   fresh logits (1, 1, V) fp32. That is model.Transformer.forward with every ModelConfig
 //   feature tinyllm.model.native_unsupported does not name.
 //   `forward_greedy(tok, pos, first_valid, window, ring, ring_at, penalty, n_valid, hist, dry,
@@ -178,12 +179,15 @@ class Step : public torch::CustomClassHolder {
   Step(std::vector<at::Tensor> t, std::vector<int64_t> config, std::vector<double> scalars) {
     TORCH_CHECK(config.size() >= 8 && static_cast<int64_t>(config.size()) == 8 + config[0],
                 "config: [n_layers, dim, n_heads, n_kv_heads, ffn_dim, head_dim, rotary_dim, gelu, windows...]");
-    TORCH_CHECK(scalars.size() == 5, "scalars: [norm_eps, embed_scale, attn_scale, attn_softcap, final_softcap]");
+    TORCH_CHECK(scalars.size() == 7, "scalars: [norm_eps, embed_scale, attn_scale, attn_softcap, final_softcap, "
+                "residual_scale, logit_divisor]");
     L_ = config[0], C_ = config[1], H_ = config[2], Hkv_ = config[3], F_ = config[4], Dh_ = config[5];
     rot2_ = config[6] / 2, gelu_ = config[7] != 0;
     eps_ = static_cast<float>(scalars[0]), embed_scale_ = static_cast<float>(scalars[1]);
     scale_ = static_cast<float>(scalars[2]), attn_cap_ = static_cast<float>(scalars[3]);
-    final_cap_ = static_cast<float>(scalars[4]);
+    final_cap_ = static_cast<float>(scalars[4]), res_scale_ = static_cast<float>(scalars[5]);
+    logit_div_ = static_cast<float>(scalars[6]);
+    TORCH_CHECK(logit_div_ > 0.f, "logit_divisor must be > 0");
     TORCH_CHECK(H_ > 0 && Hkv_ > 0 && H_ % Hkv_ == 0, "heads must divide");
     TORCH_CHECK(Dh_ % 8 == 0 && Dh_ <= tinyllm_cpu::ATTN_MAX_D && H_ / Hkv_ <= tinyllm_cpu::ATTN_MAX_R,
                 "head_dim must be a multiple of 8 up to ", tinyllm_cpu::ATTN_MAX_D, " and n_heads / n_kv_heads at most ",
@@ -273,15 +277,17 @@ class Step : public torch::CustomClassHolder {
       tinyllm_cpu::attend(q, R, l.k, l.v, from, p, scale_, att_.data(), attn_cap_, l.ks, l.vs);  // (Hkv, R, Dh)
       tinyllm_cpu::matvec(l.wo, att_.data(), o_.data());
       if (l.post_attn.defined()) rms_norm(o_.data(), l.post_attn.data_ptr<float>(), C_, eps_, o_.data());
-      for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i];
+      for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i] * res_scale_;  // exact where the scale is 1
       rms_norm(x_.data(), l.ffn_norm.data_ptr<float>(), C_, eps_, h_.data());
       tinyllm_cpu::ffn(l.w13, l.w2, h_.data(), o_.data(), gelu_);
       if (l.post_ffn.defined()) rms_norm(o_.data(), l.post_ffn.data_ptr<float>(), C_, eps_, o_.data());
-      for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i];
+      for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i] * res_scale_;  // exact where the scale is 1
     }
     rms_norm(x_.data(), norm_.data_ptr<float>(), C_, eps_, h_.data());
     at::Tensor logits = at::empty({1, 1, V_}, tok.options().dtype(at::kFloat));
     tinyllm_cpu::matvec(out_, h_.data(), logits.data_ptr<float>());
+    if (logit_div_ != 1.f)
+      for (float *v = logits.data_ptr<float>(), *end = v + V_; v < end; ++v) *v /= logit_div_;
     if (final_cap_ > 0.f) tinyllm_cpu::soft_cap(logits.data_ptr<float>(), V_, final_cap_);
     ++p;
     return logits;
@@ -412,7 +418,7 @@ class Step : public torch::CustomClassHolder {
 
   int64_t L_, C_, H_, Hkv_, F_, Dh_, V_, rows_, rot2_;  // rot2_: rotary_dim / 2
   bool gelu_;
-  float eps_, embed_scale_, scale_, attn_cap_, final_cap_;
+  float eps_, embed_scale_, scale_, attn_cap_, final_cap_, res_scale_, logit_div_;
   at::Tensor emb_w_, emb_s_, emb_z_, norm_, cos_, sin_, local_cos_, local_sin_;
   Matrix out_;
   std::vector<Layer> layers_;
