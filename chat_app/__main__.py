@@ -25,6 +25,14 @@ unsaved-*.md file it was written to instead (or saying that it could not be).
 Without a terminal (stdin, stdout or stderr redirected) the app is refused the same way, once
 the options have been checked; `--help` works anywhere. `--threads` is 1 to the cores this
 process may use.
+Without the app: `-p PROMPT`, or text on stdin when stdin is not a terminal (read to its end;
+`</dev/null` is nothing, and with nothing and no -p the app runs, or is refused as above), sends
+one message and prints its reply (chat_app.oneshot, which does import torch, in this process:
+the model loads here). `oneshot_message` builds the message: -p's text, after stdin's text and
+the -f files as fenced blocks (chat_app.attachments); a file or stdin it cannot send, and -f,
+--json, --no-save or --chat with no message, are one line and exit 2. That run ends with
+os._exit once its output is flushed and chat.db closed (finalizing torch took 0.8 s more), so
+it is run in a subprocess, never in a test's own process.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import argparse
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -42,7 +51,8 @@ from tinyllm.decode.sampling_params import DRY_WINDOW, REPEAT_STOP, parse_repeat
 
 if TYPE_CHECKING:
     from chat_app.app import ChatApp
-    from chat_app.store import Store
+    from chat_app.server_session import ServerSession
+    from chat_app.store import Resumed, Store
 
 PROG = "tinyllm-chat"
 LOG_NAME = "tinyllm-chat.log"
@@ -51,6 +61,8 @@ LOG_NAME = "tinyllm-chat.log"
 COMPILE = {"on": "auto", "off": None, "inductor": "inductor"}
 DEFAULT_MAX_TOKENS = 1024  # a reply's limit unless set: long answers end, /continue goes on
 QUANT_CHOICES = ("auto", "none", "int8", "int4")  # "keep" is what auto is on a CPU: not offered
+SAMPLING = ("temperature", "top_p", "top_k", "repeat_penalty", "dry_multiplier", "dry_base",  # /set's names,
+            "dry_allowed_length", "dry_last_n", "repeat_stop", "max_tokens", "seed")  # the options' dests
 
 
 
@@ -113,6 +125,23 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
     p.add_argument("--template", default=None, help="chat template: chatml, llama2, zephyr "
                                                     "(default: the checkpoint's)")
     p.add_argument("--resume", action="store_true", help="reopen the last conversation")
+    o = p.add_argument_group(
+        "without the app (scripts and pipes; docs/USING.md)",
+        "-p, or text on stdin when it is not a terminal, sends one message and prints the reply on stdout as "
+        "it streams, with no window. Text on stdin is the message, or goes before -p's text as a file would. "
+        "A message longer than the context is refused: one line on stderr, exit 2 (a resumed chat's oldest "
+        "turns are dropped to make room, said on stderr). Exit codes: 0 the reply ended, 1 it failed (the "
+        "model or server; what came is kept), 2 bad input (options, model, files, a message or reply past "
+        "the context), 130 Ctrl+C (what came is kept), 129/143 SIGHUP/SIGTERM, 141 stdout closed.")
+    o.add_argument("-p", "--prompt", default=None, metavar="PROMPT", help="send PROMPT, print the reply, exit")
+    o.add_argument("-f", "--file", dest="files", action="append", default=[], metavar="PATH",
+                   help="attach a text file to the message (repeatable): sent as a fenced block under its "
+                        "name; binary, special and unreadable files are refused, as is one over 1 MiB")
+    o.add_argument("--json", action="store_true",
+                   help="print the reply's events as JSON lines (tokens, counts, tok/s, time to first token)")
+    o.add_argument("--no-save", action="store_true", help="keep the message and reply out of the chat history")
+    o.add_argument("--chat", type=int, default=None, metavar="ID",
+                   help="continue saved chat ID (--json's last line names a reply's chat)")
     p.add_argument("--theme", default=None, help="a Textual theme, e.g. nord, gruvbox, textual-light "
                                                  "(/theme lists them; default: textual-dark)")
     p.epilog = ("Defaults for these options can be set in config.toml in the user config folder "
@@ -145,53 +174,26 @@ def resolve_model(spec: str | Path) -> str | Path:
     return str(hub.fetch(str(spec)))
 
 
+@dataclass
+class Settled:
+    """What the command line comes to once checked, before a model is opened: the app's start and
+    the one-shot run's (chat_app.oneshot)."""
+    store: Store | None  # None: --no-save with no chat to continue (the one-shot run only)
+    resumed: Resumed | None  # --resume's (or --chat's) chat
+    name: str  # the model's
+    path: str | Path  # a local model's (a server's: its spec)
+    server: ServerSession | None  # a server model, connected (closed unless keep_server)
+    local: dict  # open_session's arguments for a local model
+    fallback: str | None  # the chat's own model is open: the one it would have had without --resume
+
+
 def build_app(args: argparse.Namespace) -> ChatApp:
     """Check everything the command line says; FileNotFoundError/ValueError when it's wrong."""
-    if args.model is None and getattr(args, "config_model", None) is None and not DEFAULT_MODEL.exists():
-        raise FileNotFoundError(f"the default model {DEFAULT_MODEL} is not there yet; "
-                                "pass --model PATH (a checkpoint folder, Hugging Face folder or .gguf file)")
     from functools import partial
 
-    if args.threads is not None and not 1 <= args.threads <= cores():
-        raise ValueError(f"--threads must be from 1 to {cores()} (the cores this process may use), got {args.threads}")
-    use_compile_cache()
-    from chat_app import api_keys
-    from chat_app.server_api import endpoint, is_server
-    from chat_app.server_session import ServerSession, open_session
-    from chat_app.store import Store
-    from tinyllm.decode.sampling_params import SamplingParams
-    from tinyllm.formats import hub
-    from tinyllm.formats.model_files import precheck
-    from tinyllm.text.chat_template import get_template  # none of these imports torch
+    from chat_app.server_session import open_session
 
-    store = Store.open(system=args.system)
-    resumed = store.resume() if args.resume else None
-    spec = args.model or getattr(args, "config_model", None)
-    servers = args.servers
-    if resumed and resumed.saved and not args.model:  # the chat's own model, where it still is
-        spec, resumed.notice = chat_model(store, spec, servers)
-    server = None
-    if is_server(spec, servers):  # checked here, before the window opens: reachable, its model listed
-        env_key = api_keys.from_environment() if args.model else None  # the --model server's only (api_keys)
-        server = ServerSession(endpoint(str(spec), servers, env_key), None)  # type: ignore[arg-type]
-        first, name, path = server.endpoint, server.name, server.path
-        server.close()
-        store.model, store.model_path, store.model_spec = name, None, first.spec
-    else:
-        path = resolve_model(spec) if spec else DEFAULT_MODEL
-        name = precheck(path)  # the rest of open_session's checks run in the child
-        store.model, store.model_path = name, str(Path(path).expanduser().resolve())
-        store.model_spec = str(spec) if spec and hub.is_hub(spec) else None
-    if args.max_len is not None and args.max_len < 16:
-        raise ValueError(f"--max-len must be at least 16, got {args.max_len}")
-    max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            repeat_penalty=args.repeat_penalty, max_tokens=max_tokens,
-                            seed=args.seed, dry_multiplier=args.dry_multiplier, dry_base=args.dry_base,
-                            dry_allowed_length=args.dry_allowed_length, dry_last_n=args.dry_last_n,
-                            repeat_stop=args.repeat_stop)
-    if args.template:
-        get_template(args.template)
+    s = settle(args)
     if args.theme:
         from textual.theme import BUILTIN_THEMES
 
@@ -202,20 +204,99 @@ def build_app(args: argparse.Namespace) -> ChatApp:
 
     # A local model's session runs in a child process: its decoding never waits for the UI's GIL.
     # A server's runs here (chat_app.server_session): no torch, no child process.
-    opener = partial(open_session, dict(
+    opener = partial(open_session, s.local, args.servers, s.server.endpoint if s.server else None)
+    assert s.store is not None
+    return ChatApp(opener, s.store, model_name=s.name, resume=s.resumed, theme=args.theme, fallback=s.fallback,
+                   servers=args.servers)
+
+
+def settle(args: argparse.Namespace, keep_server: bool = False, store: bool = True) -> Settled:
+    """The checks every start makes; FileNotFoundError/ValueError when something is wrong.
+    `store=False` opens no chat history unless --resume or --chat needs one to read."""
+    if args.model is None and getattr(args, "config_model", None) is None and not DEFAULT_MODEL.exists():
+        raise FileNotFoundError(f"the default model {DEFAULT_MODEL} is not there yet; "
+                                "pass --model PATH (a checkpoint folder, Hugging Face folder or .gguf file)")
+    if args.threads is not None and not 1 <= args.threads <= cores():
+        raise ValueError(f"--threads must be from 1 to {cores()} (the cores this process may use), got {args.threads}")
+    use_compile_cache()
+    from chat_app.store import Resumed, Store, StoreError
+    from tinyllm.decode.sampling_params import SamplingParams
+    from tinyllm.formats import hub
+    from tinyllm.formats.model_files import precheck
+    from tinyllm.text.chat_template import get_template  # none of these imports torch
+
+    chat = getattr(args, "chat", None)
+    history = Store.open(system=args.system) if store or args.resume or chat is not None else None
+    resumed = history.resume() if history and args.resume else None
+    if history is not None and chat is not None:
+        try:
+            resumed = Resumed(history.open_chat(chat))
+        except StoreError as e:
+            resumed = Resumed([], error=f"could not open chat {chat}: {e}")
+    spec = args.model or getattr(args, "config_model", None)
+    servers = args.servers
+    if history and resumed and resumed.saved and not args.model:  # the chat's own model, where it still is
+        spec, resumed.notice = chat_model(history, spec, servers)
+    server = None
+    if is_server(spec, servers):  # checked here, before the window opens: reachable, its model listed
+        from chat_app import api_keys
+        from chat_app.server_api import endpoint
+        from chat_app.server_session import ServerSession
+
+        env_key = api_keys.from_environment() if args.model else None  # the --model server's only (api_keys)
+        server = ServerSession(endpoint(str(spec), servers, env_key), None)  # type: ignore[arg-type]
+        name, path = server.name, server.path
+        model_path, model_spec = None, server.endpoint.spec
+        if not keep_server:
+            server.close()
+    else:
+        path = resolve_model(spec) if spec else DEFAULT_MODEL
+        name = precheck(path)  # the rest of open_session's checks run in the child
+        model_path = str(Path(path).expanduser().resolve())
+        model_spec = str(spec) if spec and hub.is_hub(spec) else None
+    if history is not None:
+        history.model, history.model_path, history.model_spec = name, model_path, model_spec
+    if args.max_len is not None and args.max_len < 16:
+        raise ValueError(f"--max-len must be at least 16, got {args.max_len}")
+    max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            repeat_penalty=args.repeat_penalty, max_tokens=max_tokens,
+                            seed=args.seed, dry_multiplier=args.dry_multiplier, dry_base=args.dry_base,
+                            dry_allowed_length=args.dry_allowed_length, dry_last_n=args.dry_last_n,
+                            repeat_stop=args.repeat_stop)
+    if server is not None:
+        server.params, server.system = params, args.system or None
+    if args.template:
+        get_template(args.template)
+    local = dict(
         path=str(path), device=args.device, max_len=args.max_len, params=params, system=args.system,
         use_graph=False if args.no_graphs else None, template=args.template,
         compile=COMPILE[args.compile], threads=args.threads, ignore_eos=args.ignore_eos,
         quant=args.quant, cap_max_tokens=args.max_tokens is None,
         context_budget=getattr(args, "context_budget", None),
-        log=str(store.folder / "session.log")), servers, server.endpoint if server else None)
+        log=str((history.folder if history else default_folder()) / "session.log"))
     fallback = args.model or getattr(args, "config_model", None)
     if spec == fallback or fallback and (hub.is_hub(fallback) or is_server(fallback, servers)):
         fallback = None
     else:  # the chat's own model: if the child refuses it, the one it would have had
         fallback = str(fallback or DEFAULT_MODEL)
-    return ChatApp(opener, store, model_name=name, resume=resumed, theme=args.theme, fallback=fallback,
-                   servers=servers)
+    return Settled(history, resumed, name, path, server, local, fallback)
+
+
+def is_server(spec: str | Path | None, servers: dict) -> bool:
+    """chat_app.server_api.is_server, which imports httpx (0.2 s) only for a spec that may be one:
+    a URL or hf: spec has a colon; a [servers] name is one of `servers`."""
+    if not spec or ":" not in str(spec) and str(spec).partition("#")[0] not in servers:
+        return False
+    from chat_app.server_api import is_server as server
+
+    return server(str(spec), servers)
+
+
+def default_folder() -> Path:
+    from chat_app.store import default_data_dir
+
+    return default_data_dir()
 
 
 def chat_model(store: Store, fallback: str | Path | None,
@@ -223,7 +304,6 @@ def chat_model(store: Store, fallback: str | Path | None,
     """The model a resumed chat reopens with (its path, its hf: spec, fetched now, or its
     server), or `fallback` and the notice that says why not."""
     from chat_app.chat_model import gone, locate
-    from chat_app.server_api import is_server
     from tinyllm.formats import hub
     from tinyllm.formats.model_files import precheck
 
@@ -264,6 +344,38 @@ def need_terminal() -> None:
                          "tinyllm-chat is a full-screen app; run it in a terminal, without redirections")
 
 
+def oneshot_message(args: argparse.Namespace) -> str | None:
+    """The message to send without the app: -p's text, with what came on stdin (when it is not a
+    terminal) and the -f files before it; None where the app is to run (no -p, nothing on stdin).
+    ValueError for a file or stdin that cannot be sent, or an option that needs a message."""
+    import os
+
+    from chat_app.attachments import fenced, read_file, read_stream
+
+    piped = None
+    if not os.isatty(0):  # read to its end: `</dev/null` sends nothing
+        try:
+            piped = read_stream(sys.stdin.buffer, "stdin") if sys.stdin is not None else None
+        except OSError:  # stdin closed
+            piped = None
+        piped = piped if piped and piped.strip() else None
+    if args.prompt is None and piped is None:
+        given = [name for name, on in (("-f", args.files), ("--json", args.json), ("--no-save", args.no_save),
+                                       ("--chat", args.chat is not None)) if on]
+        if given:
+            raise ValueError(f"{', '.join(given)} go{'es' if len(given) == 1 else ''} with a message: "
+                             "-p PROMPT, or text on stdin")
+        return None
+    if args.prompt is not None and not args.prompt.strip() and piped is None and not args.files:
+        raise ValueError("-p got an empty message")
+    parts = [fenced(path, read_file(path)) for path in args.files]
+    if args.prompt is None:  # stdin is the message
+        return "\n\n".join([*parts, piped or ""])
+    if piped is not None:
+        parts.insert(0, fenced("stdin", piped))
+    return "\n\n".join([*parts, args.prompt] if args.prompt.strip() else parts)
+
+
 def fatal(error: BaseException, data_dir: Path | None = None) -> NoReturn:
     """One line on stderr, the traceback in the data folder's log, exit code 1."""
     where = "no log written"
@@ -297,6 +409,8 @@ def use_compile_cache() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import os
+
     from chat_app import config
 
     try:
@@ -305,6 +419,18 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         sys.exit(2)
     args = build_parser(defaults).parse_args(argv)
+    try:
+        message = oneshot_message(args)
+    except ValueError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if message is not None:  # -p, or text on stdin: the reply on stdout, no window (chat_app.oneshot)
+        from chat_app import oneshot
+
+        code = oneshot.run(args, message, sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # all written and closed: Python's own exit, finalizing torch, took 0.8 s more
     try:
         app = build_app(args)
         need_terminal()

@@ -1,0 +1,82 @@
+"""Time to the first token without a window: `tinyllm-chat -p PROMPT` against the library alone
+(`tinyllm.open_session` then `send`, in a fresh process), both timed the same way, in one run.
+
+    python scripts/oneshot_startup.py [--model PATH] [--runs 5] [--prompt TEXT]
+
+Each run starts a fresh process and times, from its start, the first byte of the reply on its
+stdout (the library's script prints each token as it comes, as `-p` does) and the process's
+end (`-p` with --max-tokens 8). The two alternate run by run, so both see the same load on a
+busy machine. Prints one line per run, then the medians and their difference (issue 52: the
+CLI may take at most 0.3 s more than the library). Uses a throwaway data and config folder;
+`-p` runs with --no-save (and once more with saving, the default: its chat.db write is timed too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LIBRARY = """
+import sys
+import tinyllm
+session = tinyllm.open_session(sys.argv[1])
+for event in session.send(sys.argv[2]):
+    if isinstance(event, tinyllm.Token) and event.text:
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+    if isinstance(event, tinyllm.Token) and event.stats.tokens >= 8:
+        session.stop()
+"""
+
+
+def timed(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]:
+    """(seconds to the first byte on stdout, seconds to the process's end)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                            env=env, cwd=cwd)
+    assert proc.stdout is not None
+    first = proc.stdout.read(1)
+    at = time.perf_counter() - start
+    proc.stdout.read()
+    proc.wait()
+    if not first or proc.returncode != 0:
+        raise SystemExit(f"{argv[:3]} wrote nothing or failed (exit {proc.returncode})")
+    return at, time.perf_counter() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    repo = Path(__file__).resolve().parent.parent
+    p.add_argument("--model", default=str(repo / "models" / "tinychat"))
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--prompt", default="Name three colours.")
+    a = p.parse_args()
+    cli = str(Path(sys.executable).with_name("tinyllm-chat"))
+    rows: dict[str, list[tuple[float, float]]] = {"library": [], "-p --no-save": [], "-p (saved)": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, TINYLLM_CHAT_DATA_DIR=f"{tmp}/data", TINYLLM_CHAT_CONFIG_DIR=f"{tmp}/config")
+        argvs = {"library": [sys.executable, "-c", LIBRARY, a.model, a.prompt],
+                 "-p --no-save": [cli, "--model", a.model, "-p", a.prompt, "--max-tokens", "8", "--no-save"],
+                 "-p (saved)": [cli, "--model", a.model, "-p", a.prompt, "--max-tokens", "8"]}
+        timed(argvs["library"], env, tmp)  # a first run warms the page cache and builds nothing later ones time
+        for run in range(a.runs):
+            for name, argv in argvs.items():
+                rows[name].append(timed(argv, env, tmp))
+                first, end = rows[name][-1]
+                print(f"run {run + 1}  {name:14} first token {first:.2f} s   exit {end:.2f} s", flush=True)
+    med = {name: (statistics.median(f for f, _ in r), statistics.median(e for _, e in r)) for name, r in rows.items()}
+    for name, (first, end) in med.items():
+        print(f"median  {name:14} first token {first:.2f} s   exit {end:.2f} s")
+    for name in ("-p --no-save", "-p (saved)"):
+        print(f"{name} minus the library: first token {med[name][0] - med['library'][0]:+.2f} s, "
+              f"exit {med[name][1] - med['library'][1]:+.2f} s")
+
+
+if __name__ == "__main__":
+    main()
