@@ -144,7 +144,7 @@ def test_fused_step_equals_the_unfused_step_under_the_interpreter(families):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("name", ["llama3", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
+@pytest.mark.parametrize("name", ["llama3", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite"])
 def test_fused_step_cuda(name, form, tmp_path):
     make_wide(name, tmp_path)
     # In bf16 the unfused step rounds after every op and the fused one keeps fp32 inside each kernel:

@@ -175,6 +175,7 @@ def test_q8_0_file_keeps_the_logits(tmp_path_factory):
     ("qwen2moe", {}, "GGUF architecture 'qwen2moe' is not supported (tinyllm reads "),
     ("qwen2", {"rope.scaling.type": "yarn"}, "rope scaling ('yarn') is not supported"),
     ("qwen3", {"expert_count": 8}, "mixture-of-experts qwen3 models are not supported"),
+    ("granite", {"feed_forward_length": 128, "rope.scaling.finetuned": 0}, "granite layers without RoPE"),
 ])
 def test_missing_families_and_features_are_one_line_refusals(tmp_path, arch, kv, message):
     import gguf
