@@ -38,12 +38,13 @@ def read_file(path: str | Path) -> str:
         fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     except OSError as e:
         raise ValueError(f"cannot read {name}: {e.strerror or e}") from None
-    with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(fd).st_mode
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
         if stat.S_ISDIR(mode):
             raise ValueError(f"{name} is a folder; attach its files one by one (-f PATH each)")
-        if not stat.S_ISREG(mode):
-            raise ValueError(f"{name}: a special file ({_kind(mode)}); attach a regular text file")
+        raise ValueError(f"{name}: a special file ({_kind(mode)}); attach a regular text file")
+    with os.fdopen(fd, "rb") as f:
         try:
             return _text(f, name)
         except OSError as e:
