@@ -9,6 +9,8 @@ end (`-p` with --max-tokens 8). The two alternate run by run, so both see the sa
 busy machine. Prints one line per run, then the medians and their difference (issue 52: the
 CLI may take at most 0.3 s more than the library). Uses a throwaway data and config folder;
 `-p` runs with --no-save (and once more with saving, the default: its chat.db write is timed too).
+A fourth row, "model process", is the library's session in the app's child process
+(chat_app.remote_session), as -p would run it if it did not load the model itself.
 """
 
 from __future__ import annotations
@@ -32,6 +34,20 @@ for event in session.send(sys.argv[2]):
         sys.stdout.flush()
     if isinstance(event, tinyllm.Token) and event.stats.tokens >= 8:
         session.stop()
+"""
+
+PROCESS = """
+import sys
+from chat_app.remote_session import RemoteSession
+from tinyllm.session.chat_events import Token
+session = RemoteSession(dict(path=sys.argv[1]))
+for event in session.send(sys.argv[2]):
+    if isinstance(event, Token) and event.text:
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+    if isinstance(event, Token) and event.stats.tokens >= 8:
+        session.stop()
+session.close()
 """
 
 
@@ -58,12 +74,14 @@ def main() -> None:
     p.add_argument("--prompt", default="Name three colours.")
     a = p.parse_args()
     cli = str(Path(sys.executable).with_name("tinyllm-chat"))
-    rows: dict[str, list[tuple[float, float]]] = {"library": [], "-p --no-save": [], "-p (saved)": []}
+    rows: dict[str, list[tuple[float, float]]] = {"library": [], "-p --no-save": [], "-p (saved)": [],
+                                                  "model process": []}
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, TINYLLM_CHAT_DATA_DIR=f"{tmp}/data", TINYLLM_CHAT_CONFIG_DIR=f"{tmp}/config")
         argvs = {"library": [sys.executable, "-c", LIBRARY, a.model, a.prompt],
                  "-p --no-save": [cli, "--model", a.model, "-p", a.prompt, "--max-tokens", "8", "--no-save"],
-                 "-p (saved)": [cli, "--model", a.model, "-p", a.prompt, "--max-tokens", "8"]}
+                 "-p (saved)": [cli, "--model", a.model, "-p", a.prompt, "--max-tokens", "8"],
+                 "model process": [sys.executable, "-c", PROCESS, a.model, a.prompt]}
         timed(argvs["library"], env, tmp)  # a first run warms the page cache and builds nothing later ones time
         for run in range(a.runs):
             for name, argv in argvs.items():
@@ -73,7 +91,7 @@ def main() -> None:
     med = {name: (statistics.median(f for f, _ in r), statistics.median(e for _, e in r)) for name, r in rows.items()}
     for name, (first, end) in med.items():
         print(f"median  {name:14} first token {first:.2f} s   exit {end:.2f} s")
-    for name in ("-p --no-save", "-p (saved)"):
+    for name in ("-p --no-save", "-p (saved)", "model process"):
         print(f"{name} minus the library: first token {med[name][0] - med['library'][0]:+.2f} s, "
               f"exit {med[name][1] - med['library'][1]:+.2f} s")
 
