@@ -162,7 +162,7 @@ def test_a_reply_that_fills_the_context_is_kept_and_exit_2(ckpt, data_dir):
     assert len(reply) == 1 and reply[0][3] and done.stdout.decode() == shown(reply[0][3])
 
 
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_a_signal_mid_reply_keeps_what_came(ckpt, data_dir, signum, code):
     proc = subprocess.Popen([sys.executable, "-c", HELD, "--model", str(ckpt), *TINY, "--ignore-eos",
                              "--max-tokens", "1000", "-p", "Hi"], stdin=subprocess.DEVNULL,
@@ -177,6 +177,54 @@ def test_a_signal_mid_reply_keeps_what_came(ckpt, data_dir, signum, code):
     (user, reply) = rows(data_dir)
     assert user[2:] == ("user", "Hi", 0, 0)
     assert reply[2] == "assistant" and reply[4:] == (1, 0) and reply[3] and out == shown(reply[3])
+
+
+def test_stdout_closed_stops_the_reply_and_keeps_it(ckpt, data_dir):
+    """`| head`: the reader is gone before the reply's first write (closed here before it can begin)."""
+    proc = subprocess.Popen([CLI, "--model", str(ckpt), *TINY, "--ignore-eos", "--max-tokens", "1000", "-p", "Hi"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 141 and err == b"", (proc.returncode, err)
+    (user, reply) = rows(data_dir)
+    assert user[3] == "Hi" and reply[2] == "assistant" and reply[4:] == (1, 0) and reply[3]
+
+
+def test_a_resumed_chat_keeps_its_settings_under_the_command_lines(ckpt, data_dir):
+    from chat_app.store import Store
+
+    first = run("--model", str(ckpt), *TINY, "--ignore-eos", "--max-tokens", "4", "-p", "Hi", "--json")
+    chat = json.loads(first.stdout.decode().splitlines()[-1])["chat"]
+    store = Store.open(data_dir)
+    store.open_chat(chat)
+    store.set_setting("max_tokens", "3")  # /set max_tokens 3, in the app
+    store.close()
+
+    def tokens(*argv: str) -> int:
+        done = run(*TINY, "--ignore-eos", "--resume", "-p", "More", "--json", *argv)
+        assert done.returncode == 0, done.stderr
+        end = json.loads(done.stdout.decode().splitlines()[-1])
+        assert end["chat"] == chat and end["reason"] == "max_tokens"
+        return end["reply_tokens"]
+
+    assert tokens() == 3  # the chat's own value (and its own model: no --model here)
+    assert tokens("--max-tokens", "5") == 5  # the command line's wins
+
+
+def test_a_resumed_chat_past_the_context_says_what_was_dropped(ckpt, data_dir):
+    argv = ["--model", str(ckpt), *TINY, "--max-len", "64", "--ignore-eos", "--max-tokens", "8", "--json"]
+    for turn in range(8):
+        done = run(*argv, *(["--resume"] if turn else []), "-p", f"turn {turn} of the chat")
+        assert done.returncode == 0, done.stderr
+        dropped = json.loads(done.stdout.decode().splitlines()[0])["dropped"]
+        if dropped:
+            assert done.stderr.decode() == (f"tinyllm-chat: note: the oldest {dropped} messages of this chat no longer "
+                                            "fit the context: the model did not see them\n"
+                                            "tinyllm-chat: note: the reply reached max_tokens (8) and ends there; "
+                                            "--max-tokens N allows more\n")
+            return
+    raise AssertionError("eight turns of about 14 tokens fit a context of 64")
 
 
 # ---- a server: --json, control characters, faults ---------------------------------------------
