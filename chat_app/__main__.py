@@ -376,6 +376,15 @@ def oneshot_message(args: argparse.Namespace) -> str | None:
     return "\n\n".join([*parts, args.prompt] if args.prompt.strip() else parts)
 
 
+def given(argv: list[str]) -> set[str]:
+    """The sampling options (and --system) the command line gives: they win over a resumed chat's."""
+    unset = object()
+    names = (*SAMPLING, "system")
+    ns = argparse.Namespace(**dict.fromkeys(names, unset))
+    build_parser().parse_args(argv, ns)  # argparse sets a default only where the namespace has none
+    return {name for name in names if getattr(ns, name) is not unset}
+
+
 def fatal(error: BaseException, data_dir: Path | None = None) -> NoReturn:
     """One line on stderr, the traceback in the data folder's log, exit code 1."""
     where = "no log written"
@@ -425,9 +434,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         sys.exit(2)
     if message is not None:  # -p, or text on stdin: the reply on stdout, no window (chat_app.oneshot)
+        from functools import partial
+
         from chat_app import oneshot
 
-        code = oneshot.run(args, message, sys.argv[1:] if argv is None else argv)
+        try:
+            code = oneshot.run(args, message, given(sys.argv[1:] if argv is None else argv),
+                               partial(settle, args, keep_server=True, store=not args.no_save))
+        except Exception as e:
+            fatal(e)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # all written and closed: Python's own exit, finalizing torch, took 0.8 s more

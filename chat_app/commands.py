@@ -2,11 +2,12 @@
 
 Contract: `COMMANDS` is the table the help screen shows; `CommandRunner.run(text)` runs one. What a
 command says back (its output, and every refusal: severity "error", never an exception) is a
-note in the conversation (`ChatApp.note`: it stays, scrolls with the chat, and is neither saved
-with it nor seen by the model); only what passes is a toast (`ChatApp.say`: "Exported").
+note in the conversation (`ChatCore.note`: it stays, scrolls with the chat, and is neither saved
+with it nor seen by the model); only what passes is a toast (`ChatCore.say`: "Exported").
 `/export PATH` refuses to replace an existing file; `/export! PATH` overwrites it; either
 writes only a regular file (a FIFO, a device or a folder is refused) and writes it on a
-worker thread, with a toast when done (a note when it could not). This module never imports torch (nor tinyllm).
+worker thread, with a toast when done (a note when it could not). This module imports
+neither Textual nor torch.
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chat_app.history import write_regular
+from chat_app.jobs import SetSystem
 from chat_app.worker import THINKING
 
 if TYPE_CHECKING:
-    from chat_app.app import ChatApp
+    from chat_app.chats import ChatSwitcher
+    from chat_app.core import ChatCore
+    from chat_app.model_switch import ModelSwitcher
+    from chat_app.replies import Replies
+    from chat_app.versions import VersionSwitcher
 
 COMMANDS = {  # name: (arguments, what it does)
     "set": ("NAME VALUE", "sampling: temperature, top_p, top_k, repeat_penalty, dry_multiplier, dry_base, "
@@ -40,15 +46,16 @@ COMMANDS = {  # name: (arguments, what it does)
 
 
 class CommandRunner:
-    def __init__(self, app: ChatApp) -> None:
-        self.app = app
+    def __init__(self, core: ChatCore, models: ModelSwitcher, chats: ChatSwitcher, versions: VersionSwitcher,
+                 replies: Replies) -> None:
+        self.core, self.models, self.chats, self.versions, self.replies = core, models, chats, versions, replies
 
     async def run(self, text: str) -> None:
         name, _, arg = text[1:].partition(" ")
         overwrite = name == "export!"
         name = "export" if overwrite else name
         if name not in COMMANDS:
-            self.app.note(f"Unknown command /{name}; /help lists them.", "error")
+            self.core.note(f"Unknown command /{name}; /help lists them.", "error")
             return
         if name == "export":
             await self.command_export(arg.strip(), overwrite)
@@ -59,28 +66,28 @@ class CommandRunner:
         name, _, value = arg.partition(" ")
         name = name.replace("-", "_")
         if name == THINKING:
-            self.switch_thinking(value.strip(), self.app.note)
+            self.switch_thinking(value.strip(), self.core.note)
             return
-        if self.app.session is None or not value.strip():
-            self.app.note("usage: /set NAME VALUE (after the model has loaded)", "error")
+        if self.core.session is None or not value.strip():
+            self.core.note("usage: /set NAME VALUE (after the model has loaded)", "error")
             return
         try:
-            self.app.session.set_param(name, value.strip())
+            self.core.session.set_param(name, value.strip())
         except ValueError as e:
-            self.app.note(str(e), "error")
+            self.core.note(str(e), "error")
             return
-        self.app.save(self.app.store.set_setting, name, value.strip())  # kept with the chat
-        sent = getattr(self.app.session, "sent_params", None)  # a server: only these go with a request
+        self.core.save(self.core.store.set_setting, name, value.strip())  # kept with the chat
+        sent = getattr(self.core.session, "sent_params", None)  # a server: only these go with a request
         if sent is not None and name not in sent:
-            self.app.note(f"{name} = {getattr(self.app.session.params, name)}, kept with the chat but not sent: "
+            self.core.note(f"{name} = {getattr(self.core.session.params, name)}, kept with the chat but not sent: "
                           f"the server uses its own (it gets {', '.join(sent)})")
             return
-        self.app.note(f"{name} = {getattr(self.app.session.params, name)} (from the next reply)")
+        self.core.note(f"{name} = {getattr(self.core.session.params, name)} (from the next reply)")
 
     def switch_thinking(self, value: str | None, tell: Callable[[str, str], None]) -> None:
         """/set thinking on|off, and the key (value None: the other way): the chat template's
         own switch (enable_thinking) from the next reply, kept with the chat like /set's values."""
-        s = self.app.session
+        s = self.core.session
         if s is None:
             tell("The model is still loading.", "warning")
             return
@@ -97,26 +104,25 @@ class CommandRunner:
         except ValueError as e:
             tell(str(e), "error")
             return
-        self.app.save(self.app.store.set_setting, THINKING, "on" if on else "off")  # kept with the chat
-        self.app.status.show(thinking=on)
+        self.core.save(self.core.store.set_setting, THINKING, "on" if on else "off")  # kept with the chat
+        self.core.view.status.show(thinking=on)
         tell(f"thinking {'on' if on else 'off'} (from the next reply)", "information")
 
     async def command_edits(self, arg: str) -> None:
-        self.app.versions.show_versions()  # chat_app.versions
+        self.versions.show_versions()
 
     async def command_system(self, arg: str) -> None:
-        self.app.queue_job("set_system", arg)
-        if self.app.busy:
-            self.app.note("The system prompt changes after this reply.")
+        self.core.queue(SetSystem(arg))
+        if self.core.busy:
+            self.core.note("The system prompt changes after this reply.")
 
     async def command_export(self, arg: str, overwrite: bool = False) -> None:
         if not arg:
-            self.app.note("usage: /export PATH (/export! PATH overwrites)", "error")
+            self.core.note("usage: /export PATH (/export! PATH overwrites)", "error")
             return
-        self.app.drawer.save_partial()  # the reply streaming now goes in as far as it got
-        text, n = self.app.store.as_markdown()  # taken now, on the UI thread; written by a worker
-        self.app.run_worker(lambda: self.export_file(arg, text, n, overwrite), thread=True, group="export",
-                        name=f"export {arg}")
+        self.replies.save_partial()  # the reply streaming now goes in as far as it got
+        text, n = self.core.store.as_markdown()  # taken now, on the UI thread; written by a worker
+        self.core.view.in_thread(lambda: self.export_file(arg, text, n, overwrite), name=f"export {arg}")
 
     def export_file(self, path: str, text: str, n: int, overwrite: bool) -> None:
         """The write of /export, on a worker thread (a slow disk never stops the UI); its
@@ -131,73 +137,74 @@ class CommandRunner:
             message, severity = f"could not export: {str(e).replace(str(Path(path).expanduser()), shown)}", "error"
         except OSError as e:  # its strerror: str(e) names the path again
             message, severity = f"could not export to {shown}: {e.strerror or e}", "error"
-        self.app.call_from_thread(self.app.say if severity == "information" else self.app.note, message, severity)
+        self.core.view.from_thread(self.core.say if severity == "information" else self.core.note, message, severity)
 
     async def command_stats(self, arg: str) -> None:
-        stats, prefill = self.app.drawer.last_stats, self.app.drawer.prefill_tokens
-        if self.app.session is None or stats is None:
-            self.app.note("No reply yet.")
+        stats, prefill = self.core.last_stats, self.core.prefill_tokens
+        if self.core.session is None or stats is None:
+            self.core.note("No reply yet.")
             return
         graphs = {True: "on", False: "off", None: "n/a on CPU"}[stats.graphs]
-        self.app.note(f"Last reply: {plural(stats.tokens, 'token')} at {stats.tok_per_s:.1f} tok/s; "
+        self.core.note(f"Last reply: {plural(stats.tokens, 'token')} at {stats.tok_per_s:.1f} tok/s; "
                       f"first token after {stats.ttft_ms:.0f} ms (prefill of {plural(prefill, 'token')}).\n"
                       f"Context: {stats.position:,} of {stats.max_len:,} positions used; attention bucket W {stats.window}; "
                       f"CUDA graphs {graphs}; decode step {stats.step}.")
 
     async def command_show(self, arg: str) -> None:
-        s = self.app.session
+        s = self.core.session
         if s is None:
-            self.app.note("The model is still loading.")
+            self.core.note("The model is still loading.")
             return
         p = s.params
         seed = "random" if p.seed is None else p.seed
-        chat = self.app.store.settings
+        chat = self.core.store.settings
         think = "" if getattr(s, "thinking", None) is None else f"; thinking {'on' if s.thinking else 'off'}"
         family = f", family {s.family}" if getattr(s, "family", "") else ""
         weights = getattr(s, "weights", "") or s.dtype
         note = getattr(s, "context_note", "")
         context = f"context {s.max_len:,} positions" + (f" ({note})" if note else " (the model's own)")
         model = f"Model: {s.name} on {s.device}, weights {weights}{family}, {context}{think}."
-        if s.step_kind == "remote":
+        if s.capabilities.served:
             model = f"Model: {s.name}, served by {s.path.partition('#')[0]} (its weights and context are the server's)."
-        self.app.note(f"{model}\n"
+        self.core.note(f"{model}\n"
                       f"System prompt: {s.system or '(none)'}\n"
                       f"Sampling: temperature {p.temperature}, top_p {p.top_p}, top_k {p.top_k}, "
                       f"repeat_penalty {p.repeat_penalty}, max_tokens {p.max_tokens:,}, seed {seed}; Ctrl+R when greedy: "
                       f"regen_temperature {p.regen_temperature}.\n"
                       f"Set in this chat: {', '.join(f'{k} {v}' for k, v in chat.items()) or 'nothing'}. "
-                      f"Theme: {self.app.theme}.")
+                      f"Theme: {self.core.view.theme_name}.")
 
     async def command_theme(self, arg: str) -> None:
         from chat_app import config
 
-        if arg not in self.app.available_themes:
-            names = ", ".join(sorted(self.app.available_themes))
-            self.app.note(f"Themes: {names}." if not arg else f"Unknown theme {arg!r}; one of {names}.",
+        view = self.core.view
+        if arg not in view.themes:
+            names = ", ".join(sorted(view.themes))
+            self.core.note(f"Themes: {names}." if not arg else f"Unknown theme {arg!r}; one of {names}.",
                      "information" if not arg else "error")
             return
-        self.app.theme = arg
+        view.use_theme(arg)
         try:
             where = config.save("theme", arg)
         except (OSError, ValueError) as e:
-            self.app.note(f"Theme {arg} for now; could not keep it in the config file: {e}", "warning")
+            self.core.note(f"Theme {arg} for now; could not keep it in the config file: {e}", "warning")
             return
-        self.app.note(f"Theme {arg} (kept in {where}).")
+        self.core.note(f"Theme {arg} (kept in {where}).")
 
     async def command_clear(self, arg: str) -> None:
-        self.app.action_new_chat()
+        self.core.new_chat()
 
     async def command_continue(self, arg: str) -> None:
-        self.app.action_continue()
+        self.replies.continue_reply()
 
     async def command_chats(self, arg: str) -> None:
-        self.app.chats.show_list()
+        self.chats.show_list()
 
     async def command_model(self, arg: str) -> None:
-        await self.app.models.command_model(arg)
+        await self.models.command_model(arg)
 
     async def command_help(self, arg: str) -> None:
-        self.app.action_help()
+        self.core.view.show_help()
 
 
 

@@ -10,8 +10,8 @@ Contract:
   text stays, for Enter to send as a new message. Otherwise it is the session job `edit`
   (tinyllm.session.session_protocol): the model sees what it would have seen had the edited text been
   sent instead, so a greedy reply is a fresh chat's.
-- The screen changes only once the new reply has begun (`turn_replaced`, which the Drawer
-  calls at Started): the old message and its reply leave the conversation, the edit takes
+- The screen changes only once the new reply has begun (`turn_replaced`, which
+  chat_app.replies calls at Started): the old message and its reply leave the conversation, the edit takes
   their place, and the store keeps the old turn as another version of it (its border says
   which: "‹ 2/2 ›"; chat_app.versions moves between them). An edit refused before it began
   comes back into the prompt, still an edit (`edit_refused`).
@@ -20,57 +20,61 @@ This module never imports torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from chat_app.jobs import Edit
 from chat_app.labels import printable
+from chat_app.showing import mark
 from chat_app.store import Saved
 
 if TYPE_CHECKING:
-    from chat_app.app import ChatApp
-    from chat_app.widgets.conversation import UserMessage
-    from chat_app.widgets.prompt_input import PromptInput
+    from chat_app.core import ChatCore
+    from chat_app.view import ShownUser
+
 
 class Editor:
-    def __init__(self, app: ChatApp) -> None:
-        self.app = app
+    def __init__(self, core: ChatCore) -> None:
+        self.core = core
 
     def last_message(self) -> str | None:
         """The chat's last user message, as the prompt edits it; None: it has none."""
-        said = [m for m in self.app.store.messages() if m.role == "user"]
+        said = [m for m in self.core.store.messages() if m.role == "user"]
         return printable(said[-1].content) if said else None
 
-    def send_edit(self, event: PromptInput.Submitted) -> None:
-        """Enter on an edit: the session's `edit` job, or a refusal that keeps the text."""
-        app = self.app
-        if self.last_message() != event.replaces:
-            app.prompt.end_edit()
-            app.say("The message you were editing is no longer the chat's last one: Enter sends your text "
+    def send_edit(self, text: str, replaces: str, accept: Callable[[], None]) -> None:
+        """Enter on an edit of `replaces`: the session's `edit` job (`accept()`: the input gives
+        the text up), or a refusal that keeps the text."""
+        core = self.core
+        if self.last_message() != replaces:
+            core.view.prompt.end_edit()
+            core.say("The message you were editing is no longer the chat's last one: Enter sends your text "
                     "as a new message.", "warning")
-        elif app.busy:
-            app.say("A reply is still running: wait for it, then press Enter to replace your message "
-                    "(Esc cancels the edit).", "warning")
-        elif app.ready_for_reply():  # the model loaded, no reply running (as for a message)
-            app.accept(event)
-            app.drawer.begin("edit", event.text)
+        elif core.busy:
+            core.say("A reply is still running: wait for it, then press Enter to replace your message "
+                     "(Esc cancels the edit).", "warning")
+        elif core.ready_for_reply():  # the model loaded, no reply running (as for a message)
+            accept()
+            core.begin(Edit(text))
 
-    async def turn_replaced(self, text: str) -> UserMessage:
+    async def turn_replaced(self, text: str) -> ShownUser:
         """The edit's reply has begun: the edit in place of the old turn, on screen and in the
         store (which keeps the old turn as another version)."""
-        app = self.app
-        await app.conversation.drop_last_turn()
-        said = [m for m in app.store.messages() if m.role == "user"]
+        core = self.core
+        await core.view.conversation.drop_last_turn()
+        said = [m for m in core.store.messages() if m.role == "user"]
         if said:
-            app.save(app.store.branch, said[-1])
+            core.save(core.store.branch, said[-1])
         row = Saved("user", text)
-        app.save(app.store.add, row)
-        widget = await app.conversation.add_user(text, saved=row)
-        app.versions.mark(widget, row)
+        core.save(core.store.add, row)
+        widget = await core.view.conversation.add_user(text, saved=row)
+        mark(widget, core.store, row)
         return widget
 
     def edit_refused(self, text: str) -> None:
         """The edit was refused before its reply began (too long, say): back into the prompt,
         still an edit (unless something was typed there since: then as give_back puts it)."""
-        prompt, last = self.app.prompt, self.last_message()
+        prompt, last = self.core.view.prompt, self.last_message()
         if last is None or prompt.text.strip():
             prompt.give_back(text)
         else:

@@ -37,7 +37,7 @@ Contract:
   be reached, refuses or lacks the model is the same kind of note. Its chats are saved with
   its URL#MODEL as their model_spec (no path), which --resume and the chat list reopen.
 - A message sent while the first model opens waits for it: shown at once in the conversation,
-  marked "waiting for the model to load", and saved to the chat at once (chat_app.drawing's
+  marked "waiting for the model to load", and saved to the chat at once (chat_app.replies
   `ask`), and sent (the mark gone) once the model has loaded.
   One message waits at a time: another one sent meanwhile is refused with a notice and stays
   in the input. If the model does not load, the waiting message is marked "not sent", leaves
@@ -55,140 +55,111 @@ This module never imports torch.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chat_app.chat_model import gone, locate
-from chat_app.events import Failed
-from chat_app.palette import offered_models
+from chat_app.core import ENDED
+from chat_app.events import Failed, LoadFailed
+from chat_app.jobs import Params, Restart, Send, SwitchModel
+from chat_app.known_models import offered_models
 from chat_app.server_api import endpoint, is_server
-from chat_app.widgets.conversation import UserMessage
+from chat_app.turn import TurnState
 from tinyllm.formats import hub  # no torch, as the next
 from tinyllm.formats.model_files import precheck
 
 if TYPE_CHECKING:
-    from chat_app.app import ChatApp
-    from chat_app.widgets.prompt_input import PromptInput
+    from chat_app.core import ChatCore
     from tinyllm.session.session_protocol import ModelProcess
 
-ENDED = "model process ended"  # the status bar's state once it has
 WAITING = "waiting for the model to load"  # the mark of a message sent while it does
 NOT_SENT = "not sent: the model did not load (the text is back in the input)"
 
 
 class ModelSwitcher:
-    def __init__(self, app: ChatApp) -> None:
-        self.app = app
-        self.session: ModelProcess | None = None  # the model that answers (None while one opens)
-        self.bad_input: str | None = None  # why the first model was refused (main() prints it, exit code 2)
+    def __init__(self, core: ChatCore) -> None:
+        self.core = core
         self.fallback: str | None = None  # --resume opened the chat's model: the one to open if it is refused
-        self.opening_first = True  # the first model is opening (until it has loaded, or failed to)
-        self.waiting: UserMessage | None = None  # a message sent while it opens, not yet begun as a reply
         self._switching_from: ModelProcess | None = None  # the session that answers again if /model fails
         self._log_error_said = False  # a log that cannot be written is said once a run
-        self._restarting = False  # a new model process is being started in place of one that ended
         self._opening_spec: str | None = None  # the hf: spec of the model being opened (None: a path)
-
-    def show_loading(self, name: str) -> None:
-        self.app.load_progress.start(name)
-        self.app.status.show(state="loading", name=name)
 
     # ---- a message sent while the first model opens ---------------------------------------
 
     @property
     def loading_first(self) -> bool:
         """The first model is opening: a message waits for it instead of being refused."""
-        return self.session is None and self.opening_first
+        return self.core.session is None and self.core.opening_first
 
-    async def send_when_loaded(self, event: PromptInput.Submitted) -> None:
-        app = self.app
-        if self.waiting is not None:
-            app.say("A message is already waiting for the model to load; send this one after its reply.", "warning")
+    async def send_when_loaded(self, text: str, ask: Callable[[str], object], accept: Callable[[], None]) -> None:
+        """A message sent while the first model opens: saved (`ask`), taken from the input
+        (`accept`), shown marked, and the turn WAITING for the model."""
+        core = self.core
+        if core.turn.state is TurnState.WAITING:
+            core.say("A message is already waiting for the model to load; send this one after its reply.", "warning")
             return
-        asked = app.drawer.ask(event.text)  # in the chat first (chat_app.drawing)
-        app.accept(event)
-        self.waiting = await app.conversation.add_user(event.text, saved=asked)
-        self.waiting.mark(WAITING)
+        ask(text)  # in the chat first (chat_app.replies)
+        accept()
+        core.turn.move(TurnState.WAITING)
+        core.turn.shown = await core.view.conversation.add_user(text, saved=core.turn.asked)
+        core.turn.shown.mark(WAITING)
 
     def send_waiting(self) -> None:
         """The model has loaded: the waiting message goes (after the jobs queued before it), and
         its mark goes now: the status bar says "ready" from here on."""
-        if self.waiting is not None:
-            self.waiting.mark("")
-            self.app.drawer.begin("send", self.waiting.text)
+        turn = self.core.turn
+        if turn.state is TurnState.WAITING:
+            turn.shown.mark("")
+            self.core.begin(Send(turn.shown.text))
 
-    async def waiting_began(self) -> bool:
-        """The send that began was the waiting message: unmarked where it is shown. False when
-        there was none, or it is no longer shown (Ctrl+N cleared the conversation meanwhile)."""
-        waiting, self.waiting = self.waiting, None
-        if waiting is None or not waiting.is_attached:
-            return False
-        waiting.mark("")
-        return True
-
-    async def waiting_refused(self) -> None:
-        """The waiting message's send was refused before it began: it leaves the conversation
-        (the caller gives its text back to the input)."""
-        waiting, self.waiting = self.waiting, None
-        if waiting is not None and waiting.is_attached:
-            await waiting.remove()
-
-    def waiting_not_sent(self) -> None:
-        """The model did not load: the waiting message stays shown, marked, its text back in the input."""
-        waiting, self.waiting = self.waiting, None
-        if waiting is not None:
-            self.app.drawer.take_back()  # saved when it was sent (chat_app.drawing): not in the chat
-            waiting.saved = None
-            waiting.mark(NOT_SENT)
-            self.app.prompt.give_back(waiting.text)
+    def waiting_not_sent(self, take_back: Callable[[], None]) -> None:
+        """The model did not load: the waiting message stays shown, marked, its text back in the
+        input, and out of the saved chat (`take_back`)."""
+        turn = self.core.turn
+        if turn.state is not TurnState.WAITING:
+            return
+        shown = turn.shown
+        take_back()
+        turn.shown = None
+        turn.end()
+        shown.saved = None
+        shown.mark(NOT_SENT)
+        self.core.view.prompt.give_back(shown.text)
 
     # ---- a model process that ended --------------------------------------------------------
 
-    def ended(self) -> str:
-        """Why the model process is gone ("" while it runs, or while a new one starts)."""
-        return "" if self.session is None or self._restarting else self.session.ended
-
-    def restart_if_ended(self) -> None:
-        """Before a job is queued: a model process that ended is started again first."""
-        if not self.ended():
-            return
-        app = self.app
-        self._restarting = True
-        self.show_loading(app.model_name)
-        app.say("Starting the model process again; the chat so far is reloaded into it.")
-        pairs = [("system", app.store.system or "")]  # not the message being sent: saved already, its job brings it
-        app.session_worker.put("restart", pairs + [(m.role, m.content) for m in app.store.messages()
-                                                   if m.role != "system" and m is not app.drawer.asked])
-
     def restarted(self) -> None:
-        self._restarting = False
-        self.app.load_progress.finish()
-        assert self.session is not None
-        self.app.status.show(state="ready", position=len(self.session.context))
+        core = self.core
+        core.restarting = False
+        core.view.load_progress.finish()
+        assert core.session is not None
+        core.view.status.show(state="ready", position=len(core.session.context))
 
     def say_if_ended(self) -> None:
-        """Each drain: a model process that ended while no reply ran is said, once."""
-        app = self.app
-        if self.ended() and not app.busy and app.status.fields.get("state") != ENDED:
-            app.status.show(state=ENDED)
-            app.say(f"{self.ended()}; the next message starts it again.", "warning")
+        """A model process that ended while no reply ran is said, once."""
+        core = self.core
+        if core.ended() and not core.busy and core.view.status.fields.get("state") != ENDED:
+            core.view.status.show(state=ENDED)
+            core.say(f"{core.ended()}; the next message starts it again.", "warning")
 
     # ---- /model and a saved chat's own model -----------------------------------------------
 
     async def command_model(self, arg: str) -> None:
-        app = self.app
-        if self.session is None:
-            app.note("The model is still loading (or failed to load).", "warning")
+        core = self.core
+        if core.session is None:
+            core.note("The model is still loading (or failed to load).", "warning")
             return
         if not arg:
-            app.note(models_note(self.session.name, self.session.path, offered_models(app)))
+            known = offered_models(core.store, core.servers, core.session)
+            core.note(models_note(core.session.name, core.session.path, known))
             return
-        if app.busy:
-            app.note("A reply is still running: wait for it, or press Esc, then /model again.", "warning")
+        if core.busy:
+            core.note("A reply is still running: wait for it, or press Esc, then /model again.", "warning")
             return
         try:
-            if is_server(arg, app.servers):
-                endpoint(arg, app.servers)  # a malformed URL or a missing key variable: refused here
+            if is_server(arg, core.servers):
+                endpoint(arg, core.servers)  # a malformed URL or a missing key variable: refused here
                 name = arg
             elif hub.is_hub(arg):
                 hub.parse(arg)  # a malformed spec is refused here, before anything starts
@@ -196,31 +167,32 @@ class ModelSwitcher:
             else:
                 name = precheck(arg)
         except (FileNotFoundError, ValueError) as e:
-            app.note(str(e), "error")
+            core.note(str(e), "error")
             return
         self.open_model(arg, name, keep_chat=False)
 
     def open_model(self, arg: str, name: str, keep_chat: bool) -> None:
         """Queue the switch to `arg` (a path, or an hf: spec fetched on the worker)."""
-        app = self.app
-        self._switching_from, self.session = self.session, None
-        self.show_loading(name)
+        core = self.core
+        self._switching_from, core.session = core.session, None
+        core.show_loading(name)
         if hub.is_hub(arg):
-            app.say(f"Getting {arg} from the Hugging Face Hub (or its cache).")
+            core.say(f"Getting {arg} from the Hugging Face Hub (or its cache).")
         self._opening_spec = arg if hub.is_hub(arg) else None
-        path = arg if hub.is_hub(arg) or is_server(arg, app.servers) else str(Path(arg).expanduser().resolve())
-        app.queue_job("model", (path, app.store.system, keep_chat))
+        path = arg if hub.is_hub(arg) or is_server(arg, core.servers) else str(Path(arg).expanduser().resolve())
+        core.queue(SwitchModel(path, core.store.system, keep_chat))
 
     def reopen_chat_model(self) -> None:
         """A saved chat was opened (the chat list): its own model, where that is not the one open."""
-        store, s = self.app.store, self.session
+        core = self.core
+        store, s = core.store, core.session
         assert s is not None, "a chat is opened only while a model is"
         where, why = locate(store.chat_model_path, store.chat_model_spec)
         if where is None:
             if store.chat_model_path is not None or store.chat_model != s.name:
-                self.app.say(gone(store.chat_model, why, s.name), "warning")
+                core.say(gone(store.chat_model, why, s.name), "warning")
             return
-        if is_server(where, self.app.servers):
+        if is_server(where, core.servers):
             if where != s.path:
                 self.open_model(where, store.chat_model, keep_chat=True)
             return
@@ -231,71 +203,73 @@ class ModelSwitcher:
     # ---- what the worker reports -----------------------------------------------------------
 
     async def loaded(self, s: ModelProcess, switched: bool, keep_chat: bool = False) -> None:
-        app = self.app
+        core = self.core
+        view, store = core.view, core.store
         if switched:
             if not keep_chat:
-                await app.conversation.clear()
-                app.store.new_chat()  # keeps its /set values and system prompt, as the new session does
-                if app.store.settings:
-                    app.queue_job("params", app.store.settings)
-            app.drawer.forget_stats()
-            server = s.step_kind == "remote"  # a server: no path; its URL#MODEL reopens it
-            app.store.model_path, app.store.model_spec = (None, s.path) if server else (s.path, self._opening_spec)
-            app.say(f"This chat's own model, {s.name}, is open again." if keep_chat else
-                    f"Now chatting with {s.name}, in a new chat (the last one is saved: Ctrl+O).")
-        self.session, self._switching_from, self.opening_first = s, None, False
-        app.model_name = app.store.model = app.sub_title = s.name
-        app.load_progress.finish()
-        app.refresh_bindings()
-        app.status.show(state="ready", name=s.name, device=s.device, weights=s.weights,
-                        graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
-                        position=len(s.context), step=s.step_kind, capped=s.max_len < s.model_max_len,
-                        family=getattr(s, "family", ""), thinking=getattr(s, "thinking", None))
+                await view.conversation.clear()
+                store.new_chat()  # keeps its /set values and system prompt, as the new session does
+                if store.settings:
+                    core.queue(Params(store.settings))
+            core.forget_stats()
+            served = s.capabilities.served  # a server: no path; its URL#MODEL reopens it
+            store.model_path, store.model_spec = (None, s.path) if served else (s.path, self._opening_spec)
+            core.say(f"This chat's own model, {s.name}, is open again." if keep_chat else
+                     f"Now chatting with {s.name}, in a new chat (the last one is saved: Ctrl+O).")
+        core.session, self._switching_from, core.opening_first = s, None, False
+        core.model_name = store.model = s.name
+        view.load_progress.finish()
+        view.titled(s.name)
+        view.status.show(state="ready", name=s.name, device=s.device, weights=s.weights,
+                         graphs=s.use_graph if s.graphs_available else None, max_len=s.max_len,
+                         position=len(s.context), step=s.step_kind, capped=s.max_len < s.model_max_len,
+                         family=getattr(s, "family", ""), thinking=getattr(s, "thinking", None))
         if s.log_error and not self._log_error_said:
             self._log_error_said = True
-            app.say(f"The model process's log {s.log_error}; it logs nothing, and chatting works.", "warning")
+            core.say(f"The model process's log {s.log_error}; it logs nothing, and chatting works.", "warning")
         if s.context_note:
-            app.say(s.context_note[0].upper() + s.context_note[1:] + ".")
+            core.say(s.context_note[0].upper() + s.context_note[1:] + ".")
         self.send_waiting()
 
     def _fall_back(self, error: ValueError) -> None:
         """--resume's model (the chat's own) passed the quick checks but not the loader's: the
         model it would have had without --resume, said in one notice."""
-        app = self.app
+        core = self.core
         path, self.fallback = str(self.fallback), None
         name = precheck(path)
-        app.say(gone(app.store.chat_model, str(error), name), "warning")
-        app.store.model_path, app.store.model_spec = str(Path(path).resolve()), None
-        app.model_name = name
-        self.show_loading(name)
-        app.session_worker.start(path=path)
+        core.say(gone(core.store.chat_model, str(error), name), "warning")
+        core.store.model_path, core.store.model_spec = str(Path(path).resolve()), None
+        core.model_name = name
+        core.show_loading(name)
+        core.worker.start(path=path)
 
-    def failed(self, item: Failed) -> None:
-        app = self.app
-        app.load_progress.finish()
-        if item.kind == "restart":
-            self._restarting = False
-            app.status.show(state=ENDED)
-            app.say(f"Could not start the model process again: {item.message}", "error")
+    def failed(self, item: LoadFailed | Failed, take_back: Callable[[], None]) -> None:
+        """The first model, a /model switch or a restart failed (`take_back`: the waiting
+        message out of the saved chat)."""
+        core = self.core
+        core.view.load_progress.finish()
+        if isinstance(item, Failed) and isinstance(item.job, Restart):
+            core.restarting = False
+            core.view.status.show(state=ENDED)
+            core.say(f"Could not start the model process again: {item.message}", "error")
             return
-        if item.kind == "model":  # the old model answers again; why is /model's answer, a note
-            self.session, self._switching_from = self._switching_from, None
-            assert self.session is not None, "a model switch fails only from a model that was open"
-            app.status.show(state="ready", name=self.session.name)
-            app.note(item.message, "error")
+        if isinstance(item, Failed):  # /model: the old model answers again; why is /model's answer, a note
+            core.session, self._switching_from = self._switching_from, None
+            assert core.session is not None, "a model switch fails only from a model that was open"
+            core.view.status.show(state="ready", name=core.session.name)
+            core.note(item.message, "error")
             return
-        if isinstance(item.arg, ValueError) and self.fallback:  # a resumed chat's model the child refused
-            self._fall_back(item.arg)
+        if isinstance(item.error, ValueError) and self.fallback:  # a resumed chat's model the child refused
+            self._fall_back(item.error)
             return
-        elif isinstance(item.arg, ValueError):  # the first model: bad input, as before the TUI
-            self.bad_input = str(item.arg)
-            app.exit(return_code=2)
+        if isinstance(item.error, ValueError):  # the first model: bad input, as before the TUI
+            core.bad_input = str(item.error)
+            core.view.exit_app(2)
             return
-        else:
-            self.opening_first = False
-            app.status.show(state="failed")
-            self.waiting_not_sent()
-        app.say(item.message, "error")
+        core.opening_first = False
+        core.view.status.show(state="failed")
+        self.waiting_not_sent(take_back)
+        core.say(item.message, "error")
 
 
 def models_note(name: str, path: str, known: list[tuple[str, str]]) -> str:

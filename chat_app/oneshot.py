@@ -38,10 +38,15 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from chat_app.__main__ import PROG, SAMPLING, fatal, settle
 from chat_app.labels import printable
+
+if TYPE_CHECKING:
+    from chat_app.__main__ import Settled
+
+PROG = "tinyllm-chat"  # as chat_app.__main__ names it
 
 SAVE_EVERY_S = 1.0  # a streaming reply's text is written to chat.db this often (a kill loses less)
 _JSON_CONTROLS = {c: f"\\u{c:04x}" for c in range(0x7F, 0xA0)}  # json.dumps leaves DEL and C1 as they are
@@ -55,24 +60,25 @@ class Failed(Exception):
         self.code, self.kind = code, kind
 
 
-def run(args: argparse.Namespace, message: str, argv: list[str]) -> int:
+def run(args: argparse.Namespace, message: str, given: set[str], settle: Callable[[], Settled]) -> int:
+    """`given`: the options the command line gives (they win over a resumed chat's); `settle`:
+    chat_app.__main__.settle for this command line. Anything unexpected is raised, for main()'s
+    one line and log."""
     if args.resume and args.chat is not None:
         return _say("--resume and --chat both name a chat to continue; give one", 2)
     try:
-        reply = Reply(args, message, argv)
+        reply = Reply(args, message, given, settle)
     except Failed as e:
         return _say(str(e), e.code, e.kind)
     except (FileNotFoundError, PermissionError, ValueError) as e:
         return _say(str(e), 2)
     except KeyboardInterrupt:
         return _say("interrupted before the reply began", 130)
-    except Exception as e:
-        fatal(e)
     try:
         return reply.run()
-    except Exception as e:
+    except BaseException:
         reply.close()
-        fatal(e, reply.store.folder if reply.store else None)
+        raise
 
 
 def _say(line: str, code: int, kind: str = "error") -> int:
@@ -83,10 +89,10 @@ def _say(line: str, code: int, kind: str = "error") -> int:
 class Reply:
     """One message and its reply: the session opened, the chat continued, the reply streamed."""
 
-    def __init__(self, args: argparse.Namespace, message: str, argv: list[str]) -> None:
+    def __init__(self, args: argparse.Namespace, message: str, given: set[str], settle: Callable[[], Settled]) -> None:
         self.args, self.message, self.json = args, message, args.json
         self.out = sys.stdout.buffer
-        s = settle(args, keep_server=True, store=not args.no_save)
+        s = settle()
         self.store, self.name, self.server = s.store, s.name, s.server
         self.store_said = False
         resumed = s.resumed
@@ -100,7 +106,7 @@ class Reply:
             _say("no saved chat to resume: this is a new one", 0, "note")
         self.session: Any = s.server if s.server is not None else open_local(s.local)
         if resumed is not None and resumed.saved and self.store is not None:
-            self._continue(self.store, given(argv))
+            self._continue(self.store, given)
         if args.no_save and self.store is not None:  # it was opened to read the chat: nothing goes back
             self.store.close()
             self.store = None
@@ -332,14 +338,3 @@ def open_local(local: dict[str, Any]) -> Any:
     if cap and session.params.max_tokens > session.max_len:
         session.set_param("max_tokens", str(session.max_len))
     return session
-
-
-def given(argv: list[str]) -> set[str]:
-    """The sampling options (and --system) the command line gives: they win over a saved chat's."""
-    from chat_app.__main__ import build_parser
-
-    unset = object()
-    names = (*SAMPLING, "system")
-    ns = argparse.Namespace(**dict.fromkeys(names, unset))
-    build_parser().parse_args(argv, ns)  # argparse sets a default only where the namespace has none
-    return {name for name in names if getattr(ns, name) is not unset}

@@ -1,4 +1,4 @@
-"""Keys for reading and copying: the app's Reader (the app's bindings and handlers call it).
+"""Keys for reading and copying (the app's bindings and handlers call these).
 
 Contract: PgUp/PgDn (and Home/End while the input is empty) scroll the conversation from the
 input; Tab moves focus to the conversation (unless it completes a /command in the input:
@@ -6,18 +6,16 @@ chat_app.widgets.prompt_input), where messages and code blocks are picked and co
 (chat_app.widgets.conversation). Ctrl+T copies the last reply from anywhere. Ctrl+C
 copies what is selected (the input's selection, or text selected with the mouse), else what
 is picked in the conversation; with nothing to copy it says how to copy and never offers to
-quit (Ctrl+Q quits). Copying goes through `copy_to_clipboard` (OSC 52: SSH and tmux too).
+quit (Ctrl+Q quits). Copying goes through `copy` (the app's copy_to_clipboard, OSC 52: SSH
+and tmux too).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from chat_app.widgets.conversation import lines
+from chat_app.widgets.conversation import Conversation, lines
 from chat_app.widgets.reply import Reply
-
-if TYPE_CHECKING:
-    from chat_app.app import ChatApp
 
 READING_KEYS = [
     ("PgUp / PgDn", "scroll the conversation (Home / End too, while the input is empty)"),
@@ -29,29 +27,27 @@ READING_KEYS = [
 ]
 
 
-class Reader:
-    def __init__(self, app: ChatApp) -> None:
-        self.app = app
+def scroll(conversation: Conversation, key: str) -> None:
+    """PgUp/PgDn/Home/End from the input: the conversation scrolls."""
+    c = conversation
+    {"pageup": c.scroll_page_up, "pagedown": c.scroll_page_down,
+     "home": c.scroll_home, "end": c.scroll_end}[key](animate=False)
 
-    def scroll(self, key: str) -> None:
-        """PgUp/PgDn/Home/End from the input: the conversation scrolls."""
-        c = self.app.conversation
-        {"pageup": c.scroll_page_up, "pagedown": c.scroll_page_down,
-         "home": c.scroll_home, "end": c.scroll_end}[key](animate=False)
 
-    def copy_reply(self) -> None:
-        replies = self.app.query(Reply)
-        text = replies.last().text if replies else ""
-        if not text:
-            self.app.say("No reply to copy yet.")
-            return
-        self.app.copy_to_clipboard(text)
-        self.app.say(f"Copied the last reply ({lines(text)}).")
+def copy_reply(conversation: Conversation, copy: Callable[[str], None], say: Callable[[str], None]) -> None:
+    replies = conversation.query(Reply)
+    text = replies.last().text if replies else ""
+    if not text:
+        say("No reply to copy yet.")
+        return
+    copy(text)
+    say(f"Copied the last reply ({lines(text)}).")
 
-    def copy_or_hint(self) -> None:
-        """Ctrl+C that nothing selected took (Textual's default offers to quit here)."""
-        if self.app.conversation.picked_text() is not None:
-            self.app.conversation.action_copy_picked()
-        else:
-            self.app.say("Nothing selected to copy: Ctrl+T copies the last reply; Tab, then Up/Down and C "
-                         "copy a message or code block. Ctrl+Q quits.")
+
+def copy_or_hint(conversation: Conversation, say: Callable[[str], None]) -> None:
+    """Ctrl+C that nothing selected took (Textual's default offers to quit here)."""
+    if conversation.picked_text() is not None:
+        conversation.action_copy_picked()
+    else:
+        say("Nothing selected to copy: Ctrl+T copies the last reply; Tab, then Up/Down and C "
+            "copy a message or code block. Ctrl+Q quits.")

@@ -47,6 +47,7 @@ from tinyllm.session.session_protocol import (
     DONE_COMPILING,
     JOBS,
     Call,
+    Capabilities,
     Done,
     Ended,
     Event,
@@ -94,6 +95,11 @@ class RemoteSession:
     family = _mirrored("family")
     thinking = _mirrored("thinking")
     context_note = _mirrored("context_note")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """A local model: its own context, and a graphs switch where it has graphs."""
+        return Capabilities(served=False, graphs=self.graphs_available, context=self.max_len)
 
     def __init__(self, open_kwargs: dict[str, Any], progress: Callable[[Progress], None] | None = None,
                  **changes: Any):

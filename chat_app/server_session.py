@@ -56,7 +56,7 @@ from chat_app.remote_session import RemoteSession
 from chat_app.server_api import Endpoint, ServerError, chunks, client, endpoint, is_server, list_models, open_stream
 from tinyllm.decode.sampling_params import SamplingParams
 from tinyllm.session.chat_events import Finished, Message, Prefilled, StepStats, Token
-from tinyllm.session.session_protocol import Event
+from tinyllm.session.session_protocol import Capabilities, Event
 
 REASONS = {"stop": "eos", "length": "max_tokens"}  # finish_reason -> Finished.reason (others: "eos")
 KEPT = "; the reply so far is kept"
@@ -88,6 +88,7 @@ class ServerSession:
     first_message = 0
     max_len = model_max_len = 0  # unknown: the server's own
     sent_params = ("temperature", "top_p", "max_tokens", "seed")
+    capabilities = Capabilities(served=True, graphs=False, context=0)  # the server's context: unknown here
 
     def __init__(self, ep: Endpoint, params: SamplingParams, system: str | None = None) -> None:
         self._http = client(ep)

@@ -17,31 +17,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from textual.widget import Widget
+from chat_app.showing import load_session, show_messages
 
-    from chat_app.app import ChatApp
+if TYPE_CHECKING:
+    from chat_app.core import ChatCore
     from chat_app.store import Saved
 
 KEYS = "Ctrl+Left/Right in an empty prompt, or Left/Right on a picked message"
 
 
 class VersionSwitcher:
-    def __init__(self, app: ChatApp) -> None:
-        self.app = app
-
-    def label(self, message: Saved) -> str:
-        """Its border's "‹ 2/3 ›" ("" for a message with no other version)."""
-        shown = self.app.store.versions(message)
-        return f"‹ {shown.index(message) + 1}/{len(shown)} ›" if len(shown) > 1 else ""
-
-    def mark(self, widget: Widget, message: Saved) -> None:
-        widget.border_subtitle = self.label(message)
+    def __init__(self, core: ChatCore) -> None:
+        self.core = core
 
     def ready(self) -> bool:
         """No reply runs and the model is open; else a notice says so."""
-        if self.app.session is None or self.app.busy:
-            self.app.say("Wait for the reply (or the model) before switching versions.", "warning")
+        if self.core.session is None or self.core.busy:
+            self.core.say("Wait for the reply (or the model) before switching versions.", "warning")
             return False
         return True
 
@@ -50,60 +42,59 @@ class VersionSwitcher:
         message's of yours."""
         if not self.ready():
             return
-        said = [m for m in self.app.store.messages() if m.role != "system"]
+        said = [m for m in self.core.store.messages() if m.role != "system"]
         for role in ("assistant", "user"):
             last = next((m for m in reversed(said) if m.role == role), None)
-            if last is not None and len(self.app.store.versions(last)) > 1:
+            if last is not None and len(self.core.store.versions(last)) > 1:
                 await self.step(last, step)
                 return
-        self.app.say("No other versions here: Ctrl+R writes another reply, Up in an empty prompt edits "
+        self.core.say("No other versions here: Ctrl+R writes another reply, Up in an empty prompt edits "
                      "your last message; both keep the one they replace.")
 
     async def step(self, message: Saved, step: int) -> None:
         """Show the version of `message` `step` away, and the branch under it."""
-        app = self.app
+        core = self.core
         if not self.ready():
             return
-        shown = app.store.versions(message)
+        shown = core.store.versions(message)
         at = shown.index(message) + step
         if not 0 <= at < len(shown):
             edge = "first" if at < 0 else "last"
-            app.say(f"That is the {edge} of {len(shown)} versions." if len(shown) > 1 else
+            core.say(f"That is the {edge} of {len(shown)} versions." if len(shown) > 1 else
                     "This message has no other versions.")
             return
-        branch = app.store.messages()
-        cut = branch.index(message)
-        app.save(app.store.switch, shown[at])  # in memory at once; a failed write is retried (chat_app.saving)
-        conversation = app.conversation
+        cut = core.store.messages().index(message)
+        core.save(core.store.switch, shown[at])  # in memory at once; a failed write is retried (chat_app.saving)
+        conversation = core.view.conversation
         widget = conversation.shown(message)
         if widget is None:  # not shown as this message (it should be): the whole chat again
             await conversation.clear()
             cut = 0
         else:
             await conversation.remove_from(widget)
-        await app.chats.show_messages(app.store.messages()[cut:])
-        app.chats.load_session(app.store.messages())
+        await show_messages(core, core.store.messages()[cut:])
+        load_session(core, core.store.messages())
         picked = conversation.shown(shown[at])
         if picked is not None and conversation.has_focus:
             conversation.pick(picked)
-        app.drawer.forget_stats()
+        core.forget_stats()
 
     def show_versions(self) -> None:
         """/edits: the other versions of the branch shown, as a note."""
-        app = self.app
+        core = self.core
         lines = []
-        for m in app.store.messages():
-            others = app.store.versions(m)
+        for m in core.store.messages():
+            others = core.store.versions(m)
             if len(others) < 2 or m.role == "system":
                 continue
             who = "you" if m.role == "user" else "reply"
             lines.append(f"{who}, {others.index(m) + 1} of {len(others)} (shown): {first_line(m.content)}")
             lines += [f"  {i}: {first_line(o.content)}" for i, o in enumerate(others, 1) if o is not m]
         if not lines:
-            app.note("No other versions in this chat: Ctrl+R writes another reply, Up in an empty prompt "
+            core.note("No other versions in this chat: Ctrl+R writes another reply, Up in an empty prompt "
                      "edits your last message; both keep the one they replace.")
             return
-        app.note("\n".join([f"Versions of the messages shown ({KEYS} moves between them):"] + lines))
+        core.note("\n".join([f"Versions of the messages shown ({KEYS} moves between them):"] + lines))
 
 
 def first_line(text: str, width: int = 80) -> str:

@@ -115,6 +115,10 @@ class Conversation(VerticalScroll, can_focus=True):
         self.call_after_refresh(self.scroll_end, animate=False)  # once it has its height
         return widget
 
+    def last_reply(self) -> Reply:
+        """The last reply shown (/continue goes on with it)."""
+        return self.query(Reply).last()
+
     async def drop_last_reply(self) -> None:
         replies = self.query(Reply)
         if replies:

@@ -105,7 +105,7 @@ async def test_a_model_process_killed_mid_reply_is_said_and_started_again(make_a
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Tell me a story", wait=False)
-        await wait_until(pilot, lambda: app.drawer.text, what="the reply's first text")
+        await wait_until(pilot, lambda: app.controller.core.turn.text, what="the reply's first text")
         old = app.session.pid
         app.session.replies = 0  # the next process holds nothing
         os.kill(old, signal.SIGKILL)

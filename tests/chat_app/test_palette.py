@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from textual.command import CommandList, CommandPalette
 
-from chat_app import config, palette
+from chat_app import config, known_models, palette
 from chat_app.commands import COMMANDS
 from chat_app.store import Saved, Store
 from chat_app.widgets.conversation import Conversation
@@ -113,7 +113,7 @@ async def test_choosing_runs_a_command_or_fills_the_prompt(make_app, data_dir):
 async def test_choosing_a_model_switches_to_it(make_app, data_dir, tmp_path, monkeypatch):
     folder = tmp_path / "models"
     other = other_model(folder, "other")
-    monkeypatch.setattr(palette, "models_folder", lambda: folder)
+    monkeypatch.setattr(known_models, "models_folder", lambda: folder)
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         old = await loaded(pilot)

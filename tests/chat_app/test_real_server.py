@@ -39,7 +39,7 @@ async def test_a_reply_from_llama_server(llama_server, data_dir):
         await send(pilot, "Say hello.")
         reply = app.session.messages[-1]
         assert reply.role == "assistant" and reply.content and app.query_one(Reply).text
-        stats = app.drawer.last_stats
+        stats = app.controller.core.last_stats
         assert stats.step == "remote" and stats.tokens == 12 and stats.tok_per_s > 0 and stats.ttft_ms > 0
         assert "remote" in app.status.line
     assert saved_chat(data_dir)[-1].model == app.session.name

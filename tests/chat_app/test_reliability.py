@@ -197,7 +197,7 @@ async def test_partial_reply_is_saved_while_streaming_and_resumes(make_held_app,
         await wait_until(pilot, lambda: [(r[2], r[5]) for r in rows(data_dir)] == [("user", 0), ("assistant", 1)]
                          and rows(data_dir)[1][3], what="the partial reply in chat.db")
         partial = rows(data_dir)[1][3]
-        assert partial == "".join(app.drawer.text) or partial  # the text that had streamed
+        assert partial == "".join(app.controller.core.turn.text) or partial  # the text that had streamed
         app.store.db.close()  # the process "dies": nothing more reaches chat.db
         app.store.db = None
         app.store.path = data_dir / "gone" / "chat.db"
@@ -264,7 +264,7 @@ async def test_quitting_mid_reply_never_waits_on_a_frozen_model_process(make_app
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Tell me a story", wait=False)
-        await wait_until(pilot, lambda: app.drawer.text, what="the reply's first tokens")
+        await wait_until(pilot, lambda: app.controller.core.turn.text, what="the reply's first tokens")
         session, worker = app.session, next(w for w in app.workers if w.name == "session")
         os.kill(session.pid, signal.SIGSTOP)
     end = time.monotonic() + 120  # close() waits 5 s for the process, then kills it

@@ -60,6 +60,7 @@ def stub_app(data_dir):
 
     from chat_app.app import ChatApp
     from chat_app.store import Store
+    from tinyllm.session.session_protocol import Capabilities
 
     session = SimpleNamespace(
         name=LONG_NAME, device="cpu", dtype="float32", weights="int4", graphs_available=False, use_graph=False, max_len=2048,
@@ -67,7 +68,7 @@ def stub_app(data_dir):
         params=SimpleNamespace(temperature=0.0, top_k=0, top_p=1.0, repeat_penalty=1.1, max_tokens=1024, seed=None),
         set_param=lambda name, value: None, stop=lambda: None, set_system=print, new_chat=print,
         load_messages=print, ended="", log_error="", path="/models/long", close=lambda: None,
-        context_note=None)
+        context_note=None, capabilities=Capabilities(served=False, graphs=False, context=2048))
     app = ChatApp(lambda **_: session, Store.open(data_dir, model=LONG_NAME), model_name=LONG_NAME)
     app.NOTIFICATION_TIMEOUT = 3600
     return app

@@ -85,7 +85,7 @@ async def test_every_footer_key_shows_whole(make_app, width):
 
 async def test_a_short_notice_passes_sooner_than_a_long_one(make_app):
     """Issue 46, item 6: notices covered the conversation 5 s each, whatever they said."""
-    from chat_app.app import notice_seconds
+    from chat_app.screen import notice_seconds
 
     assert notice_seconds("Copied.") < 3 < notice_seconds("word " * 12) <= 6 < notice_seconds("Failed.", "error")
     app = make_app()

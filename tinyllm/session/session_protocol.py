@@ -122,8 +122,22 @@ class Session(Protocol):
     def wait_compiled(self, timeout: float | None = None) -> bool: ...
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a session can do, in one record (the app asks it, never a sentinel field): `served`:
+    a server decodes (its context, sampling and speed are its own: no graphs switch, no context
+    the app knows); `graphs`: Ctrl+G switches CUDA graphs; `context`: the positions the app may
+    fill (0: the server's own, unknown here)."""
+    served: bool
+    graphs: bool
+    context: int
+
+
 class ModelProcess(Session, Protocol):
-    """A Session served by a child process (the app's)."""
+    """A Session served by a child process (the app's), or by a server (chat_app.server_session)."""
+
+    @property
+    def capabilities(self) -> Capabilities: ...
 
     @property
     def path(self) -> str: ...  # the model's
