@@ -15,10 +15,13 @@ A graph replays fixed kernels on fixed addresses, so the step has static shapes:
   at any position n (a new chat turn is appended after the conversation so far), and
   `truncate(n)` rewinds (regenerate, or the overshoot of a chunk).
 
-One step body serves both decoders: the cache supplies what differs. `cache.decode(W)` is
-the cache protocol for one decode step over W keys (a view; the cache itself stays in
-prefill mode), `cache.keys_needed(steps)` the window a run of `steps` steps needs,
-`cache.step_state()` the device tensors a step advances (a capture's warm-up puts them
+One decode skeleton (`_Decoder`: capture, warm-up, record, replay and the eager twin) serves
+both decoders, keyed by what differs: a run's shape (W; (W, rows) for slots) and the sampler's
+variant. The cache supplies the rest (tinyllm.kv_cache, where every cache type and its decode
+view live; `StaticKVCache` and `StaticLayerKV` are named here too, the seed's path):
+`cache.decode(W)` the cache protocol for one decode step over W keys (a view; the cache
+itself stays in prefill mode), `cache.keys_needed(steps)` the window a run of `steps` steps
+needs, `cache.step_state()` the device tensors a step advances (a capture's warm-up puts them
 back), `cache.advance_host(steps)` the host-side bookkeeping. `GraphDecoder` runs it over a
 `StaticKVCache` (one request, B rows); `SlotGraphDecoder` (below) over a
 `SlotKVCache` (the continuous engine), with a sampler and stop rules per row. `use_graph=None`
@@ -64,8 +67,9 @@ from tinyllm.decode.row_sampler import RowSampler
 from tinyllm.decode.sampling_params import SamplingParams
 from tinyllm.decode.saved_step import SavedStep
 from tinyllm.decode.step_sampler import StepSampler
-from tinyllm.kernels import cpu_qgemv, decode_attention, pdl
-from tinyllm.kv_cache import KVCache, LayerKV, SlotKVCache, ViewLayer, held_as, read_as
+from tinyllm.kernels import cpu_qgemv, pdl
+from tinyllm.kv_cache import SlotKVCache, StaticKVCache
+from tinyllm.kv_cache import StaticLayerKV as StaticLayerKV  # the seed's names, at the seed's path
 from tinyllm.model import Transformer
 
 MAX_RUN = 16  # the most steps one run chains (the width of `out`)
@@ -91,118 +95,6 @@ def pick_bucket(buckets: tuple[int, ...], n_keys: int) -> int:
         if b >= n_keys:
             return b
     raise ValueError(f"{n_keys} keys exceed the largest bucket {buckets[-1]}")
-
-
-class StaticKVCache(KVCache):
-    """Shared-position cache with fixed shapes (B rows, max_len positions).
-
-    As a cache it prefills eagerly from the current position n (KVCache). `decode(W)` is the
-    view one decode step runs through: the position comes from the device tensor `pos`, and
-    the step sees the first W keys with a mask, so shapes don't depend on the position.
-    `first_valid` (B,) is the left-pad count per row; zeros when unpadded. `kv_dtype`: the
-    dtype K/V are held in (tinyllm.kv_cache's contract; None: the model's; int8 with scales
-    `k_scale`, `v_scale`, written quantized at pos and read back dequantized).
-    """
-
-    def __init__(self, n_layers: int, batch: int, max_len: int, device=None, kv_dtype: torch.dtype | None = None):
-        super().__init__(n_layers, batch, max_len, device, kv_dtype)
-        # One spare position: every window W <= max_len is then a strict slice of the cache, so
-        # a compiled step needs no second variant for W = max_len.
-        self.rows = max_len + 1
-        self.pos = torch.zeros(1, dtype=torch.long, device=self.device)  # graph input
-
-    def reset(self, pad_lens: Tensor | None = None) -> None:
-        super().reset(pad_lens)
-        self.pos.zero_()
-
-    def truncate(self, n: int) -> None:
-        super().truncate(n)
-        self.pos.fill_(n)
-
-    def end_step(self, T: int) -> None:
-        super().end_step(T)
-        self.pos.fill_(self.n)
-
-    def layer(self, i: int) -> StaticLayerKV:
-        return StaticLayerKV(self, i)
-
-    # -- what the decoder asks of a cache ---------------------------------------------------
-
-    def decode(self, window: int) -> _StaticDecode:
-        assert self.k[0] is not None, "prefill before the first decode step"
-        return _StaticDecode(self, window)
-
-    def keys_needed(self, steps: int) -> int:
-        if self.n + steps > self.max_len:
-            raise ValueError(f"KV cache full: position {self.n + steps} > max_len {self.max_len}")
-        return self.n + steps
-
-    def step_state(self) -> list[Tensor]:
-        return [self.pos]
-
-    def advance_host(self, steps: int) -> None:
-        self.n += steps
-
-
-class StaticLayerKV(LayerKV):
-    """Layer i of a StaticKVCache as a prefill writes it (the seed's protocol): `attn_kwargs`
-    (the cache's, set by begin_step) and `update(k, v)`, which writes the T new positions at n
-    and returns every key so far, (B, Hkv, n + T, D). A decode step's layers are its view's
-    (`decode(W).layer(i)`), which write at the device position instead."""
-
-
-class _StaticDecode:
-    """The cache protocol for one decode step (T=1) of a StaticKVCache over W keys."""
-
-    def __init__(self, cache: StaticKVCache, window: int):
-        self.cache, self.window = cache, window
-        self.attn_kwargs: dict = {}
-
-    def begin_step(self, T: int, rope) -> tuple[Tensor, Tensor]:
-        if T != 1:
-            raise ValueError("decode mode takes one token per row")
-        c = self.cache
-        k_pos = torch.arange(self.window, device=c.pos.device)  # (W,)
-        valid = (k_pos <= c.pos) & (k_pos >= c.first_valid[:, None])  # (B, W)
-        self.attn_kwargs = {"attn_mask": valid[:, None, None, :]}  # (B, 1, 1, W)
-        self.rope = rope  # its tables, for rope_attend
-        return rope.cos.index_select(0, c.pos), rope.sin.index_select(0, c.pos)
-
-    def layer(self, i: int) -> ViewLayer:
-        return ViewLayer(self, i)
-
-    @property
-    def query_pos(self) -> Tensor:
-        return self.cache.pos[None]  # (1, 1): the device position, as the graph reads it
-
-    def update(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        c, W = self.cache, self.window
-        for store, scales, x in ((c.k[i], c.k_scale[i], k), (c.v[i], c.v_scale[i], v)):
-            held, s = held_as(store, x)  # cast, or int8 and its scales (B, Hkv, 1)
-            store.index_copy_(2, c.pos, held)  # (B, Hkv, max_len + 1, D) at pos
-            if s is not None:
-                scales.index_copy_(2, c.pos, s)  # (B, Hkv, max_len + 1) at pos
-        ks, vs = c.k_scale[i], c.v_scale[i]
-        return (read_as(c.k[i][:, :, :W], k, None if ks is None else ks[:, :, :W]),
-                read_as(c.v[i][:, :, :W], v, None if vs is None else vs[:, :, :W]))  # (B, Hkv, W, D)
-
-    def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float, sliding: int = 0,
-                    cap: float = 0.0, norms=None, table=None) -> Tensor | None:
-        """Layer i's RoPE, cache write at pos and attention over the window, one op on CUDA:
-        qkv (B, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D); None where the op can't take them.
-        The op reads the rotary tables (`table`, a model.Rope, else the step's) at pos and builds
-        the window's mask from pos and first_valid itself (cos, sin and attn_kwargs are the same
-        values, left unused): inputs the step already holds, which Inductor hands to every layer's
-        call as they are. `norms`: (q_norm, k_norm, eps) of a layer that normalizes each head."""
-        c = self.cache
-        if c.k_scale[i] is not None or not decode_attention.rope_supported(qkv, c.k[i], c.v[i]):
-            return None  # (an int8 cache: the unfused step reads it dequantized)
-        t = table or self.rope
-        return decode_attention.rope_decode_attention(qkv, t.cos, t.sin, c.pos, c.first_valid,
-                                                      c.k[i], c.v[i], self.window, scale, sliding, cap, norms)
-
-    def end_step(self, T: int) -> None:
-        self.cache.pos.add_(1)  # captured into the graph; the host copy moves in advance_host()
 
 
 def compiled(forward, backend: str | None, model: Transformer | None = None):
@@ -249,8 +141,11 @@ def prepare_compile(backend: str, model: Transformer | None) -> dict | None:
 
 
 class _Decoder:
-    """The one decode step body, its graphs and its eager twin, over a cache that supplies
-    `decode(W)`, `keys_needed(steps)`, `step_state()` and `advance_host(steps)`."""
+    """The one decode skeleton: the step body, its graphs (capture, warm-up, record, replay) and
+    its eager twin, over a cache that supplies `decode(W)`, `keys_needed(steps)`, `step_state()`
+    and `advance_host(steps)`. A decoder names what differs: a run's `shape` (its graph's static
+    sizes: W here, (W, rows) for slots), the shapes `capture` covers, a graph's `_key`, what a
+    run leaves to read (`_ran`), a run's body (`_steps`) and the state a step advances (`_state`)."""
 
     def __init__(self, model: Transformer, cache, batch: int, buckets: tuple[int, ...], max_len: int,
                  use_graph: bool | None, compile: str | None, n_valid: int | None = None):
@@ -267,7 +162,7 @@ class _Decoder:
         self.out = torch.zeros(batch, MAX_RUN, dtype=torch.long, device=device)  # ids of the last run
         self._step_fn = self._make_step(compile)
         self.saved = None  # the loaded compiled step (tinyllm.decode.saved_step) that runs, if one does
-        self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor]] = {}  # by _key(shape, steps)
         self.pool = None
         self._use_graph = False
         self.use_graph = device.type == "cuda" if use_graph is None else use_graph
@@ -354,6 +249,19 @@ class _Decoder:
         self.tok.copy_(self.sampler.draw(logits[:, -1])[:, None])  # the next ids (B, 1)
         return logits
 
+    def shape(self, steps: int) -> int:
+        """W of the next run of `steps` steps (refuses a full cache)."""
+        return self.bucket(self.cache.keys_needed(steps))
+
+    def _shapes(self, windows: tuple[int, ...] | None):
+        return windows or self.buckets  # what capture() covers
+
+    def _key(self, shape, steps: int) -> tuple:
+        return shape, steps, self.sampler.greedy  # the sampler's variant is a step of its own
+
+    def _ran(self, shape) -> None:
+        self.window = shape  # the bucket of the last run
+
     def _steps(self, window: int, steps: int) -> Tensor:
         for i in range(steps):
             logits = self._step_fn(window)
@@ -363,7 +271,7 @@ class _Decoder:
     def _state(self) -> list[Tensor]:
         return [*self.cache.step_state(), self.tok, *self.sampler.state()]
 
-    def _record(self, window: int, steps: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+    def _record(self, shape, steps: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         # Warm up on a side stream (lazy cuBLAS / SDPA setup and compilation must not happen
         # during capture). Twice: the first run may create lazily allocated buffers (a slot
         # cache's K/V), which a compiled step sees as a new input and compiles for again.
@@ -382,30 +290,30 @@ class _Decoder:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._steps(window, 1)
+                self._steps(shape, 1)
                 restore()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: another thread (a background compile) may use CUDA meanwhile.
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            out = self._steps(window, steps)
+            out = self._steps(shape, steps)
         restore()
         return graph, out
 
     @torch.no_grad()
     def capture(self, windows: tuple[int, ...] | None = None, steps: int = 1) -> float:
-        """Capture the graphs of `steps`-step runs ahead of time (default: every bucket) for
-        the sampler's current variant. Safe between steps: the warm-up's K/V writes land at the
-        next positions. Returns seconds."""
+        """Capture the graphs of `steps`-step runs ahead of time (default: every bucket; a slot
+        decoder's every row bucket of each) for the sampler's current variant. Safe between
+        steps: the warm-up's K/V writes land at the next positions. Returns seconds."""
         if not self.use_graph:
             raise ValueError("capture needs use_graph=True")
         self.cache.keys_needed(steps)  # refuses a full cache
         torch.cuda.synchronize()  # earlier work (a prefill) is not capture time
         t0 = time.perf_counter()
-        for w in windows or self.buckets:
-            key = (w, steps, self.sampler.greedy)
+        for shape in self._shapes(windows):
+            key = self._key(shape, steps)
             if key not in self.graphs:
-                self.graphs[key] = self._record(w, steps)
+                self.graphs[key] = self._record(shape, steps)
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
@@ -417,17 +325,17 @@ class _Decoder:
         yet is captured now, or with capture=False runs eagerly (the same steps, bit for bit)."""
         if not 1 <= steps <= MAX_RUN:
             raise ValueError(f"steps must be in [1, {MAX_RUN}], got {steps}")
-        window = self.bucket(self.cache.keys_needed(steps))
-        key = (window, steps, self.sampler.greedy)
+        shape = self.shape(steps)
+        key = self._key(shape, steps)
         if self.use_graph and (capture or key in self.graphs):
             if key not in self.graphs:
-                self.graphs[key] = self._record(window, steps)
+                self.graphs[key] = self._record(shape, steps)
             graph, logits = self.graphs[key]
             graph.replay()
         else:
-            logits = self._steps(window, steps)
+            logits = self._steps(shape, steps)
         self.cache.advance_host(steps)
-        self.window = window
+        self._ran(shape)
         return logits
 
     @torch.no_grad()
@@ -630,39 +538,14 @@ class SlotGraphDecoder(_Decoder):
         highest = max((s for s in range(self.slots.n_slots) if self.slots.active[s]), default=0)
         return self.bucket(self.slots.keys_needed(steps)), pick_bucket(self.row_buckets, highest + 1)
 
-    @torch.no_grad()
-    def capture(self, windows: tuple[int, ...] | None = None, steps: int = 1) -> float:
-        """Capture the graphs of `steps`-step runs for every (window, row bucket) ahead of time
-        (default: every key bucket), for the sampler's current variant. Returns seconds."""
-        if not self.use_graph:
-            raise ValueError("capture needs use_graph=True")
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for shape in itertools.product(windows or self.buckets, self.row_buckets):
-            key = (shape, steps, self.sampler.greedy, self.sampler.whole)
-            if key not in self.graphs:
-                self.graphs[key] = self._record(shape, steps)
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0
+    def _shapes(self, windows: tuple[int, ...] | None):
+        return itertools.product(windows or self.buckets, self.row_buckets)
 
-    @torch.no_grad()
-    def run(self, steps: int = 1, capture: bool = True) -> Tensor:
-        """`steps` decode steps of the live rows, reported in `out`; one replay with graphs.
-        Returns the last step's logits (B, 1, V) (with graphs a static buffer)."""
-        if not 1 <= steps <= MAX_RUN:
-            raise ValueError(f"steps must be in [1, {MAX_RUN}], got {steps}")
-        shape = self.shape(steps)
-        key = (shape, steps, self.sampler.greedy, self.sampler.whole)
-        if self.use_graph and (capture or key in self.graphs):
-            if key not in self.graphs:
-                self.graphs[key] = self._record(shape, steps)
-            graph, logits = self.graphs[key]
-            graph.replay()
-        else:
-            logits = self._steps(shape, steps)
-        self.slots.advance_host(steps)
+    def _key(self, shape: tuple[int, int], steps: int) -> tuple:
+        return shape, steps, self.sampler.greedy, self.sampler.whole
+
+    def _ran(self, shape: tuple[int, int]) -> None:
         self.window, self.rows = shape
-        return logits
 
     @torch.no_grad()
     def launch(self, steps: int, capture: bool = True) -> Chunk:

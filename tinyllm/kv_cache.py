@@ -1,6 +1,7 @@
 """Key/value caches for the model's one forward (the cache protocol, docs/INFERENCE.md 4.1).
 
-A cache owns K/V storage and the positions of the tokens in it. The model calls:
+A cache owns K/V storage and the positions of the tokens in it. The model calls (typed as
+`Cache` and `CacheLayer`, the protocol every cache and decode view here speaks):
   cos, sin = cache.begin_step(T, rope)   # RoPE rows for the T new tokens; sets attn kwargs
   k, v = cache.layer(i).update(k, v)     # store the new K/V, return every key this step sees
   cache.layer(i).attn_kwargs             # passed to SDPA (is_causal or attn_mask)
@@ -15,12 +16,19 @@ Here:
   prefill from any position (a new turn appends after the old), rows may be left-padded
   (`first_valid` counts each row's pads), `truncate(n)` rewinds. Decode attends over exactly
   n + 1 keys, with no mask when unpadded: the eager reference path.
+- `StaticKVCache` (the seed's, also named at its path tinyllm.cuda_graph): a KVCache of fixed
+  shapes for the graphed step, its position also on the device (`pos`). `decode(W)` is the view
+  one decode step runs through, over the first W keys, masked past `pos`.
 - `SlotKVCache`: the continuous engine's cache, one independent row ("slot") per request,
   lengths on the host (`lens`) and on the device (`_lens_dev`), decode through `decode(W)`.
   `release(slot)` and `admit(slots)` never wait for the device: kernels on tensors it already
   holds (a view's zero_, index_fill_) and copies from pinned memory, never from pageable host
   memory (on CUDA such a copy waits for the stream).
-- `kv_dtype` (both caches): the dtype K/V are held in; None (the default) holds the K/V of the
+- What a decoder asks of the static and slot caches besides the protocol: `decode(W)`, the view
+  one decode step over W keys speaks the protocol through (the cache stays in prefill mode),
+  `keys_needed(steps)`, `step_state()` (the device tensors a step advances) and
+  `advance_host(steps)`.
+- `kv_dtype` (every cache): the dtype K/V are held in; None (the default) holds the K/V of the
   first write as they come (the model's dtype). Another dtype is written cast (round to
   nearest even for bf16), and what `update` returns is read back in the new K/V's dtype, so the
   attention sees the query's dtype (the native CPU step reads a bf16 cache itself, and holds
@@ -42,11 +50,41 @@ from __future__ import annotations
 
 import math
 import mmap
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
+from tinyllm.core.rope import Rope
 from tinyllm.kernels import decode_attention
+
+
+@runtime_checkable
+class CacheLayer(Protocol):
+    """Layer i of a cache, as attention asks it (`cache.layer(i)`)."""
+
+    @property
+    def attn_kwargs(self) -> dict: ...  # passed to SDPA: is_causal, or a bool attn_mask (True: attend)
+
+    @property
+    def query_pos(self) -> Tensor: ...  # (B | 1, T): where this step's queries sit
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...  # (B, Hkv, S, D) each
+
+    def rope_attend(self, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float, sliding: int = 0,
+                    cap: float = 0.0, norms=None, table: Rope | None = None) -> Tensor | None: ...
+
+
+@runtime_checkable
+class Cache(Protocol):
+    """The cache protocol, what `Transformer.forward(idx, cache)` calls: every cache here and
+    every decode view (`decode(W)`) speaks it, so the model has one forward."""
+
+    def begin_step(self, T: int, rope: Rope) -> tuple[Tensor, Tensor]: ...
+
+    def layer(self, i: int) -> CacheLayer: ...
+
+    def end_step(self, T: int) -> None: ...
 
 
 def causal_kwargs(start: int, T: int, device) -> dict:
@@ -156,7 +194,7 @@ class KVCache:
             raise ValueError(f"cannot truncate to {n}: the cache holds {self.n} positions")
         self.n = n
 
-    def begin_step(self, T: int, rope) -> tuple[Tensor, Tensor]:
+    def begin_step(self, T: int, rope: Rope) -> tuple[Tensor, Tensor]:
         if self.n + T > self.max_len:
             raise ValueError(f"KV cache full: {self.n} + {T} tokens > max_len {self.max_len}")
         cos, sin = rope(T, self.n)
@@ -230,6 +268,118 @@ class LayerKV(_PrefillLayer):
         ks, vs = c.k_scale[i], c.v_scale[i]
         return (read_as(c.k[i][:, :, :end], k, None if ks is None else ks[:, :, :end]),
                 read_as(c.v[i][:, :, :end], v, None if vs is None else vs[:, :, :end]))  # (B, Hkv, n + T, D)
+
+
+class StaticKVCache(KVCache):
+    """Shared-position cache with fixed shapes (B rows, max_len positions).
+
+    As a cache it prefills eagerly from the current position n (KVCache). `decode(W)` is the
+    view one decode step runs through: the position comes from the device tensor `pos`, and
+    the step sees the first W keys with a mask, so shapes don't depend on the position.
+    `first_valid` (B,) is the left-pad count per row; zeros when unpadded. `kv_dtype`: the
+    dtype K/V are held in (the module's contract; None: the model's; int8 with scales
+    `k_scale`, `v_scale`, written quantized at pos and read back dequantized).
+    """
+
+    def __init__(self, n_layers: int, batch: int, max_len: int, device=None, kv_dtype: torch.dtype | None = None):
+        super().__init__(n_layers, batch, max_len, device, kv_dtype)
+        # One spare position: every window W <= max_len is then a strict slice of the cache, so
+        # a compiled step needs no second variant for W = max_len.
+        self.rows = max_len + 1
+        self.pos = torch.zeros(1, dtype=torch.long, device=self.device)  # graph input
+
+    def reset(self, pad_lens: Tensor | None = None) -> None:
+        super().reset(pad_lens)
+        self.pos.zero_()
+
+    def truncate(self, n: int) -> None:
+        super().truncate(n)
+        self.pos.fill_(n)
+
+    def end_step(self, T: int) -> None:
+        super().end_step(T)
+        self.pos.fill_(self.n)
+
+    def layer(self, i: int) -> StaticLayerKV:
+        return StaticLayerKV(self, i)
+
+    # -- what the decoder asks of a cache ---------------------------------------------------
+
+    def decode(self, window: int) -> _StaticDecode:
+        assert self.k[0] is not None, "prefill before the first decode step"
+        return _StaticDecode(self, window)
+
+    def keys_needed(self, steps: int) -> int:
+        if self.n + steps > self.max_len:
+            raise ValueError(f"KV cache full: position {self.n + steps} > max_len {self.max_len}")
+        return self.n + steps
+
+    def step_state(self) -> list[Tensor]:
+        return [self.pos]
+
+    def advance_host(self, steps: int) -> None:
+        self.n += steps
+
+
+class StaticLayerKV(LayerKV):
+    """Layer i of a StaticKVCache as a prefill writes it (the seed's protocol): `attn_kwargs`
+    (the cache's, set by begin_step) and `update(k, v)`, which writes the T new positions at n
+    and returns every key so far, (B, Hkv, n + T, D). A decode step's layers are its view's
+    (`decode(W).layer(i)`), which write at the device position instead."""
+
+
+class _StaticDecode:
+    """The cache protocol for one decode step (T=1) of a StaticKVCache over W keys."""
+
+    def __init__(self, cache: StaticKVCache, window: int):
+        self.cache, self.window = cache, window
+        self.attn_kwargs: dict = {}
+
+    def begin_step(self, T: int, rope: Rope) -> tuple[Tensor, Tensor]:
+        if T != 1:
+            raise ValueError("decode mode takes one token per row")
+        c = self.cache
+        k_pos = torch.arange(self.window, device=c.pos.device)  # (W,)
+        valid = (k_pos <= c.pos) & (k_pos >= c.first_valid[:, None])  # (B, W)
+        self.attn_kwargs = {"attn_mask": valid[:, None, None, :]}  # (B, 1, 1, W)
+        self.rope = rope  # its tables, for rope_attend
+        return rope.cos.index_select(0, c.pos), rope.sin.index_select(0, c.pos)
+
+    def layer(self, i: int) -> ViewLayer:
+        return ViewLayer(self, i)
+
+    @property
+    def query_pos(self) -> Tensor:
+        return self.cache.pos[None]  # (1, 1): the device position, as the graph reads it
+
+    def update(self, i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        c, W = self.cache, self.window
+        for store, scales, x in ((c.k[i], c.k_scale[i], k), (c.v[i], c.v_scale[i], v)):
+            held, s = held_as(store, x)  # cast, or int8 and its scales (B, Hkv, 1)
+            store.index_copy_(2, c.pos, held)  # (B, Hkv, max_len + 1, D) at pos
+            if s is not None:
+                scales.index_copy_(2, c.pos, s)  # (B, Hkv, max_len + 1) at pos
+        ks, vs = c.k_scale[i], c.v_scale[i]
+        return (read_as(c.k[i][:, :, :W], k, None if ks is None else ks[:, :, :W]),
+                read_as(c.v[i][:, :, :W], v, None if vs is None else vs[:, :, :W]))  # (B, Hkv, W, D)
+
+    def rope_attend(self, i: int, qkv: Tensor, cos: Tensor, sin: Tensor, scale: float, sliding: int = 0,
+                    cap: float = 0.0, norms=None, table=None) -> Tensor | None:
+        """Layer i's RoPE, cache write at pos and attention over the window, one op on CUDA:
+        qkv (B, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D); None where the op can't take them.
+        The op reads the rotary tables (`table`, a model.Rope, else the step's) at pos and builds
+        the window's mask from pos and first_valid itself (cos, sin and attn_kwargs are the same
+        values, left unused): inputs the step already holds, which Inductor hands to every layer's
+        call as they are. `norms`: (q_norm, k_norm, eps) of a layer that normalizes each head."""
+        c = self.cache
+        if c.k_scale[i] is not None or not decode_attention.rope_supported(qkv, c.k[i], c.v[i]):
+            return None  # (an int8 cache: the unfused step reads it dequantized)
+        t = table or self.rope
+        return decode_attention.rope_decode_attention(qkv, t.cos, t.sin, c.pos, c.first_valid,
+                                                      c.k[i], c.v[i], self.window, scale, sliding, cap, norms)
+
+    def end_step(self, T: int) -> None:
+        self.cache.pos.add_(1)  # captured into the graph; the host copy moves in advance_host()
 
 
 class SlotKVCache:
@@ -331,7 +481,7 @@ class SlotKVCache:
 
     # -- prefill (the cache protocol) --------------------------------------------------------
 
-    def begin_step(self, T: int, rope) -> tuple[Tensor, Tensor]:
+    def begin_step(self, T: int, rope: Rope) -> tuple[Tensor, Tensor]:
         assert self.prefill_slots is not None, "call start_prefill(slots, lens) before a prefill"
         if T > self.max_len:
             raise ValueError(f"KV cache full: prompt of {T} tokens > max_len {self.max_len}")
@@ -359,7 +509,7 @@ class _SlotDecode:
         self.cache, self.window, self.rows = cache, window, rows
         self.attn_kwargs: dict = {}
 
-    def begin_step(self, T: int, rope) -> tuple[Tensor, Tensor]:
+    def begin_step(self, T: int, rope: Rope) -> tuple[Tensor, Tensor]:
         if T != 1:
             raise ValueError("decode mode takes one token per slot")
         lens = self.cache._lens_dev[:self.rows]

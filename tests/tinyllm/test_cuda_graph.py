@@ -1,6 +1,8 @@
 """The static decode step (GraphDecoder with use_graph=False) against the eager KVCache path
 on the CPU; its CUDA-graph replay is tested in test_cuda_graph_cuda.py on a GPU."""
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -199,3 +201,143 @@ def test_compile_auto_is_the_native_step_on_a_cpu_where_it_runs(model):
     dec = GraphDecoder(model, 1, max_len=32, compile="auto")
     assert dec.compile == ("native" if cpu_step.problem(model, 1) is None else None)
     assert GraphDecoder(model, 1, max_len=32).compile is None  # the plain step unless asked
+
+
+# ---- the decode skeleton (_Decoder's capture, warm-up, record and replay) on the CPU ----
+
+class CpuGraphs:
+    """torch.cuda's stream and graph calls emulated on the CPU for one decoder, so that its
+    skeleton runs here with graphs on: a capture runs the run's body once (a GPU only records
+    it; the skeleton puts back what it advances either way), a replay runs that body again
+    into the output the capture returned. Each call is logged in order."""
+
+    def __init__(self, dec, monkeypatch):
+        self.dec, self.log, self.capturing = dec, [], None
+        body = dec._steps
+
+        def steps(shape, n):
+            self.log.append(("steps", shape, n))
+            out = body(shape, n)
+            if self.capturing is not None:
+                self.capturing.replay = lambda: (self.log.append("replay"), out.copy_(body(shape, n)))
+            return out
+        monkeypatch.setattr(dec, "_steps", steps)
+        for name, fn in (("synchronize", lambda: self.log.append("synchronize")), ("Stream", lambda: self.Stream("side")),
+                         ("current_stream", lambda: self.Stream("current")), ("stream", self.stream),
+                         ("CUDAGraph", lambda: type("Graph", (), {})()), ("graph", self.graph)):
+            monkeypatch.setattr(torch.cuda, name, fn)
+        dec._use_graph, dec.pool = True, "pool"  # the setter refuses a CPU model
+
+    def Stream(self, name):  # noqa: N802 (torch.cuda.Stream)
+        log = self.log
+        return type("Stream", (), {"name": name, "wait_stream": lambda s, o: log.append(f"{s.name} waits for {o.name}")})()
+
+    def toggle(self):
+        self.dec._use_graph = not self.dec._use_graph
+
+    @contextmanager
+    def stream(self, s):
+        self.log.append(f"on {s.name}")
+        yield
+        self.log.append(f"off {s.name}")
+
+    @contextmanager
+    def graph(self, graph, pool, capture_error_mode):
+        self.log.append(("capture", pool, capture_error_mode))
+        self.capturing = graph
+        yield
+        self.capturing = None
+
+
+def record_log(shape, steps):
+    """What the skeleton calls to record one graph: two warm-up steps on a side stream, then the
+    run captured into the shared pool."""
+    return ["side waits for current", "on side", ("steps", shape, 1), ("steps", shape, 1), "off side",
+            "current waits for side", ("capture", "pool", "thread_local"), ("steps", shape, steps)]
+
+
+CHAINS = (1, 4, 4, 2, 1, 4, 3, 4, 4, 4, 1, 4, 4, 4, 2, 4, 4, 4)  # 58 steps: W 16 -> 32 -> 64 -> 96
+
+
+@torch.no_grad()
+def graph_decoder_run(model, monkeypatch=None):
+    """A sampled reply in chains of run(k), from position 13 across every bucket; with
+    monkeypatch, on emulated graphs toggled every third chain. Returns each run's ids and logits."""
+    dec = GraphDecoder(model, 2, max_len=96, buckets=(16, 32, 64, 96), use_graph=False)
+    fake = CpuGraphs(dec, monkeypatch) if monkeypatch else None
+    prompt = torch.randint(0, 512, (2, 13), generator=torch.Generator().manual_seed(0))
+    logits = dec.prefill(prompt)
+    dec.draw_first(logits[:, -1], SamplingParams(temperature=0.9, top_k=40, seed=3, repeat_penalty=1.3), prompt)
+    if fake:
+        state = [t.clone() for t in dec._state()]
+        assert dec.capture((16,), steps=4) >= 0
+        assert fake.log == ["synchronize", *record_log(16, 4), "synchronize"]
+        assert all(torch.equal(a, b) for a, b in zip(state, dec._state(), strict=True)), "capture puts back"
+    ids, outs = [], []
+    for i, k in enumerate(CHAINS):
+        if fake and i % 3 == 2:
+            fake.toggle()
+        outs.append(dec.run(k).clone())
+        ids.append(dec.out[:, :k].clone())
+    return ids, outs, dec, fake
+
+
+def test_the_skeleton_replays_what_its_eager_twin_runs(model, monkeypatch):
+    """GraphDecoder through the skeleton on emulated graphs (capture ahead, capture on first use,
+    replay, toggles between runs) against use_graph=False: the same ids and logits, bit for bit,
+    and a graph per (W, steps, greedy) it ran with graphs on."""
+    ids, outs, _, _ = graph_decoder_run(model)
+    g_ids, g_outs, dec, fake = graph_decoder_run(model, monkeypatch)
+    assert all(torch.equal(a, b) for a, b in zip(ids + outs, g_ids + g_outs, strict=True))
+    assert dec.window == 96 and dec.captured_windows == [16, 32, 64, 96]
+    assert all(key[2] is False for key in dec.graphs) and (16, 4, False) in dec.graphs
+    assert fake.log.count("replay") > 0 and fake.log.count(("capture", "pool", "thread_local")) == len(dec.graphs)
+
+
+# step -> ("admit", slot, prompt length, seed, temperature) or ("release", slot)
+SLOT_SCRIPT = {0: [("admit", 0, 20, 0, 0.0), ("admit", 1, 5, 1, 0.8)], 3: [("admit", 3, 40, 2, 0.0)],
+               5: [("release", 1)], 7: [("admit", 1, 30, 3, 1.1)], 9: [("release", 3)]}
+
+
+@torch.no_grad()
+def slot_decoder_run(model, monkeypatch=None):
+    """SlotGraphDecoder over admissions and releases in chains of run(4), greedy and sampled rows;
+    with monkeypatch on emulated graphs, toggled every third run. Returns each run's report and logits."""
+    from tinyllm.cuda_graph import SlotGraphDecoder
+    from tinyllm.kv_cache import SlotKVCache
+
+    slots = SlotKVCache(model.cfg.n_layers, 4, 128, "cpu")
+    dec = SlotGraphDecoder(model, slots, (32, 64, 128), use_graph=False, row_buckets=(2, 4))
+    fake = CpuGraphs(dec, monkeypatch) if monkeypatch else None
+    if fake:
+        assert dec.capture((32,)) >= 0 and dec.captured_windows == [32]
+        assert fake.log == ["synchronize", *record_log((32, 2), 1), *record_log((32, 4), 1), "synchronize"]
+    reports, outs, live = [], [], {}
+    for i in range(12):
+        for action, s, *args in SLOT_SCRIPT.get(i, ()):
+            if action == "release":
+                slots.release(s)
+                continue
+            n, seed, temperature = args
+            ids = torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+            slots.start_prefill([s], [n])
+            logits, _ = model(torch.tensor([ids]), cache=slots, last_only=True)  # (1, 1, V)
+            slots.admit([s])
+            params = SamplingParams(temperature=temperature, top_k=20, seed=seed, max_tokens=30)
+            dec.start_rows(slots._prefill_rows, logits[:, -1], [params], [seed], [ids], [[]])
+            live[s] = params
+        dec.sampler.pick_variant([live[s] for s in range(4) if slots.active[s]])  # as the engine does
+        if fake and i % 3 == 2:
+            fake.toggle()
+        outs.append(dec.run(4).clone())
+        reports.append(dec.out[:dec.rows].clone())  # rows past the bucket are free slots: never read
+    return reports, outs, dec, fake
+
+
+def test_the_skeleton_replays_the_slot_step_as_its_eager_twin(model, monkeypatch):
+    """The same for SlotGraphDecoder: its graphs keyed by ((W, rows), steps, greedy, whole)."""
+    reports, outs, _, _ = slot_decoder_run(model)
+    g_reports, g_outs, dec, fake = slot_decoder_run(model, monkeypatch)
+    assert all(torch.equal(a, b) for a, b in zip(reports + outs, g_reports + g_outs, strict=True))
+    assert ((32, 2), 1, True, False) in dec.graphs and {key[2] for key in dec.graphs} == {True, False}
+    assert {key[0][1] for key in dec.graphs} == {2, 4} and fake.log.count("replay") > 0
