@@ -9,7 +9,7 @@ import torch
 from tests.conftest import tiny_model
 from tinyllm.cuda_graph import GraphDecoder, default_buckets, pick_bucket
 from tinyllm.decode.sampling import SamplingParams
-from tinyllm.kv_cache import KVCache
+from tinyllm.kv_cache import Cache, CacheLayer, KVCache, SlotKVCache, StaticKVCache
 
 TOL = 1e-4
 
@@ -134,6 +134,23 @@ def test_kv_cache_refuses_wrong_dtype_and_batch():
     cache.reset()
     with pytest.raises(ValueError, match="batch 2 != cache batch 1"):
         model(torch.zeros(2, 1, dtype=torch.long), cache=cache)
+
+
+
+@torch.no_grad()
+def test_every_cache_and_decode_view_speaks_the_typed_protocol(model):
+    """kv_cache.Cache and CacheLayer, the protocol Transformer.forward's cache is typed as: each
+    cache (a prefill) and each decode view (a step), once the model has run through it."""
+    n = model.cfg.n_layers
+    static, slots = StaticKVCache(n, 1, 32), SlotKVCache(n, 2, 32)
+    slots.start_prefill([0], [3])
+    for cache in (KVCache(n, 1, 32), static, slots):
+        model(torch.ones(1, 3, dtype=torch.long), cache=cache)
+        assert isinstance(cache, Cache) and isinstance(cache.layer(1), CacheLayer), cache
+    for view, rows in ((static.decode(16), 1), (slots.decode(16, 2), 2)):
+        model(torch.ones(rows, 1, dtype=torch.long), cache=view)
+        assert isinstance(view, Cache) and isinstance(view.layer(1), CacheLayer), view
+    assert not isinstance(object(), Cache)
 
 
 @torch.no_grad()
