@@ -17,12 +17,10 @@ A graph replays fixed kernels on fixed addresses, so the step has static shapes:
 
 One decode skeleton (`_Decoder`: capture, warm-up, record, replay and the eager twin) serves
 both decoders, keyed by what differs: a run's shape (W; (W, rows) for slots) and the sampler's
-variant. The cache supplies the rest (tinyllm.kv_cache, where every cache type and its decode
-view live; `StaticKVCache` and `StaticLayerKV` are named here too, the seed's path):
-`cache.decode(W)` the cache protocol for one decode step over W keys (a view; the cache
-itself stays in prefill mode), `cache.keys_needed(steps)` the window a run of `steps` steps
-needs, `cache.step_state()` the device tensors a step advances (a capture's warm-up puts them
-back), `cache.advance_host(steps)` the host-side bookkeeping. `GraphDecoder` runs it over a
+variant. The cache supplies the rest, `decode(W)` (the view one step runs through),
+`keys_needed(steps)`, `step_state()` (what a capture's warm-up puts back) and
+`advance_host(steps)`: tinyllm.kv_cache holds every cache and its view (`StaticKVCache` and
+`StaticLayerKV` are named here too, at the seed's path). `GraphDecoder` runs it over a
 `StaticKVCache` (one request, B rows); `SlotGraphDecoder` (below) over a
 `SlotKVCache` (the continuous engine), with a sampler and stop rules per row. `use_graph=None`
 means graphs where the model is on CUDA. `Readback` copies a run's ids to the host behind it.
