@@ -8,7 +8,7 @@ a reply, an edit one of a user message. `newest_leaf(m, messages)` is where a sw
 lands: down from `m` through the newest child each time. `inferred(rows)` gives parents to
 rows written before chat.db kept them: the standing messages (not `replaced`) one after
 another, and each turn an edit replaced beside the edit that replaced it.
-Pure functions over chat_app.store.Saved; no I/O, no Textual.
+Pure functions over chat_app.rows.Saved; no I/O, no Textual.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Container, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from chat_app.store import Saved
+    from chat_app.rows import Saved
 
 
 def path(leaf: Saved | None) -> list[Saved]:

@@ -25,13 +25,15 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from chat_app.branches import tree, versions
 from chat_app.labels import printable
 
 if TYPE_CHECKING:
-    from chat_app.store import Store, _Chat
+    from collections.abc import Callable
+
+    from chat_app.rows import Chat
 
 PROMPTS_KEPT = 1000
 
@@ -49,7 +51,15 @@ class ChatInfo:
 
 
 class History:
-    def chats(self: Store, matching: str = "", limit: int | None = None, offset: int = 0) -> list[ChatInfo]:
+    """The store's queries beyond the open chat (a mixin: chat_app.store.Store provides these)."""
+
+    model: str  # the model the store saves new chats with
+    chat: Chat  # the open conversation
+    _read: Callable[..., Any]  # runs work(db) against chat.db, reconnecting once
+    _claim: Callable[[int], Any]  # holds a conversation's lock
+    new_chat: Callable[[], None]
+
+    def chats(self, matching: str = "", limit: int | None = None, offset: int = 0) -> list[ChatInfo]:
         """The saved conversations with messages, the most recently written first; with
         `matching`, only those whose title or a message (not a system prompt, any version)
         holds it; with `limit`, that many from `offset` on. Each is counted and named by its
@@ -72,7 +82,7 @@ class History:
                          _str(model) or "?", n, cid == self.chat.id, bool(_str(title)))
                 for (cid, title, updated, model, _), n, first in self._read(work)]
 
-    def models(self: Store) -> list[tuple[str, str]]:
+    def models(self) -> list[tuple[str, str]]:
         """(name, where) for each model a saved chat was written with, the most recently used
         first: `where` is its hf: name where it came from the Hub, else its path (chats saved
         before chat.db kept paths are left out)."""
@@ -84,11 +94,11 @@ class History:
         return [(_str(model) or "?", _str(spec) or _str(path)) for model, spec, path in self._read(work)
                 if _str(spec) or _str(path)]
 
-    def rename(self: Store, cid: int, title: str) -> None:
+    def rename(self, cid: int, title: str) -> None:
         """Give a conversation a title ("" goes back to its first message)."""
         self._change(cid, "UPDATE conversations SET title = ? WHERE id = ?", (title.strip() or None, cid))
 
-    def delete(self: Store, cid: int) -> None:
+    def delete(self, cid: int) -> None:
         """Delete a conversation; the open one is replaced by a new, empty chat.
         ValueError when another instance holds it."""
         if cid == self.chat.id:
@@ -97,7 +107,7 @@ class History:
         self._change(cid, "DELETE FROM messages WHERE conversation = ?", (cid,),
                      "DELETE FROM conversations WHERE id = ?")
 
-    def _change(self: Store, cid: int, sql: str, args: tuple, *more: str) -> None:
+    def _change(self, cid: int, sql: str, args: tuple, *more: str) -> None:
         def work(db):
             lock = None if cid == self.chat.id else self._claim(cid)  # this instance holds its own
             if lock is None and cid != self.chat.id:
@@ -113,33 +123,33 @@ class History:
                     lock.close()
         self._read(work)
 
-    def add_prompt(self: Store, text: str) -> None:
+    def add_prompt(self, text: str) -> None:
         """Keep a prompt for the input's history (a failure is a StoreError, nothing else)."""
         def work(db):
             db.execute("INSERT INTO prompts (text) VALUES (?)", (text,))
             db.execute("DELETE FROM prompts WHERE id <= (SELECT MAX(id) FROM prompts) - ?", (PROMPTS_KEPT,))
         self._read(work)
 
-    def prompts(self: Store) -> list[str]:
+    def prompts(self) -> list[str]:
         """The prompts of earlier runs, oldest first."""
         rows = self._read(lambda db: db.execute("SELECT text FROM prompts ORDER BY id DESC LIMIT ?",
                                                 (PROMPTS_KEPT,)).fetchall())
         return [text for (text,) in reversed(rows) if isinstance(text, str)]
 
-    def export_markdown(self: Store, path: str | Path, overwrite: bool = False) -> int:
+    def export_markdown(self, path: str | Path, overwrite: bool = False) -> int:
         """Write the open conversation (from memory, so it works while chat.db is broken) as
         Markdown to a regular file (write_regular); returns how many messages were written."""
         text, n = self.as_markdown()
         write_regular(path, text, overwrite)
         return n
 
-    def as_markdown(self: Store) -> tuple[str, int]:
+    def as_markdown(self) -> tuple[str, int]:
         """The open conversation as Markdown, and how many messages it holds (for a worker
         thread to write: the store itself stays on the UI thread)."""
         return markdown(self, self.chat), sum(m.role != "system" for m in self.chat.branch)
 
 
-def markdown(store: Store, chat: _Chat) -> str:
+def markdown(store: History, chat: Chat) -> str:
     """A conversation's branch shown as Markdown, each reply under the model that wrote it,
     each system prompt where it was set, and a message with other versions marked with
     which it is ("version 2 of 3": the others stay in the chat, not here). Control characters

@@ -55,13 +55,14 @@ import json
 import os
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from chat_app.branches import newest_leaf, path, tree, versions
 from chat_app.history import History, markdown
 from chat_app.locks import claim, unlocked
+from chat_app.rows import Chat, Saved, StoreError  # noqa: F401 (Saved, StoreError: the store's, for its users)
 from chat_app.store_advice import ENV_DIR, advice, identity, lock_advice, rescue
 
 BUSY_TIMEOUT_MS = 2000
@@ -107,49 +108,6 @@ ADDED = {"messages": {"partial": "INTEGER NOT NULL DEFAULT 0", "model": "TEXT", 
                            "model_path": "TEXT", "model_spec": "TEXT", "leaf": "INTEGER"}}
 
 
-class StoreError(Exception):
-    """A read or write of chat.db failed; the message says where it is and what to do."""
-
-
-@dataclass(eq=False)
-class Saved:
-    role: str  # "user" | "assistant" | "system" (a system prompt set mid-chat; "" clears it)
-    content: str
-    stopped: bool = False  # a reply cut short with Esc
-    partial: bool = False  # a reply still streaming (or cut by a crash)
-    model: str | None = None  # a reply: the model that wrote it
-    id: int | None = field(default=None, repr=False)  # its row, once written
-    dirty: bool = field(default=True, repr=False)  # changed since the last write
-    parent: Saved | None = field(default=None, repr=False)  # the message before it on its branch (set by `add`)
-
-
-@dataclass(eq=False)
-class _Chat:
-    messages: list[Saved] = field(default_factory=list)  # every branch's, in the order written
-    leaf: Saved | None = None  # the last message of the branch shown
-    system: str | None = None  # the system prompt it started with
-    id: int | None = None
-    settings: dict[str, str] = field(default_factory=dict)  # /set NAME VALUE, in the order given
-    model: str | None = None  # the model it was started with (a saved chat's)
-    model_path: str | None = None  # ... its local path (None: a chat.db from before it was kept)
-    model_spec: str | None = None  # ... the hf: spec it came by, where it came from the Hub
-    deleted: list[int] = field(default_factory=list)  # rows to delete at the next write
-    meta_dirty: bool = False  # system (before the first message), settings or leaf changed
-    lock: IO | None = None
-
-    @property
-    def branch(self) -> list[Saved]:
-        """The messages shown, first to last."""
-        return path(self.leaf)
-
-    @property
-    def current_system(self) -> str | None:
-        for m in reversed(self.branch):
-            if m.role == "system":
-                return m.content or None
-        return self.system
-
-
 def default_data_dir() -> Path:
     if os.environ.get(ENV_DIR):
         return Path(os.environ[ENV_DIR]).expanduser()
@@ -173,8 +131,8 @@ class Store(History):
         self.model = model  # the open model's name, path and Hub spec: what a new chat is saved with
         self.model_path: str | None = None
         self.model_spec: str | None = None
-        self.chat = _Chat(system=system)
-        self._older: list[_Chat] = []  # earlier chats of this run with writes still pending
+        self.chat = Chat(system=system)
+        self._older: list[Chat] = []  # earlier chats of this run with writes still pending
         self.db: sqlite3.Connection | None = None
         self.error: str | None = None  # the last failure, None once writes work again
         self.notices: list[str] = []  # what the app should say (a lost chat.db, no locks); it empties it
@@ -298,7 +256,7 @@ class Store(History):
             self._older.append(self.chat)  # written with the next successful sync
         else:
             self._release(self.chat)
-        self.chat = _Chat(system=self.chat.current_system, settings=dict(self.chat.settings))
+        self.chat = Chat(system=self.chat.current_system, settings=dict(self.chat.settings))
 
     def add(self, message: Saved) -> None:
         """Continue the branch shown with a message (the caller keeps it, to `update` it later)."""
@@ -391,11 +349,11 @@ class Store(History):
         self._older = []
 
     @staticmethod
-    def _unwritten(chat: _Chat) -> bool:
+    def _unwritten(chat: Chat) -> bool:
         return bool(chat.deleted or (chat.messages and (chat.id is None or chat.meta_dirty))
                     or any(m.dirty for m in chat.messages))
 
-    def _write(self, chat: _Chat) -> None:
+    def _write(self, chat: Chat) -> None:
         assert self.db is not None
         db, new_id = self.db, None
         db.execute("BEGIN IMMEDIATE")
@@ -454,7 +412,7 @@ class Store(History):
             return unlocked()
 
     @staticmethod
-    def _release(chat: _Chat) -> None:
+    def _release(chat: Chat) -> None:
         if chat.lock is not None:
             chat.lock.close()
             chat.lock = None
@@ -530,7 +488,7 @@ class Store(History):
         for row, m in good.items():
             m.parent = good.get(parents[row])
         self._release(self.chat)
-        self.chat = _Chat(list(good.values()), good.get(leaf), _text(system), cid, _settings(_text(settings)),
+        self.chat = Chat(list(good.values()), good.get(leaf), _text(system), cid, _settings(_text(settings)),
                           _text(model), _text(where), _text(spec), lock=lock)
         return self.messages()
 

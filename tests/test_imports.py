@@ -1,9 +1,12 @@
 """The project's modules import each other without a cycle: layers only go down.
 
 Every module of tinyllm and chat_app is parsed (not imported) with `ast`; every import of a
-project module counts, at module level or inside a function, except under `if TYPE_CHECKING:`
-(read only by type checkers). A lazy import inside a function still runs, so a cycle through one
-is still a cycle: break it by moving the shared piece down into a lower module.
+project module counts, at module level, inside a function, and under `if TYPE_CHECKING:` too:
+a lazy import inside a function still runs, and a type-only import still says the importer
+knows the module, so a cycle through either is still a cycle (chat_app's eleven parts once
+held the App, and each other, through TYPE_CHECKING imports the test did not count). Break a
+cycle by moving the shared piece down into a lower module. `runtime_imports` (outside
+TYPE_CHECKING) is what the layer rule reads: a type named in a signature may come from above.
 """
 
 from __future__ import annotations
@@ -48,11 +51,16 @@ def runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
-def imported_modules(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
-    """The project modules that module `name` imports at run time."""
+def all_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)]
+
+
+def imported_modules(name: str, path: Path, mods: dict[str, Path], type_checking: bool = True) -> set[str]:
+    """The project modules that module `name` imports (type_checking False: at run time only)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in runtime_imports(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in all_imports(tree) if type_checking else runtime_imports(tree):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         else:
@@ -70,9 +78,9 @@ def imported_modules(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(type_checking: bool = True) -> dict[str, set[str]]:
     mods = project_modules()
-    return {name: imported_modules(name, path, mods) for name, path in sorted(mods.items())}
+    return {name: imported_modules(name, path, mods, type_checking) for name, path in sorted(mods.items())}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -116,6 +124,13 @@ def test_imports_outside_type_checking_count():
     assert [n.names[0].name for n in runtime_imports(tree) if isinstance(n, ast.Import)] == ["b", "c"]
 
 
+def test_a_type_checking_import_is_an_edge(tmp_path):
+    (tmp_path / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import tinyllm.b\n")
+    mods = {"tinyllm.a": tmp_path / "a.py", "tinyllm.b": tmp_path / "a.py"}
+    assert imported_modules("tinyllm.a", mods["tinyllm.a"], mods) == {"tinyllm.b"}
+    assert imported_modules("tinyllm.a", mods["tinyllm.a"], mods, type_checking=False) == set()
+
+
 def test_no_import_cycle():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle (move the shared piece down into a lower module): " + " -> ".join(cycle)
@@ -156,7 +171,7 @@ def test_upward_imports_finds_one():
 
 
 def test_no_module_imports_a_layer_above_its_own():
-    assert upward_imports(import_graph()) == []
+    assert upward_imports(import_graph(type_checking=False)) == []
 
 
 def unresolved_imports(mods: dict[str, Path]) -> list[str]:

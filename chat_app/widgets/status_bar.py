@@ -13,14 +13,18 @@ and where the chat template has a thinking switch, "think on" / "think off". The
 shortened ("Smollm2 135M 8k…") and the fields after it are left out, the least useful first:
 CUDA graphs, then TTFT, then the family, then thinking; the device and weights and the decode
 step go last (the step says whether the fast path runs: issue 46): the name is shortened (to 8
-characters at least) to keep them, so at 80 and 100 columns they stay. The
-app calls `show(**fields)` at most once per drained batch;
-fields not known yet render as "-". `line` holds the whole plain text, `shown` what fits. The
-model's name is shown as plain text, its control characters visible (chat_app.labels).
+characters at least) to keep them, so at 80 and 100 columns they stay. Each
+field is a Textual `reactive` (the model's name is `model_name`): setting one redraws the line;
+`show(**fields)` sets several at once (at most once per batch of the session's events) and
+redraws once. `fields` is their values by name ("name" for the model's). Fields not known
+yet render as "-". `line` is the whole plain text, `shown` what fits. The model's name is
+shown as plain text, its control characters visible (chat_app.labels).
 """
 
 from __future__ import annotations
 
+from rich.text import Text
+from textual.reactive import reactive
 from textual.widgets import Static
 
 from chat_app.labels import plain
@@ -30,6 +34,8 @@ STEPS = {"plain": "", "compiling": "compiling…", "compiled": "compiled", "nati
 NAME_MIN = 8  # a long model name is cut to no less than this
 NAME_NARROW = 20  # ... and to this below NARROW columns, so growing numbers do not push it around
 NARROW = 100
+FIELDS = ("state", "model_name", "tok_s", "ttft_ms", "window", "position", "max_len", "capped", "step", "graphs",
+          "device", "weights", "family", "thinking")  # the reactive ones, in the order declared
 KEEP = ("device", "step", "think", "family", "ttft", "graphs")  # the fields after the name, the most useful first
 
 
@@ -38,29 +44,50 @@ def shorten(name: str, width: int) -> str:
 
 
 class StatusBar(Static):
+    state: reactive[str] = reactive("starting")  # starting / loading / ready / prefilling / generating / ...
+    model_name: reactive[str] = reactive("")
+    tok_s: reactive[float | None] = reactive(None)
+    ttft_ms: reactive[float | None] = reactive(None)
+    window: reactive[int | None] = reactive(None)  # the attention bucket W
+    position: reactive[int | str] = reactive("-")
+    max_len: reactive[int | None] = reactive(None)
+    capped: reactive[bool] = reactive(False)  # the context is less than the model's
+    step: reactive[str] = reactive("plain")
+    graphs: reactive[bool | None] = reactive(None)  # None: no graphs here
+    device: reactive[str] = reactive("-")
+    weights: reactive[str] = reactive("-")
+    family: reactive[str] = reactive("")
+    thinking: reactive[bool | None] = reactive(None)  # None: the template has no switch
+
     def __init__(self, **kwargs) -> None:
         super().__init__("", markup=False, **kwargs)
-        self.fields: dict[str, object] = {"state": "starting"}
-        self.line = ""
-        self.shown = ""
+
+    @property
+    def fields(self) -> dict[str, object]:
+        return {("name" if key == "model_name" else key): getattr(self, key) for key in FIELDS}
 
     def show(self, **fields: object) -> None:
-        self.fields.update(fields)
-        self._refit()
+        for key, value in fields.items():
+            self.set_reactive(getattr(StatusBar, "model_name" if key == "name" else key), value)
+        self.refresh()
 
-    def on_resize(self) -> None:
-        self._refit()
-
-    def _refit(self) -> None:
+    @property
+    def line(self) -> str:
         parts, name = self._parts()
-        self.line = " · ".join(p for p in parts[:4] + [name] + parts[4:] if p)
-        self.shown = self._fit(parts, name, self.content_size.width or 10_000)
-        self.update(plain(self.shown))
+        return " · ".join(p for p in parts[:4] + [name] + parts[4:] if p)
+
+    @property
+    def shown(self) -> str:
+        parts, name = self._parts()
+        return self._fit(parts, name, self.content_size.width or 10_000)
+
+    def render(self) -> Text:
+        return plain(self.shown)
 
     def _parts(self) -> tuple[list[str], str]:
         """(the fields, model name apart, as [live..., state, optional...]), and the name."""
         f = self.fields
-        name = str(f.get("name", ""))
+        name = str(f["name"])
         if f["state"] in ("starting", "loading", "failed"):
             return [str(f["state"])], name
         tok_s = f.get("tok_s")
