@@ -73,12 +73,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+class _Version(argparse.Action):
+    """--version, its number read only when asked (importlib.metadata took 0.1 s of every start)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"{parser.prog} {installed_version()}")
+        parser.exit()
+
+
 def build_parser(defaults: dict[str, object] | None = None) -> argparse.ArgumentParser:
     """The options; `defaults` (the config file's) replace the built-in defaults."""
     from tinyllm.formats.quant_rule import DEFAULT, quant_help  # imports no torch
 
     p = _Parser(prog=PROG, description="Chat with a small local language model in the terminal.")
-    p.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
+    p.add_argument("--version", action=_Version, help="show the version and exit")
     p.add_argument("--model", default=None,
                    help="tinyllm checkpoint folder, Hugging Face folder (Llama, Mistral, Qwen 2/3, Gemma 2/3, "
                         "Phi-3) or .gguf file, "
@@ -439,7 +450,8 @@ def main(argv: list[str] | None = None) -> None:
         from chat_app import oneshot
 
         try:
-            code = oneshot.run(args, message, given(sys.argv[1:] if argv is None else argv),
+            wins = given(sys.argv[1:] if argv is None else argv) if args.resume or args.chat is not None else set()
+            code = oneshot.run(args, message, wins,
                                partial(settle, args, keep_server=True, store=not args.no_save))
         except Exception as e:
             fatal(e)

@@ -18,7 +18,10 @@ file goes through `printable` too: the Markdown of `/export` and of an unsaved-*
 
 from __future__ import annotations
 
-from rich.text import Text
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 # C0 controls (but tab and newline) and DEL become their Unicode "control pictures".
 _VISIBLE = {c: 0x2400 + c for c in range(32) if chr(c) not in "\t\n"} | {0x7F: 0x2421}
@@ -30,4 +33,6 @@ def printable(text: str) -> str:
 
 
 def plain(text: str) -> Text:
+    from rich.text import Text  # here, not above: `tinyllm-chat -p` and the store need no rich (0.05 s)
+
     return Text(printable(text))
