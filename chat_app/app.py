@@ -354,6 +354,13 @@ class ChatApp(App[None]):
     def action_chats(self) -> None:
         self.controller.chats.show_list()
 
+    def copy_to_clipboard(self, text: str) -> None:
+        """Every copy (Ctrl+T, C on a picked message or code block, Ctrl+C on a selection) goes
+        out with its control characters made visible (chat_app.labels: the rule for what the app
+        writes out, docs/RELIABILITY.md): a copied message that held OSC 52 or CSI 2J pasted
+        into a terminal would act on it."""
+        super().copy_to_clipboard(printable(text))
+
     def action_copy_reply(self) -> None:
         copy_reply(self.conversation, self.copy_to_clipboard, self.say)
 

@@ -164,7 +164,7 @@ async def test_model_names_are_plain_text(make_app, ckpt, tmp_path):
 
 
 EVERY_CONTROL = "".join(chr(c) for c in [*range(32), *range(0x7F, 0xA0)])  # C0, DEL and C1: tab and newline too
-REPLY = f"Here: {ESCAPES} and every control: {EVERY_CONTROL} end"  # as a server might send it
+REPLY = f"Here: {ESCAPES} \x1bP1$r0m\x1b\\ (DCS) and every control: {EVERY_CONTROL} end"  # as a server might send it
 
 
 def assert_inert(data: bytes) -> str:
@@ -212,3 +212,28 @@ async def test_export_and_the_unsaved_copy_write_no_control_a_terminal_acts_on(m
     monkeypatch.chdir(here)
     assert store.rescue()
     assert_inert(next(here.glob("unsaved-*.md")).read_bytes())
+
+
+async def test_what_the_app_copies_holds_no_control_a_terminal_acts_on(make_app, data_dir, monkeypatch):
+    """Issue 52, part 5: the clipboard is written out too. A copied message (C on a picked one:
+    UserMessage keeps the text as typed, for the input to take back) and a copied reply (Ctrl+T)
+    go out with every control made visible; OSC 52 carries the copy to the terminal's clipboard,
+    and a paste of it into a shell would act on what it holds."""
+    from textual.app import App
+
+    store = Store.open(data_dir)
+    store.add(Saved("user", f"say {REPLY}"))
+    store.add(Saved("assistant", REPLY))
+    store.close()
+    copied: list[str] = []
+    monkeypatch.setattr(App, "copy_to_clipboard", lambda self, text: copied.append(text))  # what goes out
+    app = make_app("--max-tokens", "3", "--resume")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await wait_until(pilot, lambda: len(app.session.messages) == 2, what="the resumed chat")
+        await pilot.press("ctrl+t")  # the last reply
+        await pilot.press("tab", "home", "c")  # the first message, picked and copied
+        await wait_until(pilot, lambda: len(copied) == 2, what="two copies")
+    assert copied[1].startswith("say ")
+    for text in copied:
+        assert_inert(text.encode())
