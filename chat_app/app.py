@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from textual import on
+from textual import events, on
 from textual.app import App
 from textual.binding import Binding
 from textual.css.query import NoMatches
@@ -49,6 +49,7 @@ from textual.worker import get_current_worker
 
 from chat_app.commands import COMMANDS
 from chat_app.controller import ChatController
+from chat_app.external_editor import Chord, edit_prompt
 from chat_app.labels import printable
 from chat_app.palette import PROVIDERS, completion_sources
 from chat_app.reading import READING_KEYS, copy_or_hint, copy_reply, scroll
@@ -59,6 +60,7 @@ from chat_app.widgets.conversation import Conversation
 from chat_app.widgets.help_screen import HelpScreen
 from chat_app.widgets.load_progress import LoadProgress
 from chat_app.widgets.prompt_input import PromptInput
+from chat_app.widgets.reply import thinking_target
 from chat_app.widgets.status_bar import StatusBar
 
 if TYPE_CHECKING:
@@ -109,6 +111,8 @@ class ChatApp(App[None]):
                 "mid-reply too: CUDA graphs on a GPU, the native C++ step on a CPU"),
         Binding("f2", "toggle_thinking", "Think", tooltip="thinking on/off from the next reply (/set thinking "
                 "on|off): the chat template's own switch, enable_thinking (Qwen 3); only where it has one"),
+        Binding("f3", "toggle_thought", "Thought", show=False, tooltip="open or fold a reply's thinking (the "
+                "picked reply's, else the last one's; a click on its line too)"),
         Binding("f1", "help", "Help", tooltip="this help"),
         Binding("ctrl+q", "quit", "Quit", tooltip="quit", priority=True),
         Binding("ctrl+c", "help_quit", "Copy", show=False, tooltip="copy the selection or what is picked "
@@ -129,6 +133,7 @@ class ChatApp(App[None]):
         self._batch: list[object] = []  # the worker's events not yet drawn
         self._batch_lock = threading.Lock()
         self._drawn_at = 0.0
+        self.chord = Chord()  # Ctrl+X Ctrl+E: the message in $EDITOR (chat_app.external_editor)
 
     def get_default_screen(self) -> ChatScreen:
         return ChatScreen(self.controller, lambda: completion_sources(self), self.accept, self.action_help,
@@ -367,11 +372,47 @@ class ChatApp(App[None]):
     def action_help_quit(self) -> None:
         copy_or_hint(self.conversation, self.say)
 
+    # ---- a reply's thinking (F3) and the message in $EDITOR (Ctrl+X Ctrl+E) -------------------
+
+    def action_toggle_thought(self) -> None:
+        reply = thinking_target(self.conversation.query("Reply"), self.conversation.picked)
+        if reply is None:
+            self.say("No reply here has thinking to open.")
+        else:
+            reply.toggle_thought()
+
+    def action_external_editor(self) -> None:
+        edit_prompt(self)
+
+    async def on_event(self, event: events.Event) -> None:
+        """Every key passes the Ctrl+X Ctrl+E chord first (chat_app.external_editor.Chord)."""
+        if isinstance(event, events.Key) and not event.is_forwarded:
+            what = self.chord.key(event.key, over_chat=len(self.screen_stack) == 1 and self.is_running)
+            if what == "wait":
+                return
+            if what == "edit":
+                self.action_external_editor()
+                return
+            if what == "replay":
+                await super().on_event(events.Key(self.chord.PREFIX, "\x18"))
+        await super().on_event(event)
+
+    def _has_thinking(self) -> bool:
+        if self.session is not None and getattr(self.session, "thinking", None) is not None:
+            return True
+        try:
+            return thinking_target(self.conversation.query("Reply")) is not None
+        except NoMatches:
+            return False
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """The palette opens over the chat only, where what it chooses acts (not over F1 or the
-        chat list); F2 (thinking) is there only where the model's template has the switch."""
+        chat list); F2 (thinking) is there only where the model's template has the switch, F3
+        (a reply's thinking) there and where a reply has thinking."""
         if action == "toggle_thinking":
             return self.session is not None and getattr(self.session, "thinking", None) is not None
+        if action == "toggle_thought":
+            return self._has_thinking()
         return action != "command_palette" or len(self.screen_stack) == 1
 
     def action_help(self) -> None:

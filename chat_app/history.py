@@ -8,7 +8,8 @@ change any conversation no other instance holds (ValueError names the one that d
 `add_prompt` / `prompts()` keep what was typed, for the input's Up across runs (the newest
 PROMPTS_KEPT); `export_markdown` writes the branch shown of the open conversation from memory, each reply under
 the model that wrote it, each system prompt where it was set and a message with other
-versions marked "(version 2 of 3)", and only ever to a regular
+versions marked "(version 2 of 3)", a reply's thinking (chat_app.thinking) as a quoted block
+headed "**Thinking**" before its answer (its tags gone), and only ever to a regular
 file (`write_regular`: a FIFO, device or folder is a ValueError, never a wait). The Markdown
 (`/export`'s and the unsaved-*.md written at quit) holds no control character a terminal acts
 on: each is made visible as the screen shows it (chat_app.labels.printable: ESC is "␛"; tab and
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from chat_app.branches import tree, versions
 from chat_app.labels import printable
+from chat_app.thinking import split_thought
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -165,8 +167,20 @@ def markdown(store: History, chat: Chat) -> str:
         note = "\n\n*(stopped)*" if m.stopped else "\n\n*(unfinished)*" if m.partial else ""
         shown = versions(m, chat.messages)
         note += f"\n\n*(version {shown.index(m) + 1} of {len(shown)})*" if len(shown) > 1 else ""
-        parts.append(f"## {who}\n\n{m.content.strip()}{note}\n")
+        text = m.content.strip() if m.role == "user" else with_thinking(m.content)
+        parts.append(f"## {who}\n\n{text}{note}\n")
     return printable("\n".join(parts))
+
+
+def with_thinking(reply: str) -> str:
+    """A reply as Markdown, its thinking (if any) a block quote headed **Thinking** above the
+    answer: the reader tells it apart, and no renderer drops it as an unknown <think> tag."""
+    thought = split_thought(reply)
+    if thought.text is None:
+        return reply.strip()
+    quoted = "\n".join(f"> {line}" if line.strip() else ">" for line in thought.text.split("\n"))
+    head = "> **Thinking**" if thought.closed else "> **Thinking** (cut short)"
+    return f"{head}\n>\n{quoted}\n\n{thought.answer.strip()}".rstrip()
 
 
 def _shown(db, cid: int, leaf: object) -> tuple[int, object]:

@@ -18,6 +18,8 @@ Ctrl+Q quits.
   written with, where they still are; config.toml's [servers] by NAME; the open server's
   models, from its GET /v1/models, as URL#MODEL); choosing one runs "/model PATH" (or its hf:
   name, server NAME or URL#MODEL).
+- EditorProvider: "Edit: the message in $EDITOR", what Ctrl+X Ctrl+E does (chat_app.external_editor),
+  run once the palette has gone.
 A hit is shown as "Kind: name", scored by Textual's fuzzy matcher on that text. Names that did
 not come from this code (titles, model names, paths) are shown as plain text
 (chat_app.labels), never as markup. A store that cannot be read gives no chats, never an
@@ -58,6 +60,8 @@ class ChatHost(Protocol):
     def available_themes(self) -> dict[str, Any]: ...
     @property
     def prompt(self) -> PromptInput: ...
+    def action_external_editor(self) -> None: ...
+    def call_after_refresh(self, callback: Callable[[], Any]) -> bool: ...
 
 
 def completion_sources(app: ChatHost) -> Sources:
@@ -160,4 +164,10 @@ class ModelsProvider(ChatProvider):
             yield f"Model: {name}", partial(run, self.chat, f"/model {where}"), where + here, 0.0
 
 
-PROVIDERS = (CommandsProvider, SettingsProvider, ThemesProvider, ChatsProvider, ModelsProvider)
+class EditorProvider(ChatProvider):
+    def entries(self, query: str) -> Iterable[tuple[str, Callable[[], Any], str, float]]:
+        yield ("Edit: the message in $EDITOR", partial(self.chat.call_after_refresh, self.chat.action_external_editor),
+               "Ctrl+X Ctrl+E: the input's text in $VISUAL, else $EDITOR, else vi; what you save comes back", 0.0)
+
+
+PROVIDERS = (CommandsProvider, SettingsProvider, ThemesProvider, ChatsProvider, ModelsProvider, EditorProvider)

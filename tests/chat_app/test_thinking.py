@@ -1,4 +1,5 @@
-"""Issue 43, the chat: a reply's <think> block shown apart from the answer as it streams, the
+"""Issue 43, the chat: a reply's <think> block shown apart from the answer as it streams (folded
+to one line since issue 52: tests/chat_app/test_thinking_fold.py), the
 thinking switch (F2, /set thinking on|off) through the template's enable_thinking, kept with the
 chat, on the status bar; the model family on the status bar and in F1's title. Waits on state."""
 
@@ -53,14 +54,19 @@ async def test_a_think_block_streams_apart_from_the_answer():
             if piece == "<thi":
                 assert reply.thought == "" and reply.text == ""  # maybe a tag: nothing shown yet
             if piece.startswith("nk>"):
-                assert reply.thought == "Let me " and reply.has_class("-thought") and reply.text == ""
+                assert reply.thought == "Let me " and reply.has_class("-thinking") and reply.text == ""
+                assert not reply.has_class("-thought")  # folded: the line only, until F3 or a click
         await reply.finish("eos")
         await pilot.pause()
         assert reply.thought == "Let me see." and reply.text == "The answer."
         assert reply.raw.startswith("<think>") and reply.query_one(".thought").styles.text_style.italic
+        reply.toggle_thought()
+        assert reply.has_class("-thought") and reply.query_one(".thought").display
         plain = Reply("model", "No thinking here.")
         await app.mount(plain)
-        assert plain.thought == "" and not plain.has_class("-thought") and plain.text == "No thinking here."
+        assert plain.thought == "" and not plain.has_class("-thinking") and plain.text == "No thinking here."
+        plain.toggle_thought()  # nothing to open
+        assert not plain.opened and not plain.query_one(".fold").display
 
 
 async def test_the_switch_family_and_status_bar(qwen3_path):
