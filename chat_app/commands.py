@@ -6,7 +6,11 @@ note in the conversation (`ChatCore.note`: it stays, scrolls with the chat, and 
 with it nor seen by the model); only what passes is a toast (`ChatCore.say`: "Exported").
 `/export PATH` refuses to replace an existing file; `/export! PATH` overwrites it; either
 writes only a regular file (a FIFO, a device or a folder is refused) and writes it on a
-worker thread, with a toast when done (a note when it could not). This module imports
+worker thread, with a toast when done (a note when it could not). `/read PATH` attaches a text
+file, a folder's text files or a glob's to the next message (chat_app.attachments.gather: its
+limits and refusals), as chips over the input (`prompt.attach`); it says nothing where one file
+was attached (the chip is the answer), a note where a folder or a glob skipped some or attached
+several, and a refusal in one line, nothing attached. This module imports
 neither Textual nor torch.
 """
 
@@ -16,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from chat_app.attachments import MAX_BYTES, MAX_FILES, gather
 from chat_app.history import write_regular
 from chat_app.jobs import SetSystem
 from chat_app.worker import THINKING
@@ -32,6 +37,8 @@ COMMANDS = {  # name: (arguments, what it does)
             "dry_allowed_length, dry_last_n, repeat_stop (off or N), max_tokens, seed, regen_temperature"),
     "system": ("TEXT", "set the system prompt (no TEXT: none); used from the next turn"),
     "export": ("PATH", "write the conversation to PATH as Markdown (/export! PATH overwrites)"),
+    "read": ("PATH", "attach a text file to your next message (a folder or a glob: its text files, at most "
+             f"{MAX_FILES}, {MAX_BYTES // 1024 ** 2} MiB in all); @PATH in a message does the same"),
     "continue": ("", "continue the last reply where it ended (like Ctrl+F)"),
     "edits": ("", "the other versions of the messages shown (edits and Ctrl+R keep the one they replace)"),
     "stats": ("", "speed and context of the last reply"),
@@ -138,6 +145,22 @@ class CommandRunner:
         except OSError as e:  # its strerror: str(e) names the path again
             message, severity = f"could not export to {shown}: {e.strerror or e}", "error"
         self.core.view.from_thread(self.core.say if severity == "information" else self.core.note, message, severity)
+
+    async def command_read(self, arg: str) -> None:
+        if not arg:
+            self.core.note("usage: /read PATH (a file, a folder or a glob: attached to your next message)", "error")
+            return
+        try:
+            attached, skipped = gather(arg)
+            self.core.view.prompt.attach(attached)
+        except ValueError as e:
+            self.core.note(f"/read: {e}", "error")
+            return
+        if len(attached) > 1 or skipped:
+            tokens = sum(a.tokens for a in attached)
+            self.core.note(f"Attached {plural(len(attached), 'file')} (~{tokens:,} tokens) to your next message" +
+                           (f"; skipped {len(skipped)} not text or not readable: {', '.join(skipped)}"
+                            if skipped else "") + ".")
 
     async def command_stats(self, arg: str) -> None:
         stats, prefill = self.core.last_stats, self.core.prefill_tokens

@@ -6,7 +6,9 @@ is nothing to complete: the text is not a /command, or no candidate starts with 
 typed. Arguments are split as chat_app.commands runs them (`/name ARG`, `/set NAME VALUE`), and
 completed from `Sources`: `/set` a setting's name, then its value (the one in force); `/theme`
 a theme's name; `/model` a known model (by its path or hf: name, or by its file's or folder's
-name alone) or any path; `/export` (and `/export!`) a path. `/system` takes free text: nothing.
+name alone) or any path; `/export` (and `/export!`) and `/read` a path. `/system` takes free
+text: nothing. In any other text (a message, over several lines too), a last word that starts
+with "@" completes as a path (`@PATH`: a file it attaches, chat_app.attachments.mentions).
 Matching is by prefix, case-sensitive, but a model's name, which is matched whatever its case.
 
 What a Tab does with it (the prompt does this; see `Completion`) is what zsh does by default: the
@@ -77,6 +79,9 @@ class Completion:
 
 
 def complete(text: str, sources: Sources) -> Completion | None:
+    word = text.rpartition(" ")[2].rpartition("\n")[2]
+    if word.startswith("@") and not (text.startswith("/") and "\n" not in text):  # @PATH in a message
+        return _completion(text[:len(text) - len(word) + 1], word[1:], sources.files(word[1:]))
     if not text.startswith("/") or "\n" in text:
         return None
     name, space, rest = text[1:].partition(" ")
@@ -98,7 +103,7 @@ def complete(text: str, sources: Sources) -> Completion | None:
         looks_like_path = rest.startswith(("/", ".", "~")) or "/" in rest
         found = [*known, *(p for p in sources.files(rest) if p not in known)] if looks_like_path else known
         return _completion(head, rest, found)
-    if name in ("export", "export!"):
+    if name in ("export", "export!", "read"):
         return _completion(head, rest, sources.files(rest))
     return None
 

@@ -63,6 +63,7 @@ class PromptView(Protocol):
     def edit_message(self, message: str, text: str | None = None) -> None: ...
     def end_edit(self) -> None: ...
     def accept(self, submitted: Any) -> bool: ...  # the input gives up a submitted text
+    def attach(self, items: list[Any]) -> None: ...  # files for the next message (/read); ValueError past the limit
 
 
 class StatusView(Protocol):

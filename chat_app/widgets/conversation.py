@@ -14,6 +14,9 @@ OSC 52: works over SSH and in tmux). `picked_text()` is what would be copied (No
 Left/Right on a picked message post `Conversation.Versions(message, step)`: the app shows its
 version before or after (chat_app.versions). A message shown for a saved one holds it
 (`saved`, set by whoever adds it); `remove_from(widget)` takes it and all below it away.
+A user message's attached files (the fenced blocks chat_app.attachments.compose put before its
+text) show as one line each, "▪ NAME · attached, ~N tokens", not their text (a 1 MB file drawn
+in full made every frame slow); copying the message copies it all, as sent.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Static
 
+from chat_app.attachments import split
 from chat_app.labels import plain, printable
 from chat_app.widgets.reply import Reply
 from chat_app.widgets.system_note import SystemNote
@@ -39,7 +43,9 @@ class UserMessage(Static):
     it ("waiting for the model to load"); `mark("")` takes the note away."""
 
     def __init__(self, text: str) -> None:
-        super().__init__(printable(text), markup=False)
+        attached, typed = split(text)
+        files = "\n".join(f"▪ {a.name} · attached, ~{a.tokens:,} token{'s' * (a.tokens != 1)}" for a in attached)
+        super().__init__(printable("\n\n".join(part for part in (files, typed) if part)), markup=False)
         self.text = text
         self.border_title = "you"
         self.saved: Any = None  # the store's row it shows (chat_app.store.Saved)

@@ -24,11 +24,24 @@ already queued have been handled, or before anything else reads or changes the t
 other key, a paste, a click, `text`, `replace`, `load_text`). Each edit of a line rewraps it
 and each frame renders it whole (Textual's TextArea), so one edit per key made typing
 quadratic in the line's length: 5 KB typed took 5.8 s, 20 KB 62 s.
+Attachments (chat_app.attachments): `attach(items)` (/read's) holds files for the next message,
+shown as chips above the input (chat_app.widgets.attachment_bar, which the input mounts over
+itself); `@PATH` words in a message attach what they name when it is sent (the word stays in
+the text; one that names nothing on disk is text, as `@alice` is). Enter sends
+`compose(chips, text)`: each file fenced under its name, then the text (`Submitted.attached`
+lists them; a /command is never composed: the chips wait for the next message). A paste that
+would bring the input past PASTE_CHARS characters becomes a chip, "pasted text", instead of
+text in the input: the TextArea rewraps and renders its text on every key, 1.6 s a key with
+1 MB on one line (scripts/big_input_keys.py). Past MAX_BYTES in all, a file or a paste is
+refused with one line (a notice); nothing is attached. A message that comes back (`give_back`,
+an edit, a recalled prompt) brings its fenced files back as chips (`split`). Backspace at the
+input's very start removes the last chip; a chip's "×", clicked, removes that one.
 Tab completes a /command and its arguments (chat_app.completion, from what `sources()` gives:
 the app's themes, settings, models) while the cursor is at the end of a one-line /command:
 as far as the candidates agree; where they part, the first Tab lists them under the input
 (its border's subtitle, what the next Tab puts in first) and each Tab after puts the next one
-in, round and round; any other key ends the list. Where there is nothing to complete, Tab
+in, round and round; any other key ends the list. An `@PATH` word at the cursor completes as a
+path, anywhere in the text. Where there is nothing to complete, Tab
 moves the focus on (to the conversation), as it always has.
 """
 
@@ -41,13 +54,19 @@ from textual import events
 from textual.message import Message
 from textual.widgets import TextArea
 
+from chat_app.attachments import Attachment, check_total, compose, gather, mentions, split
 from chat_app.completion import Completion, Sources, complete
 from chat_app.labels import plain
+from chat_app.widgets.attachment_bar import AttachmentBar
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j", "newline")
 EDITING = "editing your last message · Enter replaces it and its reply · Esc cancels"
 # Pasted control characters (but tab and newline) become their Unicode "control pictures".
 _PASTE = {c: 0x2400 + c for c in range(32) if chr(c) not in "\t\n"} | {0x7F: 0x2421}
+# A paste that would bring the input past this many characters is an attachment instead: a key
+# took 24 ms (CPU) with 8,000 on one line, 43 ms with 20,000, 1.6 s with 1 MB (docs/BENCHMARKS.md).
+PASTE_CHARS = 8_000
+PASTED = "pasted text"
 
 
 def short(choice: str) -> str:
@@ -63,9 +82,10 @@ def clean_paste(text: str) -> str:
 class PromptInput(TextArea):
     @dataclass
     class Submitted(Message):
-        text: str  # the message (stripped)
+        text: str  # the message (stripped), its attachments fenced before it (chat_app.attachments.compose)
         raw: str = field(default="", repr=False)  # the whole input when Enter was pressed
         replaces: str | None = None  # an edit: the message it replaces (as loaded); None: a new one
+        attached: tuple[Attachment, ...] = field(default=(), repr=False)  # the chips (and @PATHs) it carries
 
     @dataclass
     class Scrolled(Message):
@@ -86,9 +106,17 @@ class PromptInput(TextArea):
         self._listed: Completion | None = None  # the candidates the last Tab listed ...
         self._shown = ""  # ... and the text it left
         self._turn = -1  # the listed candidate the input holds (-1: none yet)
+        self._after = ""  # the text after the cursor while completing (an @PATH mid-text)
         self.last_message: Callable[[], str | None] = lambda: None  # the app's: what Up in an empty prompt edits
         self.editing: str | None = None  # the message being edited, as loaded; None: not editing
         self._typed = ""  # printable keys not yet in the text (a burst goes in as one edit)
+        self.attachments: list[Attachment] = []  # what the next message carries (the chips)
+        self._draft_chips: list[Attachment] = []  # ... the draft's, while earlier prompts are shown
+        self.bar = AttachmentBar(self.detach)
+
+    def on_mount(self) -> None:
+        if self.parent is not None and not self.bar.is_attached:
+            self.parent.mount(self.bar, before=self)
 
     @property
     def text(self) -> str:  # type: ignore[override]
@@ -139,11 +167,13 @@ class PromptInput(TextArea):
         if event.key == "enter":
             event.stop()
             event.prevent_default()
-            text = self.text.strip()
-            if text.strip("^ \n"):
-                self.post_message(self.Submitted(text, self.text, self.editing))
-            elif text:  # only stray carets: nothing anyone meant to send
-                self.clear()
+            self._submit()
+            return
+        if event.key == "backspace" and self.attachments and self.selection.is_empty \
+                and self.cursor_location == (0, 0):
+            event.stop()
+            event.prevent_default()
+            self.detach(len(self.attachments) - 1)
             return
         if event.key in ("pageup", "pagedown") or event.key in ("home", "end") and not self.text:
             event.stop()
@@ -161,6 +191,7 @@ class PromptInput(TextArea):
             self.end_edit()
             self._recalled = None
             self.clear()
+            self._set_chips([])
             return
         if event.key in NEWLINE_KEYS:
             event.stop()
@@ -168,6 +199,50 @@ class PromptInput(TextArea):
             self.insert("\n")
             return
         await super()._on_key(event)
+
+    def _submit(self) -> None:
+        """Enter: the message, with its chips and the files its @PATH words name, fenced before it."""
+        raw = self.text
+        text = raw.strip()
+        if text.startswith("/"):  # a command: the chips wait for the next message
+            self.post_message(self.Submitted(text, raw, self.editing))
+            return
+        attached = list(self.attachments)
+        try:
+            for word in mentions(text):
+                attached = _with(attached, gather(word)[0])
+            check_total(attached)
+        except ValueError as e:
+            self.notify(f"Not sent: {e}", severity="error", markup=False, timeout=8)
+            return
+        if text.strip("^ \n") or attached:
+            self.post_message(self.Submitted(compose(attached, text if text.strip("^ \n") else ""), raw,
+                                             self.editing, tuple(attached)))
+        elif text:  # only stray carets: nothing anyone meant to send
+            self.clear()
+
+    def attach(self, items: list[Attachment]) -> None:
+        """Hold `items` for the next message (one of the same name is replaced); ValueError, and
+        nothing attached, past MAX_BYTES in all."""
+        together = _with(self.attachments, items)
+        check_total(together)
+        self._set_chips(together)
+
+    def detach(self, index: int) -> None:
+        """The index-th chip goes (a click on its ×, Backspace at the input's start)."""
+        if 0 <= index < len(self.attachments):
+            self._set_chips(self.attachments[:index] + self.attachments[index + 1:])
+
+    def _set_chips(self, attachments: list[Attachment]) -> None:
+        self.attachments = attachments
+        self.bar.show(attachments)
+
+    def _load_message(self, message: str) -> None:
+        """A message back in the input: its fenced files as chips, its text as text."""
+        attachments, text = split(message)
+        self._set_chips(attachments)
+        self.load_text(text)
+        self.move_cursor(self.document.end)
 
     def accept(self, submitted: PromptInput.Submitted) -> bool:
         """The app took the submitted text: remember it and take it out of the input; text
@@ -178,8 +253,10 @@ class PromptInput(TextArea):
             self.prompts.append(text)
         self._recalled, self._draft = None, ""
         self.end_edit()
+        if submitted.attached:
+            self._set_chips([a for a in self.attachments if a not in submitted.attached])
         now, raw = self.text, submitted.raw or submitted.text
-        if now == raw or now.strip() == text:
+        if now == raw or now.strip() == raw.strip():
             self.clear()
         elif now.startswith(raw):
             self.load_text(now[len(raw):].lstrip("\n"))
@@ -191,8 +268,7 @@ class PromptInput(TextArea):
         """Edit `message` (the chat's last user message): `text` (default: the message) in the
         input, the border saying what Enter and Esc do."""
         self.editing = message
-        self.load_text(message if text is None else text)
-        self.move_cursor(self.document.end)
+        self._load_message(message if text is None else text)
         self.border_title = EDITING
         self.add_class("-editing")
 
@@ -203,19 +279,32 @@ class PromptInput(TextArea):
         self.remove_class("-editing")
 
     def give_back(self, text: str) -> None:
-        """A message that could not be sent returns to the input (before anything typed since)."""
-        now = self.text
-        self.load_text(text + ("\n" + now if now.strip() else ""))
-        self.move_cursor(self.document.end)
+        """A message that could not be sent returns to the input (before anything typed since),
+        its files as chips again (before any attached since)."""
+        now, chips = self.text, self.attachments
+        self._load_message(text)
+        self._set_chips(_with(self.attachments, chips))
+        if now.strip():
+            self.load_text(self.text + "\n" + now)
+            self.move_cursor(self.document.end)
 
     async def _on_paste(self, event: events.Paste) -> None:
         event.stop()
         event.prevent_default()
         self.insert_typed()
         self._end_completion()
-        if not self.read_only and (text := clean_paste(event.text)):
+        if self.read_only or not (text := clean_paste(event.text)):
+            return
+        if len(text) + len(self.document.text) <= PASTE_CHARS:
             result = self.replace(text, *self.selection)
             self.move_cursor(result.end_location)
+            return
+        names = {a.name for a in self.attachments}
+        name = next(n for i in range(1, len(names) + 2) if (n := PASTED if i == 1 else f"{PASTED} {i}") not in names)
+        try:
+            self.attach([Attachment(name, text)])
+        except ValueError as e:
+            self.notify(f"Paste refused: {e}", severity="error", markup=False, timeout=8)
 
     # ---- Tab completion -----------------------------------------------------------------
 
@@ -228,9 +317,12 @@ class PromptInput(TextArea):
             self._list(self._turn + 1)
             return True
         self._end_completion()
-        if self.cursor_location != self.document.end:
-            return False
-        found = complete(text, self.sources())
+        end = self.document.end
+        before = self.document.get_text_range((0, 0), self.cursor_location)
+        self._after = self.document.get_text_range(self.cursor_location, end)
+        if self._after and not before.rpartition(" ")[2].rpartition("\n")[2].startswith("@"):
+            return False  # a /command completes at the end only; an @PATH anywhere
+        found = complete(before, self.sources())
         if found is None:
             return False
         extended = found.extended()
@@ -251,9 +343,10 @@ class PromptInput(TextArea):
         self.border_subtitle = plain("Tab: " + "  ".join(map(short, choices[turn:] + choices[:turn])))
 
     def _show(self, text: str) -> None:
-        self.load_text(text)
-        self.move_cursor(self.document.end)
-        self._shown = text
+        """The text before the cursor completed (what follows the cursor stays after it)."""
+        self.load_text(text + self._after)
+        self.move_cursor((text.count("\n"), len(text.rpartition("\n")[2])))
+        self._shown = text + self._after
 
     def _end_completion(self) -> None:
         if self._listed is not None:
@@ -264,7 +357,7 @@ class PromptInput(TextArea):
 
     def action_cursor_up(self, select: bool = False) -> None:
         if not select and self.cursor_location[0] == 0:
-            if not self.text and self.editing is None and self._recalled is None \
+            if not self.text and not self.attachments and self.editing is None and self._recalled is None \
                     and (last := self.last_message()) is not None:
                 self.edit_message(last)
                 return
@@ -283,7 +376,7 @@ class PromptInput(TextArea):
             if step > 0 or not self.prompts:
                 return False
             skip = self.editing is not None and self.prompts[-1] == self.editing  # on screen already
-            self._draft, self._draft_edits = self.text, self.editing
+            self._draft, self._draft_edits, self._draft_chips = self.text, self.editing, self.attachments
             self._recalled = self._newest = len(self.prompts) - skip
         at = self._recalled + step
         if at < 0:  # already at the oldest (none earlier than an edit: it stays as it is)
@@ -293,11 +386,19 @@ class PromptInput(TextArea):
             self._recalled = None
             if self._draft_edits is not None:
                 self.edit_message(self._draft_edits, self._draft)
+                self._set_chips(self._draft_chips)
                 return True
-            text = self._draft
-        else:
-            self._recalled, text = at, self.prompts[at]
-            self.end_edit()
-        self.load_text(text)
-        self.move_cursor(self.document.end)
+            self.load_text(self._draft)
+            self.move_cursor(self.document.end)
+            self._set_chips(self._draft_chips)
+            return True
+        self._recalled = at
+        self.end_edit()
+        self._load_message(self.prompts[at])
         return True
+
+
+def _with(attachments: list[Attachment], more: list[Attachment]) -> list[Attachment]:
+    """`attachments` and then `more`; one of the same name as one of `more` gives way to it."""
+    names = {a.name for a in more}
+    return [a for a in attachments if a.name not in names] + list(more)

@@ -36,6 +36,9 @@ def tab(text: str, sources: Sources = SOURCES) -> str | None:
     ("/model ./da", "/model ./data"),  # a path: data/, data.txt
     ("/export do", "/export docs/"),  # a folder: no space, more path may follow
     ("/export! da", "/export! data"),
+    ("/read do", "/read docs/"),  # /read takes a path too
+    ("see @do", "see @docs/"),  # @PATH in a message
+    ("two lines\nand @./da", "two lines\nand @./data"),
 ])
 def test_one_tab(typed, after):
     assert tab(typed) == after
@@ -62,7 +65,7 @@ def test_candidates_that_part_at_the_cursor_add_nothing(typed, choices):
 def test_slash_alone_lists_every_command_sorted():
     found = complete("/", SOURCES)
     assert found is not None and found.extended() is None
-    assert found.choices == tuple(sorted(COMMANDS)) and "theme" in found.choices and len(found.choices) == 12
+    assert found.choices == tuple(sorted(COMMANDS)) and "theme" in found.choices and len(found.choices) == 13
 
 
 def test_a_whole_word_has_nothing_more():

@@ -178,8 +178,9 @@ class Conversation:
             system = self.system_tokens()
             if system and head + extra + reserve - system <= room:  # the message alone fits
                 raise ValueError(self._system_too_long(system, reserve))
-            raise ValueError(f"message too long: {extra} tokens, and the context holds {self.max_len} "
-                             f"(with {reserve} kept for the reply); shorten it or raise --max-len")
+            over = head + extra + reserve - room  # said, so a user knows how much to cut
+            raise ValueError(f"message too long: {extra:,} tokens, {over:,} over what the context holds "
+                             f"({self.max_len:,}, with {reserve:,} kept for the reply); shorten it or raise --max-len")
         if len(self.context) + extra + reserve <= room:
             return 0
         # Trim to 3/4 of the context, so the next turns fit without another re-prefill.
