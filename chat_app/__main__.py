@@ -29,7 +29,8 @@ Without the app: `-p PROMPT`, or text on stdin when stdin is not a terminal (rea
 `</dev/null` is nothing, and with nothing and no -p the app runs, or is refused as above), sends
 one message and prints its reply (chat_app.oneshot, which does import torch, in this process:
 the model loads here). `oneshot_message` builds the message: -p's text, after stdin's text and
-the -f files as fenced blocks (chat_app.attachments); a file or stdin it cannot send, and -f,
+the -f files (each a file, a folder or a glob, as /read takes them) as fenced blocks
+(chat_app.attachments, 1 MiB in all); a file or stdin it cannot send, and -f,
 --json, --no-save or --chat with no message, are one line and exit 2. That run ends with
 os._exit once its output is flushed and chat.db closed (finalizing torch took 0.8 s more), so
 it is run in a subprocess, never in a test's own process.
@@ -146,8 +147,9 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
         "the context), 130 Ctrl+C (what came is kept), 129/143 SIGHUP/SIGTERM, 141 stdout closed.")
     o.add_argument("-p", "--prompt", default=None, metavar="PROMPT", help="send PROMPT, print the reply, exit")
     o.add_argument("-f", "--file", dest="files", action="append", default=[], metavar="PATH",
-                   help="attach a text file to the message (repeatable): sent as a fenced block under its "
-                        "name; binary, special and unreadable files are refused, as is one over 1 MiB")
+                   help="attach a text file to the message, or a folder's or a glob's (at most 50; repeatable): "
+                        "each sent as a fenced block under its name; a binary, special or unreadable file is "
+                        "refused (skipped in a folder, said on stderr), and so is more than 1 MiB in all")
     o.add_argument("--json", action="store_true",
                    help="print the reply's events as JSON lines (tokens, counts, tok/s, time to first token)")
     o.add_argument("--no-save", action="store_true", help="keep the message and reply out of the chat history")
@@ -361,7 +363,7 @@ def oneshot_message(args: argparse.Namespace) -> str | None:
     ValueError for a file or stdin that cannot be sent, or an option that needs a message."""
     import os
 
-    from chat_app.attachments import fenced, read_file, read_stream
+    from chat_app.attachments import Attachment, check_total, compose, gather, read_stream
 
     piped = None
     if not os.isatty(0):  # read to its end: `</dev/null` sends nothing
@@ -379,12 +381,18 @@ def oneshot_message(args: argparse.Namespace) -> str | None:
         return None
     if args.prompt is not None and not args.prompt.strip() and piped is None and not args.files:
         raise ValueError("-p got an empty message")
-    parts = [fenced(path, read_file(path)) for path in args.files]
+    files: list[Attachment] = []
+    for pattern in args.files:  # as /read takes them: a file, a folder's or a glob's text files
+        found, skipped = gather(pattern)
+        files += found
+        if skipped:
+            print(f"{PROG}: note: skipped under {pattern}: {', '.join(skipped)}", file=sys.stderr)
     if args.prompt is None:  # stdin is the message
-        return "\n\n".join([*parts, piped or ""])
-    if piped is not None:
-        parts.insert(0, fenced("stdin", piped))
-    return "\n\n".join([*parts, args.prompt] if args.prompt.strip() else parts)
+        check_total(files)
+        return compose(files, piped or "")
+    attached = [Attachment("stdin", piped), *files] if piped is not None else files
+    check_total(attached)
+    return compose(attached, args.prompt)
 
 
 def given(argv: list[str]) -> set[str]:

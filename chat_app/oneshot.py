@@ -146,7 +146,7 @@ class Reply:
             self._save(self.store and self.store.drop, asked)
             stops.restore()
             self.close()
-            return _say(self.too_long(e) or str(e), 2)
+            return _say(str(e), 2)  # too long: it says by how many tokens
         row = Saved("assistant", "", partial=True, model=self.name)
         self._save(self.store and self.store.add, row)
         text: list[str] = []
@@ -223,24 +223,6 @@ class Reply:
                         position=stats.position, context=stats.max_len)
         chat = self.store.conversation if self.store is not None else None
         self._emit(dict(line, model=self.name, chat=chat))
-
-    def too_long(self, error: ValueError) -> str | None:
-        """A message longer than the context, in one line that says by how much (a local model's:
-        a server's context is the server's to check)."""
-        conversation = getattr(self.session, "conversation", None)
-        if conversation is None or not str(error).startswith("message too long"):
-            return None
-        session = self.session
-        first = conversation.first_message >= len(conversation.messages)
-        head = len(conversation.head_ids())
-        extra = len(conversation.user_ids(self.message, first)) + len(conversation.prompt_ids())
-        reserve = min(session.params.max_tokens, session.max_len // 4)
-        over = head + extra + reserve - session.max_len - (1 if reserve else 0)
-        raise_it = session.max_len < session.model_max_len
-        return (f"the message is {over:,} tokens over the context: it is {extra:,} tokens, and the context holds "
-                f"{session.max_len:,} ({reserve:,} kept for the reply" + (f", {head:,} for the system prompt"
-                                                                          if head else "") +
-                f"); shorten it{', or raise --max-len' if raise_it else ''}")
 
     # ---- output and saving --------------------------------------------------------------------
 

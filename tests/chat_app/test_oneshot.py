@@ -107,7 +107,7 @@ def test_stdin_is_the_message_or_goes_before_p_as_a_file(data_dir, tmp_path):
                "--system", "Be brief.", "--temperature", "0.5", "--seed", "7", stdin=diff.encode())
     assert done.returncode == 0, done.stderr
     user = [r[3] for r in rows(data_dir) if r[2] == "user"]
-    assert user == [f"stdin\n````\n{diff}````\n\n{tmp_path / 'notes.txt'}\n```\na note\n```\n\nWrite a commit message"]
+    assert user == [f"stdin\n````\n{diff}````\n\nnotes.txt\n```\na note\n```\n\nWrite a commit message"]
     assert [c[1:] for c in chats(data_dir)] == [("Be brief.", "tinychat")]
 
 
@@ -147,11 +147,11 @@ def test_no_save_leaves_the_history_alone(data_dir):
 def test_a_message_longer_than_the_context_is_one_line_and_exit_2(ckpt, data_dir, tmp_path):
     done = run("--model", str(ckpt), *TINY, "--max-len", "64", "-p", "word " * 200)
     err = one_line(done, 2)
-    assert "tokens over the context" in err and "the context holds 64 (16 kept for the reply" in err, err
+    assert " over what the context holds (64, with 16 kept for the reply)" in err, err
     assert done.stdout == b"" and rows(data_dir) == []
     (tmp_path / "big.txt").write_text("many words " * 100)
     attached = run("--model", str(ckpt), *TINY, "--max-len", "64", "-p", "Summarize", "-f", str(tmp_path / "big.txt"))
-    assert "tokens over the context" in one_line(attached, 2)
+    assert " over what the context holds (64, with 16 kept for the reply)" in one_line(attached, 2)
 
 
 def test_a_reply_that_fills_the_context_is_kept_and_exit_2(ckpt, data_dir):
@@ -282,10 +282,11 @@ def test_files_and_stdin_that_cannot_be_sent_are_one_line_and_exit_2(tmp_path, d
     (tmp_path / "big").write_bytes(b"a" * (MAX_BYTES + 1))
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "b.bin").write_bytes(b"\0")
     (tmp_path / "dev").symlink_to("/dev/zero")
     cases = {"bin": "is binary", "latin1": "is not UTF-8 text", "big": "over the limit of 1,048,576 bytes",
-             "fifo": "a special file (a FIFO)", "folder": "is a folder", "dev": "a special file (/dev/zero)",
-             "missing": "cannot read", "/dev/null": "a special file (/dev/null)"}
+             "fifo": "a special file (a FIFO)", "folder": "holds no text file to attach (skipped: folder/b.bin (binary))",
+             "dev": "a special file (/dev/zero)", "missing": "cannot read", "/dev/null": "a special file (/dev/null)"}
     for name, says in cases.items():
         path = name if name.startswith("/") else str(tmp_path / name)
         assert says in one_line(run("-p", "Hi", "-f", path), 2), name
@@ -295,6 +296,23 @@ def test_files_and_stdin_that_cannot_be_sent_are_one_line_and_exit_2(tmp_path, d
         assert "with a message: -p PROMPT, or text on stdin" in one_line(run(*argv), 2)
     assert "give one" in one_line(run("-p", "Hi", "--resume", "--chat", "1"), 2)
     assert not (data_dir / "chat.db").exists()
+
+
+def test_f_takes_a_folder_or_a_glob_as_read_does(tmp_path, data_dir):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("A = 1\n")
+    (tmp_path / "src" / "b.py").write_text("B = 2\n")
+    (tmp_path / "src" / "c.bin").write_bytes(b"\0")
+    from chat_app.__main__ import build_parser, oneshot_message
+
+    args = build_parser().parse_args(["-p", "Say", "-f", str(tmp_path / "src"), "-f", str(tmp_path / "src" / "*.py")])
+    sys_stdin, sys.stdin = sys.stdin, None  # no stdin
+    try:
+        message = oneshot_message(args)
+    finally:
+        sys.stdin = sys_stdin
+    assert message == ("src/a.py\n```\nA = 1\n```\n\nsrc/b.py\n```\nB = 2\n```\n\n"
+                       "src/a.py\n```\nA = 1\n```\n\nsrc/b.py\n```\nB = 2\n```\n\nSay")  # the glob's, named alike
 
 
 def test_help_says_p_f_json_and_the_context():
