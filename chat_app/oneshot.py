@@ -13,9 +13,9 @@ reply's text exact (JSON escapes every control character, DEL and C1 too):
 R is the session's (eos, max_tokens, stopped, context_full, repeating) or "error". stderr
 carries only one-line notes and errors (`tinyllm-chat: note: ...`, `tinyllm-chat: error: ...`).
 
-A local model runs in this process (its ChatSession: no model process, whose start cost 0.3 s
-more; scripts/oneshot_startup.py measures both against the library alone); a server, through
-chat_app.server_session. The chat is saved as the app saves it (chat_app.store: the message
+A local model runs in this process (its ChatSession: no model process, which costs about as
+much CPU again before the first token and ends later; scripts/oneshot_startup.py measures both
+against the library alone, docs/BENCHMARKS.md); a server, through chat_app.server_session. The chat is saved as the app saves it (chat_app.store: the message
 before the model sees it, the reply as it streams, marked partial, then final), unless
 --no-save. --resume and --chat ID continue a saved chat with its model, system prompt and /set
 values; options given on the command line win over the chat's values.
