@@ -14,19 +14,8 @@ Pure functions over chat_app.rows.Saved; no I/O, no Textual.
 from __future__ import annotations
 
 from collections.abc import Container, Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from chat_app.rows import Saved
-
-
-def path(leaf: Saved | None) -> list[Saved]:
-    """The branch that ends at `leaf`, its first message first."""
-    branch: list[Saved] = []
-    while leaf is not None:
-        branch.append(leaf)
-        leaf = leaf.parent
-    return branch[::-1]
+from chat_app.rows import Saved, path  # noqa: F401 (path: the branch a leaf ends, the rows' own)
 
 
 def versions(message: Saved, messages: Sequence[Saved]) -> list[Saved]:

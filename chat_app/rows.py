@@ -1,8 +1,8 @@
 """The rows of a chat as the store holds them in memory: `Saved` (one message), `Chat` (one
 conversation: its messages, every branch's, and the leaf of the one shown), and
-`StoreError`, what a failed read or write raises. The store (chat_app.store) owns them; the
-branches, the history and everything that shows a chat read them. Imports nothing of the app
-but chat_app.branches (pure functions over these rows).
+`StoreError`, what a failed read or write raises; `path(leaf)`, the branch a leaf ends (the
+rest of the tree's functions: chat_app.branches). The store (chat_app.store) owns them; the
+branches, the history and everything that shows a chat read them. Imports nothing of the app.
 """
 
 from __future__ import annotations
@@ -10,7 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import IO
 
-from chat_app.branches import path
+
+def path(leaf: Saved | None) -> list[Saved]:
+    """The branch that ends at `leaf`, its first message first."""
+    branch: list[Saved] = []
+    while leaf is not None:
+        branch.append(leaf)
+        leaf = leaf.parent
+    return branch[::-1]
 
 
 class StoreError(Exception):

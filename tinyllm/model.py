@@ -49,6 +49,7 @@ from tinyllm.core.ops import Ops, ops_for
 from tinyllm.core.rope import Rope, apply_rope
 from tinyllm.families import PRESETS as FAMILY_PRESETS
 from tinyllm.kernels import qgemv
+from tinyllm.kv_cache import Cache
 
 
 @dataclass
@@ -477,7 +478,7 @@ class Transformer(Module):
         """The activations' dtype (matrices may be held narrower: see the module docstring)."""
         return self.norm.weight.dtype
 
-    def forward(self, idx: Tensor, cache=None, targets: Tensor | None = None,
+    def forward(self, idx: Tensor, cache: Cache | None = None, targets: Tensor | None = None,
                 last_only: bool = False, at: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """idx (B, T) -> logits (B, T, V); (B, 1, V) for the last position with last_only, or
         for position at[b] of each row with at (B,) (right-padded rows); loss if targets
