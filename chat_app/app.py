@@ -49,7 +49,7 @@ from textual.worker import get_current_worker
 
 from chat_app.commands import COMMANDS
 from chat_app.controller import ChatController
-from chat_app.external_editor import Chord, edit_prompt
+from chat_app.external_editor import Chord, cut, edit_prompt
 from chat_app.labels import printable
 from chat_app.palette import PROVIDERS, completion_sources
 from chat_app.reading import READING_KEYS, copy_or_hint, copy_reply, scroll
@@ -393,8 +393,8 @@ class ChatApp(App[None]):
             if what == "edit":
                 self.action_external_editor()
                 return
-            if what == "replay":
-                await super().on_event(events.Key(self.chord.PREFIX, "\x18"))
+            if what == "replay":  # Ctrl+X held back: its cut now, before the key after it
+                cut(self.focused)
         await super().on_event(event)
 
     def _has_thinking(self) -> bool:

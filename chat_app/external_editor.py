@@ -19,8 +19,9 @@ Contract:
   suspended (no terminal: Textual's headless driver, under Pilot) it is one notice too.
 - `Chord`: Ctrl+X, then Ctrl+E. The app shows it every key before anything else does
   (`ChatApp.on_event`); over the chat (no modal on top) Ctrl+X waits for the next key: Ctrl+E
-  opens the editor, any other key gets Ctrl+X back first (the input's cut), then goes on as
-  it came. Elsewhere (a modal, the chat list's filter) Ctrl+X is the input's at once.
+  opens the editor; before any other key Ctrl+X does what it does alone (`cut`: the input's
+  cut, done at once, so the key after it acts after it), then that key goes on as it came.
+  Elsewhere (a modal, the chat list's filter) Ctrl+X is the input's at once.
 Ctrl+E alone stays the input's end of line, Ctrl+G the graphs switch. Imports no torch.
 """
 
@@ -103,10 +104,18 @@ def edit_prompt(app: ChatApp) -> None:
     prompt.focus()
 
 
+def cut(focused: object) -> None:
+    """What Ctrl+X alone does where the chord takes it: the input's cut (the selection, else the
+    line, to the clipboard); nothing elsewhere."""
+    from chat_app.widgets.prompt_input import PromptInput
+
+    if isinstance(focused, PromptInput) and not focused.read_only:
+        focused.insert_typed()  # keys typed before Ctrl+X go in first
+        focused.action_cut()
+
+
 class Chord:
     """Ctrl+X Ctrl+E, seen before the input sees either key."""
-
-    PREFIX = PREFIX
 
     def __init__(self) -> None:
         self.waiting = False  # Ctrl+X came, held back: the next key decides
