@@ -15,10 +15,11 @@ carries only one-line notes and errors (`tinyllm-chat: note: ...`, `tinyllm-chat
 
 A local model runs in this process (its ChatSession: no model process, which costs about as
 much CPU again before the first token and ends later; scripts/oneshot_startup.py measures both
-against the library alone, docs/BENCHMARKS.md); a server, through chat_app.server_session. The chat is saved as the app saves it (chat_app.store: the message
-before the model sees it, the reply as it streams, marked partial, then final), unless
---no-save. --resume and --chat ID continue a saved chat with its model, system prompt and /set
-values; options given on the command line win over the chat's values.
+against the library alone, docs/BENCHMARKS.md); a server, through chat_app.server_session.
+The chat is saved as the app saves it (chat_app.store: the message before the model sees it,
+the reply as it streams, marked partial, then final), unless --no-save. --resume and --chat ID
+continue a saved chat with its model, system prompt and /set values; options given on the
+command line win over the chat's values.
 
 Exit codes: 0 the reply ended (at the end of its text, at max_tokens or at a repetition: the
 last two said in a note); 1 it failed (the model or the server: one line, what came is kept,
