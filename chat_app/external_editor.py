@@ -32,11 +32,12 @@ import shlex
 import subprocess
 import tempfile
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from chat_app.app import ChatApp
+    from chat_app.widgets.prompt_input import PromptInput
 
 PREFIX, KEY = "ctrl+x", "ctrl+e"
 HOW = "set $VISUAL or $EDITOR to an editor that is installed (e.g. export EDITOR=nano)"
@@ -83,7 +84,16 @@ def run_editor(text: str, env: Mapping[str, str] | None = None) -> Edited:
             pass
 
 
-def edit_prompt(app: ChatApp) -> None:
+class EditorHost(Protocol):
+    """What edit_prompt needs of the app (chat_app.app.ChatApp is one)."""
+
+    @property
+    def prompt(self) -> PromptInput: ...
+    def suspend(self) -> AbstractContextManager[None]: ...
+    def say(self, message: str, severity: str = "information") -> None: ...
+
+
+def edit_prompt(app: EditorHost) -> None:
     """The input's text in the editor, the app suspended meanwhile; the saved text back in the input."""
     from textual.app import SuspendNotSupported
 
