@@ -212,6 +212,21 @@ def test_a_resumed_chat_keeps_its_settings_under_the_command_lines(ckpt, data_di
     assert tokens("--max-tokens", "5") == 5  # the command line's wins
 
 
+def test_a_chat_open_in_another_instance_is_not_continued(ckpt, data_dir):
+    from chat_app.store import Store
+
+    first = run("--model", str(ckpt), *TINY, "--ignore-eos", "--max-tokens", "2", "-p", "Hi", "--json")
+    chat = json.loads(first.stdout.decode().splitlines()[-1])["chat"]
+    other = Store.open(data_dir)  # another tinyllm-chat with the chat open
+    other.open_chat(chat)
+    try:
+        assert "the last chat is open in another tinyllm-chat" in one_line(run("--resume", "-p", "More"), 2)
+        assert "that chat is open in another tinyllm-chat" in one_line(run("--chat", str(chat), "-p", "More"), 2)
+    finally:
+        other.close()
+    assert len(rows(data_dir)) == 2
+
+
 def test_a_resumed_chat_past_the_context_says_what_was_dropped(ckpt, data_dir):
     argv = ["--model", str(ckpt), *TINY, "--max-len", "64", "--ignore-eos", "--max-tokens", "8", "--json"]
     for turn in range(8):
