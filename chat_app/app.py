@@ -9,7 +9,9 @@ Layers (each imports only those below it; tests/test_imports.py checks there is 
   editing, versions, commands (the /commands).
 - chat_app.screen.ChatScreen: the View the controller draws through (chat_app.view), and what
   the user does in its widgets, passed to the controller.
-- this module: the bindings (each an action of the controller's), the palette
+- this module: the bindings (each an action of the controller's; F3 a reply's thinking,
+  chat_app.widgets.reply; every key passes the Ctrl+X Ctrl+E chord first, the message in
+  $EDITOR: chat_app.external_editor), the palette
   (chat_app.palette), the help screen, signals, and the session's worker's events: the worker
   (chat_app.worker, a thread that owns the session and runs the jobs of chat_app.jobs) hands
   each event to `deliver`, which gathers them into a batch and posts ONE `SessionReported`
