@@ -42,18 +42,17 @@ import argparse
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from chat_app.settled import Settled
 from chat_app.shipped_models import DEFAULT_MODEL, find_default_model  # noqa: F401 (find_default_model: the tests')
 from tinyllm.decode.sampling_params import DRY_MULTIPLIER as APP_DRY_MULTIPLIER
 from tinyllm.decode.sampling_params import DRY_WINDOW, REPEAT_STOP, parse_repeat_stop
 
 if TYPE_CHECKING:
     from chat_app.app import ChatApp
-    from chat_app.server_session import ServerSession
-    from chat_app.store import Resumed, Store
+    from chat_app.store import Store
 
 PROG = "tinyllm-chat"
 LOG_NAME = "tinyllm-chat.log"
@@ -185,19 +184,6 @@ def resolve_model(spec: str | Path) -> str | Path:
         return spec
     print(f"{PROG}: getting {spec} from the Hugging Face Hub", file=sys.stderr)
     return str(hub.fetch(str(spec)))
-
-
-@dataclass
-class Settled:
-    """What the command line comes to once checked, before a model is opened: the app's start and
-    the one-shot run's (chat_app.oneshot)."""
-    store: Store | None  # None: --no-save with no chat to continue (the one-shot run only)
-    resumed: Resumed | None  # --resume's (or --chat's) chat
-    name: str  # the model's
-    path: str | Path  # a local model's (a server's: its spec)
-    server: ServerSession | None  # a server model, connected (closed unless keep_server)
-    local: dict  # open_session's arguments for a local model
-    fallback: str | None  # the chat's own model is open: the one it would have had without --resume
 
 
 def build_app(args: argparse.Namespace) -> ChatApp:

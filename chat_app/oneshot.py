@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from chat_app.labels import printable
 
 if TYPE_CHECKING:
-    from chat_app.__main__ import Settled
+    from chat_app.settled import Settled
 
 PROG = "tinyllm-chat"  # as chat_app.__main__ names it
 
