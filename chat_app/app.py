@@ -78,7 +78,8 @@ INPUT_KEYS = [("Enter", "send the message (or run a /command)"),
               ("Up / Down", "earlier prompts (Up on the first line, Down on the last; from an empty prompt "
                "the first Up edits, the next ones recall)"),
               ("Ctrl+Left / Ctrl+Right", "(empty prompt) the last reply's earlier / later version (Ctrl+R and "
-               "edits keep the one they replace; the border says \u2039 2/3 \u203a)")]
+               "edits keep the one they replace; the border says \u2039 2/3 \u203a)"),
+              ("Ctrl+X Ctrl+E", "write the message in $VISUAL / $EDITOR (else vi): what you save comes back")]
 
 
 def key_name(key: str) -> str:
