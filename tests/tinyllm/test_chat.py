@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.tinyllm.forced import assert_replies_part_only_at_a_near_tie
 from tinyllm.session.chat import Finished, Prefilled, Token
 from tinyllm.session.chat import open_session as open_compiled
 from tinyllm.tools.testing import make_tiny_checkpoint
@@ -32,6 +33,10 @@ def reply(session, text):
 
 
 def test_offset_prefill_reply_equals_full_reprefill(ckpt):
+    """A turn prefilled at an offset into the cache replies as one whose whole conversation is
+    prefilled again. Their prefills' arithmetic differs (other lengths) and each session draws
+    its own tokens: the replies are equal up to a near-tie of the logits, where they may part
+    (tests/tinyllm/forced.py), and from there the two chats hold different texts."""
     inc = open_session(ckpt, "cpu", max_len=1024)
     full = open_session(ckpt, "cpu", max_len=1024)
     for turn in TURNS:
@@ -41,7 +46,9 @@ def test_offset_prefill_reply_equals_full_reprefill(ckpt):
         a, b = reply(inc, turn), reply(full, turn)
         assert b[0].n_tokens == len(full.context) - len(full.messages[-1].ids)
         assert a[0].n_tokens < b[0].n_tokens or turn == TURNS[0]
-        assert inc.messages[-1].ids == full.messages[-1].ids
+        assert_replies_part_only_at_a_near_tie(inc, full, what=turn)
+        if inc.messages[-1].ids != full.messages[-1].ids:
+            return  # parted at a near-tie: the chats go on with different texts
         assert a[-1].text == b[-1].text
     assert inc.context == full.context
 

@@ -4,6 +4,7 @@ every offset inside a chunk), seeded sampling, and the background compile taking
 import pytest
 import torch
 
+from tests.tinyllm.forced import assert_replies_part_only_at_a_near_tie
 from tinyllm.session.chat import CHUNK, Finished, Token, open_session
 from tinyllm.tools.testing import make_tiny_checkpoint
 
@@ -237,7 +238,8 @@ def test_no_graph_is_captured_mid_reply_or_while_a_compile_runs(ckpt):
 
 def test_the_native_step_switched_off_and_on_mid_reply_reads_the_same_greedy_reply(ckpt):
     """The fast step's switch on a CPU (the app's Ctrl+G): the native step against the plain
-    step run eagerly, from the next launch, mid-reply too; a greedy reply reads the same."""
+    step run eagerly, from the next launch, mid-reply too; a greedy reply reads the same, up to a
+    near-tie of the logits where the two steps' arithmetic may part them (tests/tinyllm/forced.py)."""
     ref = session(ckpt, K, compile="native")
     ref.set_param("max_tokens", "60")
     ref.stop_ids = set()
@@ -254,11 +256,17 @@ def test_the_native_step_switched_off_and_on_mid_reply_reads_the_same_greedy_rep
             if i in (10, 30):
                 s.set_graphs(i == 30)  # off at the tenth token, on again at the thirtieth
                 assert s.step_kind == ("native" if i == 30 else "eager")
-    assert "".join(text) == want
+    assert_replies_part_only_at_a_near_tie(s, ref, what="switched")
+    if s.messages[-1].ids == ref.messages[-1].ids:
+        assert "".join(text) == want
     assert steps[0] == "native" and "eager" in steps and steps[-1] == "native"
     s.set_graphs(False)
     s.new_chat()
-    assert talk(s, "Hello!").text == want and s.last_stats.step == "eager" and not s.use_graph
+    fin = talk(s, "Hello!")
+    assert s.last_stats.step == "eager" and not s.use_graph
+    assert_replies_part_only_at_a_near_tie(s, ref, what="eager")
+    if s.messages[-1].ids == ref.messages[-1].ids:
+        assert fin.text == want
 
 
 def test_the_native_switch_is_refused_where_no_native_step_runs(ckpt):

@@ -5,7 +5,7 @@ captured into the bucket graphs (test_cuda_graph_cuda.py checks replay against i
 import torch
 
 from tests.tinyllm.forced import assert_same_draws
-from tests.tinyllm.test_engine import prompt, reference
+from tests.tinyllm.test_engine import assert_generates, prompt
 from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.decode.engine import Engine
 from tinyllm.decode.sampling import SamplingParams
@@ -39,4 +39,4 @@ def test_compiled_engine_equals_generate_per_request(model):
     ids = [engine.add_request(prompt(n, n), params) for n in lens]
     engine.run_until_done()
     for rid, n in zip(ids, lens, strict=True):
-        assert engine.result(rid) == reference(model, prompt(n, n), params, max_len=64)
+        assert_generates(model, prompt(n, n), engine.result(rid), params, max_len=64, what=rid)  # up to a near-tie

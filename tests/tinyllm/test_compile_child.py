@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from tests.tinyllm.forced import assert_replies_part_only_at_a_near_tie
 from tinyllm.decode.compile_child import Spec, marker, saved_path, warm_up
 from tinyllm.decode.saved_step import SavedStep
 from tinyllm.session.chat import Finished, open_session
@@ -25,7 +26,7 @@ def reply(s, text):
 def test_a_cpu_session_compiles_in_a_child_first_and_only_once_per_spec(ckpt):
     plain = open_session(ckpt, "cpu", max_len=256, compile=None)
     plain.set_param("max_tokens", "12")
-    want = reply(plain, "hello there")
+    reply(plain, "hello there")
 
     s = open_session(ckpt, "cpu", max_len=256, compile="inductor")
     s.set_param("max_tokens", "12")
@@ -35,7 +36,9 @@ def test_a_cpu_session_compiles_in_a_child_first_and_only_once_per_spec(ckpt):
     assert c.child.path == os.path.abspath(ckpt) and c.child.greedy
     assert marker(c.child).exists() and saved_path(c.child).exists()  # and saved the step
     assert c.saved_from == "loaded"  # which this process loaded: no trace here
-    assert reply(s, "hello there") == want and s.last_stats.step == "compiled"
+    reply(s, "hello there")
+    assert s.last_stats.step == "compiled"
+    assert_replies_part_only_at_a_near_tie(s, plain)  # compiled against plain: equal up to a near-tie
     assert isinstance(s.decoder._step_fn, SavedStep) and s.decoder._step_fn._step is None
 
     again = open_session(ckpt, "cpu", max_len=256, compile="inductor")  # a relaunch: no child, no trace
@@ -43,7 +46,9 @@ def test_a_cpu_session_compiles_in_a_child_first_and_only_once_per_spec(ckpt):
     assert again.wait_compiled(600)
     c = again.policy.background
     assert (c.state, c.child_result, c.saved_from) == ("compiled", None, "loaded")
-    assert reply(again, "hello there") == want and again.last_stats.step == "compiled"
+    reply(again, "hello there")
+    assert again.last_stats.step == "compiled"
+    assert_replies_part_only_at_a_near_tie(again, plain)
 
 
 def test_a_child_that_fails_says_why_in_one_line_and_leaves_no_marker(ckpt, tmp_path):

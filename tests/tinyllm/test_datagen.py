@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
+from tests.tinyllm.test_engine import assert_generates
 from tinyllm.decode.engine import Engine
-from tinyllm.decode.generate import generate
 from tinyllm.decode.sampling import SamplingParams
 from tinyllm.text.textcheck import has_loop, is_english, numbers
 from tinyllm.tools import data
@@ -137,7 +137,7 @@ def test_admissions_held_back_change_no_greedy_token():
         ids = [eng.add_request(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts, lens, strict=True)]
         eng.run_until_done()
         for p, n, rid in zip(prompts, lens, ids, strict=True):
-            assert eng.result(rid) == [int(t) for t in generate(model, torch.tensor([p]), n)]
+            assert_generates(model, p, eng.result(rid), SamplingParams(max_tokens=n), max_len=64, what=rid)
         # one step per token after each request's first (that one comes from its admission's
         # prefill), at most 3 live rows a step
         st = eng.stats

@@ -8,6 +8,7 @@ Skipped where there is no CUDA device: a skip here is not a pass."""
 import pytest
 import torch
 
+from tests.tinyllm.forced import assert_parted_only_at_a_near_tie, greedy_scores
 from tinyllm.cuda_graph import SlotGraphDecoder
 from tinyllm.decode.engine import Engine
 from tinyllm.decode.generate import generate
@@ -19,6 +20,7 @@ pytestmark = pytest.mark.cuda
 
 DEVICE = "cuda"
 VOCAB = 1024
+RTOL = 1e-3  # fp32 logits of the graphed slot step and generate()'s on CUDA (cuBLAS's own reductions)
 
 
 def make_model(dtype: torch.dtype) -> Transformer:
@@ -136,13 +138,16 @@ def test_graph_engine_seeded_sampling_equals_eager_engine(bf16_model):
 
 def test_graph_engine_equals_generate_per_request_fp32():
     """In fp32 the masked window step and generate()'s exact-length attention agree on every
-    greedy token (bf16 rounding would make near-ties flip)."""
+    greedy token (bf16 rounding would make near-ties flip), up to a near-tie even in fp32: the
+    engine draws in its step and cannot be fed, so a reply is generate()'s up to their first
+    difference, and there generate()'s logits, forced along the tokens both drew, must be within
+    RTOL of a tie (tests/tinyllm/forced.py)."""
     model = make_model(torch.float32)
     got, _ = run_engine(model, use_graph=True)
-    for (_, ids, params, stops), toks in zip(schedule(), got, strict=True):
+    for i, ((_, ids, params, stops), toks) in enumerate(zip(schedule(), got, strict=True)):
         n = min(params.max_tokens, 1024 - len(ids))
         ref = [int(t) for t in generate(model, torch.tensor([ids], device=DEVICE), n, params, stops)]
-        assert toks == ref
+        assert_parted_only_at_a_near_tie(toks, ref, lambda k, ids=ids, ref=ref: greedy_scores(model, ids, ref[:k], RTOL), i)
 
 
 def test_compiled_graph_engine_equals_compiled_eager_engine_bf16(bf16_model):

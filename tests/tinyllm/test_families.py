@@ -15,9 +15,11 @@ import torch
 
 from tests.tinyllm.forced import assert_same_draws
 from tests.tinyllm.formats_common import need
+from tests.tinyllm.test_engine import assert_generates
 from tests.tinyllm.test_hf import save_bpe
 from tinyllm.cuda_graph import GraphDecoder, SlotGraphDecoder
 from tinyllm.decode.generate import generate
+from tinyllm.decode.sampling import SamplingParams
 from tinyllm.formats.convert import main as convert_main
 from tinyllm.formats.open_model import open_any
 from tinyllm.kv_cache import SlotKVCache
@@ -196,13 +198,13 @@ def engine_replies(model, prompts, device="cpu", use_graph=None, compile=None):
 
 @torch.no_grad()
 def test_engine_greedy_equals_generate(family):
-    """Three requests through two slots (one waits for a slot): each reply is generate()'s."""
+    """Three requests through two slots (one waits for a slot): each reply is generate()'s, up to a
+    near-tie of generate()'s logits where they part (the engine draws in its step: it cannot be fed)."""
     _, _, _, model = family
     prompts = [ids(n, model.cfg.vocab_size, seed=20 + n, rows=1)[0].tolist() for n in (4, 17, 9)]
     replies = engine_replies(model, prompts)
     for p, reply in zip(prompts, replies, strict=True):
-        ref = torch.stack(list(generate(model, torch.tensor([p]), 30)), dim=1)[0].tolist()
-        assert reply == ref
+        assert_generates(model, p, reply, SamplingParams(max_tokens=30), max_len=64)
 
 
 @pytest.mark.cuda

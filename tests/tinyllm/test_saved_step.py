@@ -5,6 +5,7 @@ tracing the step, never to an error; a damaged file is compiled anew."""
 import pytest
 import torch
 
+from tests.tinyllm.forced import assert_same_draws
 from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.decode import saved_step
 from tinyllm.decode.compile_step import compile_step
@@ -22,9 +23,11 @@ def saved(model, tmp_path_factory):
     return saved_step.load(path)
 
 
-def decode(model, fn, steps: int, batch: int = 1, backend: str | None = "inductor"):
+def decode(model, fn, steps: int, batch: int = 1, backend: str | None = "inductor", feed=None):
     """(token ids, logits of each step) of `steps` steps from the same prompt: the plain step
-    where fn is None, else the given saved step."""
+    where fn is None, else the given saved step. Each step is fed the draw of the step before,
+    or with feed (B, steps) the ids another decode drew (teacher-forced: the compiled and the
+    plain step's arithmetic differ, and run free they would part at the first near-tie)."""
     torch.manual_seed(0)
     dec = GraphDecoder(model, batch, max_len=MAX_LEN, buckets=(16, 32, 64, 128), use_graph=False)
     if fn is not None:
@@ -33,7 +36,9 @@ def decode(model, fn, steps: int, batch: int = 1, backend: str | None = "inducto
     dec.tok.zero_()  # the first token fed: any, the same for every step compared
     ids, logits = [], []
     with torch.no_grad():
-        for _ in range(steps):
+        for i in range(steps):
+            if feed is not None and i > 0:
+                dec.tok.copy_(feed[:, i - 1:i])
             logits.append(dec.run(1).clone())
             ids.append(dec.tok.clone())
     return dec, torch.cat(ids, 1), torch.cat(logits, 1)
@@ -41,11 +46,11 @@ def decode(model, fn, steps: int, batch: int = 1, backend: str | None = "inducto
 
 def test_a_loaded_step_decodes_as_the_plain_step_across_buckets(model, saved):
     steps = 70  # from position 5 past the 16-, 32- and 64-key buckets
-    dec, ids, logits = decode(model, saved, steps)
     _, want_ids, want_logits = decode(model, None, steps)
+    dec, ids, logits = decode(model, saved, steps, feed=want_ids)
     assert isinstance(dec._step_fn, SavedStep) and dec._step_fn._step is None  # ran loaded throughout
-    assert torch.equal(ids, want_ids)
     torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-4)
+    assert_same_draws(want_logits[0], want_ids[0].tolist(), (ids[0].tolist(), logits[0]))
     assert len({dec.bucket(n) for n in range(6, 6 + steps)}) >= 3
 
 
