@@ -36,16 +36,18 @@ def assert_same_draws(ref_logits: torch.Tensor, ref_draws: list[int], *sides: tu
 
 
 @torch.no_grad()
-def eager_logits(model, prompt: torch.Tensor, feed: list[int]) -> torch.Tensor:
+def eager_logits(model, prompt: torch.Tensor, feed: list[int], prefill: bool = False) -> torch.Tensor:
     """generate()'s steps, teacher-forced: prefill prompt (1, T) into a KVCache of the length
     generate(model, prompt, len(feed) + 1) holds, then one step per id of feed; returns the logits
-    (len(feed), V) of those steps, whose argmax is generate()'s draw after that id."""
+    (len(feed), V) of those steps, whose argmax is generate()'s draw after that id (prefill: the
+    prefill's row first, whose argmax is its first draw: (1 + len(feed), V))."""
     from tinyllm.kv_cache import KVCache
 
     cache = KVCache(model.cfg.n_layers, 1, prompt.shape[1] + len(feed) + 1, model.device)
     cache.reset(None)
-    model(prompt, cache=cache, last_only=True)
-    return torch.stack([model(torch.tensor([[t]]), cache=cache)[0][0, -1] for t in feed])  # (N, V)
+    first = model(prompt, cache=cache, last_only=True)[0][0, -1]
+    rows = [model(torch.tensor([[t]]), cache=cache)[0][0, -1] for t in feed]
+    return torch.stack([first, *rows] if prefill else rows)  # (N, V)
 
 
 def parted_at(got: list[int], want: list[int]) -> int | None:

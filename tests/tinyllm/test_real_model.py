@@ -69,6 +69,7 @@ def test_smollm2_matches_transformers_gguf_loader(smollm2, monkeypatch):
     Q/K un-permutation): same tokens, logits within fp32 noise, same greedy reply."""
     pytest.importorskip("accelerate")  # transformers needs it to load GGUF files
     transformers = pytest.importorskip("transformers")
+    from tests.tinyllm.forced import assert_parted_only_at_a_near_tie, greedy_scores
     from tinyllm.decode.generate import generate
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -86,7 +87,11 @@ def test_smollm2_matches_transformers_gguf_loader(smollm2, monkeypatch):
         assert (model(idx)[0] - hf(idx).logits).abs().max() < 1e-3
     mine = [int(t) for t in generate(model, idx, 16)]
     ref = hf.generate(idx, do_sample=False, max_new_tokens=16)[0, len(ours):].tolist()  # stops after EOS
-    assert mine[:len(ref)] == ref and ref[-1] == tok.eos_id
+    assert ref[-1] == tok.eos_id
+    # Each side draws its own tokens: they may part only where ours' logits call a near-tie (the two
+    # models' fp32 arithmetic differs within the 1e-3 above), and nothing after that is compared.
+    assert_parted_only_at_a_near_tie(mine[:len(ref)], ref, lambda k: greedy_scores(model, ours, ref[:k], rtol=1e-4),
+                                     "SmolLM2 against transformers")
 
 
 @pytest.mark.parametrize("quant, kind", [("keep", "int4"), ("int8", "int8")])
