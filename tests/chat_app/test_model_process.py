@@ -112,9 +112,10 @@ async def test_a_model_process_killed_mid_reply_is_said_and_started_again(make_a
         await wait_until(pilot, lambda: not app.busy, what="the reply to fail")
         assert "model process ended" in app.status.line and "ready" not in app.status.line
         assert errors(app) == ["the model process ended (exit code -9); the next message starts it again"]
-        await send(pilot, "Are you back?")
-        assert app.session.pid != old and "· ready ·" in app.status.line
+        await send(pilot, "Are you back?", wait=False)  # said as the message goes (a notice lasts seconds)
         assert any("Starting the model process again" in n for n in notices(app))
+        await wait_until(pilot, lambda: not app.busy and app.session is not None, what="the reply from a new process")
+        assert app.session.pid != old and "· ready ·" in app.status.line
         messages = [(m.role, m.content) for m in app.session.messages]
         assert [r for r, _ in messages] == ["user", "assistant"] * 2 and messages[3][1], messages
         assert messages[0][1] == "Tell me a story" and messages[2][1] == "Are you back?"
