@@ -55,7 +55,7 @@ from chat_app.external_editor import Chord, cut, edit_prompt
 from chat_app.labels import printable
 from chat_app.palette import PROVIDERS, completion_sources
 from chat_app.reading import READING_KEYS, copy_or_hint, copy_reply, scroll
-from chat_app.screen import ChatScreen, notice_seconds  # noqa: F401 (notice_seconds: the tests')
+from chat_app.screen import ChatScreen
 from chat_app.store import Resumed, Store, StoreError
 from chat_app.terminal import driver_class
 from chat_app.widgets.conversation import Conversation

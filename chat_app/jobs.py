@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tinyllm.decode.sampling_params import SamplingParams
@@ -118,8 +118,3 @@ class SwitchModel(Job):  # path: a path, an hf: spec or a server
     system: str | None
     keep_chat: bool  # a saved chat's own model: in that chat, not a new one
 
-
-def describe(job: Job | None) -> Any:
-    """A job's argument as a Failed event's `arg` used to give it (the text of a message or an
-    edit, for the input to take back)."""
-    return getattr(job, "text", None)

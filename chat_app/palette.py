@@ -39,7 +39,7 @@ from textual.markup import escape
 
 from chat_app.commands import COMMANDS
 from chat_app.completion import Sources
-from chat_app.known_models import known_models, models_folder, offered_models  # noqa: F401 (known_models, models_folder: the tests')
+from chat_app.known_models import known_models, offered_models  # noqa: F401 (known_models: the tests')
 from chat_app.labels import printable
 from chat_app.store import StoreError
 from chat_app.widgets.chat_list import PAGE, when
