@@ -4,7 +4,8 @@
 # Here, once: git archive d2313ff tinyllm chat_app | gzip > data/device/old.tar.gz, the wheels in
 # .whl/ (device/README.md), and scripts/gpu_side_by_side.sh's files in data/device.
 #   setup            wheels into /tmp/site; OLD unpacked into /tmp/old; the card
-#   tests LIMIT      the CUDA suite (-m cuda) of this tree: $OUT/cuda_tests.txt
+#   tests LIMIT [PATHS...]  the CUDA suite (-m cuda) of this tree (of PATHS, in their order: the
+#                    newest code's tests first, in case the call runs out): $OUT/cuda_tests.txt
 #   lib LIMIT TAG SIDE ARGS...   tinyllm bench ARGS with this tree (SIDE new) or OLD (old):
 #                    the plain step (graph_plain: a launch's first replies) and the compiled step
 #   app LIMIT SIDE COMPILE MODEL the app itself (python -m chat_app.bench, Pilot, headless) and its
@@ -22,8 +23,9 @@ setup)
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   ;;
 tests)
-  timeout "$1" python3 -m pytest -q -rfs --tb=short -m cuda tests > "$OUT/cuda_tests.txt" 2>&1
-  echo "== tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/cuda_tests.txt" | tail -25
+  limit=$1; shift
+  timeout "$limit" python3 -m pytest -v -rfs --tb=short --durations=15 -m cuda "${@:-tests}" > "$OUT/cuda_tests.txt" 2>&1
+  echo "== tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/cuda_tests.txt" | grep -v PASSED | tail -25
   ;;
 lib)
   limit=$1 t=$2 side=$3; shift 3
