@@ -341,8 +341,11 @@ def test_compiled_graph_reads_the_cache_in_place():
 @cuda
 @torch.no_grad()
 def test_model_decode_with_the_kernel_matches_window_attention(monkeypatch):
-    """The model's compiled static decode step on CUDA (bf16) goes through the kernel, the plain
-    step through window_attention, and their logits agree to bf16 rounding."""
+    """The model's compiled static decode step on CUDA (bf16) goes through the fused kernel, the
+    reference ops' step through window_attention, and their logits agree to bf16 rounding. Both
+    are fed the reference's greedy tokens, so the two compare one text (a near-tie of two
+    free-running decodes would part them)."""
+    from tinyllm.core.ops import CudaOps, Ops
     from tinyllm.cuda_graph import GraphDecoder
     from tinyllm.model import ModelConfig, Transformer
 
@@ -356,17 +359,19 @@ def test_model_decode_with_the_kernel_matches_window_attention(monkeypatch):
         real = getattr(da, name)
         monkeypatch.setattr(da, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
 
-    def run(compile: str | None):
+    def run(compile: str | None, ops, feed: list[torch.Tensor] | None = None):
+        model.ops = ops
         dec = GraphDecoder(model, 2, max_len=1024, use_graph=False, compile=compile)
-        logits, outs = dec.prefill(prompt), []
-        for _ in range(40):
-            logits = dec.step(logits[:, -1].argmax(-1, keepdim=True))
+        logits, outs, fed = dec.prefill(prompt), [], []
+        for i in range(40):
+            fed.append(logits[:, -1].argmax(-1, keepdim=True) if feed is None else feed[i])  # (2, 1)
+            logits = dec.step(fed[-1])
             outs.append(logits.float())
-        return torch.cat(outs, 1)
+        return torch.cat(outs, 1), fed
 
-    slow = run(None)
-    assert not calls  # the plain step: window_attention
-    fast = run("eager")  # Dynamo traces the step (each layer calls the fused op), no Inductor
+    slow, fed = run(None, Ops())  # the reference ops: window_attention (the plain CUDA step fuses it too)
+    assert not calls
+    fast, _ = run("eager", CudaOps(), fed)  # Dynamo traces the step (each layer calls the fused op), no Inductor
     assert len(calls) >= cfg.n_layers and set(calls) == {"rope_decode_attention"}
     assert ((fast - slow).norm() / slow.norm()).item() < 2e-2
 

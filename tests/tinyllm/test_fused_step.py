@@ -31,7 +31,7 @@ need("transformers")
 
 # Each family's tiny model with heads of 32 dims (a head size the attention kernels take), so
 # the fused attention runs where the family's layer allows it.
-WIDE = {"llama3": dict(hidden_size=128), "qwen2": dict(hidden_size=128),
+WIDE = {"llama3": dict(hidden_size=128), "qwen2": dict(hidden_size=128), "granite": dict(hidden_size=128),
         "phi3": dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=4)}
 # (Phi's heads stay 16 dims, which its RoPE factors are written for: its partial rotary runs unfused.)
 FORMS = ("none", "int8", "int4")
@@ -136,7 +136,7 @@ def compare(path, form: str, device: str, dtype: torch.dtype) -> tuple[float, li
 
 @pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
                     reason="needs triton (its interpreter); on a CUDA machine test_fused_step_cuda runs the kernels")
-@pytest.mark.parametrize("families", ["llama3,qwen2,qwen3", "gemma2,gemma3,phi3"])
+@pytest.mark.parametrize("families", ["llama3,qwen2,qwen3,granite", "gemma2,gemma3,phi3"])
 def test_fused_step_equals_the_unfused_step_under_the_interpreter(families):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-c", CHILD, families, ",".join(FORMS)], cwd=ROOT, env=env,
