@@ -1,7 +1,7 @@
 """Block-size rules of tinyllm.kernels.qgemv's kernels, swept on a GPU (docs/BENCHMARKS-LOG.md). A rule is
 TINYLLM_QGEMV_BLOCKS's "P,B,W": programs per SM, weight bytes of a row a program reads a step
 (8192: a whole row in one step, loaded before the PDL wait), warps. For each rule and each matrix
-of a decode step (the 1.1B shape at int8, SmolLM2-135M at int4), the op as the compiled step
+of a decode step (the 1.1B shape at int8, SmolLM2-135M and the Llama-3.1-8B shape at int4), the op as the compiled step
 calls it (`torch.ops.tinyllm.int8_gemv` / `int4_gemv`, gate/up gated, one row of x, PDL launches)
 is timed as REPS launches in a CUDA graph over copies of the matrix that together fill 4x the
 L2, so each launch reads its weights from memory, as in a decode step. A rule's score is the
@@ -26,6 +26,8 @@ MODELS = {  # name: (kind, layers, {matrix: (N, K, gated)})
                           "down": (2048, 5632, False), "lm_head": (32000, 2048, False)}),
     "smollm2": ("int4", 30, {"qkv": (960, 576, False), "o": (576, 576, False), "gate_up": (3072, 576, True),
                              "down": (576, 1536, False), "lm_head": (49152, 576, False)}),
+    "8b": ("int4", 32, {"qkv": (6144, 4096, False), "o": (4096, 4096, False), "gate_up": (14336, 4096, True),
+                        "down": (4096, 14336, False)}),  # Llama-3.1-8B's Q4_K matrices (its Q6_K ones run int8)
 }
 PER_SM, K_BYTES, WARPS = (4, 8, 16), (512, 1024, 2048, 8192), (2, 4, 8)
 MODELS = {m: MODELS[m] for m in os.environ.get("SWEEP_MODELS", ",".join(MODELS)).split(",")}
