@@ -11,8 +11,9 @@ byte can read no faster than 33.5 / I TB/s even with every issue slot filled, ag
     python scripts/qgemv_sass.py KIND:K:BLOCK_N:BLOCK_K:WARPS:HALVES ...
     python scripts/qgemv_sass.py int4:4096:4:1024:2:2 int8:4096:4:512:2:2   (the 8B's gate/up)
 
-KIND int4 | int8 | dense; HALVES 2 for a gated product (BLOCK_N rows of each half). The
-launch qgemv_triton picks for a matrix is `qgemv_triton._cut(n, k, bytes_per_value, gated, dev)`.
+KIND int4 | dp4a (int4 on x rounded to int8: tinyllm.kernels.qgemv_dp4a) | int8 | dense; HALVES 2
+for a gated product (BLOCK_N rows of each half). The launch qgemv_triton picks for a matrix is
+`qgemv_triton._cut(n, k, bytes_per_value, gated, dev)`.
 """
 
 from __future__ import annotations
@@ -42,7 +43,16 @@ def compile_kernel(kind: str, k: int, block_n: int, block_k: int, warps: int, ha
              "PDL": True}
     meta = {"BLOCK_N": "constexpr", "BLOCK_K": "constexpr", **dict.fromkeys(flags, "constexpr")}
     consts = {"K": k, "BLOCK_N": block_n, "BLOCK_K": block_k, **flags}
-    if kind == "int4":
+    if kind == "dp4a":  # tinyllm.kernels.qgemv_dp4a: W's words against x's int8 words
+        from tinyllm.kernels import qgemv_dp4a as D
+
+        sig = {"q_ptr": "*i32", "d_ptr": "*fp32", "xs_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*fp16",
+               "z_ptr": "*fp16", "y_ptr": "*bf16", "r_ptr": "*bf16", "b_ptr": "*bf16", "N": "i32", "K": "constexpr",
+               **meta, "DP4A": "constexpr"}
+        del sig["NORM"], consts["NORM"]
+        src, per = ASTSource(D._dp4a_kernel, sig, constexprs={**consts, "DP4A": True},
+                             attrs={(i,): aligned for i in range(9)}), 0.5
+    elif kind == "int4":
         sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp16", "z_ptr": "*fp16", "y_ptr": "*bf16", **tail,
                "G": "constexpr", **meta}
         src, per = ASTSource(T._int4_kernel, sig, constexprs={**consts, "G": 32},
@@ -57,9 +67,9 @@ def compile_kernel(kind: str, k: int, block_n: int, block_k: int, warps: int, ha
     return compiled, int(block_n * halves * block_k * per)
 
 
-def loop_length(sass: str) -> int:
-    """Instructions in the longest backward branch's span: the main loop (0 where it is unrolled,
-    and short spans, such as a wait's spin, are not it)."""
+def loop_length(sass: str) -> tuple[int, int]:
+    """(instructions in the longest backward branch's span: the main loop, 0 where it is unrolled
+    and short spans, such as a wait's spin, are not it; the kernel's instructions)."""
     at, n, best = {}, 0, 0
     for line in sass.splitlines():
         label = re.match(r"^\s*\.(L_x_\d+):", line)
@@ -70,7 +80,7 @@ def loop_length(sass: str) -> int:
             jump = re.search(r"BRA\s+(?:`\()?\.?(L_x_\d+)", line)
             if jump and at.get(jump.group(1), n) < n:
                 best = max(best, n - at[jump.group(1)])
-    return best if best >= 16 else 0
+    return (best if best >= 16 else 0), n
 
 
 def report(spec: str) -> str:
@@ -86,11 +96,15 @@ def report(spec: str) -> str:
         sass = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", cubin], capture_output=True, text=True).stdout
     regs = re.search(r"Used (\d+) registers", info)
     spills = re.search(r"(\d+) bytes spill stores", info)
-    loop = loop_length(sass)
-    per_byte = loop * warps_n * 32 / step_bytes
-    cap = f"{ISSUE_TB_S / per_byte:.2f} TB/s at full issue" if loop else "loop unrolled: not counted"
+    loop, total = loop_length(sass)
+    if loop:
+        what, per_byte = f"loop {loop} instructions a step of {step_bytes} weight bytes", loop * warps_n * 32 / step_bytes
+    else:  # unrolled: the whole kernel over a program's bytes (its prologue and epilogue counted too)
+        program_bytes = step_bytes * int(k) // int(block_k)
+        what, per_byte = (f"unrolled, {total} instructions a program of {program_bytes} weight bytes",
+                          total * warps_n * 32 / program_bytes)
     return (f"{spec}: {regs.group(1) if regs else '?'} registers, {spills.group(1) if spills else '?'} B spilled; "
-            f"loop {loop} instructions a step of {step_bytes} weight bytes: {per_byte:.1f} a byte, {cap}")
+            f"{what}: {per_byte:.1f} a byte, {ISSUE_TB_S / per_byte:.2f} TB/s at full issue")
 
 
 if __name__ == "__main__":

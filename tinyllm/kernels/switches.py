@@ -34,6 +34,7 @@ class Switches:
     qgemv: bool = True  # TINYLLM_QGEMV=0: no Triton products for quantized matrices on CUDA (tinyllm.kernels.qgemv)
     qgemv_fold: str = "plain"  # TINYLLM_QGEMV_FOLD: where those products take their norm and residual: plain | compiled | 0
     qgemv_blocks: str = ""  # TINYLLM_QGEMV_BLOCKS="P,B,W,S,R": every product's block rule (tinyllm.kernels.qgemv_triton)
+    int4_dp4a: bool = False  # TINYLLM_INT4_DP4A=1: int4 products of groups of 32 on x rounded to int8 (qgemv_dp4a)
     decode_attn: bool = True  # TINYLLM_DECODE_ATTN=0: no Triton decode attention on CUDA (tinyllm.kernels.decode_attention)
     rope_attn: bool = True  # TINYLLM_ROPE_ATTN=0: RoPE and the cache write apart from that attention
     cpu_attn: bool = True  # TINYLLM_CPU_ATTN=0: the compiled CPU step keeps Inductor's attention loop
@@ -61,6 +62,7 @@ def read(env: Mapping[str, str]) -> Switches:
         raise ValueError(f"TINYLLM_ATTN_TILE must be a whole number of keys, got {tile!r} (0 or more; 0: always split)")
     return Switches(cpu_kernel=on("CPU_KERNEL"), cache_dir=get("CACHE_DIR"), qgemv=on("QGEMV"),
                     qgemv_fold=get("QGEMV_FOLD", "plain"), qgemv_blocks=get("QGEMV_BLOCKS"),
+                    int4_dp4a=get("INT4_DP4A") == "1",
                     decode_attn=on("DECODE_ATTN"), rope_attn=on("ROPE_ATTN"), cpu_attn=on("CPU_ATTN"),
                     attn_tile=attn_tile, pdl=get("PDL", "1"), trace_dir=get("TRACE_DIR"),
                     triton_interpret=env.get("TRITON_INTERPRET") == "1")
