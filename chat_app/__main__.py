@@ -349,7 +349,7 @@ def oneshot_message(args: argparse.Namespace) -> str | None:
     ValueError for a file or stdin that cannot be sent, or an option that needs a message."""
     import os
 
-    from chat_app.attachments import Attachment, check_total, compose, gather, read_stream
+    from chat_app.attachments import Attachment, check_total, compose, gather, merged, read_stream
 
     piped = None
     if not os.isatty(0):  # read to its end: `</dev/null` sends nothing
@@ -370,7 +370,7 @@ def oneshot_message(args: argparse.Namespace) -> str | None:
     files: list[Attachment] = []
     for pattern in args.files:  # as /read takes them: a file, a folder's or a glob's text files
         found, skipped = gather(pattern)
-        files += found
+        files = merged(files, found)
         if skipped:
             print(f"{PROG}: note: skipped under {pattern}: {', '.join(skipped)}", file=sys.stderr)
     if args.prompt is None:  # stdin is the message

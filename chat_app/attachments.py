@@ -16,10 +16,15 @@ Contract:
   (CommonMark's rule), so a file that holds ``` cannot end its block early.
 
 In the app (`/read PATH`, `@PATH`, a big paste: chat_app.widgets.prompt_input):
-- `Attachment(name, text)`: one file (or a paste) held for the next message; `tokens` is an
+- `Attachment(name, text, source)`: one file (or a paste) held for the next message; `source`
+  is the file's real path ("" for a paste or stdin); `tokens` is an
   estimate, `estimate(text)`: one token per TOKEN_BYTES bytes of UTF-8, rounded up (the UI
   process has no tokenizer; the session counts exactly when the message is sent, and refuses
   one past the context with how far over it is).
+- `merged(attachments, more) -> list`: `attachments`, then `more`. A file attached again (the
+  same real path; for a paste, the same name) gives way to its new read; another file whose name
+  is taken is named by more of its path ("/a/x.txt", then "/b/x.txt": "x.txt" and "b/x.txt"), so
+  a message never carries two files of one name.
 - `gather(pattern) -> (attachments, skipped)`: a path is `read_file`'s (refused as it refuses);
   each is named as typed, or, where the pattern is absolute, from the folder that holds it
   ("/home/me/src" gives "src/a.py"; "/etc/hosts" "hosts"): a message never starts with "/",
@@ -120,6 +125,7 @@ def estimate(text: str) -> int:
 class Attachment:
     name: str  # what the message calls it: the path as given, or "pasted text"
     text: str
+    source: str = field(default="", compare=False)  # the file's real path ("": a paste, stdin)
     tokens: int = field(init=False, compare=False)  # estimate(text)
     size: int = field(init=False, compare=False)  # its UTF-8 bytes
 
@@ -145,14 +151,15 @@ def gather(pattern: str) -> tuple[list[Attachment], list[str]]:
         top = os.path.basename(os.path.normpath(path)) if absolute else pattern
         shown = {n: os.path.join(top, os.path.relpath(n, path)) for n in found}
     else:
-        return [Attachment(os.path.basename(path) if absolute else pattern, read_file(pattern))], []
+        return [Attachment(os.path.basename(path) if absolute else pattern, read_file(pattern),
+                           os.path.realpath(path))], []
     if len(found) > MAX_FILES:
         raise ValueError(f"{pattern} holds more than {MAX_FILES} files, the most one /read attaches; "
                          "name fewer (a glob: folder/*.py)")
     attached, skipped = [], []
     for name in found:
         try:
-            attached.append(Attachment(shown[name], read_file(name)))
+            attached.append(Attachment(shown[name], read_file(name), os.path.realpath(name)))
         except ValueError as e:
             skipped.append(f"{shown[name]} ({_why(str(e))})")
     if not attached:
@@ -186,6 +193,28 @@ def check_total(attachments: list[Attachment]) -> None:
     if total > MAX_BYTES:
         raise ValueError(f"the attachments would hold {total:,} bytes, over the {MAX_BYTES:,} (1 MiB) "
                          "a message may carry; attach less")
+
+
+def merged(attachments: list[Attachment], more: list[Attachment]) -> list[Attachment]:
+    """`attachments`, then `more`: the same file again replaces it, a new file never shares a name."""
+    out = list(attachments)
+    for a in more:
+        out = [b for b in out if not (b.source == a.source if a.source and b.source else b.name == a.name)]
+        taken = {b.name for b in out}
+        if a.name in taken:
+            a = Attachment(_free_name(a, taken), a.text, a.source)
+        out.append(a)
+    return out
+
+
+def _free_name(a: Attachment, taken: set[str]) -> str:
+    """A name for `a` that none of `taken` has: more of its path's last parts, else a number."""
+    parts = [p for p in a.source.split(os.sep) if p]
+    for n in range(2, len(parts) + 1):  # joined without the leading "/": a message never starts with one
+        name = os.path.join(*parts[-n:])
+        if name not in taken:
+            return name
+    return next(f"{a.name} ({i})" for i in range(2, len(taken) + 3) if f"{a.name} ({i})" not in taken)
 
 
 def compose(attachments: list[Attachment], text: str) -> str:

@@ -54,7 +54,7 @@ from textual import events
 from textual.message import Message
 from textual.widgets import TextArea
 
-from chat_app.attachments import Attachment, check_total, compose, gather, mentions, split
+from chat_app.attachments import Attachment, check_total, compose, gather, mentions, merged, split
 from chat_app.completion import Completion, Sources, complete
 from chat_app.labels import plain
 from chat_app.widgets.attachment_bar import AttachmentBar
@@ -210,7 +210,7 @@ class PromptInput(TextArea):
         attached = list(self.attachments)
         try:
             for word in mentions(text):
-                attached = _with(attached, gather(word)[0])
+                attached = merged(attached, gather(word)[0])
             check_total(attached)
         except ValueError as e:
             self.notify(f"Not sent: {e}", severity="error", markup=False, timeout=8)
@@ -222,9 +222,9 @@ class PromptInput(TextArea):
             self.clear()
 
     def attach(self, items: list[Attachment]) -> None:
-        """Hold `items` for the next message (one of the same name is replaced); ValueError, and
-        nothing attached, past MAX_BYTES in all."""
-        together = _with(self.attachments, items)
+        """Hold `items` for the next message (attachments.merged: the same file again is replaced);
+        ValueError, and nothing attached, past MAX_BYTES in all."""
+        together = merged(self.attachments, items)
         check_total(together)
         self._set_chips(together)
 
@@ -283,7 +283,7 @@ class PromptInput(TextArea):
         its files as chips again (before any attached since)."""
         now, chips = self.text, self.attachments
         self._load_message(text)
-        self._set_chips(_with(self.attachments, chips))
+        self._set_chips(merged(self.attachments, chips))
         if now.strip():
             self.load_text(self.text + "\n" + now)
             self.move_cursor(self.document.end)
@@ -398,7 +398,3 @@ class PromptInput(TextArea):
         return True
 
 
-def _with(attachments: list[Attachment], more: list[Attachment]) -> list[Attachment]:
-    """`attachments` and then `more`; one of the same name as one of `more` gives way to it."""
-    names = {a.name for a in more}
-    return [a for a in attachments if a.name not in names] + list(more)

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from chat_app.attachments import MAX_FILES, Attachment, compose, fenced, split
+from chat_app.attachments import MAX_FILES, Attachment, compose, fenced, gather, merged, split
 from chat_app.widgets.attachment_bar import AttachmentBar
 from chat_app.widgets.conversation import UserMessage
 from tests.chat_app.conftest import loaded, notes, notices, rows, send, wait_until
@@ -58,6 +58,40 @@ def test_split_undoes_compose():
     assert compose(back, text) == message
     assert split("plain words") == ([], "plain words")
     assert split("a.py\n```\nunclosed") == ([], "a.py\n```\nunclosed")
+
+
+def test_a_file_read_again_replaces_itself_and_a_namesake_takes_more_of_its_path(tmp_path):
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "x.txt").write_text(f"from {d}\n")
+    a, b = gather(str(tmp_path / "a" / "x.txt"))[0], gather(str(tmp_path / "b" / "x.txt"))[0]
+    assert [x.name for x in a + b] == ["x.txt", "x.txt"]  # an absolute path: named by its file's name
+    both = merged(a, b)
+    assert [(x.name, x.text) for x in both] == [("x.txt", "from a\n"), ("b/x.txt", "from b\n")]
+    (tmp_path / "a" / "x.txt").write_text("edited\n")
+    again = merged(both, gather(str(tmp_path / "a" / "x.txt"))[0])  # the same file: its new read, once
+    assert [(x.name, x.text) for x in again] == [("b/x.txt", "from b\n"), ("x.txt", "edited\n")]
+    third = merged(again, [Attachment("b/x.txt", "elsewhere", "/c/b/x.txt")])  # no shorter name free
+    assert [x.name for x in third] == ["b/x.txt", "x.txt", "c/b/x.txt"]
+    back, _ = split(compose(third, "hi"))  # chips of a message come back with no path: matched by name
+    assert [x.name for x in merged(back, [Attachment("x.txt", "new", "/a/x.txt")])] == ["b/x.txt", "c/b/x.txt", "x.txt"]
+    pasted = merged([Attachment("pasted text", "1")], [Attachment("pasted text", "2")])
+    assert [(x.name, x.text) for x in pasted] == [("pasted text", "2")]
+
+
+async def test_two_files_of_one_name_are_two_chips(make_app, data_dir, tmp_path):
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "x.txt").write_text(f"from {d}\n")
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await command(pilot, f"/read {tmp_path / 'a' / 'x.txt'}")
+        await command(pilot, f"/read {tmp_path / 'b' / 'x.txt'}")
+        assert chips(app) == ["x.txt · ~2 tokens", "b/x.txt · ~2 tokens"]  # was one: the second replaced the first
+        await send(pilot, "compare")
+        sent = compose([Attachment("x.txt", "from a\n"), Attachment("b/x.txt", "from b\n")], "compare")
+        assert [r[3] for r in rows(data_dir) if r[2] == "user"] == [sent]
 
 
 async def test_read_attaches_a_chip_that_is_sent_fenced_and_saved(make_app, data_dir, files):

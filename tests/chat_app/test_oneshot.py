@@ -326,8 +326,17 @@ def test_f_takes_a_folder_or_a_glob_as_read_does(tmp_path, data_dir):
         message = oneshot_message(args)
     finally:
         sys.stdin = sys_stdin
-    assert message == ("src/a.py\n```\nA = 1\n```\n\nsrc/b.py\n```\nB = 2\n```\n\n"
-                       "src/a.py\n```\nA = 1\n```\n\nsrc/b.py\n```\nB = 2\n```\n\nSay")  # the glob's, named alike
+    assert message == "src/a.py\n```\nA = 1\n```\n\nsrc/b.py\n```\nB = 2\n```\n\nSay"  # each file once
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "a.py").write_text("A = 3\n")
+    args = build_parser().parse_args(["-p", "Say", "-f", str(tmp_path / "src" / "a.py"),
+                                      "-f", str(tmp_path / "other" / "a.py")])
+    sys_stdin, sys.stdin = sys.stdin, None
+    try:
+        message = oneshot_message(args)
+    finally:
+        sys.stdin = sys_stdin
+    assert message == "a.py\n```\nA = 1\n```\n\nother/a.py\n```\nA = 3\n```\n\nSay"  # two files, two names
 
 
 def test_help_says_p_f_json_and_the_context():
