@@ -40,11 +40,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from chat_app.crash_log import LOG_NAME  # noqa: F401 (the tests')
 from chat_app.settled import Settled
 from chat_app.shipped_models import DEFAULT_MODEL, find_default_model  # noqa: F401 (find_default_model: the tests')
 from tinyllm.decode.sampling_params import DRY_MULTIPLIER as APP_DRY_MULTIPLIER
@@ -55,7 +54,6 @@ if TYPE_CHECKING:
     from chat_app.store import Store
 
 PROG = "tinyllm-chat"
-LOG_NAME = "tinyllm-chat.log"
 # --compile's choices as ChatSession's `compile` (tinyllm.session.chat): "on" is the native CPU step where
 # it runs the model, else Inductor's compile in the background.
 COMPILE = {"on": "auto", "off": None, "inductor": "inductor"}
@@ -392,18 +390,9 @@ def given(argv: list[str]) -> set[str]:
 
 def fatal(error: BaseException, data_dir: Path | None = None) -> NoReturn:
     """One line on stderr, the traceback in the data folder's log, exit code 1."""
-    where = "no log written"
-    try:
-        from chat_app.store import default_data_dir
+    from chat_app import crash_log
 
-        log = (data_dir or default_data_dir()) / LOG_NAME
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "a", encoding="utf-8") as f:
-            f.write(f"---- {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-            f.write("".join(traceback.format_exception(type(error), error, error.__traceback__)))
-        where = f"traceback in {log}"
-    except Exception as e:  # the log itself cannot be written: say so, on the same line
-        where = f"no log written: {e}"
+    where = crash_log.log(error, data_dir)
     message = str(error).splitlines()[0] if str(error) else ""
     print(f"{PROG}: fatal: {type(error).__name__}: {message} ({where})", file=sys.stderr)
     sys.exit(1)

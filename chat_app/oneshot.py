@@ -178,6 +178,11 @@ class Reply:
             stops.signal = stops.signal or signal.SIGINT
         except ValueError as e:  # the model or the server failed mid-reply (a server: before it too)
             failure = str(e)
+        except Exception as e:  # what nothing expects (a local model's CUDA out of memory): its traceback logged
+            from chat_app import crash_log
+
+            where = crash_log.log(e, self.store.folder if self.store is not None else None)
+            failure = f"the model failed mid-reply: {type(e).__name__}: {str(e).partition(chr(10))[0]} ({where})"
         stops.restore()
         said = finished.text if finished is not None else "".join(text)
         if failure is not None and not began and not text:  # refused before the reply began: nothing said

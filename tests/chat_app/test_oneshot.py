@@ -179,6 +179,43 @@ def test_a_signal_mid_reply_keeps_what_came(ckpt, data_dir, signum, code):
     assert reply[2] == "assistant" and reply[4:] == (1, 0) and reply[3] and out == shown(reply[3])
 
 
+# The CLI with its local model failing after its third piece of text (as CUDA's "out of memory" would).
+FAILING = """
+import sys
+import chat_app.oneshot as oneshot
+real = oneshot.open_local
+
+def failing(local):
+    session = real(local)
+    send = session.send
+    def failing_send(text):
+        n = 0
+        for event in send(text):
+            yield event
+            n += type(event).__name__ == "Token" and bool(event.text)
+            if n == 3:
+                raise RuntimeError("CUDA error: out of memory")
+    session.send = failing_send
+    return session
+
+oneshot.open_local = failing
+from chat_app.__main__ import main
+main(sys.argv[1:])
+"""
+
+
+def test_a_local_model_failing_mid_reply_is_one_line_exit_1_and_keeps_what_came(ckpt, data_dir):
+    done = subprocess.run([sys.executable, "-c", FAILING, "--model", str(ckpt), *TINY, "--ignore-eos",
+                           "--max-tokens", "50", "-p", "Hi"], stdin=subprocess.DEVNULL, capture_output=True,
+                          timeout=TIMEOUT)
+    err = one_line(done, 1)
+    assert "the model failed mid-reply: RuntimeError: CUDA error: out of memory (traceback in" in err, err
+    assert "Traceback" in (data_dir / "tinyllm-chat.log").read_text()  # was: a fatal line, the reply not saved
+    (user, reply) = rows(data_dir)
+    assert user[2:] == ("user", "Hi", 0, 0)
+    assert reply[2] == "assistant" and reply[3] and done.stdout.decode() == shown(reply[3])  # kept as it came
+
+
 def test_stdout_closed_stops_the_reply_and_keeps_it(ckpt, data_dir):
     """`| head`: the reader is gone before the reply's first write (closed here before it can begin)."""
     proc = subprocess.Popen([CLI, "--model", str(ckpt), *TINY, "--ignore-eos", "--max-tokens", "1000", "-p", "Hi"],
