@@ -25,6 +25,7 @@
 # A fresh machine has lost $ST: start again at "build unpack".
 #
 # Knobs (environment): MODELS="smollm2 qwen" (files whose name holds one of the words; default all),
+# COMPILES ("off on": tinyllm's plain step, then its compiled one; "off" the plain step alone),
 # LLAMA_ARGS (more llama-bench flags, e.g. "-fa on"), TINYLLM_ARGS (more tinyllm bench flags) and any
 # TINYLLM_* switch (each set of them is measured and kept apart), CONTEXT=N (unpack: context_length N in
 # every file, to compare VRAM at one context; tinyllm's bench holds the whole context's K/V), CPU_THREADS
@@ -227,7 +228,7 @@ tinyllm() {  # tinyllm's bench on each file: the plain step (compile off), then 
     while building && [ "$(left)" -gt 90 ]; do sleep 5; done
     building && { say "a build still runs: call again"; return 3; }
     for f in $(files); do
-        for c in off on; do
+        for c in ${COMPILES:-off on}; do
             key="tinyllm|$(basename "$f")|$dev/$c|$(variant)"
             if done_already "$key"; then say "$key: measured"; continue; fi
             [ "$(left)" -gt 60 ] || { say "out of time: call again"; return 3; }

@@ -10,6 +10,8 @@ Prints JSON lines as it goes, then the rules best first, and last `BEST <model> 
 lines (scripts/device_pdl.sh reads them, SWEEP_S).
 
     python scripts/qgemv_sweep.py > sweep.jsonl
+    SWEEP_MODELS=8b TINYLLM_INT4_DP4A=1 python scripts/qgemv_sweep.py   (the dp4a int4 product: a launch
+        is its two kernels, quantize_x and the product, as a step runs them)
 """
 
 import itertools
@@ -20,6 +22,7 @@ import torch
 
 from tinyllm.core.quant import QTensor, quantize
 from tinyllm.kernels import qgemv_triton as T
+from tinyllm.kernels.switches import SWITCHES
 
 MODELS = {  # name: (kind, layers, {matrix: (N, K, gated)})
     "1.1b": ("int8", 22, {"qkv": (2560, 2048, False), "o": (2048, 2048, False), "gate_up": (11264, 2048, True),
@@ -59,6 +62,10 @@ def time_us(fns) -> float:
 def op(x, qt: QTensor, gated: bool):
     if qt.kind == "int8":
         return lambda: torch.ops.tinyllm.int8_gemv(x, qt.qweight, qt.scales, gated)
+    if SWITCHES.int4_dp4a:  # TINYLLM_INT4_DP4A=1: the dp4a product, its x rounded by quantize_x in each launch
+        from tinyllm.kernels import qgemv_dp4a  # noqa: F401 (registers the ops)
+
+        return lambda: torch.ops.tinyllm.int4_dp4a_gemv(x, qt.qweight, qt.scales, qt.zeros, qt.group, gated)
     return lambda: torch.ops.tinyllm.int4_gemv(x, qt.qweight, qt.scales, qt.zeros, qt.group, gated)
 
 
