@@ -182,7 +182,8 @@ class Reply:
             from chat_app import crash_log
 
             where = crash_log.log(e, self.store.folder if self.store is not None else None)
-            failure = f"the model failed mid-reply: {type(e).__name__}: {str(e).partition(chr(10))[0]} ({where})"
+            first = str(e).splitlines()[0] if str(e) else ""
+            failure = f"the model failed mid-reply: {type(e).__name__}: {first} ({where})"
         stops.restore()
         said = finished.text if finished is not None else "".join(text)
         if failure is not None and not began and not text:  # refused before the reply began: nothing said

@@ -31,7 +31,7 @@ import triton.language as tl
 from torch import Tensor
 
 from tinyllm.kernels import pdl
-from tinyllm.kernels.qgemv_triton import _block_rows, _cut, _fused_args, _launch, _outputs, _store
+from tinyllm.kernels.qgemv_triton import _block_rows, _cut, _fused_args, _launch, _store, int4_fake, int4_shapes
 
 GROUP = 32  # values a group of x and of W: Q4_0, Q4_1 and Q4_K's blocks
 
@@ -161,13 +161,8 @@ def _(x: Tensor, norm: Tensor | None = None, eps: float = 0.0) -> tuple[Tensor, 
 def int4_dp4a_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int, gated: bool = False,
                    norm: Tensor | None = None, eps: float = 0.0, residual: Tensor | None = None,
                    bias: Tensor | None = None, act: str = "silu") -> Tensor:
-    m, k = x.shape
-    n, halves = _outputs(qweight, gated), 1 + gated
-    torch._check(group == GROUP and k % GROUP == 0, lambda: "int4_dp4a_gemv: groups of 32 only")
-    torch._check(qweight.shape == (n * halves, k // 2) and scales.shape == zeros.shape
-                 and scales.shape == (n * halves, k // group), lambda: "int4_dp4a_gemv: shapes disagree")
-    torch._check(qweight.is_contiguous() and scales.is_contiguous() and zeros.is_contiguous(),
-                 lambda: "int4_dp4a_gemv: the weights, scales and zeros must be contiguous")
+    torch._check(group == GROUP and x.shape[1] % GROUP == 0, lambda: "int4_dp4a_gemv: groups of 32 only")
+    m, k, n, halves = int4_shapes("int4_dp4a_gemv", x, qweight, scales, zeros, group, gated)
     _, r, b, flags = _fused_args(x, n * halves, n, norm, residual, bias, act)
     del flags["NORM"]  # the norm is quantize_x's
     xq, xd, xs = quantize_x(x, norm, eps)
@@ -178,11 +173,7 @@ def int4_dp4a_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, gr
     return y
 
 
-@int4_dp4a_gemv.register_fake
-def _(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int, gated: bool = False,
-      norm: Tensor | None = None, eps: float = 0.0, residual: Tensor | None = None, bias: Tensor | None = None,
-      act: str = "silu") -> Tensor:
-    return x.new_empty((x.shape[0], _outputs(qweight, gated)))
+int4_dp4a_gemv.register_fake(int4_fake)
 
 
 def reference(x: Tensor, norm: Tensor | None = None, eps: float = 0.0) -> Tensor:

@@ -364,12 +364,7 @@ def _(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False, norm: Ten
 def int4_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int, gated: bool = False,
               norm: Tensor | None = None, eps: float = 0.0, residual: Tensor | None = None,
               bias: Tensor | None = None, act: str = "silu") -> Tensor:
-    m, k = x.shape
-    n, halves = _outputs(qweight, gated), 1 + gated
-    torch._check(qweight.shape == (n * halves, k // 2) and scales.shape == zeros.shape
-                 and scales.shape == (n * halves, k // group), lambda: "int4_gemv: shapes disagree")
-    torch._check(qweight.is_contiguous() and scales.is_contiguous() and zeros.is_contiguous(),
-                 lambda: "int4_gemv: the weights, scales and zeros must be contiguous")
+    m, k, n, halves = int4_shapes("int4_gemv", x, qweight, scales, zeros, group, gated)
     g, r, b, flags = _fused_args(x, n * halves, n, norm, residual, bias, act)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_n, block_k, warps = _cut(n, k, 0.5, gated, x.device)
@@ -379,10 +374,23 @@ def int4_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: 
     return y
 
 
+def int4_shapes(op: str, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int,
+                gated: bool) -> tuple[int, int, int, int]:
+    """(M, K, N, halves) of an int4 product's arguments, checked (`op` names it in the error)."""
+    m, k = x.shape
+    n, halves = _outputs(qweight, gated), 1 + gated
+    torch._check(qweight.shape == (n * halves, k // 2) and scales.shape == zeros.shape
+                 and scales.shape == (n * halves, k // group), lambda: f"{op}: shapes disagree")
+    torch._check(qweight.is_contiguous() and scales.is_contiguous() and zeros.is_contiguous(),
+                 lambda: f"{op}: the weights, scales and zeros must be contiguous")
+    return m, k, n, halves
+
+
 @int4_gemv.register_fake
-def _(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int, gated: bool = False,
-      norm: Tensor | None = None, eps: float = 0.0, residual: Tensor | None = None, bias: Tensor | None = None,
-      act: str = "silu") -> Tensor:
+def int4_fake(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int, gated: bool = False,
+              norm: Tensor | None = None, eps: float = 0.0, residual: Tensor | None = None, bias: Tensor | None = None,
+              act: str = "silu") -> Tensor:
+    """What an int4 product returns, for tracing: (M, N) in x's dtype (qgemv_dp4a's op too)."""
     return x.new_empty((x.shape[0], _outputs(qweight, gated)))
 
 
