@@ -15,6 +15,7 @@ Metrics:
   decode_tok_s           per reply, as the status bar shows it (tokens after the first, over
                          the time since the first), "where": app / session; and their medians
   app_over_session       median app tok/s over median session tok/s (the UI's cost)
+  (and on stderr, after each of the app's replies, its status bar's line: "status bar: ...")
   launch_to_<step>_s     the child's start-up, step by step (ChatSession.timeline):
                          child_started, torch_imported, open_started, model_loaded,
                          graphs_captured, compiled
@@ -78,6 +79,7 @@ async def app_side(args, ours, report: Report) -> object:
             app.prompt.post_message(PromptInput.Submitted(text))
             await wait_for(pilot, lambda: len(session.messages) == n + 2 and not app.busy, 900,
                            "the reply")
+            print(f"status bar: {app.status.line}", file=sys.stderr)  # what the user saw at its end
             return session.last_stats
 
         first = await one_reply("Tell me a story about a lighthouse keeper.")

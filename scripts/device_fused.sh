@@ -8,6 +8,9 @@
 #                    newest code's tests first, in case the call runs out): $OUT/cuda_tests.txt
 #   lib LIMIT TAG SIDE ARGS...   tinyllm bench ARGS with this tree (SIDE new) or OLD (old):
 #                    the plain step (graph_plain: a launch's first replies) and the compiled step
+#   shape SRC DST [CONVERT ARGS]  a checkpoint of SRC's shape (its config.json, tokenizer and template)
+#                    with random weights, converted with `tinyllm convert ARGS` (SRC's weight forms, from
+#                    its README): speed-equivalent to SRC (the default model's 76 MB cannot travel)
 #   app LIMIT SIDE COMPILE MODEL the app itself (python -m chat_app.bench, Pilot, headless) and its
 #                    session without a UI, in one process, --compile COMPILE (on: today's default)
 set -u
@@ -27,6 +30,28 @@ tests)
   timeout "$limit" python3 -m pytest -v -rfs --tb=short --durations=15 -m cuda "${@:-tests}" > "$OUT/cuda_tests.txt" 2>&1
   echo "== tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/cuda_tests.txt" | grep -v PASSED | tail -25
   ;;
+shape)
+  src=$1 dst=$2; shift 2
+  python3 - "$src" "$dst.bf16" <<'EOF'
+import json, sys, torch
+from pathlib import Path
+from tinyllm.model import ModelConfig, Transformer
+from tinyllm.formats.checkpoint import save_checkpoint
+from tinyllm.text.tokenizer import Tokenizer
+src, dst = Path(sys.argv[1]), sys.argv[2]
+raw = json.loads((src / "config.json").read_text())
+torch.manual_seed(0)
+with torch.device("cuda"):
+    model = Transformer(ModelConfig(**raw["model"]))
+with torch.no_grad():
+    for name, p in model.named_parameters():
+        p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, 0.02)
+save_checkpoint(model.to(torch.bfloat16), Tokenizer.load(src / "tokenizer.model"), dst, name=raw["name"],
+                chat=raw.get("chat"), shard_mb=4000)
+print("wrote", dst, sum(p.numel() for p in model.parameters()), "parameters")
+EOF
+  python3 -m tinyllm.tools.cli convert "$dst.bf16" "$dst" "$@" && du -sh "$dst"
+  ;;
 lib)
   limit=$1 t=$2 side=$3; shift 3
   (cd "$(side_dir "$side")" && PYTHONPATH=/tmp/site:. timeout "$limit" python3 -m tinyllm.tools.cli bench "$@" \
@@ -43,7 +68,8 @@ app)
       python3 -m chat_app.bench --model "$model" --device cuda --tokens 512 --replies 3 --compile "$compile" \
       > "/tmp/app_$side.jsonl" 2> "/tmp/app_$side.err")
   echo "== app $side compile=$compile rc=$?"
-  grep -A30 "^metric" "/tmp/app_$side.err" | grep -v "^metric"
+  grep -A30 "^metric" "/tmp/app_$side.err" | grep -v "^metric"; grep "^status bar" "/tmp/app_$side.err"
+  cp "/tmp/app_$side.err" "$OUT/app_${side}_$compile.err"
   [ -s "/tmp/app_$side.jsonl" ] || tail -5 "/tmp/app_$side.err"
   sed "s/^{/{\"side\": \"$side\", \"compile\": \"$compile\", /" "/tmp/app_$side.jsonl" >> "$OUT/app.jsonl"
   ;;
