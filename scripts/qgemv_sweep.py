@@ -62,7 +62,7 @@ def time_us(fns) -> float:
 def op(x, qt: QTensor, gated: bool):
     if qt.kind == "int8":
         return lambda: torch.ops.tinyllm.int8_gemv(x, qt.qweight, qt.scales, gated)
-    if SWITCHES.int4_dp4a:  # TINYLLM_INT4_DP4A=1: the dp4a product, its x rounded by quantize_x in each launch
+    if SWITCHES.int4_dp4a == "1":  # TINYLLM_INT4_DP4A=1: the dp4a product, its x rounded by quantize_x in each launch
         from tinyllm.kernels import qgemv_dp4a  # noqa: F401 (registers the ops)
 
         return lambda: torch.ops.tinyllm.int4_dp4a_gemv(x, qt.qweight, qt.scales, qt.zeros, qt.group, gated)

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tinyllm.kernels import qgemv, switches
+
 ROOT = Path(__file__).resolve().parents[2]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -135,3 +137,13 @@ def test_cuda_dp4a_product_equals_its_twin(n, k, rows):
     y = D.int4_dp4a_gemv(x, qt.qweight, s, z, 32, False, norm, 1e-5, res.bfloat16())
     ref = twin(x, qt, norm, 1e-5, residual=res.bfloat16())
     assert y.dtype == torch.bfloat16 and rel_err(y, ref) < 1e-2  # bf16 x, scales and output
+
+
+@pytest.mark.parametrize("mode,want", [("0", (False, False, False)), ("1", (True, True, False)),
+                                       ("auto", (False, True, False))])
+def test_which_int4_products_take_x_rounded(monkeypatch, mode, want):
+    """TINYLLM_INT4_DP4A: never, always, or (auto) from DP4A_MIN_BYTES of weights up; groups of 32 only."""
+    monkeypatch.setattr(qgemv, "SWITCHES", switches.read({"TINYLLM_INT4_DP4A": mode}))
+    small = torch.empty(576, 288, dtype=torch.uint8)  # SmolLM2's O projection, packed
+    big = torch.empty(qgemv.DP4A_MIN_BYTES // 2048, 2048, dtype=torch.uint8)  # exactly the threshold
+    assert (qgemv.uses_dp4a(small, 32), qgemv.uses_dp4a(big, 32), qgemv.uses_dp4a(big, 64)) == want

@@ -28,6 +28,7 @@ CASES = [
     ("ATTN_TILE", "0", "attn_tile", 0),
     ("PDL", "kernels", "pdl", "kernels"),
     ("TRACE_DIR", "/tmp/traces", "trace_dir", "/tmp/traces"),
+    ("INT4_DP4A", "auto", "int4_dp4a", "auto"),
 ]
 
 
@@ -53,6 +54,12 @@ def test_a_path_is_off_only_for_0():
 def test_a_tile_that_is_not_a_number_is_a_one_line_error():
     with pytest.raises(ValueError, match="TINYLLM_ATTN_TILE must be a whole number of keys, got 'wide'"):
         read({"TINYLLM_ATTN_TILE": "wide"})
+
+
+def test_a_dp4a_choice_other_than_0_1_or_auto_is_a_one_line_error():
+    assert read({"TINYLLM_INT4_DP4A": "1"}).int4_dp4a == "1" and Switches().int4_dp4a == "0"
+    with pytest.raises(ValueError, match="TINYLLM_INT4_DP4A must be 0, 1 or auto, got 'yes'"):
+        read({"TINYLLM_INT4_DP4A": "yes"})
 
 
 def test_the_switches_are_frozen():

@@ -44,6 +44,18 @@ MAX_ROWS = 4
 # already makes add + RMSNorm one kernel, it cost 16 us (832 against 817). So by default it
 # folds outside a compile only. TINYLLM_QGEMV_FOLD=0: never; =compiled: in the compiled step too.
 FOLD = SWITCHES.qgemv_fold
+# Under TINYLLM_INT4_DP4A=auto, an int4 product of groups of 32 runs on x rounded to int8
+# (qgemv_dp4a: two kernels, about 3 instructions a weight byte) where its matrix holds at least
+# this many bytes of weights, and the one-kernel product (22 a byte) below: a small matrix's
+# product is bound by its launch, a large one's by instructions. Not yet the default: see
+# docs/INFERENCE.md ("The int4 product on x rounded to int8").
+DP4A_MIN_BYTES = 4 << 20
+
+
+def uses_dp4a(qweight: Tensor, group: int) -> bool:
+    """Whether an int4 product of this matrix (packed, (N, K/2) bytes) runs on x rounded to int8."""
+    mode = SWITCHES.int4_dp4a
+    return group == 32 and (mode == "1" or mode == "auto" and qweight.numel() >= DP4A_MIN_BYTES)
 
 
 def fold() -> bool:
@@ -77,7 +89,7 @@ def linear(x: Tensor, kind: str, qweight: Tensor, scales: Tensor | None = None, 
         return qgemv_triton.dense_gemv(x, qweight, gated, g, eps, r, bias, act)
     if kind == "int8":
         return qgemv_triton.int8_gemv(x, qweight, scales, gated, g, eps, r, bias, act)
-    if SWITCHES.int4_dp4a and group == 32:  # not yet the default: not measured on a GPU (qgemv_dp4a)
+    if uses_dp4a(qweight, group):
         from tinyllm.kernels import qgemv_dp4a
 
         return qgemv_dp4a.int4_dp4a_gemv(x, qweight, scales, zeros, group, gated, g, eps, r, bias, act)
