@@ -1,0 +1,151 @@
+"""The int4 product read a word (8 weights) at a time, each weight two instructions from a float
+(TINYLLM_INT4_KERNEL=words): `qgemv_triton.int4_gemv`'s other kernel, the same op and result.
+
+Contract: importing this module imports Triton (qgemv_triton imports it). `int4_words(...)`
+launches `_kernel` for `qgemv_triton.int4_gemv`'s arguments, already checked, and returns its y: x
+(M, K) @ W.T for W int4 in groups of G (any multiple of 8 dividing K), with the same folds (norm,
+bias, gating, residual), fp32 sums. Where it differs from the bytes kernel is fp32 rounding order.
+
+Why: `qgemv_triton._int4_kernel` reads a byte a thread element, turns each nibble into a float in
+three operations, widens x again for every row and sums x for every row: 22-35 thread
+instructions a weight byte on sm_90 (scripts/qgemv_sass.py), which caps it at 1-1.5 TB/s on an
+H200 however its blocks are cut (the 8B's int4 step read 0.42 TB/s). Here:
+- A step is a tile of (words, rows): a thread holds the same words of all R rows of its block, so
+  x's 8 values a word are loaded (one 16-byte load), widened, normed and summed once and serve
+  every row.
+- Nibble i of a word becomes the float 1 + q / 16 in two instructions: a shift that puts it in
+  mantissa bits 19-22 and one LOP3 that masks it and ORs in 1.0's exponent (inline PTX on a GPU;
+  under Triton's interpreter the same bits by plain operations). One FFMA sums it against x:
+  sum (1 + q / 16) x = sum x + (sum q x) / 16, so for w = q s + z a group's product is
+  16 s F + (z - 16 s) X, F that sum and X the group's sum of x (each computed once a row and
+  once a step). q / 16 sits in the top mantissa bits, so F keeps fp32's precision for q x.
+- About 9-13 instructions a byte where a block holds 4 or more rows (`MIN_ROWS`: the launch gives
+  large matrices at least that many), against 22: scripts/qgemv_sass.py int4w:... prints them.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from tinyllm.kernels import pdl
+from tinyllm.kernels.qgemv_triton import _block_rows, _finish, _store
+from tinyllm.kernels.switches import SWITCHES
+
+MIN_ROWS = 4  # rows a block takes where the matrix still gives every SM a program (launch)
+
+
+@triton.jit
+def _nibble(w, one, i: tl.constexpr, ASM: tl.constexpr):
+    """Nibble i (bits 4i..4i+3) of each int32 word of w as the float 1 + q / 16 (one: 1.0f's bits,
+    a tensor of w's shape: a LOP3 takes one immediate, so 1.0 comes in a register)."""
+    if ASM:  # one shift, one LOP3 ((a & b) | c: 0xEA)
+        if i == 0:
+            return tl.inline_asm_elementwise("{ shl.b32 $0, $1, 19; lop3.b32 $0, $0, 0x00780000, $2, 0xEA; }",
+                                             "=r,r,r", [w, one], dtype=tl.float32, is_pure=True, pack=1)
+        elif i == 1:
+            return tl.inline_asm_elementwise("{ shl.b32 $0, $1, 15; lop3.b32 $0, $0, 0x00780000, $2, 0xEA; }",
+                                             "=r,r,r", [w, one], dtype=tl.float32, is_pure=True, pack=1)
+        elif i == 2:
+            return tl.inline_asm_elementwise("{ shl.b32 $0, $1, 11; lop3.b32 $0, $0, 0x00780000, $2, 0xEA; }",
+                                             "=r,r,r", [w, one], dtype=tl.float32, is_pure=True, pack=1)
+        elif i == 3:
+            return tl.inline_asm_elementwise("{ shl.b32 $0, $1, 7; lop3.b32 $0, $0, 0x00780000, $2, 0xEA; }",
+                                             "=r,r,r", [w, one], dtype=tl.float32, is_pure=True, pack=1)
+        elif i == 4:
+            return tl.inline_asm_elementwise("{ shl.b32 $0, $1, 3; lop3.b32 $0, $0, 0x00780000, $2, 0xEA; }",
+                                             "=r,r,r", [w, one], dtype=tl.float32, is_pure=True, pack=1)
+        elif i == 5:
+            return tl.inline_asm_elementwise("{ shr.u32 $0, $1, 1; lop3.b32 $0, $0, 0x00780000, $2, 0xEA; }",
+                                             "=r,r,r", [w, one], dtype=tl.float32, is_pure=True, pack=1)
+        elif i == 6:
+            return tl.inline_asm_elementwise("{ shr.u32 $0, $1, 5; lop3.b32 $0, $0, 0x00780000, $2, 0xEA; }",
+                                             "=r,r,r", [w, one], dtype=tl.float32, is_pure=True, pack=1)
+        else:
+            return tl.inline_asm_elementwise("{ shr.u32 $0, $1, 9; lop3.b32 $0, $0, 0x00780000, $2, 0xEA; }",
+                                             "=r,r,r", [w, one], dtype=tl.float32, is_pure=True, pack=1)
+    if 4 * i <= 19:
+        b = (w << (19 - 4 * i)) & 0x00780000
+    else:
+        b = (w >> (4 * i - 19)) & 0x00780000
+    return (b | one).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: tl.constexpr, G: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1, NORM: tl.constexpr = False,
+            RES: tl.constexpr = False, BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, PDL: tl.constexpr = False,
+            ASM: tl.constexpr = True):
+    R: tl.constexpr = HALVES * BLOCK_N
+    WB: tl.constexpr = BLOCK_K // 8  # words a step
+    GW: tl.constexpr = G // 8  # words a group
+    NG: tl.constexpr = BLOCK_K // G  # groups a step
+    KW: tl.constexpr = K // 8  # words a row
+    groups: tl.constexpr = K // G
+    pid_n, m = tl.program_id(0), tl.program_id(1)
+    rn, row = _block_rows(pid_n, N, BLOCK_N, HALVES)  # (R,) each
+    n_ok = rn < N
+    rw = tl.arange(0, WB)  # (WB,)
+    rows = w_ptr.to(tl.pointer_type(tl.int32)) + row[None, :] * KW  # (1, R)
+    # As in qgemv_triton: the first step's weights before the wait, then each step loads the next's.
+    w = tl.load(rows + rw[:, None], mask=(rw < KW)[:, None] & n_ok[None, :], other=0)  # (WB, R) int32
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    one = tl.full((WB, R), 0x3F800000, tl.int32)
+    acc = tl.zeros((NG, R), dtype=tl.float32)
+    ss = tl.zeros((WB,), dtype=tl.float32)  # with NORM: x ** 2, summed over the steps
+    for k0 in range(0, KW, WB):
+        kw = k0 + rw  # (WB,) the step's words
+        ok = kw < KW
+        w_next = tl.load(rows + (kw + WB)[:, None], mask=(kw + WB < KW)[:, None] & n_ok[None, :], other=0)
+        xk = kw[:, None] * 8 + tl.arange(0, 8)[None, :]  # (WB, 8): a word's 8 values
+        xt = tl.load(x_ptr + m * K + xk, mask=ok[:, None], other=0.0).to(tl.float32)
+        if NORM:
+            ss += tl.sum(xt * xt, axis=1)
+            xt = xt * tl.load(g_ptr + xk, mask=ok[:, None], other=0.0).to(tl.float32)
+        xw = tl.sum(xt, axis=1)  # (WB,) each word's sum of x
+        # the 8 columns, in registers: the last axis split in halves three times (value i = 4a + 2b + c)
+        x0246, x1357 = tl.split(tl.reshape(xt, (WB, 4, 2)))
+        x04, x26 = tl.split(tl.reshape(x0246, (WB, 2, 2)))
+        x15, x37 = tl.split(tl.reshape(x1357, (WB, 2, 2)))
+        x0, x4 = tl.split(x04)
+        x2, x6 = tl.split(x26)
+        x1, x5 = tl.split(x15)
+        x3, x7 = tl.split(x37)
+        f = _nibble(w, one, 0, ASM) * x0[:, None]  # (WB, R): each word's sum of (1 + q / 16) x, each row
+        f += _nibble(w, one, 1, ASM) * x1[:, None]
+        f += _nibble(w, one, 2, ASM) * x2[:, None]
+        f += _nibble(w, one, 3, ASM) * x3[:, None]
+        f += _nibble(w, one, 4, ASM) * x4[:, None]
+        f += _nibble(w, one, 5, ASM) * x5[:, None]
+        f += _nibble(w, one, 6, ASM) * x6[:, None]
+        f += _nibble(w, one, 7, ASM) * x7[:, None]
+        fg = tl.sum(tl.reshape(f, (NG, GW, R)), axis=1)  # (NG, R) each group's F
+        xg = tl.sum(tl.reshape(xw, (NG, GW)), axis=1)  # (NG,) each group's X
+        g = k0 // GW + tl.arange(0, NG)  # (NG,) the step's groups
+        gok = (g < groups)[:, None] & n_ok[None, :]
+        s = tl.load(s_ptr + row[None, :] * groups + g[:, None], mask=gok, other=0.0).to(tl.float32)  # (NG, R)
+        z = tl.load(z_ptr + row[None, :] * groups + g[:, None], mask=gok, other=0.0).to(tl.float32)
+        acc += 16.0 * s * fg + (z - 16.0 * s) * xg[:, None]  # sum q x = 16 (F - X); w = q s + z
+        w = w_next
+    y = _finish(tl.sum(acc, axis=0), ss, row, n_ok, b_ptr, eps, K, NORM, BIAS)
+    _store(y_ptr, y, m, pid_n, N, BLOCK_N, HALVES, r_ptr, RES, ACT)
+
+
+def rows_for(block_n: int, n: int, halves: int, sms: int) -> int:
+    """BLOCK_N for this kernel from the bytes kernel's: at least MIN_ROWS rows a block (both
+    halves counted) where the matrix still gives every SM a program, else as it was."""
+    want = -(-MIN_ROWS // halves)
+    return want if block_n < want and -(-n // want) >= sms else block_n
+
+
+def launch(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, y: Tensor, g: Tensor, r: Tensor, b: Tensor,
+           eps: float, n: int, k: int, group: int, block_n: int, block_k: int, warps: int, halves: int,
+           sms: int, flags: dict) -> None:
+    """One launch over (cdiv(N, BLOCK_N), M) programs (qgemv_triton._launch's grid), with PDL where allowed."""
+    block_n = rows_for(block_n, n, halves, sms)
+    _kernel[(triton.cdiv(n, block_n), x.shape[0])](
+        x, qweight, scales, zeros, y, g, r, b, eps, n, k, G=group, BLOCK_N=block_n, BLOCK_K=max(block_k, group),
+        HALVES=halves, ASM=not SWITCHES.triton_interpret, **flags, **pdl.launch_options(x.device), num_warps=warps)
