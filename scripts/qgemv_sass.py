@@ -11,7 +11,9 @@ byte can read no faster than 33.5 / I TB/s even with every issue slot filled, ag
     python scripts/qgemv_sass.py KIND:K:BLOCK_N:BLOCK_K:WARPS:HALVES ...
     python scripts/qgemv_sass.py int4:4096:4:1024:2:2 int8:4096:4:512:2:2   (the 8B's gate/up)
 
-KIND int4 | dp4a (int4 on x rounded to int8: tinyllm.kernels.qgemv_dp4a) | int8 | dense; HALVES 2
+KIND int4 | words (int4 a word at a time: tinyllm.kernels.qgemv_words, whose launch takes BLOCK_N of at least
+qgemv_words.MIN_ROWS rows where it can) | dp4a (int4 on x rounded to int8: tinyllm.kernels.qgemv_dp4a) | int8 |
+dense; HALVES 2
 for a gated product (BLOCK_N rows of each half). The launch qgemv_triton picks for a matrix is
 `qgemv_triton._cut(n, k, bytes_per_value, gated, dev)`.
 """
@@ -52,11 +54,15 @@ def compile_kernel(kind: str, k: int, block_n: int, block_k: int, warps: int, ha
         del sig["NORM"], consts["NORM"]
         src, per = ASTSource(D._dp4a_kernel, sig, constexprs={**consts, "DP4A": True},
                              attrs={(i,): aligned for i in range(9)}), 0.5
-    elif kind == "int4":
+    elif kind in ("int4", "words"):
         sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*fp16", "z_ptr": "*fp16", "y_ptr": "*bf16", **tail,
                "G": "constexpr", **meta}
-        src, per = ASTSource(T._int4_kernel, sig, constexprs={**consts, "G": 32},
-                             attrs={(i,): aligned for i in range(8)}), 0.5
+        fn, consts = T._int4_kernel, {**consts, "G": 32}
+        if kind == "words":
+            from tinyllm.kernels import qgemv_words
+
+            fn, sig, consts = qgemv_words._kernel, {**sig, "ASM": "constexpr"}, {**consts, "ASM": True}
+        src, per = ASTSource(fn, sig, constexprs=consts, attrs={(i,): aligned for i in range(8)}), 0.5
     elif kind == "int8":
         sig = {"x_ptr": "*bf16", "w_ptr": "*i8", "s_ptr": "*fp16", "y_ptr": "*bf16", **tail, **meta}
         src, per = ASTSource(T._int8_kernel, sig, constexprs=consts, attrs={(i,): aligned for i in range(7)}), 1
