@@ -371,7 +371,7 @@ def int4_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: 
     if SWITCHES.int4_kernel == "words":  # TINYLLM_INT4_KERNEL=words: tinyllm.kernels.qgemv_words
         from tinyllm.kernels import qgemv_words
 
-        qgemv_words.launch(x, qweight, scales, zeros, y, g, r, b, eps, n, k, group, block_n, block_k, warps, halves,
+        qgemv_words.launch(x, qweight, scales, zeros, y, g, r, b, eps, n, k, group, block_n, warps, halves,
                            _sms(x.device), flags)
         return y
     block_k = max(block_k, group)  # whole groups a step

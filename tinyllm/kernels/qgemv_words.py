@@ -19,8 +19,11 @@ H200 however its blocks are cut (the 8B's int4 step read 0.42 TB/s). Here:
   sum (1 + q / 16) x = sum x + (sum q x) / 16, so for w = q s + z a group's product is
   16 s F + (z - 16 s) X, F that sum and X the group's sum of x (each computed once a row and
   once a step). q / 16 sits in the top mantissa bits, so F keeps fp32's precision for q x.
-- About 9-13 instructions a byte where a block holds 4 or more rows (`MIN_ROWS`: the launch gives
-  large matrices at least that many), against 22: scripts/qgemv_sass.py int4w:... prints them.
+- A step is 4 words a thread along K in every warp (`step_for`), and a block holds 4 or more rows
+  where the matrix still gives every SM a program (`rows_for`, `MIN_ROWS`).
+- The Llama-3.1-8B shape's launches on sm_90, thread instructions a weight byte (scripts/qgemv_sass.py
+  words:K:BLOCK_N:BLOCK_K:WARPS:HALVES, against int4:... for the bytes kernel's own launch): gate/up
+  9.0 (22.0), down 10.9 (27.9), o and qkv 11.6 with the prologue counted (35.0 and 28.1).
 """
 
 from __future__ import annotations
@@ -141,11 +144,19 @@ def rows_for(block_n: int, n: int, halves: int, sms: int) -> int:
     return want if block_n < want and -(-n // want) >= sms else block_n
 
 
+def step_for(k: int, group: int, warps: int) -> int:
+    """BLOCK_K: a group of 4 words a thread, 32 threads a warp, every warp along K, so that each
+    thread holds its words of all of the block's rows (Triton puts the warps along the rows of a
+    narrower tile: then x serves one row a thread); no more than K rounded up, at least a group."""
+    return max(min(4 * 8 * 32 * warps, triton.next_power_of_2(k)), group)
+
+
 def launch(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, y: Tensor, g: Tensor, r: Tensor, b: Tensor,
-           eps: float, n: int, k: int, group: int, block_n: int, block_k: int, warps: int, halves: int,
-           sms: int, flags: dict) -> None:
-    """One launch over (cdiv(N, BLOCK_N), M) programs (qgemv_triton._launch's grid), with PDL where allowed."""
+           eps: float, n: int, k: int, group: int, block_n: int, warps: int, halves: int, sms: int,
+           flags: dict) -> None:
+    """One launch over (cdiv(N, BLOCK_N), M) programs (qgemv_triton._launch's grid), with PDL where
+    allowed; block_n and warps are qgemv_triton's rule for the matrix (rows_for, step_for)."""
     block_n = rows_for(block_n, n, halves, sms)
     _kernel[(triton.cdiv(n, block_n), x.shape[0])](
-        x, qweight, scales, zeros, y, g, r, b, eps, n, k, G=group, BLOCK_N=block_n, BLOCK_K=max(block_k, group),
+        x, qweight, scales, zeros, y, g, r, b, eps, n, k, G=group, BLOCK_N=block_n, BLOCK_K=step_for(k, group, warps),
         HALVES=halves, ASM=not SWITCHES.triton_interpret, **flags, **pdl.launch_options(x.device), num_warps=warps)
