@@ -10,6 +10,9 @@
 #       bytes int4 kernel, the words kernel (TINYLLM_INT4_KERNEL=words) and dp4a (TINYLLM_INT4_DP4A=1)
 #   run(command="bash scripts/device_issue50.sh three", ...)  the app on the default model's shape
 #       (a cold launch, then a warm one), a profile of Qwen's plain step, the table
+# With less device time (about 15 minutes), two calls without llama.cpp (its numbers from the lease before):
+#   lean1: setup, the files, the default model's shape, the new CUDA tests, then the 8B's plain step with
+#          the bytes, words and dp4a int4 products; lean2: the app (cold, warm), SmolLM2 bytes and words.
 # Everything lands in $OUT (the files that come back).
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -48,5 +51,28 @@ three)
   tail -30 "$OUT/profile_qwen.err"
   bash scripts/gpu_side_by_side.sh table 2>&1 | tail -30
   ;;
-*) echo "usage: $0 one|two|three"; exit 2 ;;
+lean1)
+  bash scripts/device_fused.sh setup || exit 1
+  bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -2
+  bash scripts/device_fused.sh shape models/tinychat /tmp/tc --quant int4 --half-scales --form tok_emb=int4 \
+      --form blocks.0.=int8 --form blocks.26.=int8 --form blocks.27.=int8 --form blocks.28.=int8 \
+      --form blocks.29.=int8 --name tinychat 2>&1 | tail -2
+  bash scripts/device_fused.sh tests 150 "${TESTS[@]}" \
+      -k "words or dp4a or granite or matches_window_attention or (long_decode and 256)"
+  mv "$OUT/cuda_tests.txt" "$OUT/cuda_tests_new.txt"
+  for sw in "" TINYLLM_INT4_KERNEL=words TINYLLM_INT4_DP4A=1; do
+    env $sw COMPILES=off BUDGET_S=$(left 560) MODELS=llama3.1 bash scripts/gpu_side_by_side.sh tinyllm 2>&1 | tail -3
+  done
+  ;;
+lean2)
+  OUT=$OUT bash scripts/device_fused.sh app 150 new on /tmp/tc
+  mv "$OUT/app_new_on.err" "$OUT/app_cold.err"
+  OUT=$OUT bash scripts/device_fused.sh app 120 new on /tmp/tc
+  mv "$OUT/app_new_on.err" "$OUT/app_warm.err"
+  for sw in "" TINYLLM_INT4_KERNEL=words; do
+    env $sw COMPILES=off BUDGET_S=$(left 420) MODELS=smollm2 bash scripts/gpu_side_by_side.sh tinyllm 2>&1 | tail -3
+  done
+  bash scripts/gpu_side_by_side.sh table 2>&1 | tail -20
+  ;;
+*) echo "usage: $0 one|two|three|lean1|lean2"; exit 2 ;;
 esac
