@@ -10,6 +10,8 @@
 #       bytes int4 kernel, the words kernel (TINYLLM_INT4_KERNEL=words) and dp4a (TINYLLM_INT4_DP4A=1)
 #   run(command="bash scripts/device_issue50.sh three", ...)  the app on the default model's shape
 #       (a cold launch, then a warm one), a profile of Qwen's plain step, the table
+#   run(command="bash scripts/device_issue50.sh vram", ...)   the 8B at one context (4,096) on both sides:
+#       VRAM against llama.cpp's (the target: at most 1.15x), the words kernel (after `one`)
 # With less device time (about 15 minutes), two calls without llama.cpp (its numbers from the lease before):
 #   lean1: setup, the files, the default model's shape, the new CUDA tests, then the 8B's plain step with
 #          the bytes, words and dp4a int4 products; lean2: the app (cold, warm), SmolLM2 bytes and words.
@@ -51,6 +53,11 @@ three)
   tail -30 "$OUT/profile_qwen.err"
   bash scripts/gpu_side_by_side.sh table 2>&1 | tail -30
   ;;
+vram)
+  CONTEXT=4096 MODELS=llama3.1 bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -2
+  COMPILES=off TINYLLM_INT4_KERNEL=words BUDGET_S=$(left 560) MODELS=llama3.1 \
+      bash scripts/gpu_side_by_side.sh llama tinyllm table 2>&1 | tail -12
+  ;;
 lean1)
   bash scripts/device_fused.sh setup || exit 1
   bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -2
@@ -74,5 +81,5 @@ lean2)
   done
   bash scripts/gpu_side_by_side.sh table 2>&1 | tail -20
   ;;
-*) echo "usage: $0 one|two|three|lean1|lean2"; exit 2 ;;
+*) echo "usage: $0 one|two|three|vram|lean1|lean2"; exit 2 ;;
 esac
