@@ -141,6 +141,8 @@ class Reply:
         stops = Stops(self.session)
         asked = Saved("user", self.message)
         self._save(self.store and self.store.add, asked)  # before the model sees it
+        if self.args.prompt and self.args.prompt.strip():  # what was typed (not stdin, not -f): the app's Up finds it
+            self._save(self.store and self.store.add_prompt, self.args.prompt)
         try:
             events = self.session.send(self.message)
         except ValueError as e:  # refused (too long, empty): nothing sent

@@ -66,6 +66,12 @@ def one_line(done: subprocess.CompletedProcess, code: int) -> str:
     return err
 
 
+def typed(data_dir: Path) -> list[str]:
+    """The input's history (the prompts table), oldest first."""
+    with sqlite3.connect(data_dir / "chat.db") as db:
+        return [t for (t,) in db.execute("SELECT text FROM prompts ORDER BY id")]
+
+
 def chats(data_dir: Path) -> list[tuple]:
     if not (data_dir / "chat.db").exists():
         return []
@@ -109,6 +115,7 @@ def test_stdin_is_the_message_or_goes_before_p_as_a_file(data_dir, tmp_path):
     user = [r[3] for r in rows(data_dir) if r[2] == "user"]
     assert user == [f"stdin\n````\n{diff}````\n\nnotes.txt\n```\na note\n```\n\nWrite a commit message"]
     assert [c[1:] for c in chats(data_dir)] == [("Be brief.", "tinychat")]
+    assert typed(data_dir) == ["Write a commit message"]  # the input's Up history: what was typed, not what was piped
 
 
 def test_json_lines_and_continuing_a_chat(data_dir):
