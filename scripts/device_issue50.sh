@@ -13,8 +13,9 @@
 #   run(command="bash scripts/device_issue50.sh vram", ...)   the 8B at one context (4,096) on both sides:
 #       VRAM against llama.cpp's (the target: at most 1.15x), the words kernel (after `one`)
 # With less device time (about 15 minutes), two calls without llama.cpp (its numbers from the lease before):
-#   lean1: setup, the files, the default model's shape, the new CUDA tests, then the 8B's plain step with
-#          the bytes, words and dp4a int4 products; lean2: the app (cold, warm), SmolLM2 bytes and words.
+#   lean1: setup, the 8B and SmolLM2 files, the default model's shape, the app on it (a cold launch),
+#          then the 8B's plain step with the bytes, words and dp4a int4 products; lean2: the new CUDA
+#          tests, the app again (a warm launch), SmolLM2's plain step with the bytes and words kernels.
 # Everything lands in $OUT (the files that come back).
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -60,24 +61,24 @@ vram)
   ;;
 lean1)
   bash scripts/device_fused.sh setup || exit 1
-  bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -2
+  MODELS="llama3.1 smollm2" bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -2
   bash scripts/device_fused.sh shape models/tinychat /tmp/tc --quant int4 --half-scales --form tok_emb=int4 \
       --form blocks.0.=int8 --form blocks.26.=int8 --form blocks.27.=int8 --form blocks.28.=int8 \
       --form blocks.29.=int8 --name tinychat 2>&1 | tail -2
-  bash scripts/device_fused.sh tests 150 "${TESTS[@]}" \
-      -k "words or dp4a or granite or matches_window_attention or (long_decode and 256)"
-  mv "$OUT/cuda_tests.txt" "$OUT/cuda_tests_new.txt"
+  OUT=$OUT bash scripts/device_fused.sh app 150 new on /tmp/tc
+  mv "$OUT/app_new_on.err" "$OUT/app_cold.err"
   for sw in "" TINYLLM_INT4_KERNEL=words TINYLLM_INT4_DP4A=1; do
     env $sw COMPILES=off BUDGET_S=$(left 560) MODELS=llama3.1 bash scripts/gpu_side_by_side.sh tinyllm 2>&1 | tail -3
   done
   ;;
 lean2)
-  OUT=$OUT bash scripts/device_fused.sh app 150 new on /tmp/tc
-  mv "$OUT/app_new_on.err" "$OUT/app_cold.err"
+  bash scripts/device_fused.sh tests 150 "${TESTS[@]}" \
+      -k "words or dp4a or granite or matches_window_attention or (long_decode and 256)"
+  mv "$OUT/cuda_tests.txt" "$OUT/cuda_tests_new.txt"
   OUT=$OUT bash scripts/device_fused.sh app 120 new on /tmp/tc
   mv "$OUT/app_new_on.err" "$OUT/app_warm.err"
   for sw in "" TINYLLM_INT4_KERNEL=words; do
-    env $sw COMPILES=off BUDGET_S=$(left 420) MODELS=smollm2 bash scripts/gpu_side_by_side.sh tinyllm 2>&1 | tail -3
+    env $sw COMPILES=off BUDGET_S=$(left 500) MODELS=smollm2 bash scripts/gpu_side_by_side.sh tinyllm 2>&1 | tail -3
   done
   bash scripts/gpu_side_by_side.sh table 2>&1 | tail -20
   ;;
