@@ -61,7 +61,8 @@ vram)
   ;;
 lean1)
   bash scripts/device_fused.sh setup || exit 1
-  MODELS="llama3.1 smollm2" bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -2
+  FILES="data/device/llama3.1-8b-shape.q4_k_m.tgguf data/device/smollm2-135m.q4_1.tgguf" \
+      bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -2
   bash scripts/device_fused.sh shape models/tinychat /tmp/tc --quant int4 --half-scales --form tok_emb=int4 \
       --form blocks.0.=int8 --form blocks.26.=int8 --form blocks.27.=int8 --form blocks.28.=int8 \
       --form blocks.29.=int8 --name tinychat 2>&1 | tail -2
