@@ -1,10 +1,10 @@
 """The int4 product read a word (8 weights) at a time, each weight two instructions from a float
 (TINYLLM_INT4_KERNEL=words): `qgemv_triton.int4_gemv`'s other kernel, the same op and result.
 
-Contract: importing this module imports Triton (qgemv_triton imports it). `int4_words(...)`
-launches `_kernel` for `qgemv_triton.int4_gemv`'s arguments, already checked, and returns its y: x
-(M, K) @ W.T for W int4 in groups of G (any multiple of 8 dividing K), with the same folds (norm,
-bias, gating, residual), fp32 sums. Where it differs from the bytes kernel is fp32 rounding order.
+Contract: importing this module imports Triton (and qgemv_triton). `launch(...)` runs `_kernel` for
+`qgemv_triton.int4_gemv`'s arguments, already checked, into its y: x (M, K) @ W.T for W int4 in
+groups of G (a multiple of 8 dividing K), with the same folds (norm, bias, gating, residual), fp32
+sums. It differs from the bytes kernel only in fp32 rounding order.
 
 Why: `qgemv_triton._int4_kernel` reads a byte a thread element, turns each nibble into a float in
 three operations, widens x again for every row and sums x for every row: 22-35 thread
@@ -96,7 +96,7 @@ def _kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: t
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    one = tl.full((WB, R), 0x3F800000, tl.int32)
+    one = tl.full((WB, R), 0x3F800000, tl.int32)  # (WB, R) 1.0f's bits
     acc = tl.zeros((NG, R), dtype=tl.float32)
     ss = tl.zeros((WB,), dtype=tl.float32)  # with NORM: x ** 2, summed over the steps
     for k0 in range(0, KW, WB):
