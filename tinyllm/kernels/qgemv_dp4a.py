@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from tinyllm.kernels import pdl
-from tinyllm.kernels.qgemv_triton import _block_rows, _cut, _fused_args, _launch, _store, int4_fake, int4_shapes
+from tinyllm.kernels import pdl, qgemv_words
+from tinyllm.kernels.qgemv_triton import _block_rows, _cut, _fused_args, _launch, _sms, _store, int4_fake, int4_shapes
 
 GROUP = 32  # values a group of x and of W: Q4_0, Q4_1 and Q4_K's blocks
 
@@ -167,9 +167,11 @@ def int4_dp4a_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, gr
     del flags["NORM"]  # the norm is quantize_x's
     xq, xd, xs = quantize_x(x, norm, eps)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_n, block_k, warps = _cut(n, k, 0.5, gated, x.device)
+    block_n, _, warps = _cut(n, k, 0.5, gated, x.device)
+    block_n = qgemv_words.rows_for(block_n, n, halves, _sms(x.device))  # the words kernel's tile: its
+    block_k = qgemv_words.step_for(k, GROUP, warps)  # reasons hold here (x's words serve every row)
     _launch(_dp4a_kernel, n, m, warps, xq, xd, xs, qweight.view(torch.int32), scales, zeros, y, r, b, n, k,
-            BLOCK_N=block_n, BLOCK_K=max(block_k, GROUP), HALVES=halves, DP4A=x.is_cuda, **flags)
+            BLOCK_N=block_n, BLOCK_K=block_k, HALVES=halves, DP4A=x.is_cuda, **flags)
     return y
 
 
