@@ -12,6 +12,7 @@ lines (scripts/device_pdl.sh reads them, SWEEP_S).
     python scripts/qgemv_sweep.py > sweep.jsonl
     SWEEP_MODELS=8b TINYLLM_INT4_DP4A=1 python scripts/qgemv_sweep.py   (the dp4a int4 product: a launch
         is its two kernels, quantize_x and the product, as a step runs them)
+    SWEEP_MODELS=8b,smollm2 TINYLLM_INT4_KERNEL=words python scripts/qgemv_sweep.py   (the words kernel)
 """
 
 import itertools
@@ -66,6 +67,10 @@ def op(x, qt: QTensor, gated: bool):
         from tinyllm.kernels import qgemv_dp4a  # noqa: F401 (registers the ops)
 
         return lambda: torch.ops.tinyllm.int4_dp4a_gemv(x, qt.qweight, qt.scales, qt.zeros, qt.group, gated)
+    if SWITCHES.int4_kernel == "words":  # TINYLLM_INT4_KERNEL=words: the words kernel, on its own tile
+        from tinyllm.kernels import qgemv_words  # noqa: F401 (registers the op)
+
+        return lambda: torch.ops.tinyllm.int4_words_gemv(x, qt.qweight, qt.scales, qt.zeros, qt.group, gated)
     return lambda: torch.ops.tinyllm.int4_gemv(x, qt.qweight, qt.scales, qt.zeros, qt.group, gated)
 
 

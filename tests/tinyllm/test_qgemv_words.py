@@ -33,11 +33,28 @@ def per_byte(line: str) -> float:
 @pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
                     reason="needs triton (its interpreter); on a CUDA machine the CUDA test runs the kernel")
 def test_every_int4_case_through_the_words_kernel_under_the_triton_interpreter():
-    routed = 'import sys\nassert "tinyllm.kernels.qgemv_words" in sys.modules\nprint("ok")'
-    check = INTERPRETED.replace('print("ok")', routed)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "TINYLLM_INT4_KERNEL": "words", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    # test_qgemv's script, each raw int4 product through the words op instead of the bytes kernel's
+    words = ("from tinyllm.kernels import qgemv_triton, qgemv_words\n"
+             "qgemv_triton.int4_gemv = qgemv_words.int4_words_gemv\n")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", words + INTERPRETED], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=900)
     assert r.returncode == 0 and r.stdout.endswith("ok\n"), r.stdout + r.stderr[-4000:]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton (qgemv.linear imports its kernels)")
+def test_qgemv_takes_the_words_kernel_under_its_switch(monkeypatch):
+    """qgemv.linear's int4 products go to the words op under TINYLLM_INT4_KERNEL=words (dp4a first
+    where that switch takes the matrix), else to the bytes kernel."""
+    from tinyllm.kernels import qgemv, switches
+
+    called = []
+    fake = type("Words", (), {"int4_words_gemv": staticmethod(lambda *a: called.append("words") or "y")})
+    monkeypatch.setitem(sys.modules, "tinyllm.kernels.qgemv_words", fake)
+    monkeypatch.setattr(qgemv, "SWITCHES", switches.read({"TINYLLM_INT4_KERNEL": "words"}))
+    q = torch.zeros(8, 16, dtype=torch.uint8)
+    assert qgemv.linear(torch.zeros(1, 32), "int4", q, torch.ones(8, 1), torch.zeros(8, 1), 32) == "y"
+    assert called == ["words"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton (its compiler)")
@@ -69,20 +86,17 @@ def test_a_block_takes_at_least_four_rows_where_every_sm_still_gets_a_program():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("n,k,rows,kind,group", [c for c in CASES if c[3] == "int4"])
-def test_cuda_words_kernel_equals_the_dequantized_product(monkeypatch, n, k, rows, kind, group):
-    from tinyllm.kernels import qgemv_triton as T
-    from tinyllm.kernels import switches
+def test_cuda_words_kernel_equals_the_dequantized_product(n, k, rows, kind, group):
+    from tinyllm.kernels.qgemv_words import int4_words_gemv
 
-    monkeypatch.setattr(T, "SWITCHES", switches.read({"TINYLLM_INT4_KERNEL": "words"}))
     x, qt, ref = case(n, k, rows, kind, group, "cuda")
-    assert rel_err(T.int4_gemv(x, qt.qweight, qt.scales, qt.zeros, group), ref) < 1e-5, (n, k, rows)
-    y = T.int4_gemv(x.bfloat16(), qt.qweight, qt.scales.half(), qt.zeros.half(), group)  # as a CUDA step holds them
+    assert rel_err(int4_words_gemv(x, qt.qweight, qt.scales, qt.zeros, group), ref) < 1e-5, (n, k, rows)
+    y = int4_words_gemv(x.bfloat16(), qt.qweight, qt.scales.half(), qt.zeros.half(), group)  # as a CUDA step holds them
     assert y.dtype == torch.bfloat16 and rel_err(y, ref) < 1e-2
     if n % 2 == 0:
         gate, up = ref.chunk(2, dim=-1)
-        y = T.int4_gemv(x, qt.qweight, qt.scales, qt.zeros, group, True)
+        y = int4_words_gemv(x, qt.qweight, qt.scales, qt.zeros, group, True)
         assert rel_err(y, torch.nn.functional.silu(gate) * up) < 1e-5, (n, k, rows, "gated")
     w, r, fref = fused_case(x, qt)
-    y = T.int4_gemv(x, qt.qweight, qt.scales, qt.zeros, group, False, w, 1e-5, r)
+    y = int4_words_gemv(x, qt.qweight, qt.scales, qt.zeros, group, False, w, 1e-5, r)
     assert rel_err(y, fref) < 1e-5, (n, k, rows, "fused")
-    assert "tinyllm.kernels.qgemv_words" in sys.modules

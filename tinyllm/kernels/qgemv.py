@@ -93,6 +93,10 @@ def linear(x: Tensor, kind: str, qweight: Tensor, scales: Tensor | None = None, 
         from tinyllm.kernels import qgemv_dp4a
 
         return qgemv_dp4a.int4_dp4a_gemv(x, qweight, scales, zeros, group, gated, g, eps, r, bias, act)
+    if SWITCHES.int4_kernel == "words":  # TINYLLM_INT4_KERNEL=words (tinyllm.kernels.qgemv_words)
+        from tinyllm.kernels import qgemv_words
+
+        return qgemv_words.int4_words_gemv(x, qweight, scales, zeros, group, gated, g, eps, r, bias, act)
     return qgemv_triton.int4_gemv(x, qweight, scales, zeros, group, gated, g, eps, r, bias, act)
 
 

@@ -368,12 +368,6 @@ def int4_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: 
     g, r, b, flags = _fused_args(x, n * halves, n, norm, residual, bias, act)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_n, block_k, warps = _cut(n, k, 0.5, gated, x.device)
-    if SWITCHES.int4_kernel == "words":  # TINYLLM_INT4_KERNEL=words: tinyllm.kernels.qgemv_words
-        from tinyllm.kernels import qgemv_words
-
-        qgemv_words.launch(x, qweight, scales, zeros, y, g, r, b, eps, n, k, group, block_n, warps, halves,
-                           _sms(x.device), flags)
-        return y
     block_k = max(block_k, group)  # whole groups a step
     _launch(_int4_kernel, n, m, warps, x, qweight, scales, zeros, y, g, r, b, eps, n, k, G=group, BLOCK_N=block_n,
             BLOCK_K=block_k, HALVES=halves, **flags)

@@ -1,10 +1,11 @@
 """The int4 product read a word (8 weights) at a time, each weight two instructions from a float
 (TINYLLM_INT4_KERNEL=words): `qgemv_triton.int4_gemv`'s other kernel, the same op and result.
 
-Contract: importing this module imports Triton (and qgemv_triton). `launch(...)` runs `_kernel` for
-`qgemv_triton.int4_gemv`'s arguments, already checked, into its y: x (M, K) @ W.T for W int4 in
-groups of G (a multiple of 8 dividing K), with the same folds (norm, bias, gating, residual), fp32
-sums. It differs from the bytes kernel only in fp32 rounding order.
+Contract: importing this module imports Triton (and qgemv_triton) and registers the custom op
+`torch.ops.tinyllm.int4_words_gemv(...)`: `qgemv_triton.int4_gemv`'s arguments, checks and result,
+x (M, K) @ W.T for W int4 in groups of G (a multiple of 8 dividing K), with the same folds (norm,
+bias, gating, residual), fp32 sums; it differs from int4_gemv only in fp32 rounding order.
+tinyllm.kernels.qgemv.linear takes it for int4 products under TINYLLM_INT4_KERNEL=words.
 
 Why: `qgemv_triton._int4_kernel` reads a byte a thread element, turns each nibble into a float in
 three operations, widens x again for every row and sums x for every row: 22-35 thread
@@ -28,12 +29,22 @@ H200 however its blocks are cut (the 8B's int4 step read 0.42 TB/s). Here:
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from tinyllm.kernels import pdl
-from tinyllm.kernels.qgemv_triton import _block_rows, _finish, _store
+from tinyllm.kernels.qgemv_triton import (
+    _block_rows,
+    _cut,
+    _finish,
+    _fused_args,
+    _launch,
+    _sms,
+    _store,
+    int4_fake,
+    int4_shapes,
+)
 from tinyllm.kernels.switches import SWITCHES
 
 MIN_ROWS = 4  # rows a block takes where the matrix still gives every SM a program (launch)
@@ -151,12 +162,18 @@ def step_for(k: int, group: int, warps: int) -> int:
     return max(min(4 * 8 * 32 * warps, triton.next_power_of_2(k)), group)
 
 
-def launch(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, y: Tensor, g: Tensor, r: Tensor, b: Tensor,
-           eps: float, n: int, k: int, group: int, block_n: int, warps: int, halves: int, sms: int,
-           flags: dict) -> None:
-    """One launch over (cdiv(N, BLOCK_N), M) programs (qgemv_triton._launch's grid), with PDL where
-    allowed; block_n and warps are qgemv_triton's rule for the matrix (rows_for, step_for)."""
-    block_n = rows_for(block_n, n, halves, sms)
-    _kernel[(triton.cdiv(n, block_n), x.shape[0])](
-        x, qweight, scales, zeros, y, g, r, b, eps, n, k, G=group, BLOCK_N=block_n, BLOCK_K=step_for(k, group, warps),
-        HALVES=halves, ASM=not SWITCHES.triton_interpret, **flags, **pdl.launch_options(x.device), num_warps=warps)
+@torch.library.custom_op("tinyllm::int4_words_gemv", mutates_args=())
+def int4_words_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int, gated: bool = False,
+                    norm: Tensor | None = None, eps: float = 0.0, residual: Tensor | None = None,
+                    bias: Tensor | None = None, act: str = "silu") -> Tensor:
+    m, k, n, halves = int4_shapes("int4_words_gemv", x, qweight, scales, zeros, group, gated)
+    g, r, b, flags = _fused_args(x, n * halves, n, norm, residual, bias, act)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block_n, _, warps = _cut(n, k, 0.5, gated, x.device)  # the bytes kernel's rule, then this kernel's tile
+    _launch(_kernel, n, m, warps, x, qweight, scales, zeros, y, g, r, b, eps, n, k, G=group,
+            BLOCK_N=rows_for(block_n, n, halves, _sms(x.device)), BLOCK_K=step_for(k, group, warps), HALVES=halves,
+            ASM=not SWITCHES.triton_interpret, **flags)
+    return y
+
+
+int4_words_gemv.register_fake(int4_fake)
