@@ -29,6 +29,7 @@ CASES = [
     ("PDL", "kernels", "pdl", "kernels"),
     ("TRACE_DIR", "/tmp/traces", "trace_dir", "/tmp/traces"),
     ("INT4_DP4A", "auto", "int4_dp4a", "auto"),
+    ("INT4_KERNEL", "words", "int4_kernel", "words"),
 ]
 
 
@@ -60,6 +61,8 @@ def test_a_dp4a_choice_other_than_0_1_or_auto_is_a_one_line_error():
     assert read({"TINYLLM_INT4_DP4A": "1"}).int4_dp4a == "1" and Switches().int4_dp4a == "0"
     with pytest.raises(ValueError, match="TINYLLM_INT4_DP4A must be 0, 1 or auto, got 'yes'"):
         read({"TINYLLM_INT4_DP4A": "yes"})
+    with pytest.raises(ValueError, match="TINYLLM_INT4_KERNEL must be bytes or words, got 'nibbles'"):
+        read({"TINYLLM_INT4_KERNEL": "nibbles"})
 
 
 def test_the_switches_are_frozen():
