@@ -184,7 +184,7 @@ class Reply:
             from chat_app import crash_log
 
             where = crash_log.log(e, self.store.folder if self.store is not None else None)
-            first = str(e).splitlines()[0] if str(e) else ""
+            first = (str(e).splitlines() or [""])[0]
             failure = f"the model failed mid-reply: {type(e).__name__}: {first} ({where})"
         stops.restore()
         said = finished.text if finished is not None else "".join(text)

@@ -390,7 +390,7 @@ def int4_shapes(op: str, x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tens
 def int4_fake(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int, gated: bool = False,
               norm: Tensor | None = None, eps: float = 0.0, residual: Tensor | None = None, bias: Tensor | None = None,
               act: str = "silu") -> Tensor:
-    """What an int4 product returns, for tracing: (M, N) in x's dtype (qgemv_dp4a's op too)."""
+    """What an int4 product returns, for tracing: (M, N) in x's dtype (the dp4a and words ops too)."""
     return x.new_empty((x.shape[0], _outputs(qweight, gated)))
 
 

@@ -24,7 +24,7 @@ H200 however its blocks are cut (the 8B's int4 step read 0.42 TB/s). Here:
   where the matrix still gives every SM a program (`rows_for`, `MIN_ROWS`).
 - The Llama-3.1-8B shape's launches on sm_90, thread instructions a weight byte (scripts/qgemv_sass.py
   words:K:BLOCK_N:BLOCK_K:WARPS:HALVES, against int4:... for the bytes kernel's own launch): gate/up
-  9.0 (22.0), down 10.9 (27.9), o and qkv 11.6 with the prologue counted (35.0 and 28.1).
+  9.0 (22.0), down 10.7 (27.9), o and qkv 11.6 with the prologue counted (35.0 and 28.1).
 """
 
 from __future__ import annotations
@@ -52,38 +52,18 @@ MIN_ROWS = 4  # rows a block takes where the matrix still gives every SM a progr
 
 @triton.jit
 def _nibble(w, one, i: tl.constexpr, ASM: tl.constexpr):
-    """Nibble i (bits 4i..4i+3) of each int32 word of w as the float 1 + q / 16 (one: 1.0f's bits,
-    a tensor of w's shape: a LOP3 takes one immediate, so 1.0 comes in a register)."""
-    if ASM:  # one shift, one LOP3 ((a & b) | c: 0xEA)
-        if i == 0:
-            return tl.inline_asm_elementwise("{ shl.b32 $0, $1, 19; lop3.b32 $0, $0, 0x00780000, $2, 0xEA; }",
-                                             "=r,r,r", [w, one], dtype=tl.float32, is_pure=True, pack=1)
-        elif i == 1:
-            return tl.inline_asm_elementwise("{ shl.b32 $0, $1, 15; lop3.b32 $0, $0, 0x00780000, $2, 0xEA; }",
-                                             "=r,r,r", [w, one], dtype=tl.float32, is_pure=True, pack=1)
-        elif i == 2:
-            return tl.inline_asm_elementwise("{ shl.b32 $0, $1, 11; lop3.b32 $0, $0, 0x00780000, $2, 0xEA; }",
-                                             "=r,r,r", [w, one], dtype=tl.float32, is_pure=True, pack=1)
-        elif i == 3:
-            return tl.inline_asm_elementwise("{ shl.b32 $0, $1, 7; lop3.b32 $0, $0, 0x00780000, $2, 0xEA; }",
-                                             "=r,r,r", [w, one], dtype=tl.float32, is_pure=True, pack=1)
-        elif i == 4:
-            return tl.inline_asm_elementwise("{ shl.b32 $0, $1, 3; lop3.b32 $0, $0, 0x00780000, $2, 0xEA; }",
-                                             "=r,r,r", [w, one], dtype=tl.float32, is_pure=True, pack=1)
-        elif i == 5:
-            return tl.inline_asm_elementwise("{ shr.u32 $0, $1, 1; lop3.b32 $0, $0, 0x00780000, $2, 0xEA; }",
-                                             "=r,r,r", [w, one], dtype=tl.float32, is_pure=True, pack=1)
-        elif i == 6:
-            return tl.inline_asm_elementwise("{ shr.u32 $0, $1, 5; lop3.b32 $0, $0, 0x00780000, $2, 0xEA; }",
-                                             "=r,r,r", [w, one], dtype=tl.float32, is_pure=True, pack=1)
-        else:
-            return tl.inline_asm_elementwise("{ shr.u32 $0, $1, 9; lop3.b32 $0, $0, 0x00780000, $2, 0xEA; }",
-                                             "=r,r,r", [w, one], dtype=tl.float32, is_pure=True, pack=1)
+    """Nibble i (bits 4i..4i+3) of each int32 word of w as the float 1 + q / 16: a shift into
+    mantissa bits 19-22, then one LOP3, (b & 0x00780000) | one (one: 1.0f's bits, a tensor of w's
+    shape: a LOP3 takes one immediate, so 1.0 comes in a register; written as PTX, since the
+    compiler makes the AND and the OR two instructions)."""
     if 4 * i <= 19:
-        b = (w << (19 - 4 * i)) & 0x00780000
+        b = w << (19 - 4 * i)
     else:
-        b = (w >> (4 * i - 19)) & 0x00780000
-    return (b | one).to(tl.float32, bitcast=True)
+        b = w >> (4 * i - 19)  # arithmetic: the sign's copies land above bit 22, which the mask drops
+    if ASM:
+        return tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x00780000, $2, 0xEA;", "=r,r,r", [b, one],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    return ((b & 0x00780000) | one).to(tl.float32, bitcast=True)
 
 
 @triton.jit
