@@ -13,7 +13,7 @@ byte can read no faster than 33.5 / I TB/s even with every issue slot filled, ag
 
 KIND int4 | words (int4 a word at a time: tinyllm.kernels.qgemv_words, whose launch takes BLOCK_N of at least
 qgemv_words.MIN_ROWS rows where it can) | dp4a (int4 on x rounded to int8: tinyllm.kernels.qgemv_dp4a) | int8 |
-dense; HALVES 2
+words8 (int8 a word at a time: qgemv_words.int8_words_gemv) | dense; HALVES 2
 for a gated product (BLOCK_N rows of each half). The launch qgemv_triton picks for a matrix is
 `qgemv_triton._cut(n, k, bytes_per_value, gated, dev)`.
 """
@@ -63,9 +63,14 @@ def compile_kernel(kind: str, k: int, block_n: int, block_k: int, warps: int, ha
 
             fn, sig, consts = qgemv_words._kernel, {**sig, "ASM": "constexpr"}, {**consts, "ASM": True}
         src, per = ASTSource(fn, sig, constexprs=consts, attrs={(i,): aligned for i in range(8)}), 0.5
-    elif kind == "int8":
+    elif kind in ("int8", "words8"):
         sig = {"x_ptr": "*bf16", "w_ptr": "*i8", "s_ptr": "*fp16", "y_ptr": "*bf16", **tail, **meta}
-        src, per = ASTSource(T._int8_kernel, sig, constexprs=consts, attrs={(i,): aligned for i in range(7)}), 1
+        fn = T._int8_kernel
+        if kind == "words8":
+            from tinyllm.kernels import qgemv_words
+
+            fn, sig, consts = qgemv_words._int8_kernel, {**sig, "ASM": "constexpr"}, {**consts, "ASM": True}
+        src, per = ASTSource(fn, sig, constexprs=consts, attrs={(i,): aligned for i in range(7)}), 1
     else:
         sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", **tail, **meta}
         src, per = ASTSource(T._dense_kernel, sig, constexprs=consts, attrs={(i,): aligned for i in range(6)}), 2

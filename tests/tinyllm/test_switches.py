@@ -29,7 +29,8 @@ CASES = [
     ("PDL", "kernels", "pdl", "kernels"),
     ("TRACE_DIR", "/tmp/traces", "trace_dir", "/tmp/traces"),
     ("INT4_DP4A", "auto", "int4_dp4a", "auto"),
-    ("INT4_KERNEL", "words", "int4_kernel", "words"),
+    ("INT4_KERNEL", "bytes", "int4_kernel", "bytes"),
+    ("INT8_KERNEL", "words", "int8_kernel", "words"),
 ]
 
 
@@ -63,6 +64,8 @@ def test_a_dp4a_choice_other_than_0_1_or_auto_is_a_one_line_error():
         read({"TINYLLM_INT4_DP4A": "yes"})
     with pytest.raises(ValueError, match="TINYLLM_INT4_KERNEL must be bytes or words, got 'nibbles'"):
         read({"TINYLLM_INT4_KERNEL": "nibbles"})
+    with pytest.raises(ValueError, match="TINYLLM_INT8_KERNEL must be bytes or words, got 'dp4a'"):
+        read({"TINYLLM_INT8_KERNEL": "dp4a"})
 
 
 def test_the_switches_are_frozen():

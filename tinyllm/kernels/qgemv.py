@@ -87,17 +87,21 @@ def linear(x: Tensor, kind: str, qweight: Tensor, scales: Tensor | None = None, 
     r = None if residual is None else residual.contiguous()
     if kind == "dense":
         return qgemv_triton.dense_gemv(x, qweight, gated, g, eps, r, bias, act)
+    if kind == "int8" and SWITCHES.int8_kernel == "words" and x.shape[1] % 4 == 0:  # TINYLLM_INT8_KERNEL=words
+        from tinyllm.kernels import qgemv_words
+
+        return qgemv_words.int8_words_gemv(x, qweight, scales, gated, g, eps, r, bias, act)
     if kind == "int8":
         return qgemv_triton.int8_gemv(x, qweight, scales, gated, g, eps, r, bias, act)
     if uses_dp4a(qweight, group):
         from tinyllm.kernels import qgemv_dp4a
 
         return qgemv_dp4a.int4_dp4a_gemv(x, qweight, scales, zeros, group, gated, g, eps, r, bias, act)
-    if SWITCHES.int4_kernel == "words":  # TINYLLM_INT4_KERNEL=words (tinyllm.kernels.qgemv_words)
-        from tinyllm.kernels import qgemv_words
+    if SWITCHES.int4_kernel == "bytes":  # TINYLLM_INT4_KERNEL=bytes: the kernel before qgemv_words
+        return qgemv_triton.int4_gemv(x, qweight, scales, zeros, group, gated, g, eps, r, bias, act)
+    from tinyllm.kernels import qgemv_words
 
-        return qgemv_words.int4_words_gemv(x, qweight, scales, zeros, group, gated, g, eps, r, bias, act)
-    return qgemv_triton.int4_gemv(x, qweight, scales, zeros, group, gated, g, eps, r, bias, act)
+    return qgemv_words.int4_words_gemv(x, qweight, scales, zeros, group, gated, g, eps, r, bias, act)
 
 
 def add_norm(x: Tensor, y: Tensor, norm: tuple[Tensor, float]) -> Tensor:

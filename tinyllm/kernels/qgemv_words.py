@@ -1,11 +1,13 @@
-"""The int4 product read a word (8 weights) at a time, each weight two instructions from a float
-(TINYLLM_INT4_KERNEL=words): `qgemv_triton.int4_gemv`'s other kernel, the same op and result.
+"""The int4 and int8 products read a word (8 or 4 weights) at a time, each weight two instructions
+from a float: `qgemv_triton`'s other kernels, the same ops' arguments and results.
 
-Contract: importing this module imports Triton (and qgemv_triton) and registers the custom op
-`torch.ops.tinyllm.int4_words_gemv(...)`: `qgemv_triton.int4_gemv`'s arguments, checks and result,
-x (M, K) @ W.T for W int4 in groups of G (a multiple of 8 dividing K), with the same folds (norm,
-bias, gating, residual), fp32 sums; it differs from int4_gemv only in fp32 rounding order.
-tinyllm.kernels.qgemv.linear takes it for int4 products under TINYLLM_INT4_KERNEL=words.
+Contract: importing this module imports Triton (and qgemv_triton) and registers two custom ops:
+- `torch.ops.tinyllm.int4_words_gemv(...)`: `qgemv_triton.int4_gemv`'s arguments, checks and result,
+  x (M, K) @ W.T for W int4 in groups of G (a multiple of 8 dividing K), with the same folds (norm,
+  bias, gating, residual), fp32 sums; it differs from int4_gemv only in fp32 rounding order.
+  tinyllm.kernels.qgemv.linear takes it for int4 products (TINYLLM_INT4_KERNEL=bytes: not).
+- `torch.ops.tinyllm.int8_words_gemv(...)`: `qgemv_triton.int8_gemv`'s, for K a multiple of 4;
+  qgemv.linear takes it under TINYLLM_INT8_KERNEL=words (not yet measured on a GPU, so off).
 
 Why: `qgemv_triton._int4_kernel` reads a byte a thread element, turns each nibble into a float in
 three operations, widens x again for every row and sums x for every row: 22-35 thread
@@ -22,6 +24,12 @@ H200 however its blocks are cut (the 8B's int4 step read 0.42 TB/s). Here:
   once a step). q / 16 sits in the top mantissa bits, so F keeps fp32's precision for q x.
 - A step is 4 words a thread along K in every warp (`step_for`), and a block holds 4 or more rows
   where the matrix still gives every SM a program (`rows_for`, `MIN_ROWS`).
+- Int8 is the same walk with 4 values a word: byte i becomes 1 + u / 256, u = q + 128, by a shift
+  into mantissa bits 15-22 and one LOP3, (b & 0x007F8000) ^ 1.5f's bits (the XOR adds 1.0's
+  exponent and flips the byte's top bit: + 128). Then sum q x = 256 F - 384 X over a row, F the
+  row's sum of (1 + u / 256) x and X the sum of x, and the row's scale applies once at the end.
+  A thread holds at most MAX_WORDS words (of all its rows) a step, so a wide block (the output
+  layer's 32-64 rows) takes fewer rows instead of spilling.
 - The Llama-3.1-8B shape's launches on sm_90, thread instructions a weight byte (scripts/qgemv_sass.py
   words:K:BLOCK_N:BLOCK_K:WARPS:HALVES, against int4:... for the bytes kernel's own launch): gate/up
   9.0 (22.0), down 10.7 (27.9), o and qkv 11.6 with the prologue counted (35.0 and 28.1).
@@ -40,6 +48,7 @@ from tinyllm.kernels.qgemv_triton import (
     _finish,
     _fused_args,
     _launch,
+    _outputs,
     _sms,
     _store,
     int4_fake,
@@ -48,6 +57,7 @@ from tinyllm.kernels.qgemv_triton import (
 from tinyllm.kernels.switches import SWITCHES
 
 MIN_ROWS = 4  # rows a block takes where the matrix still gives every SM a program (launch)
+MAX_WORDS = 32  # int8: weight words a thread holds a step, all its rows counted (more spilled)
 
 
 @triton.jit
@@ -64,6 +74,21 @@ def _nibble(w, one, i: tl.constexpr, ASM: tl.constexpr):
         return tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x00780000, $2, 0xEA;", "=r,r,r", [b, one],
                                          dtype=tl.float32, is_pure=True, pack=1)
     return ((b & 0x00780000) | one).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _byte(w, c, i: tl.constexpr, ASM: tl.constexpr):
+    """Byte i (bits 8i..8i+7, the int8 q) of each int32 word of w as the float 1 + (q + 128) / 256:
+    a shift into mantissa bits 15-22, then one LOP3, (b & 0x007F8000) ^ c (c: 1.5f's bits, a tensor
+    of w's shape, whose bit 22 flips the byte's sign bit: q + 128 = q's byte ^ 0x80)."""
+    if 8 * i <= 15:
+        b = w << (15 - 8 * i)
+    else:
+        b = w >> (8 * i - 15)  # arithmetic: the sign's copies land above bit 22, which the mask drops
+    if ASM:
+        return tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x007F8000, $2, 0x6A;", "=r,r,r", [b, c],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    return ((b & 0x007F8000) ^ c).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -128,6 +153,52 @@ def _kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: t
     _store(y_ptr, y, m, pid_n, N, BLOCK_N, HALVES, r_ptr, RES, ACT)
 
 
+@triton.jit
+def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1, NORM: tl.constexpr = False,
+                 RES: tl.constexpr = False, BIAS: tl.constexpr = False, ACT: tl.constexpr = 0,
+                 PDL: tl.constexpr = False, ASM: tl.constexpr = True):
+    R: tl.constexpr = HALVES * BLOCK_N
+    WB: tl.constexpr = BLOCK_K // 4  # words a step
+    KW: tl.constexpr = K // 4  # words a row
+    pid_n, m = tl.program_id(0), tl.program_id(1)
+    rn, row = _block_rows(pid_n, N, BLOCK_N, HALVES)  # (R,) each
+    n_ok = rn < N
+    rw = tl.arange(0, WB)  # (WB,)
+    rows = w_ptr.to(tl.pointer_type(tl.int32)) + row[None, :] * KW  # (1, R)
+    # As in qgemv_triton: the first step's weights before the wait, then each step loads the next's.
+    w = tl.load(rows + rw[:, None], mask=(rw < KW)[:, None] & n_ok[None, :], other=0)  # (WB, R) int32
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    c = tl.full((WB, R), 0x3FC00000, tl.int32)  # (WB, R) 1.5f's bits
+    acc = tl.zeros((WB, R), dtype=tl.float32)  # each row's sum of (1 + u / 256) x, by word
+    xs = tl.zeros((WB,), dtype=tl.float32)  # x, summed over the steps
+    ss = tl.zeros((WB,), dtype=tl.float32)  # with NORM: x ** 2, summed over the steps
+    for k0 in range(0, KW, WB):
+        kw = k0 + rw  # (WB,) the step's words
+        ok = kw < KW
+        w_next = tl.load(rows + (kw + WB)[:, None], mask=(kw + WB < KW)[:, None] & n_ok[None, :], other=0)
+        xk = kw[:, None] * 4 + tl.arange(0, 4)[None, :]  # (WB, 4): a word's 4 values
+        xt = tl.load(x_ptr + m * K + xk, mask=ok[:, None], other=0.0).to(tl.float32)
+        if NORM:
+            ss += tl.sum(xt * xt, axis=1)
+            xt = xt * tl.load(g_ptr + xk, mask=ok[:, None], other=0.0).to(tl.float32)
+        xs += tl.sum(xt, axis=1)
+        x02, x13 = tl.split(tl.reshape(xt, (WB, 2, 2)))  # value i = 2a + b
+        x0, x2 = tl.split(x02)
+        x1, x3 = tl.split(x13)
+        acc += _byte(w, c, 0, ASM) * x0[:, None]
+        acc += _byte(w, c, 1, ASM) * x1[:, None]
+        acc += _byte(w, c, 2, ASM) * x2[:, None]
+        acc += _byte(w, c, 3, ASM) * x3[:, None]
+        w = w_next
+    qx = 256.0 * tl.sum(acc, axis=0) - 384.0 * tl.sum(xs, axis=0)  # (R,): sum q x = sum (256 (F - 1) - 128) x
+    y = qx * tl.load(s_ptr + row, mask=n_ok, other=0.0).to(tl.float32)
+    y = _finish(y, ss, row, n_ok, b_ptr, eps, K, NORM, BIAS)
+    _store(y_ptr, y, m, pid_n, N, BLOCK_N, HALVES, r_ptr, RES, ACT)
+
+
 def rows_for(block_n: int, n: int, halves: int, sms: int) -> int:
     """BLOCK_N for this kernel from the bytes kernel's: at least MIN_ROWS rows a block (both
     halves counted) where the matrix still gives every SM a program, else as it was."""
@@ -135,11 +206,12 @@ def rows_for(block_n: int, n: int, halves: int, sms: int) -> int:
     return want if block_n < want and -(-n // want) >= sms else block_n
 
 
-def step_for(k: int, group: int, warps: int) -> int:
-    """BLOCK_K: a group of 4 words a thread, 32 threads a warp, every warp along K, so that each
-    thread holds its words of all of the block's rows (Triton puts the warps along the rows of a
-    narrower tile: then x serves one row a thread); no more than K rounded up, at least a group."""
-    return max(min(4 * 8 * 32 * warps, triton.next_power_of_2(k)), group)
+def step_for(k: int, group: int, warps: int, per_word: int = 8) -> int:
+    """BLOCK_K: a group of 4 words a thread (per_word values each: 8 int4, 4 int8), 32 threads a
+    warp, every warp along K, so that each thread holds its words of all of the block's rows (Triton
+    puts the warps along the rows of a narrower tile: then x serves one row a thread); no more than
+    K rounded up, at least a group."""
+    return max(min(4 * per_word * 32 * warps, triton.next_power_of_2(k)), group)
 
 
 @torch.library.custom_op("tinyllm::int4_words_gemv", mutates_args=())
@@ -157,3 +229,36 @@ def int4_words_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, g
 
 
 int4_words_gemv.register_fake(int4_fake)
+
+
+def int8_rows(block_n: int, halves: int, words_a_thread: int) -> int:
+    """BLOCK_N for the int8 kernel from the bytes kernel's: halved until a thread's words of all
+    its rows are at most MAX_WORDS."""
+    while block_n > 1 and block_n * halves * words_a_thread > MAX_WORDS:
+        block_n //= 2
+    return block_n
+
+
+@torch.library.custom_op("tinyllm::int8_words_gemv", mutates_args=())
+def int8_words_gemv(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False, norm: Tensor | None = None,
+                    eps: float = 0.0, residual: Tensor | None = None, bias: Tensor | None = None,
+                    act: str = "silu") -> Tensor:
+    m, k = x.shape
+    n, halves = _outputs(qweight, gated), 1 + gated
+    torch._check(qweight.shape == (n * halves, k) and scales.shape[0] == n * halves and k % 4 == 0,
+                 lambda: "int8_words_gemv: shapes disagree (or K is not a multiple of 4)")
+    torch._check(qweight.is_contiguous() and scales.is_contiguous(), lambda: "int8_words_gemv: weights not contiguous")
+    g, r, b, flags = _fused_args(x, n * halves, n, norm, residual, bias, act)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block_n, _, warps = _cut(n, k, 1, gated, x.device)  # the bytes kernel's rule, then this kernel's tile
+    block_k = step_for(k, 4, warps, 4)
+    block_n = int8_rows(rows_for(block_n, n, halves, _sms(x.device)), halves, max(block_k // 4 // (32 * warps), 1))
+    _launch(_int8_kernel, n, m, warps, x, qweight, scales, y, g, r, b, eps, n, k, BLOCK_N=block_n, BLOCK_K=block_k,
+            HALVES=halves, ASM=not SWITCHES.triton_interpret, **flags)
+    return y
+
+
+@int8_words_gemv.register_fake
+def _(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False, norm: Tensor | None = None,
+      eps: float = 0.0, residual: Tensor | None = None, bias: Tensor | None = None, act: str = "silu") -> Tensor:
+    return x.new_empty((x.shape[0], _outputs(qweight, gated)))

@@ -12,7 +12,8 @@ Contract:
   path off, anything else leaves it on. Refuses (ValueError, one line naming the variable) a
   TINYLLM_ATTN_TILE that is not a whole number >= 0; any such number launches (the kernel walks
   a long tile in blocks that fit in shared memory: tinyllm.kernels.decode_attention_triton),
-  a TINYLLM_INT4_DP4A other than 0, 1 or auto, and a TINYLLM_INT4_KERNEL other than bytes or words.
+  a TINYLLM_INT4_DP4A other than 0, 1 or auto, and a TINYLLM_INT4_KERNEL or TINYLLM_INT8_KERNEL other
+  than bytes or words.
 - Most switches exist to measure (a path turned off against the one that runs) or to tune;
   the defaults are what runs. The app's own folders (TINYLLM_CHAT_DATA_DIR,
   TINYLLM_CHAT_CONFIG_DIR) are chat_app's, and the C++ kernels read two switches themselves
@@ -37,7 +38,8 @@ class Switches:
     qgemv_blocks: str = ""  # TINYLLM_QGEMV_BLOCKS="P,B,W,S,R": every product's block rule (tinyllm.kernels.qgemv_triton)
     int4_dp4a: str = "0"  # TINYLLM_INT4_DP4A: int4 products of groups of 32 on x rounded to int8 (qgemv_dp4a):
     # 0 never | 1 always | auto where the matrix is large (tinyllm.kernels.qgemv.DP4A_MIN_BYTES)
-    int4_kernel: str = "bytes"  # TINYLLM_INT4_KERNEL: bytes (qgemv_triton._int4_kernel) | words (qgemv_words)
+    int4_kernel: str = "words"  # TINYLLM_INT4_KERNEL: words (qgemv_words) | bytes (qgemv_triton._int4_kernel)
+    int8_kernel: str = "bytes"  # TINYLLM_INT8_KERNEL: bytes (qgemv_triton._int8_kernel) | words (qgemv_words)
     decode_attn: bool = True  # TINYLLM_DECODE_ATTN=0: no Triton decode attention on CUDA (tinyllm.kernels.decode_attention)
     rope_attn: bool = True  # TINYLLM_ROPE_ATTN=0: RoPE and the cache write apart from that attention
     cpu_attn: bool = True  # TINYLLM_CPU_ATTN=0: the compiled CPU step keeps Inductor's attention loop
@@ -66,12 +68,15 @@ def read(env: Mapping[str, str]) -> Switches:
     dp4a = get("INT4_DP4A", "0")
     if dp4a not in ("0", "1", "auto"):
         raise ValueError(f"TINYLLM_INT4_DP4A must be 0, 1 or auto, got {dp4a!r}")
-    int4_kernel = get("INT4_KERNEL", "bytes")
+    int4_kernel = get("INT4_KERNEL", "words")
     if int4_kernel not in ("bytes", "words"):
         raise ValueError(f"TINYLLM_INT4_KERNEL must be bytes or words, got {int4_kernel!r}")
+    int8_kernel = get("INT8_KERNEL", "bytes")
+    if int8_kernel not in ("bytes", "words"):
+        raise ValueError(f"TINYLLM_INT8_KERNEL must be bytes or words, got {int8_kernel!r}")
     return Switches(cpu_kernel=on("CPU_KERNEL"), cache_dir=get("CACHE_DIR"), qgemv=on("QGEMV"),
                     qgemv_fold=get("QGEMV_FOLD", "plain"), qgemv_blocks=get("QGEMV_BLOCKS"),
-                    int4_dp4a=dp4a, int4_kernel=int4_kernel,
+                    int4_dp4a=dp4a, int4_kernel=int4_kernel, int8_kernel=int8_kernel,
                     decode_attn=on("DECODE_ATTN"), rope_attn=on("ROPE_ATTN"), cpu_attn=on("CPU_ATTN"),
                     attn_tile=attn_tile, pdl=get("PDL", "1"), trace_dir=get("TRACE_DIR"),
                     triton_interpret=env.get("TRITON_INTERPRET") == "1")
