@@ -17,8 +17,10 @@ Contract:
   prefill, a large engine batch) are better served by dequantizing once and one library
   matrix product, since the kernels read W again for each row.
 - Importing this module never imports Triton (CPU-only installs and CI have none): the kernels
-  (`qgemv_triton`) are imported at the first call, which registers the custom ops
-  `tinyllm::int8_gemv` and `tinyllm::int4_gemv`.
+  are imported at the first call, which registers their custom ops: `qgemv_triton`'s
+  (`tinyllm::int8_gemv`, `tinyllm::dense_gemv`; `tinyllm::int4_gemv` under TINYLLM_INT4_KERNEL=bytes)
+  and `qgemv_words`' (`tinyllm::int4_words_gemv`, the int4 default; `tinyllm::int8_words_gemv`
+  under TINYLLM_INT8_KERNEL=words, where K is a multiple of 4).
 
 Why: a batch-1 step reads every weight once, so its speed is the weights' bytes over the
 bandwidth. Int8 halves bf16's bytes, int4 quarters them, but only where the product reads
@@ -46,9 +48,9 @@ MAX_ROWS = 4
 FOLD = SWITCHES.qgemv_fold
 # Under TINYLLM_INT4_DP4A=auto, an int4 product of groups of 32 runs on x rounded to int8
 # (qgemv_dp4a: two kernels, about 3 instructions a weight byte) where its matrix holds at least
-# this many bytes of weights, and the one-kernel product (22 a byte) below: a small matrix's
-# product is bound by its launch, a large one's by instructions. Not yet the default: see
-# docs/INFERENCE.md ("The int4 product on x rounded to int8").
+# this many bytes of weights, and the one-kernel product (qgemv_words, 9-12 a byte) below. Off by
+# default: on an H100 the 8B's step ran 2.3% faster with it, within the drift between the calls
+# (docs/INFERENCE.md, "The int4 product a word at a time").
 DP4A_MIN_BYTES = 4 << 20
 
 
