@@ -2,7 +2,7 @@
 
 import random
 
-from tinyllm.decode.loops import MIN_SPAN, breaker_ids, repeat_end
+from tinyllm.decode.loops import MIN_SPAN, RepeatWatch, breaker_ids, repeat_end
 
 
 def by_hand(ids, checked, repeats, max_period=256):
@@ -48,6 +48,24 @@ def test_equals_the_rule_by_hand_and_checks_only_new_ends():
         checked = rng.randrange(0, len(ids) + 1)
         for repeats in (2, 3, 4):
             assert repeat_end(ids, checked, repeats) == by_hand(ids, checked, repeats), (trial, repeats)
+
+
+def test_the_watch_finds_what_repeat_end_finds_pushed_in_any_chunks():
+    """RepeatWatch, ids pushed in chunks of 1 to 20 (as a reply's runs come), stops at the end
+    repeat_end finds over the whole reply, and, with periods long and slack, at none before it."""
+    rng = random.Random(7)
+    for trial in range(60):
+        period = rng.choice([1, 2, 3, 7, 8, 12, 40, 130, 256])
+        unit = [rng.randrange(6) for _ in range(period)]
+        ids = [rng.randrange(6) for _ in range(rng.randrange(0, 80))] + unit * rng.randrange(1, 6)
+        ids = [t if rng.random() > 0.04 else 99 for t in ids]
+        for repeats in (0, 2, 3, 4):
+            want = repeat_end(ids, 0, repeats)
+            watch, got, at = RepeatWatch(repeats), None, 0
+            while at < len(ids) and got is None:
+                step = rng.randrange(1, 21)
+                got, at = watch.push(ids[at:at + step]), at + step
+            assert got == want, (trial, period, repeats, got, want)
 
 
 class Letters:

@@ -12,8 +12,14 @@ Contract:
   MAX_PERIOD, the last L = max((repeats - 1) * p, MIN_SPAN) ids equal the L ids one period
   before, but for at most L // 8 of them where p >= 8 (a loop that counts, "13. The Bluefin
   Zombie", "14. The Bluefin Zombie", differs in a token or two a round), exactly below 8. None
-  where no such e. One numpy pass per period over the tail that can matter: called once per
-  decoded chunk (tinyllm.session.decode_runner), never once per token.
+  where no such e. One numpy pass per period over the tail that can matter: the reference.
+- `RepeatWatch(repeats)`: repeat_end a reply's ids at a time, what decoding calls
+  (tinyllm.session.decode_runner): `push(ids)` takes the reply's next ids and returns the first
+  length of the reply so far at which its tail repeats (repeat_end(every id pushed, 0, repeats)),
+  or None. It keeps each period's count of mismatches over its span as ids come, so an id costs
+  a few numpy operations over the MAX_PERIOD periods, however long the reply: repeat_end once a
+  chunk cost about 5 ms (256 periods, a few numpy calls each), a token at a time on a CPU step,
+  where the tiny test model decodes in 0.2-0.5 ms.
 """
 
 from __future__ import annotations
@@ -63,3 +69,38 @@ def repeat_end(ids: list[int] | np.ndarray, checked: int, repeats: int) -> int |
             e = lo + int(hit[0])
             first = e if first is None else min(first, e)
     return first
+
+
+class RepeatWatch:
+    """repeat_end as ids come (see the module docstring)."""
+
+    def __init__(self, repeats: int) -> None:
+        self.repeats = repeats
+        self.p = np.arange(1, MAX_PERIOD + 1)  # (P,) the periods
+        self.span = np.maximum((repeats - 1) * self.p, MIN_SPAN)  # (P,) ids compared at each
+        self.allowed = np.where(self.p >= SLACK, self.span // SLACK, 0)  # (P,) mismatches let through
+        self.wrong = np.zeros(MAX_PERIOD, dtype=np.int64)  # (P,) mismatches in the span ending here
+        self.ids = np.zeros(1024, dtype=np.int64)
+        self.n = 0  # ids pushed
+
+    def _differs(self, j: np.ndarray) -> np.ndarray:
+        """(P,) whether id j[p] differs from the id one period p before it (False where either is
+        not there yet)."""
+        ok = j >= self.p
+        a = self.ids
+        return ok & (a[np.maximum(j, 0)] != a[np.maximum(j - self.p, 0)])
+
+    def push(self, ids) -> int | None:
+        if self.repeats < 2:
+            return None
+        for t in ids:
+            if self.n == len(self.ids):
+                self.ids = np.concatenate([self.ids, np.zeros_like(self.ids)])
+            self.ids[self.n] = t
+            j = np.full(MAX_PERIOD, self.n)
+            self.n += 1
+            # the span ending after id j gains (j vs j - p) and drops (j - span vs j - span - p)
+            self.wrong += self._differs(j).astype(np.int64) - self._differs(j - self.span)
+            if np.any((self.n >= self.span + self.p) & (self.wrong <= self.allowed)):
+                return self.n
+        return None

@@ -19,7 +19,7 @@ never crosses a bucket boundary, and is a whole chunk or one step (`run_length`)
 and token-by-token decoding are the same steps, bit for bit, and every run's graph is one
 captured ahead. The repetition stop (params.repeat_stop > 0): once per chunk read, the reply's
 ids with the chunk's are looked at for a tail that says one span repeat_stop times
-(tinyllm.decode.loops.repeat_end), and the reply ends "repeating" at the first id where it
+(tinyllm.decode.loops.RepeatWatch), and the reply ends "repeating" at the first id where it
 does, as a stop id would end it there; Ctrl+F (continue) goes on from there, and the
 continued part is looked at alone. DRY's breakers are the tokenizer's (loops.breaker_ids), set
 once. `record(ids, text, reason)` hears the reply (the ids fed of it) before its last
@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from tinyllm.cuda_graph import MAX_RUN, Chunk, GraphDecoder
-from tinyllm.decode.loops import breaker_ids, repeat_end
+from tinyllm.decode.loops import RepeatWatch, breaker_ids
 from tinyllm.decode.sampling import SamplingParams
 from tinyllm.decode.sampling_params import DRY_WINDOW
 from tinyllm.decode.step_sampler import REPEAT_WINDOW
@@ -135,12 +135,13 @@ class DecodeRunner:
         ahead: deque[int] = deque([tok_id])  # drawn, not yet looked at
         chunks: deque[Chunk] = deque()  # launched, not yet read
         repeats_at = None  # the reply's length at which its tail repeats (params.repeat_stop)
+        watch = RepeatWatch(params.repeat_stop)  # every id of the reply, pushed once, in order
         while True:
             if not ahead:
                 self._launch(chunks, n0, params.max_tokens, policy)
                 ahead.extend(chunks.popleft().ids()[0])
                 if params.repeat_stop and repeats_at is None:  # once a chunk: ends in it, before any is shown
-                    repeats_at = repeat_end(out_ids + list(ahead), len(out_ids), params.repeat_stop)
+                    repeats_at = watch.push(out_ids[watch.n:] + list(ahead))
             tok_id = ahead.popleft()
             if tok_id in self.stop_ids:
                 reason = "eos"
