@@ -47,7 +47,7 @@ from chat_app.crash_log import LOG_NAME  # noqa: F401 (the tests')
 from chat_app.settled import Settled
 from chat_app.shipped_models import DEFAULT_MODEL, find_default_model  # noqa: F401 (find_default_model: the tests')
 from tinyllm.decode.sampling_params import DRY_MULTIPLIER as APP_DRY_MULTIPLIER
-from tinyllm.decode.sampling_params import DRY_WINDOW, REPEAT_STOP, parse_repeat_stop
+from tinyllm.decode.sampling_params import DRY_WINDOW, REPEAT_STOP, SamplingParams, parse_repeat_stop
 
 if TYPE_CHECKING:
     from chat_app.app import ChatApp
@@ -207,6 +207,16 @@ def build_app(args: argparse.Namespace) -> ChatApp:
                    servers=args.servers)
 
 
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    """The launch's sampling settings, from the command line (DEFAULT_MAX_TOKENS where it gives none)."""
+    max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          repeat_penalty=args.repeat_penalty, max_tokens=max_tokens,
+                          seed=args.seed, dry_multiplier=args.dry_multiplier, dry_base=args.dry_base,
+                          dry_allowed_length=args.dry_allowed_length, dry_last_n=args.dry_last_n,
+                          repeat_stop=args.repeat_stop)
+
+
 def settle(args: argparse.Namespace, keep_server: bool = False, store: bool = True) -> Settled:
     """The checks every start makes; FileNotFoundError/ValueError when something is wrong.
     `store=False` opens no chat history unless --resume or --chat needs one to read."""
@@ -217,7 +227,6 @@ def settle(args: argparse.Namespace, keep_server: bool = False, store: bool = Tr
         raise ValueError(f"--threads must be from 1 to {cores()} (the cores this process may use), got {args.threads}")
     use_compile_cache()
     from chat_app.store import Resumed, Store, StoreError
-    from tinyllm.decode.sampling_params import SamplingParams
     from tinyllm.formats import hub
     from tinyllm.formats.model_files import precheck
     from tinyllm.text.chat_template import get_template  # none of these imports torch
@@ -255,12 +264,7 @@ def settle(args: argparse.Namespace, keep_server: bool = False, store: bool = Tr
         history.model, history.model_path, history.model_spec = name, model_path, model_spec
     if args.max_len is not None and args.max_len < 16:
         raise ValueError(f"--max-len must be at least 16, got {args.max_len}")
-    max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            repeat_penalty=args.repeat_penalty, max_tokens=max_tokens,
-                            seed=args.seed, dry_multiplier=args.dry_multiplier, dry_base=args.dry_base,
-                            dry_allowed_length=args.dry_allowed_length, dry_last_n=args.dry_last_n,
-                            repeat_stop=args.repeat_stop)
+    params = sampling_params(args)
     if server is not None:
         server.params, server.system = params, args.system or None
     if args.template:

@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 
-from chat_app.__main__ import COMPILE, DEFAULT_MODEL, build_app, build_parser
+from chat_app.__main__ import COMPILE, DEFAULT_MODEL, build_app, build_parser, sampling_params
 from chat_app.server_api import endpoint, is_server
 from chat_app.server_session import ServerSession
 from tinyllm.tools.bench import Report
@@ -105,12 +105,12 @@ async def app_side(args, ours, report: Report) -> object:
 
 def session_side(args, ours, report: Report) -> list[float]:
     """The same model and settings in a ChatSession in this process, no UI (after the app has
-    closed; its compile is in the cache by now)."""
-    from tinyllm.decode.sampling import SamplingParams
+    closed; its compile is in the cache by now). The same sampling settings too: until
+    2026-12-07 this side ran without the app's DRY and repetition stop, so app_over_session
+    charged the UI with their cost (0.2x on the 2-core CPU with the tiny test model)."""
     from tinyllm.session.chat import open_session
 
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            repeat_penalty=args.repeat_penalty, max_tokens=args.max_tokens, seed=args.seed)
+    params = sampling_params(args)  # the app's: DRY and the repetition stop as the app has them
     if is_server(args.model, {}):  # the server's own session, no UI (fixed length: llama-server --ignore-eos)
         return session_speeds(ServerSession(endpoint(args.model, {}), params, args.system), ours, report)
     t0 = time.perf_counter()
