@@ -79,28 +79,27 @@ class RepeatWatch:
         self.p = np.arange(1, MAX_PERIOD + 1)  # (P,) the periods
         self.span = np.maximum((repeats - 1) * self.p, MIN_SPAN)  # (P,) ids compared at each
         self.allowed = np.where(self.p >= SLACK, self.span // SLACK, 0)  # (P,) mismatches let through
-        self.wrong = np.zeros(MAX_PERIOD, dtype=np.int64)  # (P,) mismatches in the span ending here
+        self.wrong = np.zeros(MAX_PERIOD, dtype=np.int64)  # (P,) mismatches in the span ending at the last id
         self.ids = np.zeros(1024, dtype=np.int64)
         self.n = 0  # ids pushed
 
     def _differs(self, j: np.ndarray) -> np.ndarray:
-        """(P,) whether id j[p] differs from the id one period p before it (False where either is
-        not there yet)."""
-        ok = j >= self.p
+        """(T, P) whether id j[t, p] differs from the id one period p before it (False where either
+        is not there yet); j (T, 1) or (T, P)."""
         a = self.ids
-        return ok & (a[np.maximum(j, 0)] != a[np.maximum(j - self.p, 0)])
+        return (j >= self.p) & (a[np.maximum(j, 0)] != a[np.maximum(j - self.p, 0)])
 
     def push(self, ids) -> int | None:
-        if self.repeats < 2:
+        if self.repeats < 2 or not len(ids):
             return None
-        for t in ids:
-            if self.n == len(self.ids):
-                self.ids = np.concatenate([self.ids, np.zeros_like(self.ids)])
-            self.ids[self.n] = t
-            j = np.full(MAX_PERIOD, self.n)
-            self.n += 1
-            # the span ending after id j gains (j vs j - p) and drops (j - span vs j - span - p)
-            self.wrong += self._differs(j).astype(np.int64) - self._differs(j - self.span)
-            if np.any((self.n >= self.span + self.p) & (self.wrong <= self.allowed)):
-                return self.n
-        return None
+        new = np.asarray(ids, dtype=np.int64)  # (T,)
+        while self.n + len(new) > len(self.ids):
+            self.ids = np.concatenate([self.ids, np.zeros_like(self.ids)])
+        self.ids[self.n:self.n + len(new)] = new
+        j = np.arange(self.n, self.n + len(new))[:, None]  # (T, 1) the new ids' places
+        self.n += len(new)
+        # each id's span gains (j vs j - p) and drops (j - span vs j - span - p): the counts after each id
+        wrong = self.wrong + np.cumsum(self._differs(j).astype(np.int64) - self._differs(j - self.span), axis=0)
+        self.wrong = wrong[-1]
+        hit = np.flatnonzero(np.any((j + 1 >= self.span + self.p) & (wrong <= self.allowed), axis=1))  # (hits,)
+        return int(j[hit[0], 0]) + 1 if hit.size else None
