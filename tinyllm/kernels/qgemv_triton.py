@@ -341,11 +341,7 @@ def _fused_args(x: Tensor, rows: int, n: int, norm: Tensor | None, residual: Ten
 def int8_gemv(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False, norm: Tensor | None = None,
               eps: float = 0.0, residual: Tensor | None = None, bias: Tensor | None = None,
               act: str = "silu") -> Tensor:
-    m, k = x.shape
-    n, halves = _outputs(qweight, gated), 1 + gated
-    torch._check(qweight.shape == (n * halves, k) and scales.shape[0] == n * halves,
-                 lambda: "int8_gemv: shapes disagree")
-    torch._check(qweight.is_contiguous() and scales.is_contiguous(), lambda: "int8_gemv: weights not contiguous")
+    m, k, n, halves = int8_shapes("int8_gemv", x, qweight, scales, gated)
     g, r, b, flags = _fused_args(x, n * halves, n, norm, residual, bias, act)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_n, block_k, warps = _cut(n, k, 1, gated, x.device)
@@ -354,9 +350,20 @@ def int8_gemv(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False, n
     return y
 
 
+def int8_shapes(op: str, x: Tensor, qweight: Tensor, scales: Tensor, gated: bool) -> tuple[int, int, int, int]:
+    """(M, K, N, halves) of an int8 product's arguments, checked (`op` names it in the error)."""
+    m, k = x.shape
+    n, halves = _outputs(qweight, gated), 1 + gated
+    torch._check(qweight.shape == (n * halves, k) and scales.shape[0] == n * halves, lambda: f"{op}: shapes disagree")
+    torch._check(qweight.is_contiguous() and scales.is_contiguous(), lambda: f"{op}: weights not contiguous")
+    return m, k, n, halves
+
+
 @int8_gemv.register_fake
-def _(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False, norm: Tensor | None = None,
-      eps: float = 0.0, residual: Tensor | None = None, bias: Tensor | None = None, act: str = "silu") -> Tensor:
+def int8_fake(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False, norm: Tensor | None = None,
+              eps: float = 0.0, residual: Tensor | None = None, bias: Tensor | None = None,
+              act: str = "silu") -> Tensor:
+    """What an int8 product returns, for tracing: (M, N) in x's dtype (the words op's too)."""
     return x.new_empty((x.shape[0], _outputs(qweight, gated)))
 
 

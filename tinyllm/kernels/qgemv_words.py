@@ -48,11 +48,12 @@ from tinyllm.kernels.qgemv_triton import (
     _finish,
     _fused_args,
     _launch,
-    _outputs,
     _sms,
     _store,
     int4_fake,
     int4_shapes,
+    int8_fake,
+    int8_shapes,
 )
 from tinyllm.kernels.switches import SWITCHES
 
@@ -92,6 +93,23 @@ def _byte(w, c, i: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def _first_words(w_ptr, N, KW: tl.constexpr, WB: tl.constexpr, BLOCK_N: tl.constexpr, HALVES: tl.constexpr,
+                 PDL: tl.constexpr):
+    """Both kernels' start: the program's rows (output feature and weight row, (R,) each, and
+    which are real), its rows' int32 words (1, R), and the first step's words (WB, R), loaded
+    before PDL's wait (as in qgemv_triton: no kernel of the step writes the weights)."""
+    rn, row = _block_rows(tl.program_id(0), N, BLOCK_N, HALVES)  # (R,) each
+    n_ok = rn < N
+    rw = tl.arange(0, WB)  # (WB,)
+    rows = w_ptr.to(tl.pointer_type(tl.int32)) + row[None, :] * KW  # (1, R)
+    w = tl.load(rows + rw[:, None], mask=(rw < KW)[:, None] & n_ok[None, :], other=0)  # (WB, R) int32
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    return row, n_ok, rows, w
+
+
+@triton.jit
 def _kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: tl.constexpr, G: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1, NORM: tl.constexpr = False,
             RES: tl.constexpr = False, BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, PDL: tl.constexpr = False,
@@ -103,15 +121,8 @@ def _kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: t
     KW: tl.constexpr = K // 8  # words a row
     groups: tl.constexpr = K // G
     pid_n, m = tl.program_id(0), tl.program_id(1)
-    rn, row = _block_rows(pid_n, N, BLOCK_N, HALVES)  # (R,) each
-    n_ok = rn < N
+    row, n_ok, rows, w = _first_words(w_ptr, N, KW, WB, BLOCK_N, HALVES, PDL)  # then each step loads the next's
     rw = tl.arange(0, WB)  # (WB,)
-    rows = w_ptr.to(tl.pointer_type(tl.int32)) + row[None, :] * KW  # (1, R)
-    # As in qgemv_triton: the first step's weights before the wait, then each step loads the next's.
-    w = tl.load(rows + rw[:, None], mask=(rw < KW)[:, None] & n_ok[None, :], other=0)  # (WB, R) int32
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     one = tl.full((WB, R), 0x3F800000, tl.int32)  # (WB, R) 1.0f's bits
     acc = tl.zeros((NG, R), dtype=tl.float32)
     ss = tl.zeros((WB,), dtype=tl.float32)  # with NORM: x ** 2, summed over the steps
@@ -162,15 +173,8 @@ def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: tl.
     WB: tl.constexpr = BLOCK_K // 4  # words a step
     KW: tl.constexpr = K // 4  # words a row
     pid_n, m = tl.program_id(0), tl.program_id(1)
-    rn, row = _block_rows(pid_n, N, BLOCK_N, HALVES)  # (R,) each
-    n_ok = rn < N
+    row, n_ok, rows, w = _first_words(w_ptr, N, KW, WB, BLOCK_N, HALVES, PDL)  # then each step loads the next's
     rw = tl.arange(0, WB)  # (WB,)
-    rows = w_ptr.to(tl.pointer_type(tl.int32)) + row[None, :] * KW  # (1, R)
-    # As in qgemv_triton: the first step's weights before the wait, then each step loads the next's.
-    w = tl.load(rows + rw[:, None], mask=(rw < KW)[:, None] & n_ok[None, :], other=0)  # (WB, R) int32
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     c = tl.full((WB, R), 0x3FC00000, tl.int32)  # (WB, R) 1.5f's bits
     acc = tl.zeros((WB, R), dtype=tl.float32)  # each row's sum of (1 + u / 256) x, by word
     xs = tl.zeros((WB,), dtype=tl.float32)  # x, summed over the steps
@@ -243,11 +247,8 @@ def int8_rows(block_n: int, halves: int, words_a_thread: int) -> int:
 def int8_words_gemv(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False, norm: Tensor | None = None,
                     eps: float = 0.0, residual: Tensor | None = None, bias: Tensor | None = None,
                     act: str = "silu") -> Tensor:
-    m, k = x.shape
-    n, halves = _outputs(qweight, gated), 1 + gated
-    torch._check(qweight.shape == (n * halves, k) and scales.shape[0] == n * halves and k % 4 == 0,
-                 lambda: "int8_words_gemv: shapes disagree (or K is not a multiple of 4)")
-    torch._check(qweight.is_contiguous() and scales.is_contiguous(), lambda: "int8_words_gemv: weights not contiguous")
+    m, k, n, halves = int8_shapes("int8_words_gemv", x, qweight, scales, gated)
+    torch._check(k % 4 == 0, lambda: "int8_words_gemv: K is not a multiple of 4")
     g, r, b, flags = _fused_args(x, n * halves, n, norm, residual, bias, act)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_n, _, warps = _cut(n, k, 1, gated, x.device)  # the bytes kernel's rule, then this kernel's tile
@@ -258,7 +259,4 @@ def int8_words_gemv(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = Fa
     return y
 
 
-@int8_words_gemv.register_fake
-def _(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False, norm: Tensor | None = None,
-      eps: float = 0.0, residual: Tensor | None = None, bias: Tensor | None = None, act: str = "silu") -> Tensor:
-    return x.new_empty((x.shape[0], _outputs(qweight, gated)))
+int8_words_gemv.register_fake(int8_fake)
