@@ -3,14 +3,15 @@
 # an H100"). Carry ["data/device", ".whl"]; move models/tinychat/*.safetensors out of the tree first (76 MB:
 # a call carries 64 MiB), since `shape` rebuilds the default model's shape there.
 #   one    setup, llama.cpp's CUDA build (in the background), the files unpacked, the default model's
-#          shape, the CUDA tests of the int8 words kernel and the fused step on it, then llama-bench
+#          shape, the fused step's CUDA tests with the int8 words kernel, the whole `-m cuda` suite, then
+#          llama-bench
 #   two    the plain step on Qwen 0.5B and the 8B, int8 products by the bytes kernel, then by the words
 #          kernel (TINYLLM_INT8_KERNEL=words); Gemma 3 and SmolLM2 on the default
 #   three  the app on the default model's shape, a cold launch then a warm one (the words int4 kernel),
 #          the table
 #   compiled  the compiled step on SmolLM2 and Qwen (whether Inductor still wins over the plain step)
 #   vram   the 8B at one context (4,096) on both sides: VRAM against llama.cpp's (at most 1.15x)
-#   suite1, suite2  the whole `-m cuda` suite, in two calls
+#   suite  the whole `-m cuda` suite over 6 processes (198 s on an H200 at 8e6975f); `one` runs it too
 # With about 15 minutes: lean1 (setup, the 8B, int8 bytes then words) and lean2 (the new tests, the app).
 # Everything lands in $OUT (the files that come back).
 set -u
@@ -19,18 +20,22 @@ T0=$SECONDS
 left() { echo $((${1:-560} - (SECONDS - T0))); }
 TESTS=(tests/tinyllm/test_qgemv_words.py tests/tinyllm/test_qgemv_dp4a.py tests/tinyllm/test_fused_step.py
        tests/tinyllm/test_decode_attention.py tests/tinyllm/test_decode_attention_long.py)
+suite() {  # suite LIMIT: the whole `-m cuda` suite over 6 processes (pytest-xdist is on the image)
+  timeout "$1" python3 -m pytest -v -n 6 -rfs --tb=short --durations=25 -m cuda tests > "$OUT/cuda_suite.txt" 2>&1
+  echo "== suite rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/cuda_suite.txt" | tail -25
+}
 case ${1:-} in
 one)
   bash scripts/device_fused.sh setup || exit 1
-  JOBS=12 bash scripts/gpu_side_by_side.sh build unpack 2>&1 | tail -3
+  JOBS=8 bash scripts/gpu_side_by_side.sh build unpack 2>&1 | tail -3
   bash scripts/device_fused.sh shape models/tinychat /tmp/tc --quant int4 --half-scales --form tok_emb=int4 \
       --form blocks.0.=int8 --form blocks.26.=int8 --form blocks.27.=int8 --form blocks.28.=int8 \
       --form blocks.29.=int8 --name tinychat 2>&1 | tail -2
-  bash scripts/device_fused.sh tests 150 "${TESTS[@]}" -k "int8_words or words_kernel_equals"
-  mv "$OUT/cuda_tests.txt" "$OUT/cuda_tests_new.txt"
-  TINYLLM_INT8_KERNEL=words bash scripts/device_fused.sh tests 100 tests/tinyllm/test_fused_step.py -k int8
-  mv "$OUT/cuda_tests.txt" "$OUT/cuda_tests_int8_words_step.txt"
-  BUDGET_S=$(left 570) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -8
+  TINYLLM_INT8_KERNEL=words bash scripts/device_fused.sh tests 100 tests/tinyllm/test_fused_step.py \
+      tests/tinyllm/test_qgemv_words.py -k "int8"
+  mv "$OUT/cuda_tests.txt" "$OUT/cuda_tests_int8_words.txt"
+  suite $(($(left 575) - 90))
+  BUDGET_S=$(left 575) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -8
   ;;
 two)
   COMPILES=off BUDGET_S=$(left 170) MODELS="qwen" bash scripts/gpu_side_by_side.sh tinyllm 2>&1 | tail -4
@@ -43,20 +48,8 @@ two)
 compiled)
   COMPILES=on BUDGET_S=$(left 570) MODELS="smollm2 qwen" bash scripts/gpu_side_by_side.sh tinyllm 2>&1 | tail -6
   ;;
-suite1)
-  bash scripts/device_fused.sh tests 560 tests/tinyllm/test_seed_api.py tests/tinyllm/test_cuda_graph_cuda.py \
-      tests/tinyllm/test_engine_cuda.py tests/tinyllm/test_families.py tests/tinyllm/test_fused_step.py \
-      tests/tinyllm/test_qgemv.py tests/tinyllm/test_qgemv_words.py tests/tinyllm/test_qgemv_dp4a.py \
-      tests/tinyllm/test_quant_cuda.py
-  mv "$OUT/cuda_tests.txt" "$OUT/cuda_tests_suite1.txt"
-  ;;
-suite2)
-  bash scripts/device_fused.sh tests 560 tests --ignore=tests/tinyllm/test_seed_api.py \
-      --ignore=tests/tinyllm/test_cuda_graph_cuda.py --ignore=tests/tinyllm/test_engine_cuda.py \
-      --ignore=tests/tinyllm/test_families.py --ignore=tests/tinyllm/test_fused_step.py \
-      --ignore=tests/tinyllm/test_qgemv.py --ignore=tests/tinyllm/test_qgemv_words.py \
-      --ignore=tests/tinyllm/test_qgemv_dp4a.py --ignore=tests/tinyllm/test_quant_cuda.py
-  mv "$OUT/cuda_tests.txt" "$OUT/cuda_tests_suite2.txt"
+suite)
+  suite $(left 570)
   ;;
 three)
   OUT=$OUT bash scripts/device_fused.sh app 170 new on /tmp/tc
@@ -90,5 +83,5 @@ lean2)
   OUT=$OUT bash scripts/device_fused.sh app 240 new on /tmp/tc
   mv "$OUT/app_new_on.err" "$OUT/app_cold.err"
   ;;
-*) echo "usage: $0 one|two|three|compiled|vram|suite1|suite2|lean1|lean2"; exit 2 ;;
+*) echo "usage: $0 one|two|three|compiled|vram|suite|lean1|lean2"; exit 2 ;;
 esac

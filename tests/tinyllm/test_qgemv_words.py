@@ -104,16 +104,16 @@ def test_int8_blocks_hold_at_most_max_words_a_thread():
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton (qgemv.linear imports its kernels)")
-def test_qgemv_takes_the_int8_words_kernel_under_its_switch(monkeypatch):
-    """int8 products go to the bytes kernel by default, to the words op under TINYLLM_INT8_KERNEL=words
-    where K is a multiple of 4 (the words are int32), and to the bytes kernel where it is not."""
+def test_qgemv_takes_the_int8_words_kernel_unless_switched_off(monkeypatch):
+    """int8 products go to the words op by default where K is a multiple of 4 (the words are int32), to the
+    bytes kernel where it is not, and always under TINYLLM_INT8_KERNEL=bytes."""
     from tinyllm.kernels import qgemv, qgemv_triton, qgemv_words, switches
 
     called = []
     monkeypatch.setattr(qgemv_words, "int8_words_gemv", lambda *a: called.append("words") or "y")
     monkeypatch.setattr(qgemv_triton, "int8_gemv", lambda *a: called.append("bytes") or "y")
-    for env, k, want in (({}, 32, "bytes"), ({"TINYLLM_INT8_KERNEL": "words"}, 32, "words"),
-                         ({"TINYLLM_INT8_KERNEL": "words"}, 30, "bytes")):
+    for env, k, want in (({}, 32, "words"), ({"TINYLLM_INT8_KERNEL": "bytes"}, 32, "bytes"),
+                         ({}, 30, "bytes")):
         monkeypatch.setattr(qgemv, "SWITCHES", switches.read(env))
         assert qgemv.linear(torch.zeros(1, k), "int8", torch.zeros(8, k, dtype=torch.int8), torch.ones(8)) == "y"
         assert called.pop() == want

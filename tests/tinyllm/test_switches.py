@@ -30,7 +30,7 @@ CASES = [
     ("TRACE_DIR", "/tmp/traces", "trace_dir", "/tmp/traces"),
     ("INT4_DP4A", "auto", "int4_dp4a", "auto"),
     ("INT4_KERNEL", "bytes", "int4_kernel", "bytes"),
-    ("INT8_KERNEL", "words", "int8_kernel", "words"),
+    ("INT8_KERNEL", "bytes", "int8_kernel", "bytes"),
 ]
 
 

@@ -18,9 +18,9 @@ Contract:
   matrix product, since the kernels read W again for each row.
 - Importing this module never imports Triton (CPU-only installs and CI have none): the kernels
   are imported at the first call, which registers their custom ops: `qgemv_triton`'s
-  (`tinyllm::int8_gemv`, `tinyllm::dense_gemv`; `tinyllm::int4_gemv` under TINYLLM_INT4_KERNEL=bytes)
-  and `qgemv_words`' (`tinyllm::int4_words_gemv`, the int4 default; `tinyllm::int8_words_gemv`
-  under TINYLLM_INT8_KERNEL=words, where K is a multiple of 4).
+  (`tinyllm::dense_gemv`; `tinyllm::int4_gemv` under TINYLLM_INT4_KERNEL=bytes; `tinyllm::int8_gemv`
+  under TINYLLM_INT8_KERNEL=bytes or where K is not a multiple of 4) and `qgemv_words`'
+  (`tinyllm::int4_words_gemv` and `tinyllm::int8_words_gemv`, the defaults).
 
 Why: a batch-1 step reads every weight once, so its speed is the weights' bytes over the
 bandwidth. Int8 halves bf16's bytes, int4 quarters them, but only where the product reads
@@ -89,7 +89,7 @@ def linear(x: Tensor, kind: str, qweight: Tensor, scales: Tensor | None = None, 
     r = None if residual is None else residual.contiguous()
     if kind == "dense":
         return qgemv_triton.dense_gemv(x, qweight, gated, g, eps, r, bias, act)
-    if kind == "int8" and SWITCHES.int8_kernel == "words" and x.shape[1] % 4 == 0:  # TINYLLM_INT8_KERNEL=words
+    if kind == "int8" and SWITCHES.int8_kernel == "words" and x.shape[1] % 4 == 0:  # TINYLLM_INT8_KERNEL=bytes: not
         from tinyllm.kernels import qgemv_words
 
         return qgemv_words.int8_words_gemv(x, qweight, scales, gated, g, eps, r, bias, act)

@@ -7,7 +7,8 @@ Contract: importing this module imports Triton (and qgemv_triton) and registers 
   bias, gating, residual), fp32 sums; it differs from int4_gemv only in fp32 rounding order.
   tinyllm.kernels.qgemv.linear takes it for int4 products (TINYLLM_INT4_KERNEL=bytes: not).
 - `torch.ops.tinyllm.int8_words_gemv(...)`: `qgemv_triton.int8_gemv`'s, for K a multiple of 4;
-  qgemv.linear takes it under TINYLLM_INT8_KERNEL=words (not yet measured on a GPU, so off).
+  qgemv.linear takes it where K is a multiple of 4 (TINYLLM_INT8_KERNEL=bytes: not). On an H100 it took
+  Qwen2.5-0.5B Q4_K_M's plain step from 1,140 to 1,473 tok/s (docs/BENCHMARKS.md).
 
 Why: `qgemv_triton._int4_kernel` reads a byte a thread element, turns each nibble into a float in
 three operations, widens x again for every row and sums x for every row: 22-35 thread

@@ -39,7 +39,7 @@ class Switches:
     int4_dp4a: str = "0"  # TINYLLM_INT4_DP4A: int4 products of groups of 32 on x rounded to int8 (qgemv_dp4a):
     # 0 never | 1 always | auto where the matrix is large (tinyllm.kernels.qgemv.DP4A_MIN_BYTES)
     int4_kernel: str = "words"  # TINYLLM_INT4_KERNEL: words (qgemv_words) | bytes (qgemv_triton._int4_kernel)
-    int8_kernel: str = "bytes"  # TINYLLM_INT8_KERNEL: bytes (qgemv_triton._int8_kernel) | words (qgemv_words)
+    int8_kernel: str = "words"  # TINYLLM_INT8_KERNEL: words (qgemv_words) | bytes (qgemv_triton._int8_kernel)
     decode_attn: bool = True  # TINYLLM_DECODE_ATTN=0: no Triton decode attention on CUDA (tinyllm.kernels.decode_attention)
     rope_attn: bool = True  # TINYLLM_ROPE_ATTN=0: RoPE and the cache write apart from that attention
     cpu_attn: bool = True  # TINYLLM_CPU_ATTN=0: the compiled CPU step keeps Inductor's attention loop
@@ -71,7 +71,7 @@ def read(env: Mapping[str, str]) -> Switches:
     int4_kernel = get("INT4_KERNEL", "words")
     if int4_kernel not in ("bytes", "words"):
         raise ValueError(f"TINYLLM_INT4_KERNEL must be bytes or words, got {int4_kernel!r}")
-    int8_kernel = get("INT8_KERNEL", "bytes")
+    int8_kernel = get("INT8_KERNEL", "words")
     if int8_kernel not in ("bytes", "words"):
         raise ValueError(f"TINYLLM_INT8_KERNEL must be bytes or words, got {int8_kernel!r}")
     return Switches(cpu_kernel=on("CPU_KERNEL"), cache_dir=get("CACHE_DIR"), qgemv=on("QGEMV"),
