@@ -12,6 +12,8 @@
 #   compiled  the compiled step on SmolLM2 and Qwen (whether Inductor still wins over the plain step)
 #   vram   the 8B at one context (4,096) on both sides: VRAM against llama.cpp's (at most 1.15x)
 #   suite  the whole `-m cuda` suite over 6 processes (198 s on an H200 at 8e6975f); `one` runs it too
+#   pause  the app's first reply beside its compile (a reply pauses the compile: BackgroundCompile), cold
+#          then warm, and test_background_compile on the device's Python 3.12
 # With about 15 minutes: lean1 (setup, the 8B, int8 bytes then words) and lean2 (the new tests, the app).
 # Everything lands in $OUT (the files that come back).
 set -u
@@ -21,7 +23,7 @@ left() { echo $((${1:-560} - (SECONDS - T0))); }
 TESTS=(tests/tinyllm/test_qgemv_words.py tests/tinyllm/test_qgemv_dp4a.py tests/tinyllm/test_fused_step.py
        tests/tinyllm/test_decode_attention.py tests/tinyllm/test_decode_attention_long.py)
 suite() {  # suite LIMIT: the whole `-m cuda` suite over 6 processes (pytest-xdist is on the image)
-  timeout "$1" python3 -m pytest -v -n 6 -rfs --tb=short --durations=25 -m cuda tests > "$OUT/cuda_suite.txt" 2>&1
+  PYTHONPATH=/tmp/site timeout "$1" python3 -m pytest -v -n 6 -rfs --tb=short --durations=25 -m cuda tests > "$OUT/cuda_suite.txt" 2>&1
   echo "== suite rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/cuda_suite.txt" | tail -25
 }
 case ${1:-} in
@@ -66,6 +68,17 @@ vram)
   COMPILES=off BUDGET_S=$(left 560) MODELS=llama3.1 \
       bash scripts/gpu_side_by_side.sh llama tinyllm table 2>&1 | tail -12
   ;;
+pause)
+  bash scripts/device_fused.sh setup > /dev/null 2>&1 || exit 1
+  bash scripts/device_fused.sh shape models/tinychat /tmp/tc --quant int4 --half-scales --form tok_emb=int4 \
+      --form blocks.0.=int8 --form blocks.26.=int8 --form blocks.27.=int8 --form blocks.28.=int8 \
+      --form blocks.29.=int8 --name tinychat 2>&1 | tail -1
+  PYTHONPATH=/tmp/site timeout 60 python3 -m pytest -q -rs tests/tinyllm/test_background_compile.py 2>&1 | tail -3
+  for launch in cold warm; do
+    OUT=$OUT bash scripts/device_fused.sh app 150 new on /tmp/tc | grep -E "rc=|decode_tok_s |compiled_s|loaded_s|status bar"
+    mv "$OUT/app_new_on.err" "$OUT/app_$launch.err"
+  done
+  ;;
 lean1)
   bash scripts/device_fused.sh setup || exit 1
   FILES="data/device/llama3.1-8b-shape.q4_k_m.tgguf data/device/qwen2.5-coder-0.5b.q4_k_m.tgguf" \
@@ -83,5 +96,5 @@ lean2)
   OUT=$OUT bash scripts/device_fused.sh app 240 new on /tmp/tc
   mv "$OUT/app_new_on.err" "$OUT/app_cold.err"
   ;;
-*) echo "usage: $0 one|two|three|compiled|vram|suite|lean1|lean2"; exit 2 ;;
+*) echo "usage: $0 one|two|three|compiled|vram|suite|pause|lean1|lean2"; exit 2 ;;
 esac

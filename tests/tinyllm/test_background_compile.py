@@ -1,6 +1,6 @@
-"""BackgroundCompile.paused(), held by a reply from its prefill to its first token: on Python 3.12+
-the compile thread stops in a profile hook (at most PAUSE_MAX_S a pause), everywhere the switch
-interval drops; both are undone after. No test here waits on a clock: each waits on the compile
+"""BackgroundCompile.paused(), held by a reply from its prefill to its last token: on Python 3.12+
+the compile thread stops in a profile hook (while the reply beats, at least once every PAUSE_MAX_S),
+everywhere the switch interval drops; both are undone after. No test here waits on a clock: each waits on the compile
 thread's state, with a deadline that only bounds a failure. The 3.12 tests skip on older
 Pythons (CI's is 3.11); they run in a 3.12 venv and on the H200 (3.12)."""
 
@@ -105,6 +105,30 @@ def test_a_paused_compile_stops_in_its_gate_then_finishes(model, monkeypatch):
     assert c.wait(DEADLINE_S) and c.state == "compiled", c.error
 
 
+@torch.no_grad()
+def test_a_stopped_compile_waits_while_the_reply_beats_and_no_longer(model, monkeypatch):
+    """hold(): each wait of PAUSE_MAX_S that saw a beat is followed by another; the first that saw
+    none ends it (the reply may be waiting on a lock the compile thread holds). The pause's event
+    is a stand-in whose every wait times out, beating in the first three: no clock involved."""
+    c, go = held_compile(model, monkeypatch)
+    waits, real_go = [], c._go
+
+    class Unset:
+        def wait(self, timeout):
+            waits.append(timeout)
+            if len(waits) <= 3:
+                c.beat()
+            return False
+
+    c._go = Unset()
+    c.hold()
+    assert waits == [bc.PAUSE_MAX_S] * 4
+    c._go = real_go  # set: a pause that ended
+    c.hold()  # returns at once
+    go.set()
+    assert c.wait(DEADLINE_S) and c.state == "compiled", c.error
+
+
 @needs_312
 @torch.no_grad()
 def test_a_stop_lasts_at_most_its_limit_so_a_held_lock_cannot_deadlock(model, monkeypatch):
@@ -117,8 +141,8 @@ def test_a_stop_lasts_at_most_its_limit_so_a_held_lock_cannot_deadlock(model, mo
         assert c.wait(DEADLINE_S) and c.state == "compiled", c.error
 
 
-def test_a_reply_sent_while_compiling_pauses_the_compile_until_its_first_token(tmp_path, monkeypatch):
-    from tinyllm.session.chat import Prefilled, open_session
+def test_a_reply_sent_while_compiling_pauses_the_compile_until_its_last_token(tmp_path, monkeypatch):
+    from tinyllm.session.chat import Finished, Prefilled, open_session
     from tinyllm.tools.testing import make_tiny_checkpoint
 
     arrived, go = stalled_compile(monkeypatch)
@@ -133,11 +157,17 @@ def test_a_reply_sent_while_compiling_pauses_the_compile_until_its_first_token(t
     s = open_session(make_tiny_checkpoint(tmp_path / "tiny", max_seq_len=256), "cpu", max_len=256,
                      compile="eager")
     assert arrived.wait(DEADLINE_S) and s.step_kind == "compiling"
+    c = s.policy.background
     events = iter(s.send("Hello!"))
     assert isinstance(next(events), Prefilled) and held_during == ["compiling"]
-    assert sys.getswitchinterval() == pytest.approx(bc.COMPILE_SWITCH_S)  # released once the first token is drawn
+    rest = []
+    for e in events:  # every token, the last included, comes while the pause holds
+        assert sys.getswitchinterval() == pytest.approx(bc.PAUSED_SWITCH_S), e
+        rest.append(e)
+    assert isinstance(rest[-1], Finished) and len(rest) > 1
+    assert sys.getswitchinterval() == pytest.approx(bc.COMPILE_SWITCH_S)  # released after the reply
+    assert c._beats >= 1  # a beat each chunk read
     go.set()
-    list(events)
     assert s.wait_compiled(DEADLINE_S) and s.step_kind == "compiled", s.compile_error
     list(s.send("Again."))  # compiled now: nothing to pause
     assert held_during == ["compiling"]

@@ -20,15 +20,22 @@ the step then, which the session hands to its decoder. The trace thus never hold
 process's GIL (`child_result` says how the child went, None where none ran). Without a spec
 (CUDA, a model opened in memory) the thread compiles here, and torch.compile's caches keep it.
 
-`paused()`: ChatSession holds it from a reply's prefill to its first token. Every op of that
-prefill releases the GIL and waits to get it back, so beside a running compile it queued behind
-the compiler: measured, a warm in-process compile took the default model's first TTFT from about
-60 ms to 500 ms on the 2-core CPU, and to 1.1-1.3 s on the H200. Meanwhile:
+`paused()`: ChatSession holds it over a reply, from its prefill to its last token, and calls
+`beat()` as the reply goes on (once a chunk of steps read). Every op of a prefill releases the
+GIL and waits to get it back, so beside a running compile it queued behind the compiler:
+measured, a warm in-process compile took the default model's first TTFT from about 60 ms to
+500 ms on the 2-core CPU, and to 1.1-1.3 s on the H200. The tokens after it queued too: the
+host's share of each token (reading a chunk, launching the next, the text) waited for the GIL,
+and the default model's first reply ran at 834-970 tok/s on an H100 while compiling against
+1,609 for the same plain step alone (2026-12-07). A reply now comes first; the compile goes on
+between replies (the plain step it would replace is within 10-20% of the compiled one).
+Meanwhile:
 - Python 3.12+: the compile thread stops at its next Python call or return (a C call under
-  way runs to its end) and waits without the GIL: a profile hook on every thread for the
-  pause's length only (`threading.setprofile_all_threads`; the hook is one check on the other
-  threads). It waits once a pause, at most PAUSE_MAX_S: were it stopped holding a lock that
-  the prefill needs (an import's, a logging handler's), the prefill waits that long, once.
+  way runs to its end) and waits without the GIL: a profile hook on every thread but the
+  pausing one, for the pause's length only (`threading.setprofile_all_threads`; the hook is
+  one check on the other threads). It waits once a pause, for as long as the pause lasts and
+  beats: with no beat for PAUSE_MAX_S it goes on, since it may hold a lock that the reply waits
+  for (an import's, a logging handler's), so such a wait costs the reply PAUSE_MAX_S, once.
   A hook left on the compile thread for the whole compile doubled the compile's time.
 - Python 3.11: the compile thread gives the GIL back within PAUSED_SWITCH_S of being asked
   (the switch interval, lowered for every thread meanwhile). Measured on the CPU: 280 ms.
@@ -60,7 +67,7 @@ from tinyllm.model import Transformer
 
 COMPILE_SWITCH_S = 0.0005  # the switch interval while a compile runs (the default is 5 ms)
 PAUSED_SWITCH_S = 0.00001  # and while a reply prefills beside it (paused())
-PAUSE_MAX_S = 2.0  # the longest the compile thread stops for one pause (Python 3.12+)
+PAUSE_MAX_S = 2.0  # the longest the compile thread stops for a pause with no beat (Python 3.12+)
 
 
 class BackgroundCompile:
@@ -84,6 +91,7 @@ class BackgroundCompile:
         self._go = threading.Event()  # cleared while paused() stops the compile thread
         self._go.set()
         self._pauses = self._waited = 0  # paused() entered; the last one the thread stopped for
+        self._beats = 0  # beat() calls: the pausing thread goes on
         self._thread = threading.Thread(target=self._run, args=(model, batch, max_len), daemon=True,
                                         name="tinyllm-compile")
         self._thread.start()
@@ -128,7 +136,7 @@ class BackgroundCompile:
     @contextmanager
     def paused(self) -> Iterator[None]:
         """Keep the compile thread off the GIL (see the module docstring). One holder at a time
-        (the session's worker)."""
+        (the session's worker), which calls beat() as it goes on."""
         stop = hasattr(threading, "setprofile_all_threads")  # Python 3.12+
         self._pausing = True
         self._set_switch()
@@ -136,6 +144,7 @@ class BackgroundCompile:
             self._pauses += 1
             self._go.clear()
             threading.setprofile_all_threads(self._gate)
+            sys.setprofile(None)  # this thread runs on without the hook
         try:
             yield
         finally:
@@ -145,13 +154,24 @@ class BackgroundCompile:
             self._pausing = False
             self._set_switch()
 
+    def beat(self) -> None:
+        """The pausing thread goes on (a reply's chunk read): a stopped compile keeps waiting."""
+        self._beats += 1
+
     def _gate(self, frame, event, arg) -> None:
-        """The profile hook while paused (every thread): the compile thread waits here, once a
-        pause and at most PAUSE_MAX_S; any other thread goes on."""
+        """The profile hook while paused (every thread but the pausing one): the compile thread
+        stops here, once a pause (`hold`); any other thread goes on."""
         if (not self._go.is_set() and self._waited != self._pauses
                 and threading.get_ident() == self._thread.ident):
             self._waited = self._pauses
-            self._go.wait(PAUSE_MAX_S)
+            self.hold()
+
+    def hold(self) -> None:
+        """Wait while the pause lasts and beats at least once every PAUSE_MAX_S."""
+        while True:
+            beats = self._beats
+            if self._go.wait(PAUSE_MAX_S) or self._beats == beats:
+                return
 
     def _set_switch(self) -> None:
         """The interpreter's switch interval for the state now: paused, compiling, or done."""

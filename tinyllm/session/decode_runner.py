@@ -26,9 +26,10 @@ once. `record(ids, text, reason)` hears the reply (the ids fed of it) before its
 events, so the conversation holds it when Finished arrives.
 
 The step policy (tinyllm.session.step_policy) is asked at the reply's start to `prepare` the step,
-around the prefill to keep a running compile `paused`, before each launch whether a compile
-runs (then nothing is captured: a run with no graph runs eagerly, the same steps bit for bit),
-and for the stats' step kind. The settings are read once, at the reply's start.
+over the whole reply to keep a running compile `paused` (a `beat` each chunk read: the reply
+goes on), before each launch whether a compile runs (then nothing is captured: a run with no
+graph runs eagerly, the same steps bit for bit), and for the stats' step kind. The settings are
+read once, at the reply's start.
 
 `stop()`, `set_graphs(on)` and `stop_ids` may be set from any thread: they take effect between
 two tokens. Graphs toggled mid-reply change no token. `set_graphs(True)` on a CPU is a ValueError
@@ -117,13 +118,17 @@ class DecodeRunner:
         if self.threads:
             torch.set_num_threads(self.threads)
         policy.prepare(params.greedy, self.chunk)
+        with policy.paused():  # a running compile waits for the reply's end (BackgroundCompile)
+            yield from self._reply(context, params, dropped, policy, record)
+
+    def _reply(self, context: list[int], params: SamplingParams, dropped: int, policy: StepPolicy,
+               record: Callable[[list[int], str, str], None]) -> Iterator[Prefilled | Token | Finished]:
         dec, device = self.decoder, self.decoder.model.device
         t0 = time.perf_counter()
-        with policy.paused():  # see BackgroundCompile
-            new = torch.tensor([context[dec.n:]], dtype=torch.long, device=device)  # (1, T)
-            logits = dec.append(new)[:, -1]  # (1, V)
-            recent = torch.tensor([context[-max(REPEAT_WINDOW, DRY_WINDOW):]], dtype=torch.long, device=device)
-            tok_id = int(dec.draw_first(logits, params, recent).item())  # the draw the steps would make
+        new = torch.tensor([context[dec.n:]], dtype=torch.long, device=device)  # (1, T)
+        logits = dec.append(new)[:, -1]  # (1, V)
+        recent = torch.tensor([context[-max(REPEAT_WINDOW, DRY_WINDOW):]], dtype=torch.long, device=device)
+        tok_id = int(dec.draw_first(logits, params, recent).item())  # the draw the steps would make
         ttft = (time.perf_counter() - t0) * 1000
         yield Prefilled(n_tokens=new.shape[1], ms=ttft, dropped=dropped)
         stream = StreamDecoder(self.tokenizer)
@@ -140,6 +145,7 @@ class DecodeRunner:
             if not ahead:
                 self._launch(chunks, n0, params.max_tokens, policy)
                 ahead.extend(chunks.popleft().ids()[0])
+                policy.beat()
                 if params.repeat_stop and repeats_at is None:  # once a chunk: ends in it, before any is shown
                     repeats_at = watch.push(out_ids[watch.n:] + list(ahead))
             tok_id = ahead.popleft()

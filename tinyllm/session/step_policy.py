@@ -171,8 +171,14 @@ class StepPolicy:
         return self.background is not None and not self.background.ready.is_set()
 
     def paused(self) -> AbstractContextManager:
-        """Around a reply's prefill: the running compile kept off the GIL (BackgroundCompile.paused)."""
+        """Around a reply, its prefill to its last token: the running compile kept off the GIL
+        (BackgroundCompile.paused), as long as `beat()` says the reply goes on."""
         return self.background.paused() if self.compiling() else nullcontext()
+
+    def beat(self) -> None:
+        """The reply goes on (a chunk read): a paused compile stays paused (BackgroundCompile.beat)."""
+        if self.background is not None:
+            self.background.beat()
 
     def prepare(self, greedy: bool, chunk: int) -> None:
         """Between replies, on the worker thread (the app's server calls it as soon as a compile
