@@ -26,10 +26,10 @@ GIL and waits to get it back, so beside a running compile it queued behind the c
 measured, a warm in-process compile took the default model's first TTFT from about 60 ms to
 500 ms on the 2-core CPU, and to 1.1-1.3 s on the H200. The tokens after it queued too: the
 host's share of each token (reading a chunk, launching the next, the text) waited for the GIL,
-and the default model's first reply ran at 834-970 tok/s on an H100 while compiling against
-1,609 for the same plain step alone (2026-12-07). A reply now comes first; the compile goes on
-between replies (the plain step it would replace is within 10-20% of the compiled one).
-Meanwhile:
+and the default model's first reply ran at 834-970 tok/s on an H100 while compiling, against
+1,609 for SmolLM2's plain step alone (the same shape; 1,573-1,576 with the pause: 2026-12-07).
+A reply now comes first; the compile goes on between replies (the plain step it would replace
+is within 10-20% of the compiled one). Meanwhile:
 - Python 3.12+: the compile thread stops at its next Python call or return (a C call under
   way runs to its end) and waits without the GIL: a profile hook on every thread but the
   pausing one, for the pause's length only (`threading.setprofile_all_threads`; the hook is
@@ -66,7 +66,7 @@ from tinyllm.decode.compile_step import compile_step, lower_priority
 from tinyllm.model import Transformer
 
 COMPILE_SWITCH_S = 0.0005  # the switch interval while a compile runs (the default is 5 ms)
-PAUSED_SWITCH_S = 0.00001  # and while a reply prefills beside it (paused())
+PAUSED_SWITCH_S = 0.00001  # and while a reply runs beside it (paused())
 PAUSE_MAX_S = 2.0  # the longest the compile thread stops for a pause with no beat (Python 3.12+)
 
 
