@@ -10,7 +10,8 @@
 #          Inductor still beat the plain step?)
 #   three  VRAM: the 8B at one context (4,096) on both sides (at most 1.15x llama.cpp's); the table
 #   four   the Llama-3.2-1B shape in bf16 (the megakernel's 0.97 ms a token), plain and compiled
-#   app    the app on the default model's shape, a cold launch then a warm one
+#   app    the app on the default model's shape, a cold launch then a warm one; SAVED=1: both with
+#          TINYLLM_CUDA_SAVED_STEP=1 (the warm launch should load its compiled step, not trace it)
 #   cpu    the host's 16 cores: llama.cpp's CPU build, then llama-bench -t 4,8,15 against the native step
 # With about 15 minutes: one (its suite and llama-bench), then two.
 # Everything lands in $OUT (the files that come back).
@@ -62,6 +63,7 @@ four)
 app)
   bash scripts/device_fused.sh setup > /dev/null 2>&1 || exit 1
   [ -d /tmp/tc ] || shape
+  [ "${SAVED:-}" = 1 ] && export TINYLLM_CUDA_SAVED_STEP=1
   for launch in cold warm; do
     OUT=$OUT bash scripts/device_fused.sh app 170 new on /tmp/tc | grep -E "rc=|decode_tok_s |compiled_s|loaded_s|status bar"
     mv "$OUT/app_new_on.err" "$OUT/app_$launch.err"

@@ -31,6 +31,7 @@ CASES = [
     ("INT4_DP4A", "auto", "int4_dp4a", "auto"),
     ("INT4_KERNEL", "bytes", "int4_kernel", "bytes"),
     ("INT8_KERNEL", "bytes", "int8_kernel", "bytes"),
+    ("CUDA_SAVED_STEP", "1", "cuda_saved_step", True),
 ]
 
 

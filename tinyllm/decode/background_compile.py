@@ -12,13 +12,14 @@ the 2-core CPU, the greedy variant compiles in 52 s cold and 9 s warm, sampling 
 5 s; a session compiles the one its settings use, and the other only when asked for.
 
 `child`: a `tinyllm.decode.compile_child.Spec` of the same model and step (CPU sessions opened from a
-path). There the step is compiled ahead of time and saved (tinyllm.decode.saved_step), keyed on the
-spec: the thread loads the saved step where there is one (a relaunch: no trace at all here,
-`saved_from` "loaded"); else a child process compiles and saves it, and the thread loads that;
-only where the child failed does it compile here, and saves (`saved_from` "built"). `saved` is
-the step then, which the session hands to its decoder. The trace thus never holds this
-process's GIL (`child_result` says how the child went, None where none ran). Without a spec
-(CUDA, a model opened in memory) the thread compiles here, and torch.compile's caches keep it.
+path; CUDA ones too under TINYLLM_CUDA_SAVED_STEP=1). There the step is compiled ahead of time and
+saved (tinyllm.decode.saved_step), keyed on the spec: the thread loads the saved step where there
+is one (a relaunch: no trace at all here, `saved_from` "loaded"); else, with `spawn` (a CPU's), a
+child process compiles and saves it, and the thread loads that; where no child ran or it failed,
+the thread compiles here, and saves (`saved_from` "built"). `saved` is the step then, which the
+session hands to its decoder. With a child the trace never holds this process's GIL
+(`child_result` says how the child went, None where none ran). Without a spec (CUDA by default,
+a model opened in memory) the thread compiles here, and torch.compile's caches keep it.
 
 `paused()`: ChatSession holds it over a reply, from its prefill to its last token, and calls
 `beat()` as the reply goes on (once a chunk of steps read). Every op of a prefill releases the
@@ -72,9 +73,10 @@ PAUSE_MAX_S = 2.0  # the longest the compile thread stops for a pause with no be
 
 class BackgroundCompile:
     def __init__(self, model: Transformer, batch: int, max_len: int, backend: str, threads: int | None = None,
-                 n_valid: int | None = None, greedy: bool = True, child: Spec | None = None):
+                 n_valid: int | None = None, greedy: bool = True, child: Spec | None = None, spawn: bool = True):
         self.backend, self.greedy = backend, greedy
-        self.child = child  # where given, a child process compiles first (tinyllm.decode.compile_child)
+        self.child = child  # where given, the step is saved under it (and, with spawn, a child process
+        self.spawn = spawn  # compiles it first: tinyllm.decode.compile_child)
         self.child_result: str | None = None  # warm_up's answer: "" compiled, "cached", or why not
         self.state = "compiling"
         self.error = ""
@@ -111,7 +113,7 @@ class BackgroundCompile:
             if path is not None:
                 prepare_compile(self.backend, model)  # the AVX2 op registered before the load
                 self.saved = saved_step.load(path)
-            if self.saved is None and self.child is not None:
+            if self.saved is None and self.child is not None and self.spawn:
                 self.child_result = warm_up(self.child)  # it saves the step where path says
                 self.saved = saved_step.load(path) if path is not None else None
             if self.saved is None:

@@ -21,8 +21,8 @@ Contract:
   step checks its guards on every call, as Dynamo's would, but refuses rather than
   recompiling: where they refuse, the step becomes `fallback()` (the traced step) from then
   on, so a call never fails on it.
-- `supported()`: torch has the API (2.13 here; the H200's 2.11 is not checked yet, so only
-  CPU sessions use it: background_compile).
+- `supported()`: torch has the API (2.13 here; torch 2.11 on the device is not checked yet, so
+  CUDA sessions use it only under TINYLLM_CUDA_SAVED_STEP=1: background_compile).
 """
 
 from __future__ import annotations

@@ -46,6 +46,9 @@ class Switches:
     attn_tile: int = 128  # TINYLLM_ATTN_TILE: windows up to this many keys one program a head (0: always split)
     pdl: str = "1"  # TINYLLM_PDL: 1 | 0 (no PDL) | kernels (our kernels only, not Inductor's: tinyllm.kernels.pdl)
     trace_dir: str = ""  # TINYLLM_TRACE_DIR: a Chrome trace of each profiled step there (tinyllm.tools.bench_profile)
+    # TINYLLM_CUDA_SAVED_STEP=1: a CUDA session opened from a path saves its compiled step and a relaunch loads
+    # it (tinyllm.decode.saved_step), as CPU sessions do; off until measured on a GPU
+    cuda_saved_step: bool = False
     # TRITON_INTERPRET=1 (Triton's own switch: its interpreter runs the kernels on the CPU): our Triton
     # paths (tinyllm.kernels.qgemv, decode_attention) then take CPU tensors too, so a CPU runs CUDA's step (tests)
     triton_interpret: bool = False
@@ -79,7 +82,7 @@ def read(env: Mapping[str, str]) -> Switches:
                     int4_dp4a=dp4a, int4_kernel=int4_kernel, int8_kernel=int8_kernel,
                     decode_attn=on("DECODE_ATTN"), rope_attn=on("ROPE_ATTN"), cpu_attn=on("CPU_ATTN"),
                     attn_tile=attn_tile, pdl=get("PDL", "1"), trace_dir=get("TRACE_DIR"),
-                    triton_interpret=env.get("TRITON_INTERPRET") == "1")
+                    cuda_saved_step=get("CUDA_SAVED_STEP") == "1", triton_interpret=env.get("TRITON_INTERPRET") == "1")
 
 
 SWITCHES = read(os.environ)

@@ -41,6 +41,7 @@ from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.decode import cpu_step
 from tinyllm.decode.background_compile import BackgroundCompile
 from tinyllm.decode.compile_child import Spec
+from tinyllm.kernels import switches
 from tinyllm.model import Transformer
 
 
@@ -91,12 +92,13 @@ class StepPolicy:
             self._start_compile(greedy)
 
     def _start_compile(self, greedy: bool) -> None:
-        dec, child = self.decoder, None
-        if self.source is not None and self.model.device.type == "cpu":
-            child = Spec(self.source[0], "cpu", self.source[1], dec.max_len, self.threads,
+        dec, child, cpu = self.decoder, None, self.model.device.type == "cpu"
+        if self.source is not None and (cpu or switches.SWITCHES.cuda_saved_step):
+            child = Spec(self.source[0], self.model.device.type, self.source[1], dec.max_len, self.threads,
                          dec.n_valid, greedy, self.backend)
+        # CUDA (TINYLLM_CUDA_SAVED_STEP=1): compiled and saved here, no child (it would hold the weights twice)
         self.compiles.append(BackgroundCompile(self.model, 1, dec.max_len, self.backend, self.threads,
-                                               dec.n_valid, greedy=greedy, child=child))
+                                               dec.n_valid, greedy=greedy, child=child, spawn=cpu))
         self.compile_started.set()
 
     def _capture_runs(self, chunk: int) -> None:
