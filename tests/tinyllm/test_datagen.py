@@ -237,7 +237,9 @@ def _run(teacher, out, *extra):
 def test_cli_on_the_tiny_model_is_deterministic_and_resumes(tiny_teacher, tmp_path, capsys):
     assert _run(tiny_teacher, tmp_path / "a") == 0
     line = next(json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith('{"round"'))
-    assert line["steps"] > 0 and 0 < line["occupancy"] <= 1 and line["decode_s"] + line["admit_s"] <= line["engine_s"]
+    # each time is rounded to 0.1 s (teacher.py), so the parts' sum may pass the rounded whole by 0.15
+    assert line["steps"] > 0 and 0 < line["occupancy"] <= 1
+    assert line["decode_s"] + line["admit_s"] <= line["engine_s"] + 0.15 + 1e-9
     assert _run(tiny_teacher, tmp_path / "b") == 0
     ra, rb = (tmp_path / d / "rounds" / "round-00000.jsonl.xz" for d in "ab")
     assert ra.read_bytes() == rb.read_bytes()
