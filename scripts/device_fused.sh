@@ -21,7 +21,8 @@ side_dir() { if [ "$1" = old ]; then echo /tmp/old; else pwd; fi; }
 case $step in
 setup)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  rm -rf /tmp/old && mkdir -p /tmp/old && tar -xzf "${OLD_TAR:-data/device/old.tar.gz}" -C /tmp/old && ln -sfn "$PWD/models" /tmp/old/models
+  old=${OLD_TAR:-data/device/old.tar.gz}  # the tree before, where carried (side old)
+  [ -f "$old" ] && rm -rf /tmp/old && mkdir -p /tmp/old && tar -xzf "$old" -C /tmp/old && ln -sfn "$PWD/models" /tmp/old/models
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   ;;
