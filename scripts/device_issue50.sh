@@ -34,7 +34,63 @@ profile() {  # profile NAME FILE: tinyllm bench --profile (kernels a step, the l
       --model "$2" > "$OUT/profile_$1.jsonl" 2> "$OUT/profile_$1.err"
   grep -E "==|kernels_per_step|replay_us" "$OUT/profile_$1.err" | head -12
 }
+pack() {  # llama.cpp's CUDA build, packed into $OUT once: carried back in data/device, it spares a later lease the build
+  [ -x /tmp/side_by_side/build-cuda/bin/llama-bench ] && [ ! -f /tmp/packed ] || return 0
+  tar -C /tmp/side_by_side/build-cuda -cf - bin | xz -6 -T16 | split -b 15M - "$OUT/llama-cuda-bin.tar.xz."
+  touch /tmp/packed; ls -la "$OUT" | grep llama-cuda
+}
 case ${1:-} in
+diag)  # 2026-12-08's first call: where the plain step's time goes (per-kernel, PDL off and on), while
+       # llama.cpp's CUDA build runs in the background; its binaries come back packed for later calls
+  bash scripts/device_fused.sh setup || exit 1
+  JOBS=14 bash scripts/gpu_side_by_side.sh build 2>&1 | tail -1
+  FILES="data/device/smollm2-135m.q4_1.tgguf data/device/gemma3-270m.q4_k_m.tgguf data/device/qwen2.5-coder-0.5b.q4_k_m.tgguf" \
+      bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -1
+  M=/tmp/side_by_side/models
+  D=/tmp/diag; mkdir -p $D /tmp/traces  # everything small lands in $D, packed into one file at the end (8 files come back)
+  PYTHONPATH=/tmp/site timeout 170 python3 -m pytest -q -n 4 -p no:randomly -m cuda tests/tinyllm/test_qgemv_post.py \
+      tests/tinyllm/test_fused_step.py > $D/cuda_tests.txt 2>&1; echo "== tests rc=$?"; grep -E "passed|failed|^FAILED" $D/cuda_tests.txt | tail -8
+  for fp in smollm2-135m.q4_1:0 smollm2-135m.q4_1:1 gemma3-270m.q4_k_m:0 gemma3-270m.q4_k_m:1 qwen2.5-coder-0.5b.q4_k_m:0; do
+    f=${fp%:*} pdl=${fp#*:}
+    echo "== $f PDL=$pdl (+$((SECONDS - T0)) s)"
+    mkdir -p /tmp/traces/${f}_pdl$pdl
+    TINYLLM_PDL=$pdl TINYLLM_TRACE_DIR=/tmp/traces/${f}_pdl$pdl PYTHONPATH=/tmp/site:. timeout 100 python3 -m tinyllm.tools.cli \
+        bench --device cuda --profile --compile off --model $M/$f.gguf > "$D/profile_${f}_pdl$pdl.jsonl" 2> /tmp/p.err
+    grep -vi warn /tmp/p.err | grep -v "_warn_once" | tee -a "$D/profiles.txt" | grep -E "==|replay_us"
+  done
+  for fold in 0 1; do  # Gemma's post-norms as kernels of their own (0), or inside the O and down products (1)
+    TINYLLM_POST_FOLD=$fold PYTHONPATH=/tmp/site:. timeout 120 python3 -m tinyllm.tools.cli bench --device cuda \
+        --model $M/gemma3-270m.q4_k_m.gguf --compile off --peers off --steps 256 --repeats 3 --prompt-lens 16 \
+        --no-buckets > "$D/gemma_fold$fold.jsonl" 2> $D/gemma_fold$fold.err
+    echo "gemma TINYLLM_POST_FOLD=$fold: $(grep -E 'decode_tok_s +impl=graph ' $D/gemma_fold$fold.err)"
+  done
+  PYTHONPATH=/tmp/site:. timeout 120 python3 -m tinyllm.tools.cli bench --device cuda --preset llama3.2-1b \
+      --compile off --peers off --steps 256 --repeats 3 --prompt-lens 16 --no-buckets > "$D/llama3.2-1b_off.jsonl" 2> $D/llama3.2-1b_off.err
+  grep -E "decode_tok_s|bandwidth" $D/llama3.2-1b_off.err
+  BUDGET_S=$(left 520) bash scripts/gpu_side_by_side.sh wait 2>&1 | tail -2
+  pack
+  tar -C /tmp -cJf "$OUT/diag.tar.xz" diag traces; ls -la "$OUT"
+  ;;
+cpudiag)  # right after diag, on the same machine: llama.cpp CUDA on the files diag measured, then the host's 16 cores: llama.cpp's CPU build, both sides at 1-15 threads, and the pool's
+          # threshold (TINYLLM_CPU_MIN_BLOCKS) at 4096 (the default) and 512: scripts/cpu_threads.py
+  [ -d /tmp/site ] || bash scripts/device_fused.sh setup > /dev/null 2>&1
+  M=/tmp/side_by_side/models
+  BUDGET_S=200 bash scripts/gpu_side_by_side.sh wait 2>&1 | tail -1  # the CUDA build, if it still runs
+  pack
+  MODELS="smollm2 gemma3 qwen" BUDGET_S=$(left 280) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -1
+  grep -h '"llama.cpp' /tmp/side_by_side/results.jsonl | cut -c1-220
+  JOBS=16 bash scripts/gpu_side_by_side.sh cpu-build 2>&1 | tail -1
+  BUDGET_S=$(left 430) bash scripts/gpu_side_by_side.sh wait 2>&1 | tail -1
+  lscpu | grep -E "Model name|^CPU\(s\)|Thread|L3" | cut -c1-200
+  f=smollm2-135m.q4_1
+  timeout 100 /tmp/side_by_side/build-cpu/bin/llama-bench -m $M/$f.gguf -t 1,4,8,15 -p 0 -n 64 -r 2 > "$OUT/llama_cpu_$f.md" 2>&1
+  grep -E "tg64" "$OUT/llama_cpu_$f.md"
+  for mb in 4096 512; do
+    TINYLLM_CPU_MIN_BLOCKS=$mb PYTHONPATH=/tmp/site:. timeout $(left 545) python3 scripts/cpu_threads.py $M/$f.gguf \
+        --threads 1,4,8,15 --steps 64 --repeats 2 >> "$OUT/tinyllm_cpu_threads.jsonl" 2> /tmp/ct.err
+    grep -E "threads" /tmp/ct.err || tail -3 /tmp/ct.err
+  done
+  ;;
 one)
   bash scripts/device_fused.sh setup || exit 1
   JOBS=8 bash scripts/gpu_side_by_side.sh build unpack 2>&1 | tail -3

@@ -202,6 +202,15 @@ class RMSNorm(Module):
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return xf.type_as(x) * self.weight
 
+    def done_count(self, device: torch.device) -> Tensor:
+        """An int32 zero a row (qgemv.MAX_ROWS) on `device`: the count a product's kernel keeps when
+        it takes this norm as its post-norm (qgemv.linear's `post`), back at zero after each launch.
+        Made at the first call on a device (a capture's warm-up runs before it: not in a graph)."""
+        done = getattr(self, "_done", None)
+        if done is None or done.device != device:
+            done = self._done = torch.zeros(qgemv.MAX_ROWS, dtype=torch.int32, device=device)
+        return done
+
     def add_to(self, x: Tensor, y: Tensor) -> Tensor:
         """x + self(y): a post-norm and its skip connection, one kernel for a few rows on CUDA
         outside a compile (qgemv.add_norm; Inductor fuses it itself)."""
@@ -263,12 +272,12 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
 
 def add_branch(x: Tensor, out: Linear, y: Tensor, post: RMSNorm | None, scale: float) -> Tensor:
     """x + scale * post(out(y)): a block half's output product, its post-norm (if any), the residual
-    scale (Granite's, if not 1) and the skip connection. Without a scale the residual add goes into
-    the product's kernel (Linear.fused), or the post-norm's (RMSNorm.add_to)."""
+    scale (Granite's, if not 1) and the skip connection. Without a scale the residual add and the
+    post-norm go into the product's kernel (Linear.fused), or the post-norm's (RMSNorm.add_to)."""
     if scale != 1.0:
         branch = out(y) if post is None else post(out(y))  # (B, T, C)
         return x + branch * scale
-    return out.fused(y, residual=x) if post is None else post.add_to(x, out(y))
+    return out.fused(y, residual=x, post=post)
 
 
 class Attention(Module):

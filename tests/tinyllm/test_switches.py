@@ -75,7 +75,7 @@ def test_the_switches_are_frozen():
 
 
 def test_no_other_library_module_reads_a_switch_from_the_environment():
-    """Only switches.py names a TINYLLM_ variable in code; the two the C++ kernels read
+    """Only switches.py names a TINYLLM_ variable in code; the three the C++ kernels read
     themselves at load (its docstring lists them) are the exceptions."""
     literal = re.compile(r"""["']TINYLLM_[A-Z_]+["']""")
     found = {}
@@ -84,9 +84,10 @@ def test_no_other_library_module_reads_a_switch_from_the_environment():
             names = literal.findall(path.read_text())
             if names:
                 found[path.name] = sorted(n.strip("\"'") for n in names)
-    assert found == {"cpu_products.cpp": ["TINYLLM_CPU_EXACT_X"], "cpu_vnni.cpp": ["TINYLLM_CPU_VNNI"]}
+    assert found == {"cpu_products.cpp": ["TINYLLM_CPU_EXACT_X"], "cpu_vnni.cpp": ["TINYLLM_CPU_VNNI"],
+                     "cpu_pool.cpp": ["TINYLLM_CPU_MIN_BLOCKS"]}
     doc = switches.__doc__
-    assert "TINYLLM_CPU_VNNI" in doc and "TINYLLM_CPU_EXACT_X" in doc
+    assert all(name in doc for name in ("TINYLLM_CPU_VNNI", "TINYLLM_CPU_EXACT_X", "TINYLLM_CPU_MIN_BLOCKS"))
 
 
 def test_a_process_started_with_a_switch_reads_it_once():

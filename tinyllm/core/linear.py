@@ -4,9 +4,10 @@ Contract:
 - `Linear`: y = x @ W.T for an (N, K) matrix W: x (..., K) -> (..., N) in x's dtype. Every
   Linear answers the same four calls, so the model asks nothing of a layer's kind:
   - `forward(x)`: the product, by this class's kernel.
-  - `fused(x, norm=None, residual=None, bias=None)`: residual + (self(norm(x)) + bias), the norm
-    (a model.RMSNorm), the residual (..., N) and the bias (N,) each optional. A kernel that runs
-    them as one op does (TritonProducts: a few rows on CUDA); here they run in that order.
+  - `fused(x, norm=None, residual=None, bias=None, post=None)`: residual + post(self(norm(x)) + bias),
+    the norms (model.RMSNorm), the residual (..., N) and the bias (N,) each optional (a post-norm
+    needs a residual). A kernel that runs them as one op does (TritonProducts: a few rows on CUDA);
+    here they run in that order, the post-norm and the add by RMSNorm.add_to.
   - `gated(x, norm, act="silu") -> (..., F)`: act(gate) * up of norm(x), this layer holding a
     gated FFN's gate and up (its two halves of rows); act one of ACTIVATIONS.
   - `swiglu(down, x, norm)`: x + down(silu(gate) * up) of norm(x), x (..., K) -> (..., K), `down`
@@ -69,11 +70,13 @@ class Linear(Module):
     out_features: int
 
     def fused(self, x: Tensor, norm: nn.Module | None = None, residual: Tensor | None = None,
-              bias: Tensor | None = None) -> Tensor:
-        """residual + (self(norm(x)) + bias), x (..., K) -> (..., N)."""
+              bias: Tensor | None = None, post: nn.Module | None = None) -> Tensor:
+        """residual + post(self(norm(x)) + bias), x (..., K) -> (..., N)."""
         y = self.forward(x if norm is None else norm(x))  # (..., N)
         if bias is not None:
             y = y + bias
+        if post is not None:
+            return post.add_to(residual, y)
         return y if residual is None else residual + y
 
     def gated(self, x: Tensor, norm: nn.Module, act: str = "silu") -> Tensor:
@@ -105,15 +108,16 @@ class TritonProducts(Linear):
         return self._gemv(x.reshape(-1, self.in_features)).view(*x.shape[:-1], -1)  # (..., N)
 
     def fused(self, x: Tensor, norm: nn.Module | None = None, residual: Tensor | None = None,
-              bias: Tensor | None = None) -> Tensor:
-        """For a few rows, the norm (a model.RMSNorm, where qgemv.fold()), the bias and the
-        residual (..., N) folded into the product's kernel; otherwise run apart."""
-        if not self._gemv_ok(x) or not (qgemv.fold() or norm is None and residual is None):
-            return super().fused(x, norm, residual, bias)
+              bias: Tensor | None = None, post: nn.Module | None = None) -> Tensor:
+        """For a few rows, the norm (a model.RMSNorm, where qgemv.fold()), the bias, the post-norm
+        (in x's dtype) and the residual (..., N) folded into the product's kernel; otherwise run apart."""
+        if (not self._gemv_ok(x) or not (qgemv.fold() or norm is None and residual is None and post is None)
+                or post is not None and (residual is None or post.weight.dtype != x.dtype or not qgemv.post_fold())):
+            return super().fused(x, norm, residual, bias, post)
         y = self._gemv(x.reshape(-1, self.in_features), norm=None if norm is None else (norm.weight, norm.eps),
                        residual=None if residual is None else residual.reshape(-1, self.out_features),
-                       bias=bias)  # (M, N)
-        return y.view(*x.shape[:-1], -1)
+                       bias=bias, post=None if post is None else (post.weight, post.eps, post.done_count(x.device)))
+        return y.view(*x.shape[:-1], -1)  # (..., N)
 
     def gated(self, x: Tensor, norm: nn.Module, act: str = "silu") -> Tensor:
         """For a few rows: the norm (where qgemv.fold()) and the gating in one kernel."""

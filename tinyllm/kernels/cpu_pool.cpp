@@ -17,6 +17,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -125,10 +126,19 @@ std::mutex g_pool_busy;
 Pool* g_pool = nullptr;  // reset in a forked child (pthread_atfork): getpid() on every call was 4.7%
                          // of a SmolLM2 step's samples on the main thread (a system call each time)
 
+// The blocks a thread must have before a product takes another: MIN_BLOCKS_PER_THREAD, or
+// TINYLLM_CPU_MIN_BLOCKS (read once, at the first product; to measure on a machine of many cores).
+int64_t min_blocks() {
+  const char* e = std::getenv("TINYLLM_CPU_MIN_BLOCKS");
+  const int64_t v = e ? std::atoll(e) : 0;
+  return v > 0 ? v : MIN_BLOCKS_PER_THREAD;
+}
+
 }  // namespace
 
 void run_chunks_fn(int64_t n, int64_t blocks, void (*fn)(const void*, int64_t), const void* ctx) {
-  const int threads = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(1, blocks / MIN_BLOCKS_PER_THREAD));
+  static const int64_t per_thread = min_blocks();
+  const int threads = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(1, blocks / per_thread));
   std::unique_lock<std::mutex> lock(g_pool_busy, std::try_to_lock);
   if (threads <= 1 || n <= 1 || !lock.owns_lock()) {
     for (int64_t i = 0; i < n; ++i) fn(ctx, i);

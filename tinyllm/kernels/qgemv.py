@@ -65,6 +65,11 @@ def fold() -> bool:
     return FOLD == "compiled" or (FOLD != "0" and not torch.compiler.is_compiling())
 
 
+def post_fold() -> bool:
+    """Whether a product here takes a post-norm too (TINYLLM_POST_FOLD=0: not, to measure)."""
+    return SWITCHES.post_fold
+
+
 def available() -> bool:
     """Triton is installed (checked without importing it) and not switched off."""
     return _HAS_TRITON
@@ -77,33 +82,37 @@ def supported(x: Tensor) -> bool:
 
 def linear(x: Tensor, kind: str, qweight: Tensor, scales: Tensor | None = None, zeros: Tensor | None = None,
            group: int = 0, gated: bool = False, norm: tuple[Tensor, float] | None = None,
-           residual: Tensor | None = None, bias: Tensor | None = None, act: str = "silu") -> Tensor:
+           residual: Tensor | None = None, bias: Tensor | None = None, act: str = "silu",
+           post: tuple[Tensor, float, Tensor] | None = None) -> Tensor:
     """x (M, K) -> (M, N); kind "int8" (zeros None), "int4" or "dense" (qweight the (N, K)
     matrix in x's dtype, no scales). gated: W holds a gated FFN's gate and up (2F rows), and the
     result is act(gate) * up, (M, F). norm: (weights (K,), eps) of an RMSNorm applied to x
-    first; bias: added to each row's product; residual (M, N): added to the result."""
+    first; bias: added to each row's product; residual (M, N): added to the result. post:
+    (weights (N,), eps, count) of a post-norm: residual + RMSNorm(the product) (needs a residual;
+    count: int32, a zero a row of x, which the kernel leaves at zero)."""
     from tinyllm.kernels import qgemv_triton  # Triton, and the ops registered, on first use
 
     x = x.contiguous()
     g, eps = norm if norm is not None else (None, 0.0)
     r = None if residual is None else residual.contiguous()
+    p = dict(zip(("post", "post_eps", "done"), post, strict=True)) if post is not None else {}
     if kind == "dense":
-        return qgemv_triton.dense_gemv(x, qweight, gated, g, eps, r, bias, act)
+        return qgemv_triton.dense_gemv(x, qweight, gated, g, eps, r, bias, act, **p)
     if kind == "int8" and SWITCHES.int8_kernel == "words" and x.shape[1] % 4 == 0:  # TINYLLM_INT8_KERNEL=bytes: not
         from tinyllm.kernels import qgemv_words
 
-        return qgemv_words.int8_words_gemv(x, qweight, scales, gated, g, eps, r, bias, act)
+        return qgemv_words.int8_words_gemv(x, qweight, scales, gated, g, eps, r, bias, act, **p)
     if kind == "int8":
-        return qgemv_triton.int8_gemv(x, qweight, scales, gated, g, eps, r, bias, act)
+        return qgemv_triton.int8_gemv(x, qweight, scales, gated, g, eps, r, bias, act, **p)
     if uses_dp4a(qweight, group):
         from tinyllm.kernels import qgemv_dp4a
 
-        return qgemv_dp4a.int4_dp4a_gemv(x, qweight, scales, zeros, group, gated, g, eps, r, bias, act)
+        return qgemv_dp4a.int4_dp4a_gemv(x, qweight, scales, zeros, group, gated, g, eps, r, bias, act, **p)
     if SWITCHES.int4_kernel == "bytes":  # TINYLLM_INT4_KERNEL=bytes: the kernel before qgemv_words
-        return qgemv_triton.int4_gemv(x, qweight, scales, zeros, group, gated, g, eps, r, bias, act)
+        return qgemv_triton.int4_gemv(x, qweight, scales, zeros, group, gated, g, eps, r, bias, act, **p)
     from tinyllm.kernels import qgemv_words
 
-    return qgemv_words.int4_words_gemv(x, qweight, scales, zeros, group, gated, g, eps, r, bias, act)
+    return qgemv_words.int4_words_gemv(x, qweight, scales, zeros, group, gated, g, eps, r, bias, act, **p)
 
 
 def add_norm(x: Tensor, y: Tensor, norm: tuple[Tensor, float]) -> Tensor:

@@ -92,7 +92,7 @@ def _dp4a(a, b, c, DP4A: tl.constexpr):
 def _dp4a_kernel(q_ptr, d_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, y_ptr, r_ptr, b_ptr, N, K: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1, RES: tl.constexpr = False,
                  BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, PDL: tl.constexpr = False,
-                 DP4A: tl.constexpr = True):
+                 DP4A: tl.constexpr = True, o_ptr=None, p_ptr=None, c_ptr=None, peps=0.0, POST: tl.constexpr = False, BLOCK_C: tl.constexpr = 1):
     """qgemv_triton._int4_kernel's walk (BLOCK_N rows of each half a program, BLOCK_K values a
     step, the next step's weights loaded before this one's are used), on W's packed words and x's
     int8 words: (R, groups a step, 4) words of each."""
@@ -132,7 +132,7 @@ def _dp4a_kernel(q_ptr, d_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, y_ptr, r_ptr, b_ptr,
     y = tl.sum(acc, axis=1)  # (R,)
     if BIAS:
         y += tl.load(b_ptr + row, mask=n_ok, other=0.0).to(tl.float32)
-    _store(y_ptr, y, m, pid_n, N, BLOCK_N, HALVES, r_ptr, RES, ACT)
+    _store(y_ptr, y, m, pid_n, N, BLOCK_N, HALVES, r_ptr, RES, ACT, o_ptr, p_ptr, c_ptr, peps, POST, BLOCK_C)
 
 
 @torch.library.custom_op("tinyllm::quantize_x", mutates_args=())
@@ -160,10 +160,11 @@ def _(x: Tensor, norm: Tensor | None = None, eps: float = 0.0) -> tuple[Tensor, 
 @torch.library.custom_op("tinyllm::int4_dp4a_gemv", mutates_args=())
 def int4_dp4a_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int, gated: bool = False,
                    norm: Tensor | None = None, eps: float = 0.0, residual: Tensor | None = None,
-                   bias: Tensor | None = None, act: str = "silu") -> Tensor:
+                   bias: Tensor | None = None, act: str = "silu", post: Tensor | None = None, post_eps: float = 0.0,
+                   done: Tensor | None = None) -> Tensor:
     torch._check(group == GROUP and x.shape[1] % GROUP == 0, lambda: "int4_dp4a_gemv: groups of 32 only")
     m, k, n, halves = int4_shapes("int4_dp4a_gemv", x, qweight, scales, zeros, group, gated)
-    _, r, b, flags = _fused_args(x, n * halves, n, norm, residual, bias, act)
+    _, r, b, flags = _fused_args(x, n * halves, n, norm, residual, bias, act, post, post_eps, done)
     del flags["NORM"]  # the norm is quantize_x's
     xq, xd, xs = quantize_x(x, norm, eps)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)

@@ -114,7 +114,7 @@ def _first_words(w_ptr, N, KW: tl.constexpr, WB: tl.constexpr, BLOCK_N: tl.const
 def _kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: tl.constexpr, G: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1, NORM: tl.constexpr = False,
             RES: tl.constexpr = False, BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, PDL: tl.constexpr = False,
-            ASM: tl.constexpr = True):
+            ASM: tl.constexpr = True, o_ptr=None, p_ptr=None, c_ptr=None, peps=0.0, POST: tl.constexpr = False, BLOCK_C: tl.constexpr = 1):
     R: tl.constexpr = HALVES * BLOCK_N
     WB: tl.constexpr = BLOCK_K // 8  # words a step
     GW: tl.constexpr = G // 8  # words a group
@@ -162,14 +162,14 @@ def _kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: t
         acc += 16.0 * s * fg + (z - 16.0 * s) * xg[:, None]  # sum q x = 16 (F - X); w = q s + z
         w = w_next
     y = _finish(tl.sum(acc, axis=0), ss, row, n_ok, b_ptr, eps, K, NORM, BIAS)
-    _store(y_ptr, y, m, pid_n, N, BLOCK_N, HALVES, r_ptr, RES, ACT)
+    _store(y_ptr, y, m, pid_n, N, BLOCK_N, HALVES, r_ptr, RES, ACT, o_ptr, p_ptr, c_ptr, peps, POST, BLOCK_C)
 
 
 @triton.jit
 def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1, NORM: tl.constexpr = False,
                  RES: tl.constexpr = False, BIAS: tl.constexpr = False, ACT: tl.constexpr = 0,
-                 PDL: tl.constexpr = False, ASM: tl.constexpr = True):
+                 PDL: tl.constexpr = False, ASM: tl.constexpr = True, o_ptr=None, p_ptr=None, c_ptr=None, peps=0.0, POST: tl.constexpr = False, BLOCK_C: tl.constexpr = 1):
     R: tl.constexpr = HALVES * BLOCK_N
     WB: tl.constexpr = BLOCK_K // 4  # words a step
     KW: tl.constexpr = K // 4  # words a row
@@ -201,7 +201,7 @@ def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: tl.
     qx = 256.0 * tl.sum(acc, axis=0) - 384.0 * tl.sum(xs, axis=0)  # (R,): sum q x = sum (256 (F - 1) - 128) x
     y = qx * tl.load(s_ptr + row, mask=n_ok, other=0.0).to(tl.float32)
     y = _finish(y, ss, row, n_ok, b_ptr, eps, K, NORM, BIAS)
-    _store(y_ptr, y, m, pid_n, N, BLOCK_N, HALVES, r_ptr, RES, ACT)
+    _store(y_ptr, y, m, pid_n, N, BLOCK_N, HALVES, r_ptr, RES, ACT, o_ptr, p_ptr, c_ptr, peps, POST, BLOCK_C)
 
 
 def rows_for(block_n: int, n: int, halves: int, sms: int) -> int:
@@ -222,9 +222,10 @@ def step_for(k: int, group: int, warps: int, per_word: int = 8) -> int:
 @torch.library.custom_op("tinyllm::int4_words_gemv", mutates_args=())
 def int4_words_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group: int, gated: bool = False,
                     norm: Tensor | None = None, eps: float = 0.0, residual: Tensor | None = None,
-                    bias: Tensor | None = None, act: str = "silu") -> Tensor:
+                    bias: Tensor | None = None, act: str = "silu", post: Tensor | None = None, post_eps: float = 0.0,
+                    done: Tensor | None = None) -> Tensor:
     m, k, n, halves = int4_shapes("int4_words_gemv", x, qweight, scales, zeros, group, gated)
-    g, r, b, flags = _fused_args(x, n * halves, n, norm, residual, bias, act)
+    g, r, b, flags = _fused_args(x, n * halves, n, norm, residual, bias, act, post, post_eps, done)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_n, _, warps = _cut(n, k, 0.5, gated, x.device)  # the bytes kernel's rule, then this kernel's tile
     _launch(_kernel, n, m, warps, x, qweight, scales, zeros, y, g, r, b, eps, n, k, G=group,
@@ -247,10 +248,11 @@ def int8_rows(block_n: int, halves: int, words_a_thread: int) -> int:
 @torch.library.custom_op("tinyllm::int8_words_gemv", mutates_args=())
 def int8_words_gemv(x: Tensor, qweight: Tensor, scales: Tensor, gated: bool = False, norm: Tensor | None = None,
                     eps: float = 0.0, residual: Tensor | None = None, bias: Tensor | None = None,
-                    act: str = "silu") -> Tensor:
+                    act: str = "silu", post: Tensor | None = None, post_eps: float = 0.0,
+                    done: Tensor | None = None) -> Tensor:
     m, k, n, halves = int8_shapes("int8_words_gemv", x, qweight, scales, gated)
     torch._check(k % 4 == 0, lambda: "int8_words_gemv: K is not a multiple of 4")
-    g, r, b, flags = _fused_args(x, n * halves, n, norm, residual, bias, act)
+    g, r, b, flags = _fused_args(x, n * halves, n, norm, residual, bias, act, post, post_eps, done)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_n, _, warps = _cut(n, k, 1, gated, x.device)  # the bytes kernel's rule, then this kernel's tile
     block_k = step_for(k, 4, warps, 4)

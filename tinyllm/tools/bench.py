@@ -457,7 +457,7 @@ def run(args: argparse.Namespace) -> Report:
     if args.profile:
         from tinyllm.tools.bench_profile import bench_profile
 
-        bench_profile(model, report, random_ids(model, DECODE_START))
+        bench_profile(model, report, random_ids(model, DECODE_START), compiled=args.compile != "off")
         return report
     if args.late_context:
         from tinyllm.tools.bench_late import bench_late

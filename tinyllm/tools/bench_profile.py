@@ -1,6 +1,6 @@
 """`tinyllm-bench --profile`: where a decode step's time goes, on CUDA.
 
-For the plain and the compiled step, at the first and the last bucket: the replay time of one
+For the plain and the compiled step (the plain alone with `--compile off`), at the first and the last bucket: the replay time of one
 step's graph alone (events, no host work between replays), and the kernels of one step
 (torch.profiler over ten replays: count, the most expensive twelve; with TINYLLM_TRACE_DIR
 set, thirty, and a Chrome trace of the replays written there). Reports `replay_us`
@@ -47,10 +47,10 @@ def kernels(graph: torch.cuda.CUDAGraph, n: int = 10, trace: str | None = None,
 
 
 @torch.no_grad()
-def bench_profile(model, report, prompt: torch.Tensor) -> None:
+def bench_profile(model, report, prompt: torch.Tensor, compiled: bool = True) -> None:
     if model.device.type != "cuda":
         raise ValueError("--profile needs CUDA (it times graph replays)")
-    for compile in (None, "inductor"):
+    for compile in (None, "inductor") if compiled else (None,):
         dec = GraphDecoder(model, 1, max_len=min(1024, model.cfg.max_seq_len), compile=compile)
         dec.prefill(prompt)
         impl = "compiled" if compile else "plain"
