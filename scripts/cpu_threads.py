@@ -35,7 +35,7 @@ def main() -> None:
     dec = GraphDecoder(model, 1, use_graph=False)
     cpu_step.use_native(dec)
     start = 32
-    min_blocks = os.environ.get("TINYLLM_CPU_MIN_BLOCKS", "4096")
+    min_blocks = os.environ.get("TINYLLM_CPU_MIN_BLOCKS", "512 (default)")
     with torch.no_grad():
         dec.prefill(random_ids(model, start))
         for t in (int(v) for v in args.threads.split(",")):
@@ -44,7 +44,7 @@ def main() -> None:
             row = {"threads": t, "tok_s": round(args.steps / s, 1), "ms_a_token": round(s / args.steps * 1e3, 3),
                    "min_blocks": min_blocks, "model": os.path.basename(args.model)}
             print(json.dumps(row), flush=True)
-            print(f"{row['model']:40} threads {t:2}  min_blocks {min_blocks:>5}  {row['tok_s']:8.1f} tok/s  "
+            print(f"{row['model']:40} threads {t:2}  min_blocks {min_blocks:>13}  {row['tok_s']:8.1f} tok/s  "
                   f"{row['ms_a_token']:.3f} ms", file=sys.stderr, flush=True)
 
 

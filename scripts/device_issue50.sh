@@ -39,6 +39,13 @@ pack() {  # llama.cpp's CUDA build, packed into $OUT once: carried back in data/
   tar -C /tmp/side_by_side/build-cuda -cf - bin | xz -6 -T16 | split -b 15M - "$OUT/llama-cuda-bin.tar.xz."
   touch /tmp/packed; ls -la "$OUT" | grep llama-cuda
 }
+restore() {  # llama.cpp's CUDA build as diag packed it (data/device/llama-cuda-bin.tar.xz.*), where it was carried
+  [ -x /tmp/side_by_side/build-cuda/bin/llama-bench ] && return 0
+  compgen -G "data/device/llama-cuda-bin.tar.xz.*" > /dev/null || return 0
+  mkdir -p /tmp/side_by_side/build-cuda && cat data/device/llama-cuda-bin.tar.xz.* | xz -d | tar -x -C /tmp/side_by_side/build-cuda
+  /tmp/side_by_side/build-cuda/bin/llama-bench --help > /dev/null 2>&1 && echo "llama.cpp CUDA build: restored" \
+      || echo "llama.cpp CUDA build: restored, but it does not run"
+}
 case ${1:-} in
 diag)  # 2026-12-08's first call: where the plain step's time goes (per-kernel, PDL off and on), while
        # llama.cpp's CUDA build runs in the background; its binaries come back packed for later calls
@@ -72,7 +79,7 @@ diag)  # 2026-12-08's first call: where the plain step's time goes (per-kernel, 
   tar -C /tmp -cJf "$OUT/diag.tar.xz" diag traces; ls -la "$OUT"
   ;;
 cpudiag)  # right after diag, on the same machine: llama.cpp CUDA on the files diag measured, then the host's 16 cores: llama.cpp's CPU build, both sides at 1-15 threads, and the pool's
-          # threshold (TINYLLM_CPU_MIN_BLOCKS) at 4096 (the default) and 512: scripts/cpu_threads.py
+          # threshold (TINYLLM_CPU_MIN_BLOCKS) at 4096 (the default then) and 512: scripts/cpu_threads.py
   [ -d /tmp/site ] || bash scripts/device_fused.sh setup > /dev/null 2>&1
   M=/tmp/side_by_side/models
   BUDGET_S=200 bash scripts/gpu_side_by_side.sh wait 2>&1 | tail -1  # the CUDA build, if it still runs
@@ -88,6 +95,35 @@ cpudiag)  # right after diag, on the same machine: llama.cpp CUDA on the files d
   for mb in 4096 512; do
     TINYLLM_CPU_MIN_BLOCKS=$mb PYTHONPATH=/tmp/site:. timeout $(left 545) python3 scripts/cpu_threads.py $M/$f.gguf \
         --threads 1,4,8,15 --steps 64 --repeats 2 >> "$OUT/tinyllm_cpu_threads.jsonl" 2> /tmp/ct.err
+    grep -E "threads" /tmp/ct.err || tail -3 /tmp/ct.err
+  done
+  ;;
+final)  # 2026-12-07's last lease, first call: the whole -m cuda suite, then llama.cpp CUDA (the build diag packed,
+        # carried in data/device) beside the plain step on the three small files
+  bash scripts/device_fused.sh setup || exit 1
+  restore
+  FILES="data/device/smollm2-135m.q4_1.tgguf data/device/gemma3-270m.q4_k_m.tgguf data/device/qwen2.5-coder-0.5b.q4_k_m.tgguf" \
+      bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -1
+  suite $(($(left 575) - 250))
+  MODELS="smollm2 gemma3 qwen" BUDGET_S=$(left 575) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -1
+  TINYLLM_ARGS=--no-eager COMPILES=off MODELS="smollm2 gemma3 qwen" BUDGET_S=$(left 575) \
+      bash scripts/gpu_side_by_side.sh tinyllm table 2>&1 | tail -8
+  ;;
+final2)  # the second call: the app on the default model's shape (cold, warm), then the host's CPU at 4, 8, 15 threads
+  [ -d /tmp/site ] || bash scripts/device_fused.sh setup > /dev/null 2>&1
+  JOBS=16 bash scripts/gpu_side_by_side.sh cpu-build 2>&1 | tail -1  # 36 s at -j16: done before the app's first reply
+  [ -d /tmp/tc ] || shape
+  BUDGET_S=120 bash scripts/gpu_side_by_side.sh wait 2>&1 | tail -1
+  for launch in cold warm; do
+    OUT=$OUT bash scripts/device_fused.sh app 150 new on /tmp/tc | grep -E "rc=|decode_tok_s |compiled_s|loaded_s|status bar"
+    mv "$OUT/app_new_on.err" "$OUT/app_$launch.err"
+  done
+  M=/tmp/side_by_side/models
+  for f in smollm2-135m.q4_1 qwen2.5-coder-0.5b.q4_k_m; do
+    timeout 100 /tmp/side_by_side/build-cpu/bin/llama-bench -m $M/$f.gguf -t 4,8,15 -p 0 -n 64 -r 2 > "$OUT/llama_cpu_$f.md" 2>&1
+    grep -E "tg64" "$OUT/llama_cpu_$f.md"
+    PYTHONPATH=/tmp/site:. timeout $(left 590) python3 scripts/cpu_threads.py $M/$f.gguf --threads 4,8,15 --steps 64 \
+        --repeats 2 >> "$OUT/tinyllm_cpu_threads.jsonl" 2> /tmp/ct.err
     grep -E "threads" /tmp/ct.err || tail -3 /tmp/ct.err
   done
   ;;

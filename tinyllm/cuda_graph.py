@@ -181,7 +181,7 @@ class _Decoder:
 
     @property
     def captured_windows(self) -> list[int]:
-        return sorted({w for w, _, _ in self.graphs})
+        return sorted({key[0] for key in self.graphs})
 
     def bucket(self, n_keys: int) -> int:
         return pick_bucket(self.buckets, n_keys)
@@ -255,7 +255,7 @@ class _Decoder:
         return windows or self.buckets  # what capture() covers
 
     def _key(self, shape, steps: int) -> tuple:
-        return shape, steps, self.sampler.greedy  # the sampler's variant is a step of its own
+        return shape, steps, *self.sampler.variant  # the sampler's variant is a step of its own
 
     def _ran(self, shape) -> None:
         self.window = shape  # the bucket of the last run

@@ -302,12 +302,12 @@ def graph_decoder_run(model, monkeypatch=None):
 def test_the_skeleton_replays_what_its_eager_twin_runs(model, monkeypatch):
     """GraphDecoder through the skeleton on emulated graphs (capture ahead, capture on first use,
     replay, toggles between runs) against use_graph=False: the same ids and logits, bit for bit,
-    and a graph per (W, steps, greedy) it ran with graphs on."""
+    and a graph per (W, steps, greedy, filtered) it ran with graphs on (its settings: a penalty)."""
     ids, outs, _, _ = graph_decoder_run(model)
     g_ids, g_outs, dec, fake = graph_decoder_run(model, monkeypatch)
     assert all(torch.equal(a, b) for a, b in zip(ids + outs, g_ids + g_outs, strict=True))
     assert dec.window == 96 and dec.captured_windows == [16, 32, 64, 96]
-    assert all(key[2] is False for key in dec.graphs) and (16, 4, False) in dec.graphs
+    assert all(key[2:] == (False, True) for key in dec.graphs) and (16, 4, False, True) in dec.graphs
     assert fake.log.count("replay") > 0 and fake.log.count(("capture", "pool", "thread_local")) == len(dec.graphs)
 
 

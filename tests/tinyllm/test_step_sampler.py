@@ -220,3 +220,36 @@ def test_the_row_sampler_draws_as_sample_with_dry():
             want = sample(logits[r:r + 1], p, prev=torch.tensor([history[r][-REPEAT_WINDOW:]]), noise=noise,
                           history=torch.tensor([history[r]]), breaker=breaker)
             assert int(got[r]) == int(want), (r, step)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_unfiltered_greedy_draw_is_the_filtered_draw_with_the_filters_off(dtype):
+    """No penalty and no DRY (load sets `filtered` False): the step skips both and takes the argmax
+    of the valid ids' logits in their own dtype; the same ids as the full path (the penalty of 1
+    and DRY's multiplier of 0 run, on fp32 logits, with the ids past n_valid at -inf), ties and
+    a maximum among the padded ids included. Sampling with the filters off draws the same too."""
+    B, V, n_valid = 3, 70, 64
+    g = torch.Generator().manual_seed(3)
+    recent = loopy(g, B, 40, V)
+    for params in (SamplingParams(), SamplingParams(temperature=0.8, top_k=5, seed=1)):
+        fast, full = StepSampler(B, V, "cpu", n_valid), StepSampler(B, V, "cpu", n_valid)
+        fast.load(params, recent)
+        full.load(params, recent)
+        assert fast.variant == (params.greedy, False)
+        full.filtered = True  # the penalty (1) and DRY (0) run
+        for _ in range(20):
+            logits = torch.randn(B, V, generator=g).to(dtype)
+            logits[0, n_valid + 2] = 100.0  # a padded id's logit above every valid one
+            logits[1, [5, 9]] = logits[1].max() + 1  # a tie: the first is drawn
+            ids = torch.randint(0, V, (B, 1), generator=g)
+            fast.push(ids)
+            full.push(ids)
+            want = full.draw(logits.clone())
+            assert torch.equal(fast.draw(logits.clone()), want)
+            assert (want < n_valid).all() and (not params.greedy or want[1] == 5)
+        assert torch.equal(fast.ring, full.ring) and torch.equal(fast.hist, full.hist)
+    filtered = StepSampler(B, V, "cpu", n_valid)
+    filtered.load(SamplingParams(repeat_penalty=1.1), recent)
+    assert filtered.variant == (True, True)
+    filtered.load(SamplingParams(dry_multiplier=0.8), recent)
+    assert filtered.variant == (True, True)

@@ -10,9 +10,14 @@ Contract:
   between steps with plain device copies, never a new capture.
 - Inside the step: `push(ids)` adds the ids just fed to the ring, `draw(logits)` returns the
   next ids (B,) and advances the counter. Ids from `n_valid` on (a model whose embeddings are
-  padded past its tokenizer) are never drawn. Only `greedy` (argmax after the penalty, no sort) vs
-  sampling is a host-side choice: the two are two variants of the step. DRY always runs in
-  the step (a multiplier of 0 subtracts zeros: the same logits), so its settings are values too.
+  padded past its tokenizer) are never drawn. Two choices are host-side, each a variant of the
+  step (`variant`): `greedy` (argmax after the penalty, no sort) vs sampling, and `filtered` (a
+  repetition penalty or DRY is on: `load` sets it). Unfiltered, a step outside a compile skips
+  the penalty and DRY (a penalty of 1 and a DRY multiplier of 0 leave the logits as they are, so
+  the draw is the same), and a greedy one takes the argmax of the logits as they come: on CUDA
+  those were about 40 of the plain step's 214 kernels, 100 us of SmolLM2's 686. push runs
+  always (the ring and history stay what every other step keeps). A compiled step runs them
+  always too (Inductor makes them a few kernels), so their settings are values there.
   `native_args()` hands a native step (tinyllm.decode.cpu_step) the same tensors, which it advances
   as push and draw do.
 - `draw` equals the reference, `sample(logits, params, noise=noise_at(seed, counter), prev=ring,
@@ -59,6 +64,17 @@ class StepSampler:
         self.dry_n = torch.tensor([2, DRY_WINDOW], **i64)  # (2,) DRY's allowed length and last-n
         self.breaker = torch.zeros(vocab, dtype=torch.bool, device=device)  # (V,) ids that end a DRY match
         self.greedy = True  # host-side: which variant of the step runs
+        self.filtered = False  # host-side: a repetition penalty or DRY is on (load)
+
+    @property
+    def variant(self) -> tuple[bool, bool]:
+        """(greedy, filtered): the host-side choices a step's graph is captured for."""
+        return self.greedy, self.filtered
+
+    def _filters(self) -> bool:
+        """Whether this step runs the penalty and DRY: always in a compile (read first, so Dynamo
+        guards on nothing here), else where load() turned them on."""
+        return torch.compiler.is_compiling() or self.filtered
 
     def state(self) -> list[Tensor]:
         """The tensors a step changes (a capture's warm-up puts them back)."""
@@ -83,6 +99,7 @@ class StepSampler:
         once, as repeated ids do), and DRY's history their last DRY_WINDOW. seed None:
         params.seed, or a fresh random one."""
         self.greedy = params.greedy
+        self.filtered = params.repeat_penalty != 1.0 or params.dry_multiplier != 0.0
         self.temperature.fill_(params.temperature if params.temperature > 0 else 1.0)
         self.top_p.fill_(params.top_p)
         self.penalty.fill_(params.repeat_penalty)
@@ -112,11 +129,15 @@ class StepSampler:
 
     def draw(self, logits: Tensor) -> Tensor:
         """logits (B, V) -> next ids (B,), as sample() draws them with this step's noise."""
+        filters = self._filters()
+        if self.greedy and not filters:  # the argmax of the valid ids' logits, in their own dtype
+            return logits[:, :self.n_valid].argmax(dim=-1)
         x = logits.float()  # (B, V)
         if self.n_valid < self.vocab:  # embeddings padded past the tokenizer: never draw those ids
             x[:, self.n_valid:] = float("-inf")
-        x = apply_repeat_penalty(x, self.ring, self.penalty)
-        x = apply_dry(x, self.hist, self.breaker, self.dry[0:1], self.dry[1:2], self.dry_n[0:1], self.dry_n[1:2])
+        if filters:
+            x = apply_repeat_penalty(x, self.ring, self.penalty)
+            x = apply_dry(x, self.hist, self.breaker, self.dry[0:1], self.dry[1:2], self.dry_n[0:1], self.dry_n[1:2])
         if self.greedy:
             return x.argmax(dim=-1)
         noise = noise_at(self.key, self.counter, self.batch, self.vocab)  # (B, V)

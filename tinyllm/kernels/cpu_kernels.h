@@ -146,9 +146,13 @@ void attend_units(const AttnArgs<float, int8_t>& a, int64_t B, float* y);
 // ---- threads ------------------------------------------------------------------------------
 
 // A product runs on more than one thread only with at least this many blocks of 32 weights a
-// thread (about 8 us of work at 1-2.5 ns a block): below it, waking a second thread costs more
-// than it saves.
-constexpr int64_t MIN_BLOCKS_PER_THREAD = 4096;
+// thread (about 1 us of work at 1-2.5 ns a block; TINYLLM_CPU_MIN_BLOCKS overrides it). It was 4096
+// (8 us), set on the 2-core CPU, where waking a second thread was thought to cost more than it saves;
+// but the pool's helpers spin between a step's products, and on a 16-core Xeon SmolLM2's native step
+// ran 208 -> 257 tok/s at 4 threads, 333 -> 364 at 8 and 364 -> 496 at 15 with 512 (llama.cpp there:
+// 218, 301, 362), 1 thread the same; on the 2-core CPU 512 measured within its noise of 4096
+// (docs/BENCHMARKS.md, "Many cores").
+constexpr int64_t MIN_BLOCKS_PER_THREAD = 512;
 
 // fn(ctx, i) for i in [0, n): on the calling thread alone for small work (`blocks` blocks of 32
 // weights in all), else with the pool (torch.get_num_threads() threads in all).

@@ -66,7 +66,7 @@ def fold() -> bool:
 
 
 def post_fold() -> bool:
-    """Whether a product here takes a post-norm too (TINYLLM_POST_FOLD=0: not, to measure)."""
+    """Whether a product here takes a post-norm too (TINYLLM_POST_FOLD=1; off by default: switches.py)."""
     return SWITCHES.post_fold
 
 

@@ -20,7 +20,7 @@ Contract:
   when the library loads: TINYLLM_CPU_VNNI=0 (one-row products on AVX2 even where the CPU has
   AVX512-VNNI: cpu_vnni.cpp), TINYLLM_CPU_EXACT_X=1 (int8 products on x as it is:
   cpu_products.cpp) and TINYLLM_CPU_MIN_BLOCKS=N (a product takes another thread only with N
-  blocks of 32 weights a thread, 4096 by default: cpu_pool.cpp); tinyllm.kernels.cpu_qgemv.use_vnni
+  blocks of 32 weights a thread, 512 by default: cpu_kernels.h); tinyllm.kernels.cpu_qgemv.use_vnni
   and use_exact_x change the first two at run time.
 """
 
@@ -37,7 +37,10 @@ class Switches:
     cache_dir: str = ""  # TINYLLM_CACHE_DIR: where those kernels build ("": XDG_CACHE_HOME/tinyllm, ~/.cache/tinyllm)
     qgemv: bool = True  # TINYLLM_QGEMV=0: no Triton products for quantized matrices on CUDA (tinyllm.kernels.qgemv)
     qgemv_fold: str = "plain"  # TINYLLM_QGEMV_FOLD: where those products take their norm and residual: plain | compiled | 0
-    post_fold: bool = True  # TINYLLM_POST_FOLD=0: a post-norm (Gemma 2/3) as a kernel of its own, not in its product's
+    # TINYLLM_POST_FOLD=1: a post-norm (Gemma 2/3) inside its product's kernel (the row's last program normalizes
+    # it); off, a kernel of its own after it: Gemma 3's plain step ran 1,535 tok/s folded against 1,582 apart
+    # on an H100 (2026-12-07), the count's acquire-release atomic in every program costing more than the launch
+    post_fold: bool = False
     qgemv_blocks: str = ""  # TINYLLM_QGEMV_BLOCKS="P,B,W,S,R": every product's block rule (tinyllm.kernels.qgemv_triton)
     int4_dp4a: str = "0"  # TINYLLM_INT4_DP4A: int4 products of groups of 32 on x rounded to int8 (qgemv_dp4a):
     # 0 never | 1 always | auto where the matrix is large (tinyllm.kernels.qgemv.DP4A_MIN_BYTES)
@@ -81,7 +84,7 @@ def read(env: Mapping[str, str]) -> Switches:
     if int8_kernel not in ("bytes", "words"):
         raise ValueError(f"TINYLLM_INT8_KERNEL must be bytes or words, got {int8_kernel!r}")
     return Switches(cpu_kernel=on("CPU_KERNEL"), cache_dir=get("CACHE_DIR"), qgemv=on("QGEMV"),
-                    qgemv_fold=get("QGEMV_FOLD", "plain"), post_fold=on("POST_FOLD"), qgemv_blocks=get("QGEMV_BLOCKS"),
+                    qgemv_fold=get("QGEMV_FOLD", "plain"), post_fold=get("POST_FOLD") == "1", qgemv_blocks=get("QGEMV_BLOCKS"),
                     int4_dp4a=dp4a, int4_kernel=int4_kernel, int8_kernel=int8_kernel,
                     decode_attn=on("DECODE_ATTN"), rope_attn=on("ROPE_ATTN"), cpu_attn=on("CPU_ATTN"),
                     attn_tile=attn_tile, pdl=get("PDL", "1"), trace_dir=get("TRACE_DIR"),

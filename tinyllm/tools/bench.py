@@ -225,16 +225,18 @@ def bench_capture(dec: GraphDecoder, report: Report, impl: str) -> None:
 
 @torch.no_grad()
 def bench_decode(model: Transformer, decs: dict[str, GraphDecoder], steps: int, repeats: int,
-                 report: Report) -> None:
+                 report: Report, eager: bool = True) -> None:
     device = model.device
     for suffix, dec in decs.items():
         start = min(DECODE_START, dec.max_len - steps)
         dec.prefill(random_ids(model, start))
         impls = ["graph", "static_eager"] if device.type == "cuda" else ["static_eager"]
-        for impl in impls:
+        for impl in impls if eager or device.type != "cuda" else ["graph"]:
             dec.use_graph = impl == "graph"
             s = median_s(decode_run(dec, start, steps, device), repeats)
             report("decode_tok_s", steps / s, "tok/s", impl=impl + suffix, start=start, steps=steps)
+    if not eager and device.type == "cuda":
+        return
     start = min(DECODE_START, model.cfg.max_seq_len - steps)
     report("decode_tok_s", generate_tok_s(model, start, steps, repeats), "tok/s", impl="generate",
            start=start, steps=steps)
@@ -404,6 +406,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="measure the native CPU step from EARLY and from LATE keys instead (e.g. 100,1900)")
     p.add_argument("--no-buckets", action="store_true",
                    help="skip decode inside each bucket (bucket_tok_s, bw_fraction): minutes on a CPU")
+    p.add_argument("--no-eager", action="store_true",
+                   help="CUDA: decode with graphs only (no eager twin, no generate(): seconds each on a small model)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quant", default=DEFAULT, choices=QUANTS, help=quant_help())
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"),
@@ -486,7 +490,7 @@ def run(args: argparse.Namespace) -> Report:
         if cuda:
             d.prefill(random_ids(model, DECODE_START))
             bench_capture(d, report, suffix.strip("_") or "plain")
-    bench_decode(model, decs, steps, repeats, report)
+    bench_decode(model, decs, steps, repeats, report, eager=not args.no_eager)
     for suffix, d in decs.items() if not args.no_buckets else ():
         bench_buckets(model, d, steps, repeats, bandwidth, report, "graph" + suffix if cuda else "static_eager" + suffix)
     if args.peers == "on" or (args.peers == "auto" and cuda):

@@ -56,7 +56,7 @@ def bench_profile(model, report, prompt: torch.Tensor, compiled: bool = True) ->
         impl = "compiled" if compile else "plain"
         for w in (dec.buckets[0], dec.buckets[-1]):
             dec.capture((w,))
-            graph = dec.graphs[(w, 1, dec.sampler.greedy)][0]
+            graph = dec.graphs[(w, 1, *dec.sampler.variant)][0]
             report("replay_us", replay_us(graph), "us", impl=impl, window=w)
             trace_dir = SWITCHES.trace_dir  # a Chrome trace of each step there
             trace = os.path.join(trace_dir, f"step_{impl}_{w}.json") if trace_dir else None
