@@ -108,6 +108,9 @@ final)  # 2026-12-07's last lease, first call: the whole -m cuda suite, then lla
   MODELS="smollm2 gemma3 qwen" BUDGET_S=$(left 575) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -1
   TINYLLM_ARGS=--no-eager COMPILES=off MODELS="smollm2 gemma3 qwen" BUDGET_S=$(left 575) \
       bash scripts/gpu_side_by_side.sh tinyllm table 2>&1 | tail -8
+  [ "$(left 575)" -gt 70 ] && PYTHONPATH=/tmp/site:. timeout $(($(left 575) - 10)) python3 -m tinyllm.tools.cli bench \
+      --device cuda --profile --compile off --model /tmp/side_by_side/models/smollm2-135m.q4_1.gguf 2>&1 \
+      | grep -E "kernels per step|replay_us"
   ;;
 final2)  # the second call: the app on the default model's shape (cold, warm), then the host's CPU at 4, 8, 15 threads
   [ -d /tmp/site ] || bash scripts/device_fused.sh setup > /dev/null 2>&1
