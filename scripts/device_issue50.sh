@@ -104,7 +104,7 @@ final)  # 2026-12-07's last lease, first call: the whole -m cuda suite, then lla
   restore
   FILES="data/device/smollm2-135m.q4_1.tgguf data/device/gemma3-270m.q4_k_m.tgguf data/device/qwen2.5-coder-0.5b.q4_k_m.tgguf" \
       bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -1
-  suite $(($(left 575) - 250))
+  suite $(($(left 575) - 230))
   MODELS="smollm2 gemma3 qwen" BUDGET_S=$(left 575) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -1
   TINYLLM_ARGS=--no-eager COMPILES=off MODELS="smollm2 gemma3 qwen" BUDGET_S=$(left 575) \
       bash scripts/gpu_side_by_side.sh tinyllm table 2>&1 | tail -8
@@ -123,9 +123,10 @@ final2)  # the second call: the app on the default model's shape (cold, warm), t
   done
   M=/tmp/side_by_side/models
   for f in smollm2-135m.q4_1 qwen2.5-coder-0.5b.q4_k_m; do
-    timeout 100 /tmp/side_by_side/build-cpu/bin/llama-bench -m $M/$f.gguf -t 4,8,15 -p 0 -n 64 -r 2 > "$OUT/llama_cpu_$f.md" 2>&1
+    [ "$(left 545)" -gt 60 ] || break
+    timeout 60 /tmp/side_by_side/build-cpu/bin/llama-bench -m $M/$f.gguf -t 4,8,15 -p 0 -n 64 -r 2 > "$OUT/llama_cpu_$f.md" 2>&1
     grep -E "tg64" "$OUT/llama_cpu_$f.md"
-    PYTHONPATH=/tmp/site:. timeout $(left 590) python3 scripts/cpu_threads.py $M/$f.gguf --threads 4,8,15 --steps 64 \
+    PYTHONPATH=/tmp/site:. timeout $(left 545) python3 scripts/cpu_threads.py $M/$f.gguf --threads 4,8,15 --steps 64 \
         --repeats 2 >> "$OUT/tinyllm_cpu_threads.jsonl" 2> /tmp/ct.err
     grep -E "threads" /tmp/ct.err || tail -3 /tmp/ct.err
   done
