@@ -108,6 +108,12 @@ final)  # 2026-12-07's last lease, first call: the whole -m cuda suite, then lla
   MODELS="smollm2 gemma3 qwen" BUDGET_S=$(left 575) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -1
   TINYLLM_ARGS=--no-eager COMPILES=off MODELS="smollm2 gemma3 qwen" BUDGET_S=$(left 575) \
       bash scripts/gpu_side_by_side.sh tinyllm table 2>&1 | tail -8
+  if [ "$(left 575)" -gt 170 ]; then  # the 8B at a context of 4,096 (tinyllm's bench holds the whole context's K/V)
+    CONTEXT=4096 FILES=data/device/llama3.1-8b-shape.q4_k_m.tgguf bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -1
+    MODELS=llama3.1 BUDGET_S=$(left 575) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -1
+    TINYLLM_ARGS=--no-eager COMPILES=off MODELS=llama3.1 BUDGET_S=$(left 575) bash scripts/gpu_side_by_side.sh tinyllm table \
+        2>&1 | tail -9
+  fi
   [ "$(left 575)" -gt 70 ] && PYTHONPATH=/tmp/site:. timeout $(($(left 575) - 10)) python3 -m tinyllm.tools.cli bench \
       --device cuda --profile --compile off --model /tmp/side_by_side/models/smollm2-135m.q4_1.gguf 2>&1 \
       | grep -E "kernels per step|replay_us"
