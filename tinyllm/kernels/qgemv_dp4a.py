@@ -92,7 +92,8 @@ def _dp4a(a, b, c, DP4A: tl.constexpr):
 def _dp4a_kernel(q_ptr, d_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, y_ptr, r_ptr, b_ptr, N, K: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1, RES: tl.constexpr = False,
                  BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, PDL: tl.constexpr = False,
-                 DP4A: tl.constexpr = True, o_ptr=None, p_ptr=None, c_ptr=None, peps=0.0, POST: tl.constexpr = False, BLOCK_C: tl.constexpr = 1):
+                 DP4A: tl.constexpr = True,
+                 o_ptr=None, p_ptr=None, c_ptr=None, peps=0.0, POST: tl.constexpr = False, BLOCK_C: tl.constexpr = 1):
     """qgemv_triton._int4_kernel's walk (BLOCK_N rows of each half a program, BLOCK_K values a
     step, the next step's weights loaded before this one's are used), on W's packed words and x's
     int8 words: (R, groups a step, 4) words of each."""

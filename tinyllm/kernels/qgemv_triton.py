@@ -288,7 +288,8 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N,
 def _dense_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1, NORM: tl.constexpr = False,
                   RES: tl.constexpr = False, BIAS: tl.constexpr = False, ACT: tl.constexpr = 0,
-                  PDL: tl.constexpr = False, o_ptr=None, p_ptr=None, c_ptr=None, peps=0.0, POST: tl.constexpr = False, BLOCK_C: tl.constexpr = 1):
+                  PDL: tl.constexpr = False,
+                  o_ptr=None, p_ptr=None, c_ptr=None, peps=0.0, POST: tl.constexpr = False, BLOCK_C: tl.constexpr = 1):
     """_int8_kernel's walk over a dense 16-bit W (bf16 / fp16): no scales, no conversion trick."""
     pid_n, m = tl.program_id(0), tl.program_id(1)
     rn, row = _block_rows(pid_n, N, BLOCK_N, HALVES)  # (R,) each, R = HALVES * BLOCK_N

@@ -114,7 +114,8 @@ def _first_words(w_ptr, N, KW: tl.constexpr, WB: tl.constexpr, BLOCK_N: tl.const
 def _kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: tl.constexpr, G: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1, NORM: tl.constexpr = False,
             RES: tl.constexpr = False, BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, PDL: tl.constexpr = False,
-            ASM: tl.constexpr = True, o_ptr=None, p_ptr=None, c_ptr=None, peps=0.0, POST: tl.constexpr = False, BLOCK_C: tl.constexpr = 1):
+            ASM: tl.constexpr = True,
+            o_ptr=None, p_ptr=None, c_ptr=None, peps=0.0, POST: tl.constexpr = False, BLOCK_C: tl.constexpr = 1):
     R: tl.constexpr = HALVES * BLOCK_N
     WB: tl.constexpr = BLOCK_K // 8  # words a step
     GW: tl.constexpr = G // 8  # words a group
@@ -169,7 +170,8 @@ def _kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: t
 def _int8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, g_ptr, r_ptr, b_ptr, eps, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, HALVES: tl.constexpr = 1, NORM: tl.constexpr = False,
                  RES: tl.constexpr = False, BIAS: tl.constexpr = False, ACT: tl.constexpr = 0,
-                 PDL: tl.constexpr = False, ASM: tl.constexpr = True, o_ptr=None, p_ptr=None, c_ptr=None, peps=0.0, POST: tl.constexpr = False, BLOCK_C: tl.constexpr = 1):
+                 PDL: tl.constexpr = False, ASM: tl.constexpr = True,
+                 o_ptr=None, p_ptr=None, c_ptr=None, peps=0.0, POST: tl.constexpr = False, BLOCK_C: tl.constexpr = 1):
     R: tl.constexpr = HALVES * BLOCK_N
     WB: tl.constexpr = BLOCK_K // 4  # words a step
     KW: tl.constexpr = K // 4  # words a row

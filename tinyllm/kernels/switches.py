@@ -84,7 +84,8 @@ def read(env: Mapping[str, str]) -> Switches:
     if int8_kernel not in ("bytes", "words"):
         raise ValueError(f"TINYLLM_INT8_KERNEL must be bytes or words, got {int8_kernel!r}")
     return Switches(cpu_kernel=on("CPU_KERNEL"), cache_dir=get("CACHE_DIR"), qgemv=on("QGEMV"),
-                    qgemv_fold=get("QGEMV_FOLD", "plain"), post_fold=get("POST_FOLD") == "1", qgemv_blocks=get("QGEMV_BLOCKS"),
+                    qgemv_fold=get("QGEMV_FOLD", "plain"), post_fold=get("POST_FOLD") == "1",
+                    qgemv_blocks=get("QGEMV_BLOCKS"),
                     int4_dp4a=dp4a, int4_kernel=int4_kernel, int8_kernel=int8_kernel,
                     decode_attn=on("DECODE_ATTN"), rope_attn=on("ROPE_ATTN"), cpu_attn=on("CPU_ATTN"),
                     attn_tile=attn_tile, pdl=get("PDL", "1"), trace_dir=get("TRACE_DIR"),

@@ -1,7 +1,7 @@
 """`tinyllm-bench --profile`: where a decode step's time goes, on CUDA.
 
-For the plain and the compiled step (the plain alone with `--compile off`), at the first and the last bucket: the replay time of one
-step's graph alone (events, no host work between replays), and the kernels of one step
+For the plain and the compiled step (the plain alone with `--compile off`), at the first and the
+last bucket: the replay time of one step's graph alone (events, no host work between replays), and the kernels of one step
 (torch.profiler over ten replays: count, the most expensive twelve; with TINYLLM_TRACE_DIR
 set, thirty, and a Chrome trace of the replays written there). Reports `replay_us`
 and `kernels_per_step` through the bench's Report; the kernel tables go to stderr.
