@@ -19,8 +19,8 @@ set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 T0=$SECONDS
 left() { echo $((${1:-560} - (SECONDS - T0))); }
-suite() {  # suite LIMIT: the whole `-m cuda` suite over 6 processes (pytest-xdist is on the image)
-  PYTHONPATH=/tmp/site timeout "$1" python3 -m pytest -v -n 6 -rfs --tb=short --durations=25 -m cuda tests \
+suite() {  # suite LIMIT: the whole `-m cuda` suite over 8 processes (pytest-xdist is on the image)
+  PYTHONPATH=/tmp/site timeout "$1" python3 -m pytest -v -n 8 -rfs --tb=short --durations=25 -m cuda tests \
       > "$OUT/cuda_suite.txt" 2>&1
   echo "== suite rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/cuda_suite.txt" | tail -25
 }
@@ -104,17 +104,17 @@ final)  # 2026-12-07's last lease, first call: the whole -m cuda suite, then lla
   restore
   FILES="data/device/smollm2-135m.q4_1.tgguf data/device/gemma3-270m.q4_k_m.tgguf data/device/qwen2.5-coder-0.5b.q4_k_m.tgguf" \
       bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -1
-  suite $(($(left 575) - 230))
-  MODELS="smollm2 gemma3 qwen" BUDGET_S=$(left 575) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -1
-  TINYLLM_ARGS=--no-eager COMPILES=off MODELS="smollm2 gemma3 qwen" BUDGET_S=$(left 575) \
+  suite $(($(left 400) - 160))
+  MODELS="smollm2 gemma3 qwen" BUDGET_S=$(left 400) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -1
+  TINYLLM_ARGS=--no-eager COMPILES=off MODELS="smollm2 gemma3 qwen" BUDGET_S=$(left 400) \
       bash scripts/gpu_side_by_side.sh tinyllm table 2>&1 | tail -8
-  if [ "$(left 575)" -gt 170 ]; then  # the 8B at a context of 4,096 (tinyllm's bench holds the whole context's K/V)
+  if [ "$(left 400)" -gt 170 ]; then  # the 8B at a context of 4,096 (tinyllm's bench holds the whole context's K/V)
     CONTEXT=4096 FILES=data/device/llama3.1-8b-shape.q4_k_m.tgguf bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -1
-    MODELS=llama3.1 BUDGET_S=$(left 575) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -1
-    TINYLLM_ARGS=--no-eager COMPILES=off MODELS=llama3.1 BUDGET_S=$(left 575) bash scripts/gpu_side_by_side.sh tinyllm table \
+    MODELS=llama3.1 BUDGET_S=$(left 400) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -1
+    TINYLLM_ARGS=--no-eager COMPILES=off MODELS=llama3.1 BUDGET_S=$(left 400) bash scripts/gpu_side_by_side.sh tinyllm table \
         2>&1 | tail -9
   fi
-  [ "$(left 575)" -gt 70 ] && PYTHONPATH=/tmp/site:. timeout $(($(left 575) - 10)) python3 -m tinyllm.tools.cli bench \
+  [ "$(left 400)" -gt 70 ] && PYTHONPATH=/tmp/site:. timeout $(($(left 400) - 10)) python3 -m tinyllm.tools.cli bench \
       --device cuda --profile --compile off --model /tmp/side_by_side/models/smollm2-135m.q4_1.gguf 2>&1 \
       | grep -E "kernels per step|replay_us"
   ;;
@@ -124,15 +124,15 @@ final2)  # the second call: the app on the default model's shape (cold, warm), t
   [ -d /tmp/tc ] || shape
   BUDGET_S=120 bash scripts/gpu_side_by_side.sh wait 2>&1 | tail -1
   for launch in cold warm; do
-    OUT=$OUT bash scripts/device_fused.sh app 150 new on /tmp/tc | grep -E "rc=|decode_tok_s |compiled_s|loaded_s|status bar"
+    OUT=$OUT bash scripts/device_fused.sh app 120 new on /tmp/tc | grep -E "rc=|decode_tok_s |compiled_s|loaded_s|status bar"
     mv "$OUT/app_new_on.err" "$OUT/app_$launch.err"
   done
   M=/tmp/side_by_side/models
   for f in smollm2-135m.q4_1 qwen2.5-coder-0.5b.q4_k_m; do
-    [ "$(left 545)" -gt 60 ] || break
+    [ "$(left 290)" -gt 60 ] || break
     timeout 60 /tmp/side_by_side/build-cpu/bin/llama-bench -m $M/$f.gguf -t 4,8,15 -p 0 -n 64 -r 2 > "$OUT/llama_cpu_$f.md" 2>&1
     grep -E "tg64" "$OUT/llama_cpu_$f.md"
-    PYTHONPATH=/tmp/site:. timeout $(left 545) python3 scripts/cpu_threads.py $M/$f.gguf --threads 4,8,15 --steps 64 \
+    PYTHONPATH=/tmp/site:. timeout $(left 290) python3 scripts/cpu_threads.py $M/$f.gguf --threads 4,8,15 --steps 64 \
         --repeats 2 >> "$OUT/tinyllm_cpu_threads.jsonl" 2> /tmp/ct.err
     grep -E "threads" /tmp/ct.err || tail -3 /tmp/ct.err
   done
