@@ -311,6 +311,31 @@ def test_the_skeleton_replays_what_its_eager_twin_runs(model, monkeypatch):
     assert fake.log.count("replay") > 0 and fake.log.count(("capture", "pool", "thread_local")) == len(dec.graphs)
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(repeat_penalty=1.1, dry_multiplier=0.8),
+                                    SamplingParams(temperature=0.8, dry_multiplier=0.8)],
+                         ids=["greedy", "greedy-filtered", "sampled-filtered"])
+def test_the_graphs_captured_ahead_are_the_ones_the_first_reply_replays(model, monkeypatch, params):
+    """A session that compiles in the background captures the plain step's graphs ahead for the
+    sampler's variant its replies run (greedy or not, a penalty or DRY on or not: the app's defaults
+    have both), since no graph is captured beside the compile: the first reply replays them, never
+    an eager step (on an H100 a variant captured for nothing left the app's first reply eager, at
+    32 tok/s)."""
+    from tinyllm.session.step_policy import StepPolicy
+
+    dec = GraphDecoder(model, 1, max_len=96, buckets=(16, 32, 64, 96), use_graph=False)
+    fake = CpuGraphs(dec, monkeypatch)
+    policy = StepPolicy(model, dec, "inductor")  # its compile starts only at begin(): none here
+    policy.capture_ahead(1, params.greedy, 4, params.filtered)
+    assert dec.graphs and {key[2:] for key in dec.graphs} == {(params.greedy, params.filtered)}
+    prompt = torch.randint(0, 512, (1, 13), generator=torch.Generator().manual_seed(0))
+    dec.draw_first(dec.prefill(prompt)[:, -1], params, prompt)
+    fake.log.clear()
+    for k in (1, 4, 4, 1):
+        dec.run(k, capture=False)  # mid-reply beside a compile: a graph, or an eager step
+    assert fake.log.count("replay") == 4 and not [e for e in fake.log if isinstance(e, tuple)], fake.log
+
+
 # step -> ("admit", slot, prompt length, seed, temperature) or ("release", slot)
 SLOT_SCRIPT = {0: [("admit", 0, 20, 0, 0.0), ("admit", 1, 5, 1, 0.8)], 3: [("admit", 3, 40, 2, 0.0)],
                5: [("release", 1)], 7: [("admit", 1, 30, 3, 1.1)], 9: [("release", 3)]}

@@ -103,6 +103,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def filtered(self) -> bool:
+        """A repetition penalty or DRY is on (the step's sampler runs them: StepSampler.variant)."""
+        return self.repeat_penalty != 1.0 or self.dry_multiplier != 0.0
+
     def regenerating(self, seed: int) -> SamplingParams:
         """The settings a regenerated reply samples with (the app's Ctrl+R; the chat's stay as
         they are for its next reply): a new `seed`, so that a reply written again is a new one

@@ -99,7 +99,7 @@ class StepSampler:
         once, as repeated ids do), and DRY's history their last DRY_WINDOW. seed None:
         params.seed, or a fresh random one."""
         self.greedy = params.greedy
-        self.filtered = params.repeat_penalty != 1.0 or params.dry_multiplier != 0.0
+        self.filtered = params.filtered
         self.temperature.fill_(params.temperature if params.temperature > 0 else 1.0)
         self.top_p.fill_(params.top_p)
         self.penalty.fill_(params.repeat_penalty)

@@ -93,7 +93,7 @@ class ChatSession:
                                    stop_ids(tokenizer, template))
         self.max_len = self.runner.max_len
         self.policy = StepPolicy(model, self.decoder, compile, self.threads, source)
-        self.policy.capture_ahead(tokenizer.bos_id, params.greedy, chunk)  # where a compile is asked for
+        self.policy.capture_ahead(tokenizer.bos_id, params.greedy, chunk, params.filtered)  # where a compile is asked for
         self.marks["graphs_captured"] = time.time()
         self.policy.begin(params.greedy)
         self.conversation = Conversation(tokenizer, template, self.max_len, self.decoder, system)
@@ -230,7 +230,7 @@ class ChatSession:
         """Between replies, on the worker thread (the app's server calls it as soon as a compile
         ends; a reply calls it at its start): the compiled step takes over where it is ready,
         its graphs captured ahead (StepPolicy.prepare)."""
-        self.policy.prepare(self.params.greedy, self.chunk)
+        self.policy.prepare(self.params.greedy, self.chunk, self.params.filtered)
 
     # ---- settings (any thread) -------------------------------------------------------
 

@@ -117,7 +117,7 @@ class DecodeRunner:
         Prefilled. See the module docstring."""
         if self.threads:
             torch.set_num_threads(self.threads)
-        policy.prepare(params.greedy, self.chunk)
+        policy.prepare(params.greedy, self.chunk, params.filtered)
         with policy.paused():  # a running compile waits for the reply's end (BackgroundCompile)
             yield from self._reply(context, params, dropped, policy, record)
 

@@ -70,10 +70,10 @@ class StepPolicy:
         """The latest background compile, or None."""
         return self.compiles[-1] if self.compiles else None
 
-    def capture_ahead(self, bos_id: int, greedy: bool, chunk: int) -> None:
+    def capture_ahead(self, bos_id: int, greedy: bool, chunk: int, filtered: bool = False) -> None:
         """Where a compile is asked for, before it starts: capture the plain step's graphs (every
-        bucket, runs of 1 and of `chunk` steps, the `greedy` variant) and run one prefill, so its
-        kernels are loaded. Captured during the compile, each graph would wait for the GIL
+        bucket, runs of 1 and of `chunk` steps, the sampler's variant the replies will run: `greedy`,
+        and `filtered` where a penalty or DRY is on) and run one prefill, so its kernels are loaded. Captured during the compile, each graph would wait for the GIL
         behind the compiler (measured on the H200: 35-51 tok/s for the first reply instead of
         ~1,500), and a capture beside the compiler's own CUDA work can break either."""
         dec = self.decoder
@@ -82,7 +82,7 @@ class StepPolicy:
         n = max(1, min(48, dec.max_len // 4))
         dec.append(torch.full((1, n), bos_id, device=self.model.device))  # allocates the cache
         dec.truncate(1)
-        dec.greedy = greedy
+        dec.greedy, dec.sampler.filtered = greedy, filtered
         self._capture_runs(chunk)
         dec.truncate(0)
 
@@ -182,11 +182,11 @@ class StepPolicy:
         if self.background is not None:
             self.background.beat()
 
-    def prepare(self, greedy: bool, chunk: int) -> None:
+    def prepare(self, greedy: bool, chunk: int, filtered: bool = False) -> None:
         """Between replies, on the worker thread (the app's server calls it as soon as a compile
         ends; a reply calls it at its start): run the compiled step if the `greedy` variant is
         compiled and no compile is running (see background_compile's contract), and capture its
-        graphs ahead (runs of 1 and `chunk`), so the next reply neither waits for them nor runs
+        graphs ahead (runs of 1 and `chunk`, for the sampler's variant: `greedy`, `filtered`), so the next reply neither waits for them nor runs
         slower while they are captured one by one (measured on the H200: the first replies on
         the compiled step ran at 490-750 tok/s, the third at 660-970). A variant not compiled yet
         starts compiling now, once, and the plain step runs meanwhile: a compile never sits on
@@ -206,5 +206,5 @@ class StepPolicy:
         if use != bool(dec.compile) or saved is not dec.saved:
             dec.set_compile(self.backend if use else None, saved)
         if use and dec.use_graph:
-            dec.greedy = greedy
+            dec.greedy, dec.sampler.filtered = greedy, filtered
             self._capture_runs(chunk)  # those already there are kept
