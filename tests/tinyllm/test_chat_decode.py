@@ -217,7 +217,7 @@ def test_no_graph_is_captured_mid_reply_or_while_a_compile_runs(ckpt):
 
     s = session(ckpt, CHUNK, device="cuda", compile="held_until_go")  # the chunk captured ahead
     buckets = s.decoder.buckets
-    assert set(s.decoder.graphs) == {(w, n, True) for w in buckets for n in (1, CHUNK)}
+    assert set(s.decoder.graphs) == {(w, n, True, False) for w in buckets for n in (1, CHUNK)}  # greedy, no filters
     s.stop_ids = set()
     for k, v in [("temperature", "0.8"), ("seed", "3"), ("max_tokens", "40")]:
         s.set_param(k, v)
@@ -230,7 +230,7 @@ def test_no_graph_is_captured_mid_reply_or_while_a_compile_runs(ckpt):
         s.prepare()
     assert s.decoder.compile == "held_until_go"
     captured = set(s.decoder.graphs)
-    assert captured == {(w, n, False) for w in buckets for n in (1, CHUNK)}
+    assert captured == {(w, n, False, False) for w in buckets for n in (1, CHUNK)}
     s.set_param("max_tokens", "300")  # crosses the 128 and 256 buckets' ends
     fin = talk(s, "More?")
     assert fin.stats.step == "compiled" and set(s.decoder.graphs) == captured
