@@ -17,7 +17,10 @@ Contract:
   the draw is the same), and a greedy one takes the argmax of the logits as they come: on CUDA
   those were about 40 of the plain step's 214 kernels, 100 us of SmolLM2's 686. push runs
   always (the ring and history stay what every other step keeps). A compiled step runs them
-  always too (Inductor makes them a few kernels), so their settings are values there.
+  always too (Inductor makes them a few kernels), so their settings are values there. Where
+  they run outside a compile on CUDA, TINYLLM_FUSED_FILTERS=1 makes them two Triton kernels
+  (tinyllm.kernels.sampler_filters: the same x, bit for bit under the interpreter but for DRY's
+  pow; off until a GPU has measured it).
   `native_args()` hands a native step (tinyllm.decode.cpu_step) the same tensors, which it advances
   as push and draw do.
 - `draw` equals the reference, `sample(logits, params, noise=noise_at(seed, counter), prev=ring,
@@ -76,6 +79,16 @@ class StepSampler:
         guards on nothing here), else where load() turned them on."""
         return torch.compiler.is_compiling() or self.filtered
 
+    @staticmethod
+    def _fused_filters(logits: Tensor) -> bool:
+        """The penalty and DRY by tinyllm.kernels.sampler_filters: switched on (TINYLLM_FUSED_FILTERS=1;
+        switches is read at each call, so a test can switch it), outside a compile, where Triton runs
+        these logits (CUDA, or the interpreter)."""
+        from tinyllm.kernels import qgemv, switches
+
+        return (switches.SWITCHES.fused_filters and not torch.compiler.is_compiling() and qgemv.available()
+                and (logits.is_cuda or switches.SWITCHES.triton_interpret))
+
     def state(self) -> list[Tensor]:
         """The tensors a step changes (a capture's warm-up puts them back)."""
         return [self.counter, self.ring, self.ring_at, self.hist]
@@ -132,12 +145,19 @@ class StepSampler:
         filters = self._filters()
         if self.greedy and not filters:  # the argmax of the valid ids' logits, in their own dtype
             return logits[:, :self.n_valid].argmax(dim=-1)
-        x = logits.float()  # (B, V)
-        if self.n_valid < self.vocab:  # embeddings padded past the tokenizer: never draw those ids
-            x[:, self.n_valid:] = float("-inf")
-        if filters:
-            x = apply_repeat_penalty(x, self.ring, self.penalty)
-            x = apply_dry(x, self.hist, self.breaker, self.dry[0:1], self.dry[1:2], self.dry_n[0:1], self.dry_n[1:2])
+        if filters and self._fused_filters(logits):  # the same x in two Triton kernels (TINYLLM_FUSED_FILTERS=1)
+            from tinyllm.kernels import sampler_filters
+
+            x = sampler_filters.filtered_logits(logits, self.n_valid, self.ring, self.penalty, self.hist, self.breaker,
+                                                self.dry, self.dry_n)  # (B, V) fp32
+        else:
+            x = logits.float()  # (B, V)
+            if self.n_valid < self.vocab:  # embeddings padded past the tokenizer: never draw those ids
+                x[:, self.n_valid:] = float("-inf")
+            if filters:
+                x = apply_repeat_penalty(x, self.ring, self.penalty)
+                x = apply_dry(x, self.hist, self.breaker, self.dry[0:1], self.dry[1:2], self.dry_n[0:1],
+                              self.dry_n[1:2])
         if self.greedy:
             return x.argmax(dim=-1)
         noise = noise_at(self.key, self.counter, self.batch, self.vocab)  # (B, V)

@@ -46,6 +46,9 @@ class Switches:
     # 0 never | 1 always | auto where the matrix is large (tinyllm.kernels.qgemv.DP4A_MIN_BYTES)
     int4_kernel: str = "words"  # TINYLLM_INT4_KERNEL: words (qgemv_words) | bytes (qgemv_triton._int4_kernel)
     int8_kernel: str = "words"  # TINYLLM_INT8_KERNEL: words (qgemv_words) | bytes (qgemv_triton._int8_kernel)
+    # TINYLLM_FUSED_FILTERS=1: on CUDA (or under the interpreter) the plain step's repetition penalty and DRY as two
+    # Triton kernels (tinyllm.kernels.sampler_filters) instead of about 40 torch ones; off until a GPU has measured it
+    fused_filters: bool = False
     decode_attn: bool = True  # TINYLLM_DECODE_ATTN=0: no Triton decode attention on CUDA (tinyllm.kernels.decode_attention)
     rope_attn: bool = True  # TINYLLM_ROPE_ATTN=0: RoPE and the cache write apart from that attention
     cpu_attn: bool = True  # TINYLLM_CPU_ATTN=0: the compiled CPU step keeps Inductor's attention loop
@@ -87,6 +90,7 @@ def read(env: Mapping[str, str]) -> Switches:
                     qgemv_fold=get("QGEMV_FOLD", "plain"), post_fold=get("POST_FOLD") == "1",
                     qgemv_blocks=get("QGEMV_BLOCKS"),
                     int4_dp4a=dp4a, int4_kernel=int4_kernel, int8_kernel=int8_kernel,
+                    fused_filters=get("FUSED_FILTERS") == "1",
                     decode_attn=on("DECODE_ATTN"), rope_attn=on("ROPE_ATTN"), cpu_attn=on("CPU_ATTN"),
                     attn_tile=attn_tile, pdl=get("PDL", "1"), trace_dir=get("TRACE_DIR"),
                     cuda_saved_step=get("CUDA_SAVED_STEP") == "1", triton_interpret=env.get("TRITON_INTERPRET") == "1")

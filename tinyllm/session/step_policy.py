@@ -73,9 +73,11 @@ class StepPolicy:
     def capture_ahead(self, bos_id: int, greedy: bool, chunk: int, filtered: bool = False) -> None:
         """Where a compile is asked for, before it starts: capture the plain step's graphs (every
         bucket, runs of 1 and of `chunk` steps, the sampler's variant the replies will run: `greedy`,
-        and `filtered` where a penalty or DRY is on) and run one prefill, so its kernels are loaded. Captured during the compile, each graph would wait for the GIL
-        behind the compiler (measured on the H200: 35-51 tok/s for the first reply instead of
-        ~1,500), and a capture beside the compiler's own CUDA work can break either."""
+        and `filtered` where a penalty or DRY is on) and run one prefill, so its kernels are
+        loaded. Captured during the compile, each graph would wait for the GIL behind the compiler
+        (measured on the H200: 35-51 tok/s for the first reply instead of ~1,500), and a capture
+        beside the compiler's own CUDA work can break either; a reply of a variant not captured
+        ahead runs eagerly beside the compile (the app's defaults, on an H100: 24-32 tok/s)."""
         dec = self.decoder
         if not self.backend or not dec.use_graph:
             return
@@ -186,9 +188,10 @@ class StepPolicy:
         """Between replies, on the worker thread (the app's server calls it as soon as a compile
         ends; a reply calls it at its start): run the compiled step if the `greedy` variant is
         compiled and no compile is running (see background_compile's contract), and capture its
-        graphs ahead (runs of 1 and `chunk`, for the sampler's variant: `greedy`, `filtered`), so the next reply neither waits for them nor runs
-        slower while they are captured one by one (measured on the H200: the first replies on
-        the compiled step ran at 490-750 tok/s, the third at 660-970). A variant not compiled yet
+        graphs ahead (runs of 1 and `chunk`, for the sampler's variant: `greedy`, `filtered`), so
+        the next reply neither waits for them nor runs slower while they are captured one by one
+        (measured on the H200: the first replies on the compiled step ran at 490-750 tok/s, the
+        third at 660-970). A variant not compiled yet
         starts compiling now, once, and the plain step runs meanwhile: a compile never sits on
         a reply's path."""
         c = self.background
