@@ -1,20 +1,18 @@
 #!/usr/bin/env bash
-# Issue 50's device lease in calls of 10 minutes at most (docs/BENCHMARKS.md, "Both words kernels on an
-# H100"). Carry ["data/device", ".whl"] (.whl: textual and what it needs, platformdirs, pyte, gguf, httpx-sse:
-# device/README.md); move models/tinychat/*.safetensors out of the tree first (76 MB: a call carries
-# 64 MiB), since `shape` rebuilds the default model's shape there. What the last lease left unmeasured:
-#   one    setup, llama.cpp's CUDA build (in the background), the files unpacked, the default model's
-#          shape, the whole `-m cuda` suite over 6 processes (198 s on an H100), then llama-bench
-#   two    Gemma 3's plain step with the int8 words kernel (1.12x llama.cpp with the bytes kernel) and its
-#          profile, then the compiled step with both words kernels on SmolLM2, Qwen and Gemma (does
-#          Inductor still beat the plain step?)
-#   three  VRAM: the 8B at one context (4,096) on both sides (at most 1.15x llama.cpp's); the table
-#   four   the Llama-3.2-1B shape in bf16 (the megakernel's 0.97 ms a token), plain and compiled
-#   app    the app on the default model's shape, a cold launch then a warm one; SAVED=1: both with
-#          TINYLLM_CUDA_SAVED_STEP=1 (the warm launch should load its compiled step, not trace it)
-#   cpu    the host's 16 cores: llama.cpp's CPU build, then llama-bench -t 4,8,15 against the native step
-# With about 15 minutes: one (its suite and llama-bench), then two.
-# Everything lands in $OUT (the files that come back).
+# Issue 50's device lease in calls of 10 minutes at most (docs/BENCHMARKS.md, "The plain step past 1.9x
+# llama.cpp on an H100"). Carry ["data/device", ".whl"] (.whl: textual and what it needs, platformdirs, pyte,
+# gguf, httpx-sse: device/README.md; data/device: the speed-equivalent GGUFs, llama.cpp's sources, and its
+# CUDA build packed by `diag`, llama-cuda-bin.tar.xz.*, 42 MB, so no lease builds it again); move
+# models/tinychat/*.safetensors out of the tree first (76 MB: a call carries 64 MiB) and never `git commit -a`
+# while they are out.
+# What the fourth lease (2026-12-07) left, in order (each a call; about 7 minutes each):
+#   next   the -m cuda tests it did not reach or that changed after it (the fused filters' CUDA tests, the
+#          saved step, test_cuda_graph_cuda, the fixed test_chat_decode), then the app on the default model's
+#          shape, a warm launch, with TINYLLM_FUSED_FILTERS=0 and =1 (its defaults run the penalty and DRY)
+#   next2  the whole -m cuda suite; the 8B beside llama.cpp (1.18x in the third lease) at a context of 4,096;
+#          Qwen on the host's cores (4, 8, 15 threads) with the CPU pool's new threshold
+# Earlier phases, kept: diag, cpudiag, final, final2, one, two, three, four, app, cpu (below).
+# Everything lands in $OUT (the files that come back: at most 8).
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 T0=$SECONDS
@@ -98,6 +96,37 @@ cpudiag)  # right after diag, on the same machine: llama.cpp CUDA on the files d
     grep -E "threads" /tmp/ct.err || tail -3 /tmp/ct.err
   done
   ;;
+next)
+  bash scripts/device_fused.sh setup || exit 1
+  PYTHONPATH=/tmp/site timeout 200 python3 -m pytest -q -n 8 -p no:randomly -m cuda tests/tinyllm/test_sampler_filters.py \
+      tests/tinyllm/test_compile_child.py tests/tinyllm/test_cuda_graph_cuda.py tests/tinyllm/test_chat_decode.py \
+      tests/tinyllm/test_step_sampler.py > "$OUT/cuda_tests_next.txt" 2>&1
+  echo "== tests rc=$?"; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/cuda_tests_next.txt" | tail -12
+  [ -d /tmp/tc ] || shape
+  for fused in 0 1; do  # the first launch is cold (its kernels compile before the first reply, during the capture
+                        # ahead), the second warm: compare the first replies (the plain step's), not the compile times
+    TINYLLM_FUSED_FILTERS=$fused OUT=$OUT bash scripts/device_fused.sh app 110 new on /tmp/tc \
+        | grep -E "rc=|decode_tok_s |compiled_s|status bar"
+    mv "$OUT/app_new_on.err" "$OUT/app_fused$fused.err"
+  done
+  ;;
+next2)
+  [ -d /tmp/site ] || bash scripts/device_fused.sh setup > /dev/null 2>&1
+  restore
+  JOBS=16 bash scripts/gpu_side_by_side.sh cpu-build 2>&1 | tail -1  # 36 s, beside the suite (which is not timed)
+  FILES=data/device/qwen2.5-coder-0.5b.q4_k_m.tgguf bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -1
+  suite 300
+  CONTEXT=4096 FILES=data/device/llama3.1-8b-shape.q4_k_m.tgguf bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -1
+  MODELS=llama3.1 BUDGET_S=$(left 480) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -1
+  TINYLLM_ARGS=--no-eager COMPILES=off MODELS=llama3.1 BUDGET_S=$(left 480) bash scripts/gpu_side_by_side.sh tinyllm table \
+      2>&1 | tail -4
+  f=/tmp/side_by_side/models/qwen2.5-coder-0.5b.q4_k_m.gguf
+  if [ "$(left 560)" -gt 80 ] && [ -x /tmp/side_by_side/build-cpu/bin/llama-bench ]; then
+    timeout 40 /tmp/side_by_side/build-cpu/bin/llama-bench -m $f -t 4,8,15 -p 0 -n 64 -r 2 2>&1 | grep tg64
+    PYTHONPATH=/tmp/site:. timeout $(left 560) python3 scripts/cpu_threads.py $f --threads 4,8,15 --steps 64 --repeats 2 \
+        2>&1 | grep threads
+  fi
+  ;;
 final)  # 2026-12-07's last lease, first call: the whole -m cuda suite, then llama.cpp CUDA (the build diag packed,
         # carried in data/device) beside the plain step on the three small files
   bash scripts/device_fused.sh setup || exit 1
@@ -174,5 +203,5 @@ app)
 cpu)
   BUDGET_S=$(left 570) bash scripts/gpu_side_by_side.sh cpu-build wait cpu table 2>&1 | tail -14
   ;;
-*) echo "usage: $0 one|two|three|four|app|cpu"; exit 2 ;;
+*) echo "usage: $0 next|next2|diag|cpudiag|final|final2|one|two|three|four|app|cpu"; exit 2 ;;
 esac
