@@ -206,3 +206,11 @@ def test_the_sampler_draws_the_same_ids_with_the_fused_filters_under_the_triton_
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and r.stdout.endswith("ok\n"), r.stdout + r.stderr[-4000:]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton (the module imports it)")
+def test_the_kernels_count_a_repeat_as_far_as_the_samplers_do():
+    from tinyllm.decode.sampling_params import DRY_MAX_MATCH
+    from tinyllm.kernels import sampler_filters
+
+    assert sampler_filters.DRY_MAX_MATCH == DRY_MAX_MATCH
