@@ -8,9 +8,9 @@
 # What the fourth lease (2026-12-07) left, in order (each a call; about 7 minutes each):
 #   next   the -m cuda tests it did not reach or that changed after it (the fused filters' CUDA tests, the
 #          saved step, test_cuda_graph_cuda, the fixed test_chat_decode), then the app on the default model's
-#          shape, a warm launch, with TINYLLM_FUSED_FILTERS=0 and =1 (its defaults run the penalty and DRY)
+#          shape with TINYLLM_FUSED_FILTERS=0 and =1 (its defaults run the penalty and DRY), and =1 with no compile
 #   next2  the whole -m cuda suite; the 8B beside llama.cpp (1.18x in the third lease) at a context of 4,096;
-#          Qwen on the host's cores (4, 8, 15 threads) with the CPU pool's new threshold
+#          SmolLM2 with TINYLLM_ATTN_TILE=0 (short windows split too); Qwen on the host's cores (4, 8, 15 threads)
 # Earlier phases, kept: diag, cpudiag, final, final2, one, two, three, four, app, cpu (below).
 # Everything lands in $OUT (the files that come back: at most 8).
 set -u
@@ -103,11 +103,14 @@ next)
       tests/tinyllm/test_step_sampler.py > "$OUT/cuda_tests_next.txt" 2>&1
   echo "== tests rc=$?"; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/cuda_tests_next.txt" | tail -12
   [ -d /tmp/tc ] || shape
-  for fused in 0 1; do  # the first launch is cold (its kernels compile before the first reply, during the capture
-                        # ahead), the second warm: compare the first replies (the plain step's), not the compile times
-    TINYLLM_FUSED_FILTERS=$fused OUT=$OUT bash scripts/device_fused.sh app 110 new on /tmp/tc \
+  # The first launch is cold (its kernels compile before the first reply, during the capture ahead), the rest
+  # warm: compare first replies (the plain step's), not compile times. The last runs no compile at all (what a
+  # CUDA "auto" without Inductor would run, if the plain step with the fused filters beats the compiled one).
+  for run in on:0 on:1 off:1; do
+    c=${run%:*} fused=${run#*:}
+    TINYLLM_FUSED_FILTERS=$fused OUT=$OUT bash scripts/device_fused.sh app 110 new $c /tmp/tc \
         | grep -E "rc=|decode_tok_s |compiled_s|status bar"
-    mv "$OUT/app_new_on.err" "$OUT/app_fused$fused.err"
+    mv "$OUT/app_new_$c.err" "$OUT/app_${c}_fused$fused.err"
   done
   ;;
 next2)
@@ -120,6 +123,12 @@ next2)
   MODELS=llama3.1 BUDGET_S=$(left 480) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -1
   TINYLLM_ARGS=--no-eager COMPILES=off MODELS=llama3.1 BUDGET_S=$(left 480) bash scripts/gpu_side_by_side.sh tinyllm table \
       2>&1 | tail -4
+  # SmolLM2's attention at W 128 is one program a KV head (3 programs, 4.6 us, more than a product): split always?
+  FILES=data/device/smollm2-135m.q4_1.tgguf bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -1
+  for tile in 128 0; do
+    [ "$(left 560)" -gt 120 ] && TINYLLM_ATTN_TILE=$tile TINYLLM_ARGS=--no-eager COMPILES=off MODELS=smollm2 \
+        BUDGET_S=$(left 560) bash scripts/gpu_side_by_side.sh tinyllm 2>&1 | tail -1
+  done
   f=/tmp/side_by_side/models/qwen2.5-coder-0.5b.q4_k_m.gguf
   if [ "$(left 560)" -gt 80 ] && [ -x /tmp/side_by_side/build-cpu/bin/llama-bench ]; then
     timeout 40 /tmp/side_by_side/build-cpu/bin/llama-bench -m $f -t 4,8,15 -p 0 -n 64 -r 2 2>&1 | grep tg64
