@@ -427,6 +427,16 @@ class GraphDecoder(_Decoder):
         """Positions filled so far (runs launched included)."""
         return self.cache.n
 
+    @property
+    def filtered(self) -> bool:
+        """The sampler variant's other half (StepSampler.filtered): a repetition penalty or DRY runs
+        in the step. `draw_first` sets it from the settings; set it, as `greedy`, to capture ahead."""
+        return self.sampler.filtered
+
+    @filtered.setter
+    def filtered(self, on: bool) -> None:
+        self.sampler.filtered = on
+
     @torch.no_grad()
     def prefill(self, idx: Tensor, pad_lens: Tensor | None = None, all_logits: bool = False) -> Tensor:
         """Reset, then prefill idx (B, T), left-padded by pad_lens (B,) if given.

@@ -44,6 +44,7 @@ from torch import Tensor
 
 from tinyllm.decode.sampling import SamplingParams, apply_dry, apply_repeat_penalty, draw_sorted, noise_at, seed_key
 from tinyllm.decode.sampling_params import DRY_WINDOW
+from tinyllm.kernels import qgemv, switches
 
 REPEAT_WINDOW = 64  # the repetition penalty looks at this many latest ids (llama.cpp's default)
 
@@ -84,8 +85,6 @@ class StepSampler:
         """The penalty and DRY by tinyllm.kernels.sampler_filters: switched on (TINYLLM_FUSED_FILTERS=1;
         switches is read at each call, so a test can switch it), outside a compile, where Triton runs
         these logits (CUDA, or the interpreter)."""
-        from tinyllm.kernels import qgemv, switches
-
         return (switches.SWITCHES.fused_filters and not torch.compiler.is_compiling() and qgemv.available()
                 and (logits.is_cuda or switches.SWITCHES.triton_interpret))
 

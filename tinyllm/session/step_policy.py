@@ -84,7 +84,7 @@ class StepPolicy:
         n = max(1, min(48, dec.max_len // 4))
         dec.append(torch.full((1, n), bos_id, device=self.model.device))  # allocates the cache
         dec.truncate(1)
-        dec.greedy, dec.sampler.filtered = greedy, filtered
+        dec.greedy, dec.filtered = greedy, filtered
         self._capture_runs(chunk)
         dec.truncate(0)
 
@@ -191,9 +191,8 @@ class StepPolicy:
         graphs ahead (runs of 1 and `chunk`, for the sampler's variant: `greedy`, `filtered`), so
         the next reply neither waits for them nor runs slower while they are captured one by one
         (measured on the H200: the first replies on the compiled step ran at 490-750 tok/s, the
-        third at 660-970). A variant not compiled yet
-        starts compiling now, once, and the plain step runs meanwhile: a compile never sits on
-        a reply's path."""
+        third at 660-970). A variant not compiled yet starts compiling now, once, and the plain
+        step runs meanwhile: a compile never sits on a reply's path."""
         c = self.background
         if c is None:
             return
@@ -209,5 +208,5 @@ class StepPolicy:
         if use != bool(dec.compile) or saved is not dec.saved:
             dec.set_compile(self.backend if use else None, saved)
         if use and dec.use_graph:
-            dec.greedy, dec.sampler.filtered = greedy, filtered
+            dec.greedy, dec.filtered = greedy, filtered
             self._capture_runs(chunk)  # those already there are kept
