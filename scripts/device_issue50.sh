@@ -136,6 +136,15 @@ next2)
         2>&1 | grep threads
   fi
   ;;
+bf16)  # the Llama-3.2-1B shape in bf16 (1.278 ms a token, target 0.97): where its step's time goes, kernel by
+      # kernel, then every block rule of the dense product on its five matrices, beside cuBLAS's product
+  [ -d /tmp/site ] || bash scripts/device_fused.sh setup > /dev/null 2>&1
+  PYTHONPATH=/tmp/site:. timeout 150 python3 -m tinyllm.tools.cli bench --device cuda --preset llama3.2-1b --profile \
+      --compile off --peers off > "$OUT/profile_1b.jsonl" 2> "$OUT/profile_1b.err"
+  grep -v "^\s*$" "$OUT/profile_1b.err" | tail -30
+  SWEEP_MODELS=1b PYTHONPATH=/tmp/site:. timeout "$(left 560)" python3 scripts/qgemv_sweep.py > "$OUT/sweep_1b.jsonl" 2>&1
+  grep -E "cublas|BEST" "$OUT/sweep_1b.jsonl"; grep step_matrix_us "$OUT/sweep_1b.jsonl" | head -5
+  ;;
 final)  # 2026-12-07's last lease, first call: the whole -m cuda suite, then llama.cpp CUDA (the build diag packed,
         # carried in data/device) beside the plain step on the three small files
   bash scripts/device_fused.sh setup || exit 1

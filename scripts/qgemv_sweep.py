@@ -15,13 +15,14 @@ lines (scripts/device_pdl.sh reads them, SWEEP_S).
     SWEEP_MODELS=8b,smollm2 TINYLLM_INT4_KERNEL=words python scripts/qgemv_sweep.py   (the words kernel)
 """
 
+import functools
 import itertools
 import json
 import os
 
 import torch
 
-from tinyllm.core.quant import QTensor, quantize
+from tinyllm.core.quant import quantize
 from tinyllm.kernels import qgemv_triton as T
 from tinyllm.kernels.switches import SWITCHES
 
@@ -32,6 +33,8 @@ MODELS = {  # name: (kind, layers, {matrix: (N, K, gated)})
                              "down": (576, 1536, False), "lm_head": (49152, 576, False)}),
     "8b": ("int4", 32, {"qkv": (6144, 4096, False), "o": (4096, 4096, False), "gate_up": (14336, 4096, True),
                         "down": (4096, 14336, False)}),  # Llama-3.1-8B's Q4_K matrices (its Q6_K ones run int8)
+    "1b": ("dense", 16, {"qkv": (3072, 2048, False), "o": (2048, 2048, False), "gate_up": (8192, 2048, True),
+                         "down": (2048, 8192, False), "lm_head": (128256, 2048, False)}),  # Llama-3.2-1B, bf16
 }
 PER_SM, K_BYTES, WARPS = (4, 8, 16), (512, 1024, 2048, 8192), (2, 4, 8)
 MODELS = {m: MODELS[m] for m in os.environ.get("SWEEP_MODELS", ",".join(MODELS)).split(",")}
@@ -60,7 +63,9 @@ def time_us(fns) -> float:
     return best
 
 
-def op(x, qt: QTensor, gated: bool):
+def op(x, qt, gated: bool):
+    if isinstance(qt, torch.Tensor):  # a dense bf16 matrix
+        return lambda: torch.ops.tinyllm.dense_gemv(x, qt, gated)
     if qt.kind == "int8":
         return lambda: torch.ops.tinyllm.int8_gemv(x, qt.qweight, qt.scales, gated)
     if SWITCHES.int4_dp4a == "1":  # TINYLLM_INT4_DP4A=1: the dp4a product, its x rounded by quantize_x in each launch
@@ -84,13 +89,19 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rules = list(itertools.product(PER_SM, K_BYTES, WARPS))
     for model, (kind, layers, mats) in MODELS.items():
-        per = 1 if kind == "int8" else 0.5
+        per = {"int8": 1, "int4": 0.5, "dense": 2}[kind]
         score = {r: 0.0 for r in rules}
         for mat, (n, k, gated) in mats.items():
             rows = 2 * n if gated else n
-            q = quantize(torch.randn(rows, k, device="cuda") * 0.05, kind, 32)
-            qts = [q.map(torch.clone) for _ in range(max(2, -(-200_000_000 // q.nbytes)))]
+            w = torch.randn(rows, k, device="cuda") * 0.05
+            q = w.bfloat16() if kind == "dense" else quantize(w, kind, 32)
+            nbytes = q.nbytes
+            copies = max(2, -(-200_000_000 // nbytes))
+            qts = [q.clone() if kind == "dense" else q.map(torch.clone) for _ in range(copies)]
             x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+            if kind == "dense":  # cuBLAS's product of the same matrices, for scale
+                us = time_us([functools.partial(torch.nn.functional.linear, x, c) for c in qts])
+                emit(model=model, matrix=mat, kind="cublas", us=us, gbps=nbytes / us / 1e3)
             seen = {}  # (BLOCK_N, BLOCK_K, warps) -> us: rules that launch the same kernel
             for p, kb, warps in rules:
                 bn, bk = T.blocks(rows, k, per, p * sms, kb)
@@ -105,7 +116,7 @@ def main() -> None:
                         emit(model=model, matrix=mat, rule=f"{p},{kb},{warps}", error=str(e)[:160])
                         seen[key] = float("inf")
                     emit(model=model, matrix=mat, kind=kind, rule=f"{p},{kb},{warps}", block_n=bn, block_k=bk,
-                         us=seen[key], gbps=q.nbytes / seen[key] / 1e3)
+                         us=seen[key], gbps=nbytes / seen[key] / 1e3)
                 score[p, kb, warps] += seen[key] * (1 if mat == "lm_head" else layers)
             del qts
         ranked = sorted(score.items(), key=lambda kv: kv[1])
