@@ -20,7 +20,9 @@ Contract:
   always too (Inductor makes them a few kernels), so their settings are values there. Where
   they run outside a compile on CUDA, TINYLLM_FUSED_FILTERS=1 makes them two Triton kernels
   (tinyllm.kernels.sampler_filters: the same x, bit for bit under the interpreter but for DRY's
-  pow; off until a GPU has measured it).
+  pow; off until a GPU has measured it). There, too, a greedy draw is one Triton launch
+  (tinyllm.kernels.argmax, the same ids: torch's argmax reduces a row in one block, 12.8 us of
+  SmolLM2's step on an H100).
   `native_args()` hands a native step (tinyllm.decode.cpu_step) the same tensors, which it advances
   as push and draw do.
 - `draw` equals the reference, `sample(logits, params, noise=noise_at(seed, counter), prev=ring,
@@ -67,6 +69,7 @@ class StepSampler:
         self.dry = torch.tensor([0.0, 1.75], **f32)  # (2,) DRY's multiplier (0: off) and base
         self.dry_n = torch.tensor([2, DRY_WINDOW], **i64)  # (2,) DRY's allowed length and last-n
         self.breaker = torch.zeros(vocab, dtype=torch.bool, device=device)  # (V,) ids that end a DRY match
+        self.argmax_count = torch.zeros(batch, dtype=torch.int32, device=device)  # the argmax kernel's (zeros)
         self.greedy = True  # host-side: which variant of the step runs
         self.filtered = False  # host-side: a repetition penalty or DRY is on (load)
 
@@ -81,12 +84,25 @@ class StepSampler:
         return torch.compiler.is_compiling() or self.filtered
 
     @staticmethod
-    def _fused_filters(logits: Tensor) -> bool:
-        """The penalty and DRY by tinyllm.kernels.sampler_filters: switched on (TINYLLM_FUSED_FILTERS=1;
-        switches is read at each call, so a test can switch it), outside a compile, where Triton runs
-        these logits (CUDA, or the interpreter)."""
-        return (switches.SWITCHES.fused_filters and not torch.compiler.is_compiling() and qgemv.available()
+    def _triton(logits: Tensor) -> bool:
+        """Whether our Triton kernels draw from these logits: outside a compile, where Triton runs them
+        (CUDA, or the interpreter; switches is read at each call, so a test can switch it)."""
+        return (not torch.compiler.is_compiling() and qgemv.available()
                 and (logits.is_cuda or switches.SWITCHES.triton_interpret))
+
+    @classmethod
+    def _fused_filters(cls, logits: Tensor) -> bool:
+        """The penalty and DRY by tinyllm.kernels.sampler_filters: switched on (TINYLLM_FUSED_FILTERS=1)."""
+        return switches.SWITCHES.fused_filters and cls._triton(logits)
+
+    def _argmax(self, x: Tensor, n: int) -> Tensor:
+        """x (B, V) -> (B,): the first largest of each row's first n values, by tinyllm.kernels.argmax where
+        Triton runs x, else torch's."""
+        if self._triton(x) and x.stride(-1) == 1:
+            from tinyllm.kernels import argmax
+
+            return argmax.argmax(x, n, self.argmax_count)
+        return x[:, :n].argmax(dim=-1)
 
     def state(self) -> list[Tensor]:
         """The tensors a step changes (a capture's warm-up puts them back)."""
@@ -143,7 +159,7 @@ class StepSampler:
         """logits (B, V) -> next ids (B,), as sample() draws them with this step's noise."""
         filters = self._filters()
         if self.greedy and not filters:  # the argmax of the valid ids' logits, in their own dtype
-            return logits[:, :self.n_valid].argmax(dim=-1)
+            return self._argmax(logits, self.n_valid)
         if filters and self._fused_filters(logits):  # the same x in two Triton kernels (TINYLLM_FUSED_FILTERS=1)
             from tinyllm.kernels import sampler_filters
 
@@ -158,7 +174,7 @@ class StepSampler:
                 x = apply_dry(x, self.hist, self.breaker, self.dry[0:1], self.dry[1:2], self.dry_n[0:1],
                               self.dry_n[1:2])
         if self.greedy:
-            return x.argmax(dim=-1)
+            return self._argmax(x, self.vocab)
         noise = noise_at(self.key, self.counter, self.batch, self.vocab)  # (B, V)
         self.counter.add_(1)
         return draw_sorted(x, self.temperature, self.top_k, self.top_p, noise)
