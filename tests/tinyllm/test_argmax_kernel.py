@@ -88,7 +88,8 @@ CHECK = textwrap.dedent("""
 @pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
                     reason="needs triton (its interpreter); on a CUDA machine the CUDA test runs the kernel")
 def test_the_argmax_kernel_draws_torchs_argmax_under_the_triton_interpreter():
-    script = "from tests.triton_interpreter import fix_numpy_index\nfix_numpy_index()\n" + CHECK + "check('cpu')\ncheck_sampler()\n"
+    script = ("from tests.triton_interpreter import fix_numpy_index\nfix_numpy_index()\n" + CHECK
+              + "check('cpu')\ncheck_sampler()\n")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.endswith("ok\nsampler ok\n"), r.stdout + r.stderr[-4000:]
