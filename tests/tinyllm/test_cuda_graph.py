@@ -315,17 +315,18 @@ def test_the_skeleton_replays_what_its_eager_twin_runs(model, monkeypatch):
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(repeat_penalty=1.1, dry_multiplier=0.8),
                                     SamplingParams(temperature=0.8, dry_multiplier=0.8)],
                          ids=["greedy", "greedy-filtered", "sampled-filtered"])
-def test_the_graphs_captured_ahead_are_the_ones_the_first_reply_replays(model, monkeypatch, params):
+@pytest.mark.parametrize("compile", ["inductor", "plain"])
+def test_the_graphs_captured_ahead_are_the_ones_the_first_reply_replays(model, monkeypatch, params, compile):
     """A session that compiles in the background captures the plain step's graphs ahead for the
     sampler's variant its replies run (greedy or not, a penalty or DRY on or not: the app's defaults
     have both), since no graph is captured beside the compile: the first reply replays them, never
     an eager step (on an H100 a variant captured for nothing left the app's first reply eager, at
-    32 tok/s)."""
+    32 tok/s). So does a session that runs the plain step alone ("plain": what "auto" may be on CUDA)."""
     from tinyllm.session.step_policy import StepPolicy
 
     dec = GraphDecoder(model, 1, max_len=96, buckets=(16, 32, 64, 96), use_graph=False)
     fake = CpuGraphs(dec, monkeypatch)
-    policy = StepPolicy(model, dec, "inductor")  # its compile starts only at begin(): none here
+    policy = StepPolicy(model, dec, compile)  # its compile starts only at begin(): none here
     policy.capture_ahead(1, params.greedy, 4, params.filtered)
     assert dec.graphs and {key[2:] for key in dec.graphs} == {(params.greedy, params.filtered)}
     prompt = torch.randint(0, 512, (1, 13), generator=torch.Generator().manual_seed(0))
@@ -334,6 +335,52 @@ def test_the_graphs_captured_ahead_are_the_ones_the_first_reply_replays(model, m
     for k in (1, 4, 4, 1):
         dec.run(k, capture=False)  # mid-reply beside a compile: a graph, or an eager step
     assert fake.log.count("replay") == 4 and not [e for e in fake.log if isinstance(e, tuple)], fake.log
+
+
+@torch.no_grad()
+def test_the_plain_policy_captures_a_new_variant_between_replies_and_compiles_nothing(model, monkeypatch):
+    """compile="plain": no background compile ever starts; a reply whose settings change the
+    sampler's variant finds its graphs captured at its start (prepare), not step by step mid-reply."""
+    from tinyllm.session.step_policy import StepPolicy
+
+    dec = GraphDecoder(model, 1, max_len=96, buckets=(16, 32, 64, 96), use_graph=False)
+    fake = CpuGraphs(dec, monkeypatch)
+    policy = StepPolicy(model, dec, "plain")
+    policy.capture_ahead(1, True, 4)
+    policy.begin(True)
+    assert policy.background is None and policy.step_kind(True) == "plain" and policy.backend is None
+    prompt = torch.randint(0, 512, (1, 13), generator=torch.Generator().manual_seed(0))
+    dec.draw_first(dec.prefill(prompt)[:, -1], SamplingParams(), prompt)
+    dec.run(4)
+    sampled = SamplingParams(temperature=0.8, repeat_penalty=1.1)
+    before = set(dec.graphs)
+    policy.prepare(sampled.greedy, 4, sampled.filtered)  # the next reply's start
+    assert {key[2:] for key in set(dec.graphs) - before} == {(False, True)}
+    dec.draw_first(dec.append(prompt[:, :3])[:, -1], sampled, prompt)
+    fake.log.clear()
+    for k in (4, 1, 4):
+        dec.run(k)
+    assert fake.log.count("replay") == 3 and not [e for e in fake.log if isinstance(e, tuple)], fake.log
+    n = len(dec.graphs)
+    policy.prepare(sampled.greedy, 4, sampled.filtered)  # captured already: nothing new
+    assert len(dec.graphs) == n and policy.background is None
+
+
+def test_auto_resolves_to_the_native_step_then_inductor_or_the_plain_step_where_our_kernels_run(monkeypatch):
+    from tinyllm.kernels import switches
+    from tinyllm.session.step_policy import resolve
+
+    assert resolve("auto", None, False) == "native" and resolve("native", None, True) == "native"
+    assert resolve("auto", "on CUDA", True) == "inductor"  # TINYLLM_CUDA_AUTO's default
+    assert resolve(None, "on CUDA", True) is None and resolve("plain", None, False) == "plain"
+    assert resolve("inductor", None, True) == "inductor"
+    with pytest.raises(ValueError, match="native CPU step cannot run this model: on CUDA"):
+        resolve("native", "on CUDA", True)
+    monkeypatch.setattr(switches, "SWITCHES", switches.read({"TINYLLM_CUDA_AUTO": "plain"}))
+    assert resolve("auto", "on CUDA", True) == "plain" and resolve("auto", "on CUDA", False) == "inductor"
+    assert resolve("auto", None, True) == "native"
+    with pytest.raises(ValueError, match="TINYLLM_CUDA_AUTO must be inductor or plain"):
+        switches.read({"TINYLLM_CUDA_AUTO": "on"})
 
 
 # step -> ("admit", slot, prompt length, seed, temperature) or ("release", slot)

@@ -12,8 +12,8 @@ Contract:
   path off, anything else leaves it on. Refuses (ValueError, one line naming the variable) a
   TINYLLM_ATTN_TILE that is not a whole number >= 0; any such number launches (the kernel walks
   a long tile in blocks that fit in shared memory: tinyllm.kernels.decode_attention_triton),
-  a TINYLLM_INT4_DP4A other than 0, 1 or auto, and a TINYLLM_INT4_KERNEL or TINYLLM_INT8_KERNEL other
-  than bytes or words.
+  a TINYLLM_INT4_DP4A other than 0, 1 or auto, a TINYLLM_INT4_KERNEL or TINYLLM_INT8_KERNEL other
+  than bytes or words, and a TINYLLM_CUDA_AUTO other than inductor or plain.
 - Most switches exist to measure (a path turned off against the one that runs) or to tune;
   the defaults are what runs. The app's own folders (TINYLLM_CHAT_DATA_DIR,
   TINYLLM_CHAT_CONFIG_DIR) are chat_app's, and the C++ kernels read three switches themselves
@@ -58,6 +58,10 @@ class Switches:
     # TINYLLM_CUDA_SAVED_STEP=1: a CUDA session opened from a path saves its compiled step and a relaunch loads
     # it (tinyllm.decode.saved_step), as CPU sessions do; off until measured on a GPU
     cuda_saved_step: bool = False
+    # TINYLLM_CUDA_AUTO: what a session's compile="auto" (the app's default) runs on CUDA: inductor (the plain step's
+    # graphs until Inductor's compile, in the background, takes over) | plain (the plain step's graphs, captured
+    # ahead: our Triton kernels, nothing to compile; tinyllm.session.step_policy)
+    cuda_auto: str = "inductor"
     # TRITON_INTERPRET=1 (Triton's own switch: its interpreter runs the kernels on the CPU): our Triton
     # paths (tinyllm.kernels.qgemv, decode_attention) then take CPU tensors too, so a CPU runs CUDA's step (tests)
     triton_interpret: bool = False
@@ -86,6 +90,9 @@ def read(env: Mapping[str, str]) -> Switches:
     int8_kernel = get("INT8_KERNEL", "words")
     if int8_kernel not in ("bytes", "words"):
         raise ValueError(f"TINYLLM_INT8_KERNEL must be bytes or words, got {int8_kernel!r}")
+    cuda_auto = get("CUDA_AUTO", "inductor")
+    if cuda_auto not in ("inductor", "plain"):
+        raise ValueError(f"TINYLLM_CUDA_AUTO must be inductor or plain, got {cuda_auto!r}")
     return Switches(cpu_kernel=on("CPU_KERNEL"), cache_dir=get("CACHE_DIR"), qgemv=on("QGEMV"),
                     qgemv_fold=get("QGEMV_FOLD", "plain"), post_fold=get("POST_FOLD") == "1",
                     qgemv_blocks=get("QGEMV_BLOCKS"),
@@ -93,7 +100,8 @@ def read(env: Mapping[str, str]) -> Switches:
                     fused_filters=get("FUSED_FILTERS") == "1",
                     decode_attn=on("DECODE_ATTN"), rope_attn=on("ROPE_ATTN"), cpu_attn=on("CPU_ATTN"),
                     attn_tile=attn_tile, pdl=get("PDL", "1"), trace_dir=get("TRACE_DIR"),
-                    cuda_saved_step=get("CUDA_SAVED_STEP") == "1", triton_interpret=env.get("TRITON_INTERPRET") == "1")
+                    cuda_saved_step=get("CUDA_SAVED_STEP") == "1", cuda_auto=cuda_auto,
+                    triton_interpret=env.get("TRITON_INTERPRET") == "1")
 
 
 SWITCHES = read(os.environ)

@@ -17,10 +17,11 @@ does not grow with the chat. The reply streams as events:
   Token(text, stats)                    one per generated token (text may be "")
   Finished(reason, text, stats)         reason: "eos" | "max_tokens" | "stopped" | "context_full" | "repeating"
 
-`compile`: None (the plain step), "inductor" (compiled in the background, taking over at a
-reply boundary), "native" (the CPU step as one C++ call; a ValueError where it cannot run the
-model), "auto" (the default, what the app asks for: "native" on a CPU where it runs the model,
-else "inductor"); see tinyllm.session.step_policy.
+`compile`: None (the plain step), "plain" (the plain step, its graphs captured ahead: no compile),
+"inductor" (compiled in the background, taking over at a reply boundary), "native" (the CPU step as
+one C++ call; a ValueError where it cannot run the model), "auto" (the default, what the app asks
+for: "native" on a CPU where it runs the model, else "inductor", or "plain" on CUDA with
+TINYLLM_CUDA_AUTO=plain); see tinyllm.session.step_policy.
 
 Contract:
 - `send(text)` / `edit(text)` / `regenerate()` / `continue_reply()` return generators; run them on ONE worker
@@ -93,7 +94,7 @@ class ChatSession:
                                    stop_ids(tokenizer, template))
         self.max_len = self.runner.max_len
         self.policy = StepPolicy(model, self.decoder, compile, self.threads, source)
-        self.policy.capture_ahead(tokenizer.bos_id, params.greedy, chunk, params.filtered)  # where a compile is asked for
+        self.policy.capture_ahead(tokenizer.bos_id, params.greedy, chunk, params.filtered)  # where asked for
         self.marks["graphs_captured"] = time.time()
         self.policy.begin(params.greedy)
         self.conversation = Conversation(tokenizer, template, self.max_len, self.decoder, system)

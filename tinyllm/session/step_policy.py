@@ -13,7 +13,11 @@ It owns the choice of step and the background compiles. `compile` says what is a
   (`BackgroundCompile`) while replies run on the plain step; the compiled step takes over at
   the start of the next reply (`prepare`) once it is ready. Kinds: "compiling", "compiled",
   "compile failed" (with `compile_error`; the plain step stays).
-- "auto" (what the app asks for): "native" on a CPU where it runs the model, else "inductor".
+- "plain": the plain step with its graphs captured ahead, nothing compiled (kind "plain"): on CUDA
+  our Triton kernels make it the fused step, as fast as the first reply can be. `capture_ahead`
+  captures the settings' variant; `prepare` captures another variant's between replies.
+- "auto" (what the app asks for): "native" on a CPU where it runs the model; elsewhere "inductor",
+  or "plain" where our Triton kernels run the step and TINYLLM_CUDA_AUTO=plain (`resolve`).
 
 The state machine, one compile per sampler variant (greedy or sampling; the step is
 specialized on it): the settings' variant compiles first; a reply that needs the other
@@ -41,8 +45,21 @@ from tinyllm.cuda_graph import GraphDecoder
 from tinyllm.decode import cpu_step
 from tinyllm.decode.background_compile import BackgroundCompile
 from tinyllm.decode.compile_child import Spec
-from tinyllm.kernels import switches
+from tinyllm.kernels import qgemv, switches
 from tinyllm.model import Transformer
+
+
+def resolve(compile: str | None, native_problem: str | None, kernels: bool) -> str | None:
+    """What a session's `compile` asks for, resolved: "native", "plain", None (the plain step, no graphs
+    captured ahead) or a torch.compile backend. `native_problem`: why the native CPU step cannot run
+    the model (None: it can); `kernels`: our Triton kernels run its step (CUDA, Triton installed)."""
+    if compile not in ("auto", "native"):
+        return compile
+    if compile == "native" and native_problem is not None:
+        raise ValueError(f"the native CPU step cannot run this model: {native_problem}")
+    if native_problem is None:
+        return "native"
+    return "plain" if kernels and switches.SWITCHES.cuda_auto == "plain" else "inductor"
 
 
 class StepPolicy:
@@ -51,11 +68,11 @@ class StepPolicy:
         """`threads`: the decoding threads on a CPU; `source`: (path, quant) the model was opened
         with, so that on a CPU a child process compiles the step first (tinyllm.decode.compile_child)."""
         self.model, self.decoder, self.threads, self.source = model, decoder, threads, source
-        if compile in ("auto", "native"):  # auto: the native step where it runs this model, else Inductor's
-            why = cpu_step.problem(model, 1)
-            if compile == "native" and why is not None:
-                raise ValueError(f"the native CPU step cannot run this model: {why}")
-            compile = "native" if why is None else "inductor"
+        if compile in ("auto", "native"):
+            compile = resolve(compile, cpu_step.problem(model, 1), model.device.type == "cuda" and qgemv.available())
+        self.ahead = compile == "plain"  # no compile, the plain step's graphs captured ahead and between replies
+        if self.ahead:
+            compile = None
         self.native = compile == "native"  # the native step runs this model (set_native switches it)
         self.native_on = self.native  # ... and is wanted: it runs from the next launch (`apply`)
         if self.native:  # nothing to compile: the step runs as it is from the first reply on
@@ -79,7 +96,7 @@ class StepPolicy:
         beside the compiler's own CUDA work can break either; a reply of a variant not captured
         ahead runs eagerly beside the compile (the app's defaults, on an H100: 24-32 tok/s)."""
         dec = self.decoder
-        if not self.backend or not dec.use_graph:
+        if not (self.backend or self.ahead) or not dec.use_graph:
             return
         n = max(1, min(48, dec.max_len // 4))
         dec.append(torch.full((1, n), bos_id, device=self.model.device))  # allocates the cache
@@ -193,8 +210,11 @@ class StepPolicy:
         (measured on the H200: the first replies on the compiled step ran at 490-750 tok/s, the
         third at 660-970). A variant not compiled yet starts compiling now, once, and the plain
         step runs meanwhile: a compile never sits on a reply's path."""
-        c = self.background
+        c, dec = self.background, self.decoder
         if c is None:
+            if self.ahead and dec.use_graph:  # "plain": this variant's graphs, if a reply has not run it yet
+                dec.greedy, dec.filtered = greedy, filtered
+                self._capture_runs(chunk)  # those already there are kept
             return
         idle = c.ready.is_set()
         if idle and c.state == "compiled" and greedy not in self._compiled_variants():
@@ -204,7 +224,6 @@ class StepPolicy:
         # the variant's compiled step as loaded or saved (CPU sessions), where it was
         saved = next((c.saved for c in self.compiles if c.state == "compiled" and c.greedy == greedy),
                      None) if use else None
-        dec = self.decoder
         if use != bool(dec.compile) or saved is not dec.saved:
             dec.set_compile(self.backend if use else None, saved)
         if use and dec.use_graph:
