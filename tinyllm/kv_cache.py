@@ -333,17 +333,26 @@ class _StaticDecode:
 
     def __init__(self, cache: StaticKVCache, window: int):
         self.cache, self.window = cache, window
-        self.attn_kwargs: dict = {}
+        self._mask: Tensor | None = None
 
     def begin_step(self, T: int, rope: Rope) -> tuple[Tensor, Tensor]:
         if T != 1:
             raise ValueError("decode mode takes one token per row")
         c = self.cache
-        k_pos = torch.arange(self.window, device=c.pos.device)  # (W,)
-        valid = (k_pos <= c.pos) & (k_pos >= c.first_valid[:, None])  # (B, W)
-        self.attn_kwargs = {"attn_mask": valid[:, None, None, :]}  # (B, 1, 1, W)
+        self._mask = None  # built at its first use (attn_kwargs)
         self.rope = rope  # its tables, for rope_attend
         return rope.cos.index_select(0, c.pos), rope.sin.index_select(0, c.pos)
+
+    @property
+    def attn_kwargs(self) -> dict:
+        """{"attn_mask": (B, 1, 1, W)}, built at the step's first use: a step whose every layer takes
+        the fused op (which masks by itself) builds none, four kernels fewer in its graph."""
+        if self._mask is None:
+            c = self.cache
+            k_pos = torch.arange(self.window, device=c.pos.device)  # (W,)
+            valid = (k_pos <= c.pos) & (k_pos >= c.first_valid[:, None])  # (B, W)
+            self._mask = valid[:, None, None, :]  # (B, 1, 1, W)
+        return {"attn_mask": self._mask}
 
     def layer(self, i: int) -> ViewLayer:
         return ViewLayer(self, i)
@@ -368,9 +377,10 @@ class _StaticDecode:
         """Layer i's RoPE, cache write at pos and attention over the window, one op on CUDA:
         qkv (B, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D); None where the op can't take them.
         The op reads the rotary tables (`table`, a model.Rope, else the step's) at pos and builds
-        the window's mask from pos and first_valid itself (cos, sin and attn_kwargs are the same
-        values, left unused): inputs the step already holds, which Inductor hands to every layer's
-        call as they are. `norms`: (q_norm, k_norm, eps) of a layer that normalizes each head."""
+        the window's mask from pos and first_valid itself (cos and sin are the same values, left
+        unused: inputs the step already holds, which Inductor hands to every layer's call as they
+        are; the mask, attn_kwargs, is built only where a layer asks for it). `norms`: (q_norm,
+        k_norm, eps) of a layer that normalizes each head."""
         c = self.cache
         if c.k_scale[i] is not None or not decode_attention.rope_supported(qkv, c.k[i], c.v[i]):
             return None  # (an int8 cache: the unfused step reads it dequantized)
@@ -507,19 +517,26 @@ class _SlotDecode:
 
     def __init__(self, cache: SlotKVCache, window: int, rows: int):
         self.cache, self.window, self.rows = cache, window, rows
-        self.attn_kwargs: dict = {}
+        self._mask: Tensor | None = None
 
     def begin_step(self, T: int, rope: Rope) -> tuple[Tensor, Tensor]:
         if T != 1:
             raise ValueError("decode mode takes one token per slot")
         lens = self.cache._lens_dev[:self.rows]
-        k_pos = torch.arange(self.window, device=lens.device)
-        valid = k_pos[None, :] <= lens[:, None]  # (S, W)
-        self.attn_kwargs = {"attn_mask": valid[:, None, None, :]}  # (S, 1, 1, W)
+        self._mask = None  # built at its first use (attn_kwargs)
         cos = rope.cos.index_select(0, lens)[:, None]  # (S, 1, D/2)
         sin = rope.sin.index_select(0, lens)[:, None]
         self.rope = rope  # its tables, for rope_attend
         return cos, sin
+
+    @property
+    def attn_kwargs(self) -> dict:
+        """{"attn_mask": (S, 1, 1, W)}, built at the step's first use (see _StaticDecode.attn_kwargs)."""
+        if self._mask is None:
+            lens = self.cache._lens_dev[:self.rows]
+            k_pos = torch.arange(self.window, device=lens.device)
+            self._mask = (k_pos[None, :] <= lens[:, None])[:, None, None, :]  # (S, 1, 1, W)
+        return {"attn_mask": self._mask}
 
     def layer(self, i: int) -> ViewLayer:
         return ViewLayer(self, i)
@@ -545,8 +562,8 @@ class _SlotDecode:
         slots, one op on CUDA (decode_attention.rope_decode_attention, a position per slot): qkv
         (B, (H + 2 Hkv) D) -> (B, Hkv, H / Hkv, D); None where the op can't take them, or before
         the layer's K/V exist (the unfused step allocates them). The op reads the tables at each
-        slot's length and masks past it itself (cos, sin and attn_kwargs hold the same values,
-        left unused), and takes the whole caches (their first B rows are the step's).
+        slot's length and masks past it itself (cos and sin hold the same values, left unused; the
+        mask, attn_kwargs, is not built), and takes the whole caches (their first B rows are the step's).
         Each slot writes at its length unclamped, where `update` clamps it to max_len - 1: the
         same position, since a slot's length never passes max_len - 1 (a slot whose sequence
         reaches max_len stops advancing) and free slots sit at 0; a write at max_len would
