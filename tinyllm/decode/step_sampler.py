@@ -20,9 +20,9 @@ Contract:
   always too (Inductor makes them a few kernels), so their settings are values there. Where
   they run outside a compile on CUDA, TINYLLM_FUSED_FILTERS=1 makes them two Triton kernels
   (tinyllm.kernels.sampler_filters: the same x, bit for bit under the interpreter but for DRY's
-  pow; off until a GPU has measured it). There, too, a greedy draw is one Triton launch
-  (tinyllm.kernels.argmax, the same ids: torch's argmax reduces a row in one block, 12.8 us of
-  SmolLM2's step on an H100).
+  pow; off until a GPU has measured it). There, too, push is one Triton launch instead of five torch
+  ones (tinyllm.kernels.sampler_push), and a greedy draw is one (tinyllm.kernels.argmax, the same
+  ids: torch's argmax reduces a row in one block, 12.8 us of SmolLM2's step on an H100).
   `native_args()` hands a native step (tinyllm.decode.cpu_step) the same tensors, which it advances
   as push and draw do.
 - `draw` equals the reference, `sample(logits, params, noise=noise_at(seed, counter), prev=ring,
@@ -150,7 +150,13 @@ class StepSampler:
             self.hist[:, DRY_WINDOW - tail.shape[1]:] = tail
 
     def push(self, ids: Tensor) -> None:
-        """ids (B, 1): fed this step; they join the penalty's window and DRY's history."""
+        """ids (B, 1): fed this step; they join the penalty's window and DRY's history (one Triton launch
+        where Triton runs them: tinyllm.kernels.sampler_push, the same values)."""
+        if self._triton(ids) and ids.is_contiguous():
+            from tinyllm.kernels import sampler_push
+
+            sampler_push.push(ids, self.ring, self.ring_at, self.hist)
+            return
         self.ring.index_copy_(1, self.ring_at, ids)
         self.ring_at.add_(1).remainder_(REPEAT_WINDOW)
         self.hist.copy_(torch.cat([self.hist[:, 1:], ids], dim=1))
