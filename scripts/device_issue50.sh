@@ -101,7 +101,7 @@ next)
   bash scripts/device_fused.sh setup || exit 1
   PYTHONPATH=/tmp/site timeout 200 python3 -m pytest -q -n 8 -p no:randomly -m cuda tests/tinyllm/test_sampler_filters.py \
       tests/tinyllm/test_compile_child.py tests/tinyllm/test_cuda_graph_cuda.py tests/tinyllm/test_chat_decode.py \
-      tests/tinyllm/test_step_sampler.py tests/tinyllm/test_argmax_kernel.py tests/tinyllm/test_sampler_push.py > "$OUT/cuda_tests_next.txt" 2>&1
+      tests/tinyllm/test_step_sampler.py tests/tinyllm/test_argmax_kernel.py tests/tinyllm/test_sampler_push.py tests/tinyllm/test_embed_rows.py > "$OUT/cuda_tests_next.txt" 2>&1
   echo "== tests rc=$?"; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/cuda_tests_next.txt" | tail -12
   [ -d /tmp/tc ] || shape
   # The first launch is cold (its kernels compile before the first reply, during the capture ahead), the rest

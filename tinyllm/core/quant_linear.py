@@ -55,7 +55,7 @@ from torch import Tensor, nn
 from tinyllm.core import quant
 from tinyllm.core.linear import NONE, Embedding, Linear, TritonProducts
 from tinyllm.core.quant import QTensor, exact_in_fp16, held_exactly, pack_int4, unpack_int4
-from tinyllm.kernels import cpu_qgemv, qgemv
+from tinyllm.kernels import cpu_qgemv, qgemv, switches
 
 
 class QuantLinear(Linear):
@@ -297,7 +297,15 @@ class QuantEmbedding(Embedding):
         fp32, as the Triton and CPU kernels do. Dequantized in bf16 (the scale, the offset, the
         product and the sum each rounded), random Q4_K rows were 3.9x as far from the file's
         values as the bf16 load's (relative error 6.5e-3 against 1.7e-3; in fp32 1.8e-3, with
-        fp16 scales: measured on the CPU)."""
+        fp16 scales: measured on the CPU). Where Triton runs idx outside a compile, one launch
+        (tinyllm.kernels.embed_rows: the same values) instead of about six."""
+        if qgemv.available() and (idx.is_cuda or switches.SWITCHES.triton_interpret) \
+                and not torch.compiler.is_compiling():
+            from tinyllm.kernels import embed_rows
+
+            flat = embed_rows.rows(idx.reshape(-1).contiguous(), self.kind, self.qweight, self.scales, self.zeros,
+                                   self.like.dtype)  # (B * T, C)
+            return flat.view(*idx.shape, self.embedding_dim)
         q = self.qweight[idx]  # (B, T, C) int8 | (B, T, C/2) uint8
         if self.kind == "int8":
             return (q.float() * self.scales[idx].float()[..., None]).to(self.like.dtype)

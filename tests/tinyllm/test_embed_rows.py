@@ -1,0 +1,78 @@
+"""A quantized embedding's lookup in one Triton launch (tinyllm.kernels.embed_rows) against QuantEmbedding's
+torch code, bit for bit: int8 and int4 tables (fp16 and fp32 scales and offsets, groups of 32 and 64), every
+activation dtype, a prompt's ids and a decode step's. Under Triton's interpreter on the CPU, and on CUDA;
+the kernel compiles for sm_90 with PDL and no fused multiply-add."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+CHECK = textwrap.dedent("""
+    import torch
+    from tinyllm.core.quant import half_scales, quantize
+    from tinyllm.core.quant_linear import QuantEmbedding
+    from tinyllm.kernels import switches
+
+    def check(device):
+        g = torch.Generator().manual_seed(0)
+        w = torch.randn(300, 192, generator=g) * 0.1
+        tables = [quantize(w, "int8"), quantize(w, "int4", 32), quantize(w, "int4", 64), half_scales(quantize(w, "int4"))]
+        idx = [torch.randint(0, 300, (2, 9), generator=g), torch.tensor([[299]]), torch.tensor([[0], [7]])]
+        on = switches.read({"TRITON_INTERPRET": "1"}) if device == "cpu" else switches.SWITCHES
+        off = switches.read({"TINYLLM_QGEMV": "0"})
+        n = 0
+        for qt in tables:
+            for dtype in (torch.bfloat16, torch.float16, torch.float32):
+                emb = QuantEmbedding(qt.map(lambda t: t.to(device)), dtype)
+                for ids in idx:
+                    ids = ids.to(device)
+                    switches.SWITCHES = on
+                    got = emb(ids)
+                    switches.SWITCHES = off
+                    want = emb(ids)
+                    assert got.dtype == want.dtype == dtype and got.shape == (*ids.shape, 192)
+                    assert torch.equal(got, want), (qt.kind, dtype, (got != want).sum().item())
+                    n += 1
+        print(n, "ok")
+""")
+
+
+@pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
+                    reason="needs triton (its interpreter); on a CUDA machine the CUDA test runs the kernel")
+def test_the_embedding_kernel_dequantizes_as_the_torch_lookup_under_the_triton_interpreter():
+    script = "from tests.triton_interpreter import fix_numpy_index\nfix_numpy_index()\n" + CHECK + "check('cpu')\n"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.endswith("36 ok\n"), r.stdout + r.stderr[-4000:]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton (its compiler)")
+def test_the_embedding_kernel_compiles_for_the_h100_with_pdl_and_no_fused_multiply_add():
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from tinyllm.kernels import embed_rows as er
+
+    sig = {"idx_ptr": "*i64", "q_ptr": "*u8", "s_ptr": "*fp16", "z_ptr": "*fp16", "out_ptr": "*bf16", "C": "constexpr",
+           "G": "constexpr", "INT4": "constexpr", "ZEROS": "constexpr", "BLOCK_C": "constexpr", "PDL": "constexpr"}
+    consts = {"C": 576, "G": 32, "INT4": True, "ZEROS": True, "BLOCK_C": 1024, "PDL": True}
+    ptx = triton.compile(ASTSource(er._rows_kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": 4, "enable_fp_fusion": False}).asm["ptx"]
+    assert "griddepcontrol.wait" in ptx and "fma." not in ptx
+
+
+@pytest.mark.cuda
+def test_cuda_the_embedding_kernel_dequantizes_as_the_torch_lookup():
+    namespace = {}
+    exec(CHECK, namespace)
+    namespace["check"]("cuda")
