@@ -6,10 +6,10 @@
 # models/tinychat/*.safetensors out of the tree first (76 MB: a call carries 64 MiB) and never `git commit -a`
 # while they are out.
 # What the fourth lease (2026-12-07) left, in order (each a call; about 7 minutes each):
-#   next   the -m cuda tests it did not reach or that changed after it (the fused filters' CUDA tests, the
-#          saved step, test_cuda_graph_cuda, the fixed test_chat_decode), then the app on the default model's
-#          shape with TINYLLM_FUSED_FILTERS=0 and =1 (its defaults run the penalty and DRY), and =1 with no compile
-#   bf16   (right after next) the whole -m cuda suite, the 8B beside llama.cpp (VRAM), the 1B bf16 profile
+#   next   the new kernels' CUDA tests (the fused filters, argmax, push, embedding rows), then the app on the
+#          default model's shape: "auto" as Inductor (cold launch), then as the plain step alone
+#          (TINYLLM_CUDA_AUTO=plain), with the fused filters and without; the 1B bf16 step's profile
+#   bf16   (right after next) the whole -m cuda suite, the 8B beside llama.cpp (VRAM)
 #   next2  the whole -m cuda suite; the 8B beside llama.cpp (1.18x in the third lease) at a context of 4,096;
 #          SmolLM2 with TINYLLM_ATTN_TILE=0 (short windows split too); Qwen on the host's cores (4, 8, 15 threads)
 # Earlier phases, kept: diag, cpudiag, final, final2, one, two, three, four, app, cpu (below).
@@ -99,20 +99,24 @@ cpudiag)  # right after diag, on the same machine: llama.cpp CUDA on the files d
   ;;
 next)
   bash scripts/device_fused.sh setup || exit 1
-  PYTHONPATH=/tmp/site timeout 200 python3 -m pytest -q -n 8 -p no:randomly -m cuda tests/tinyllm/test_sampler_filters.py \
-      tests/tinyllm/test_compile_child.py tests/tinyllm/test_cuda_graph_cuda.py tests/tinyllm/test_chat_decode.py \
-      tests/tinyllm/test_step_sampler.py tests/tinyllm/test_argmax_kernel.py tests/tinyllm/test_sampler_push.py tests/tinyllm/test_embed_rows.py > "$OUT/cuda_tests_next.txt" 2>&1
+  # this session's new kernels first (the whole suite is bf16's), then the app on the default model's shape
+  PYTHONPATH=/tmp/site timeout 90 python3 -m pytest -q -n 8 -p no:randomly -m cuda tests/tinyllm/test_sampler_filters.py \
+      tests/tinyllm/test_argmax_kernel.py tests/tinyllm/test_sampler_push.py tests/tinyllm/test_embed_rows.py \
+      > "$OUT/cuda_tests_next.txt" 2>&1
   echo "== tests rc=$?"; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/cuda_tests_next.txt" | tail -12
   [ -d /tmp/tc ] || shape
-  # The first launch is cold (its kernels compile before the first reply, during the capture ahead), the rest
-  # warm: compare first replies (the plain step's), not compile times. The last runs no compile at all (what a
-  # CUDA "auto" without Inductor would run, if the plain step with the fused filters beats the compiled one).
-  for run in on:0 on:1 off:1; do
-    c=${run%:*} fused=${run#*:}
-    TINYLLM_FUSED_FILTERS=$fused OUT=$OUT bash scripts/device_fused.sh app 110 new $c /tmp/tc \
+  # The first launch is cold (Triton's and Inductor's caches empty), the rest warm. inductor: the plain step's
+  # graphs until the compiled step takes over (today's "auto"); plain: TINYLLM_CUDA_AUTO=plain, the plain step
+  # alone, its graphs captured ahead; fused: TINYLLM_FUSED_FILTERS (the app's defaults run the penalty and DRY).
+  for run in inductor:1 plain:1 plain:0; do
+    auto=${run%:*} fused=${run#*:}
+    TINYLLM_CUDA_AUTO=$auto TINYLLM_FUSED_FILTERS=$fused OUT=$OUT bash scripts/device_fused.sh app 110 new on /tmp/tc \
         | grep -E "rc=|decode_tok_s |compiled_s|status bar"
-    mv "$OUT/app_new_$c.err" "$OUT/app_${c}_fused$fused.err"
+    mv "$OUT/app_new_on.err" "$OUT/app_${auto}_fused$fused.err"
   done
+  [ "$(left 560)" -gt 50 ] && PYTHONPATH=/tmp/site:. timeout "$(left 560)" python3 -m tinyllm.tools.cli bench --device cuda \
+      --preset llama3.2-1b --profile --compile off --peers off > "$OUT/profile_1b.jsonl" 2> "$OUT/profile_1b.err"
+  grep -v "^\s*$" "$OUT/profile_1b.err" | tail -24
   ;;
 next2)
   [ -d /tmp/site ] || bash scripts/device_fused.sh setup > /dev/null 2>&1
@@ -137,19 +141,15 @@ next2)
         2>&1 | grep threads
   fi
   ;;
-bf16)  # right after next, on the same warm machine: the whole -m cuda suite; the 8B beside llama.cpp at a context
-      # of 4,096 (VRAM); then, in what time is left, where the Llama-3.2-1B shape's bf16 step (1.278 ms a token,
-      # target 0.97) spends its time, kernel by kernel
+bf16)  # right after next, on the same warm machine: the whole -m cuda suite, then the 8B beside llama.cpp at a
+      # context of 4,096 (VRAM)
   [ -d /tmp/site ] || bash scripts/device_fused.sh setup > /dev/null 2>&1
   restore
   suite 300
   CONTEXT=4096 FILES=data/device/llama3.1-8b-shape.q4_k_m.tgguf bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -1
   MODELS=llama3.1 BUDGET_S=$(left 560) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -1
-  TINYLLM_ARGS=--no-eager COMPILES=off MODELS=llama3.1 BUDGET_S=$(left 520) bash scripts/gpu_side_by_side.sh tinyllm table \
+  TINYLLM_ARGS=--no-eager COMPILES=off MODELS=llama3.1 BUDGET_S=$(left 560) bash scripts/gpu_side_by_side.sh tinyllm table \
       2>&1 | tail -4
-  [ "$(left 560)" -gt 50 ] && PYTHONPATH=/tmp/site:. timeout "$(left 560)" python3 -m tinyllm.tools.cli bench --device cuda \
-      --preset llama3.2-1b --profile --compile off --peers off > "$OUT/profile_1b.jsonl" 2> "$OUT/profile_1b.err"
-  grep -v "^\s*$" "$OUT/profile_1b.err" | tail -24
   ;;
 sweep1b)  # every block rule of the dense product on the 1B's five matrices, beside cuBLAS's product
   [ -d /tmp/site ] || bash scripts/device_fused.sh setup > /dev/null 2>&1
