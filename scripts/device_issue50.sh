@@ -150,6 +150,14 @@ bf16)  # right after next, on the same warm machine: the whole -m cuda suite, th
   MODELS=llama3.1 BUDGET_S=$(left 560) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -1
   TINYLLM_ARGS=--no-eager COMPILES=off MODELS=llama3.1 BUDGET_S=$(left 560) bash scripts/gpu_side_by_side.sh tinyllm table \
       2>&1 | tail -4
+  # in what time is left: SmolLM2's attention at W 128 is one program a KV head (3 programs, 4.6 us): split always?
+  if [ "$(left 560)" -gt 100 ]; then
+    FILES=data/device/smollm2-135m.q4_1.tgguf bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -1
+    for tile in 128 0; do
+      [ "$(left 560)" -gt 40 ] && TINYLLM_ATTN_TILE=$tile TINYLLM_ARGS=--no-eager COMPILES=off MODELS=smollm2 \
+          BUDGET_S=$(left 560) bash scripts/gpu_side_by_side.sh tinyllm 2>&1 | tail -1
+    done
+  fi
   ;;
 sweep1b)  # every block rule of the dense product on the 1B's five matrices, beside cuBLAS's product
   [ -d /tmp/site ] || bash scripts/device_fused.sh setup > /dev/null 2>&1
