@@ -5,6 +5,7 @@
 # CUDA build packed by `diag`, llama-cuda-bin.tar.xz.*, 42 MB, so no lease builds it again); move
 # models/tinychat/*.safetensors out of the tree first (76 MB: a call carries 64 MiB) and never `git commit -a`
 # while they are out.
+# The fifth lease (2026-12-07, after eight starts that failed, 1,019 s left): lease5, then lease5b (below).
 # What the fourth lease (2026-12-07) left, in order (each a call; about 7 minutes each):
 #   next   the new kernels' CUDA tests (the fused filters, argmax, push, embedding rows), then the app on the
 #          default model's shape: "auto" as Inductor (cold launch), then as the plain step alone
@@ -96,6 +97,35 @@ cpudiag)  # right after diag, on the same machine: llama.cpp CUDA on the files d
         --threads 1,4,8,15 --steps 64 --repeats 2 >> "$OUT/tinyllm_cpu_threads.jsonl" 2> /tmp/ct.err
     grep -E "threads" /tmp/ct.err || tail -3 /tmp/ct.err
   done
+  ;;
+lease5)  # one call, if the fifth lease gets only one: the whole -m cuda suite (this session's new kernels in it), then
+        # the app on the default model's shape with "auto" as the plain step alone (TINYLLM_CUDA_AUTO=plain, its
+        # graphs captured ahead, nothing to compile) and the fused filters (the app's defaults run the penalty and
+        # DRY): a cold launch, then a warm one (its first reply, its status bar)
+  bash scripts/device_fused.sh setup || exit 1
+  suite 300
+  [ -d /tmp/tc ] || shape
+  for launch in cold warm; do
+    TINYLLM_CUDA_AUTO=plain TINYLLM_FUSED_FILTERS=1 OUT=$OUT bash scripts/device_fused.sh app 110 new on /tmp/tc \
+        | grep -E "rc=|decode_tok_s |launch_to|status bar"
+    mv "$OUT/app_new_on.err" "$OUT/app_plain_$launch.err"
+  done
+  ;;
+lease5b)  # right after lease5: the app with "auto" as Inductor (warm: its compiled replies), the 8B beside llama.cpp
+          # at a context of 4,096 (VRAM), then the 1B bf16 step's profile, in what time is left
+  [ -d /tmp/site ] || bash scripts/device_fused.sh setup > /dev/null 2>&1
+  [ -d /tmp/tc ] || shape
+  TINYLLM_CUDA_AUTO=inductor TINYLLM_FUSED_FILTERS=1 OUT=$OUT bash scripts/device_fused.sh app 150 new on /tmp/tc \
+      | grep -E "rc=|decode_tok_s |launch_to|status bar"
+  mv "$OUT/app_new_on.err" "$OUT/app_inductor.err"
+  restore
+  CONTEXT=4096 FILES=data/device/llama3.1-8b-shape.q4_k_m.tgguf bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -1
+  MODELS=llama3.1 BUDGET_S=$(left 560) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -1
+  TINYLLM_ARGS=--no-eager COMPILES=off MODELS=llama3.1 BUDGET_S=$(left 500) bash scripts/gpu_side_by_side.sh tinyllm table \
+      2>&1 | tail -4
+  [ "$(left 560)" -gt 50 ] && PYTHONPATH=/tmp/site:. timeout "$(left 560)" python3 -m tinyllm.tools.cli bench --device cuda \
+      --preset llama3.2-1b --profile --compile off --peers off > "$OUT/profile_1b.jsonl" 2> "$OUT/profile_1b.err"
+  grep -v "^\s*$" "$OUT/profile_1b.err" | tail -24
   ;;
 next)
   bash scripts/device_fused.sh setup || exit 1
