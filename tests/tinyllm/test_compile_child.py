@@ -127,21 +127,26 @@ def test_a_cuda_session_saves_its_step_only_under_its_switch(ckpt, monkeypatch):
 @pytest.mark.cuda
 def test_a_cuda_session_under_its_switch_saves_its_step_and_a_relaunch_loads_it(ckpt, monkeypatch):
     """TINYLLM_CUDA_SAVED_STEP=1 on a GPU: the session compiles and saves the step in its own process, a
-    relaunch loads it (no trace), and both reply as the plain step does, up to a near-tie."""
+    relaunch loads it (no trace), and both reply as the plain step does, up to a near-tie. On a torch
+    without the API (saved_step.supported(): the device's torch 2.11 lacks `aot_compile`) both launches
+    compile the usual way, save nothing and reply the same."""
+    from tinyllm.decode import saved_step
     from tinyllm.kernels import switches
 
     monkeypatch.setattr(switches, "SWITCHES", switches.read({"TINYLLM_CUDA_SAVED_STEP": "1"}))
     plain = open_session(ckpt, "cuda", max_len=256, compile=None)
     plain.set_param("max_tokens", "12")
     reply(plain, "hello there")
-    for launch, how in (("first", "built"), ("again", "loaded")):
+    api = saved_step.supported()
+    for launch, how in (("first", "built" if api else ""), ("again", "loaded" if api else "")):
         s = open_session(ckpt, "cuda", max_len=256, compile="inductor")
         s.set_param("max_tokens", "12")
         assert s.wait_compiled(600), launch
         c = s.policy.background
         assert (c.state, c.error, c.child_result, c.saved_from) == ("compiled", "", None, how), launch
-        assert saved_path(c.child).exists()
+        assert (saved_path(c.child) is not None and saved_path(c.child).exists()) == api
         reply(s, "hello there")
         assert s.last_stats.step == "compiled"
         assert_replies_part_only_at_a_near_tie(s, plain)
-        assert isinstance(s.decoder._step_fn, SavedStep) and s.decoder._step_fn._step is None, launch
+        assert isinstance(s.decoder._step_fn, SavedStep) == api, launch
+        assert not api or s.decoder._step_fn._step is None, launch

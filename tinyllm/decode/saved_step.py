@@ -21,12 +21,14 @@ Contract:
   step checks its guards on every call, as Dynamo's would, but refuses rather than
   recompiling: where they refuse, the step becomes `fallback()` (the traced step) from then
   on, so a call never fails on it.
-- `supported()`: torch has the API (2.13 here; torch 2.11 on the device is not checked yet, so
-  CUDA sessions use it only under TINYLLM_CUDA_SAVED_STEP=1: background_compile).
+- `supported()`: torch has the API (2.13 here; torch 2.11, on the device, lacks `aot_compile`: there a
+  session compiles the usual way. CUDA sessions use it only under TINYLLM_CUDA_SAVED_STEP=1:
+  background_compile).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -39,8 +41,11 @@ def decode_step(dec, window: int) -> Tensor:
     return dec.plain_step(window)
 
 
+@functools.cache
 def supported() -> bool:
-    return hasattr(torch.compiler, "load_compiled_function")
+    """torch has both halves of the API: `load_compiled_function`, and `aot_compile` on what
+    torch.compile returns (torch 2.11, the device's, has the first only: its build failed)."""
+    return hasattr(torch.compiler, "load_compiled_function") and hasattr(torch.compile(decode_step), "aot_compile")
 
 
 def build(dec, window: int, backend: str, options: dict | None):

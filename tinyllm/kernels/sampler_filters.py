@@ -13,13 +13,11 @@ Contract:
   SamplingParams' allowed length >= 1 keeps it <= 31). torch's own pow is not one function: on
   the CPU its vector loop (Sleef, 1 ulp) and its loop's tail (the C library's powf) differ from
   each other and from the correctly rounded power for a few (base, n) (1.1^32, 1.3^28, 7.3^2 of
-  those tried). So `exact_pow` (the default on CPU tensors, under the interpreter) computes base^n
-  correctly rounded (fp64 powers, rounded once), which equals torch's wherever torch's is
-  correctly rounded (1.75, the default base, for every n <= 45) and may differ by 1 ulp of the
-  penalty elsewhere. On CUDA the default is libdevice's powf, the function torch's CUDA pow
-  calls, so that the step draws what the torch code draws on the same GPU (Triton links its
-  flush-to-zero variant, which differs only on subnormals; not yet run on a GPU when written: the
-  CUDA tests in tests/tinyllm/test_sampler_filters.py say). The rest rounds
+  those tried). So `exact_pow` (the default) computes base^n correctly rounded (fp64 powers,
+  rounded once), which equals torch's wherever torch's is correctly rounded (1.75, the default
+  base, for every n <= 45) and may differ by 1 ulp of the penalty elsewhere. On an H100 (torch
+  2.11) it equalled torch's CUDA pow bit for bit on every case of tests/tinyllm/test_sampler_filters.py,
+  where libdevice's powf (Triton's, exact_pow=False) differed by 2 ulps at two ids of 2.0^31. The rest rounds
   as torch does: the penalty's division is IEEE's (div_rn: Triton's `/` is not on CUDA) and no
   product is fused into an add (enable_fp_fusion=False: torch rounds the product first).
 - Importing this module imports Triton: import it only where Triton is installed
@@ -139,12 +137,11 @@ def _filters_kernel(logits_ptr, x_ptr, ring_ptr, penalty_ptr, hist_ptr, breaker_
 
 
 def filtered_logits(logits: Tensor, n_valid: int, ring: Tensor, penalty: Tensor, hist: Tensor, breaker: Tensor,
-                    dry: Tensor, dry_n: Tensor, programs: int = 16, exact_pow: bool | None = None) -> Tensor:
+                    dry: Tensor, dry_n: Tensor, programs: int = 16, exact_pow: bool = True) -> Tensor:
     """logits (B, V) -> x (B, V) fp32, the penalized logits (module docstring). programs: filters
-    programs a row. exact_pow: DRY's pow correctly rounded (True) or libdevice's powf (False, CUDA
-    only); None: libdevice's on CUDA, the rounded one elsewhere (the interpreter has no libdevice)."""
+    programs a row. exact_pow: DRY's pow correctly rounded (True, the default) or libdevice's powf
+    (False, CUDA only: the interpreter has no libdevice)."""
     B, V = logits.shape
-    exact_pow = not logits.is_cuda if exact_pow is None else exact_pow
     R, H = ring.shape[1], hist.shape[1]
     assert ring.shape[0] == B and hist.shape[0] == B and breaker.shape == (V,), "ring (B, R), hist (B, H), breaker (V,)"
     assert penalty.numel() == 1 and dry.numel() == 2 and dry_n.numel() == 2, "penalty (1,), dry (2,), dry_n (2,)"
