@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 PROG = "tinyllm-chat"
 # --compile's choices as ChatSession's `compile` (tinyllm.session.chat): "on" is the native CPU step where
-# it runs the model, else Inductor's compile in the background.
+# it runs the model, the plain step's graphs on CUDA (Triton's kernels), else Inductor's compile in the background.
 COMPILE = {"on": "auto", "off": None, "inductor": "inductor"}
 DEFAULT_MAX_TOKENS = 1024  # a reply's limit unless set: long answers end, /continue goes on
 QUANT_CHOICES = ("auto", "none", "int8", "int4")  # "keep" is what auto is on a CPU: not offered
@@ -102,9 +102,10 @@ def build_parser(defaults: dict[str, object] | None = None) -> argparse.Argument
     p.add_argument("--no-graphs", action="store_true", help="decode eagerly, without CUDA graphs")
     p.add_argument("--compile", choices=["on", "off", "inductor"], default="on",
                    help="the fast decode step: on a CPU the whole step as one C++ call (tinyllm.decode.cpu_step), "
-                        "ready at once; elsewhere, or for a model it cannot run, the step compiled in the "
-                        "background (torch.compile, Inductor), switched to between replies and cached in the "
-                        "user cache folder (default: on); inductor: that compiled step on a CPU too")
+                        "on a GPU CUDA graphs of the plain step's Triton kernels, both ready at once; for a model "
+                        "neither runs, the step compiled in the background (torch.compile, Inductor), switched to "
+                        "between replies and cached in the user cache folder (default: on); inductor: that "
+                        "compiled step on a CPU and a GPU too")
     p.add_argument("--ignore-eos", action="store_true",
                    help="keep generating past the end-of-reply token, up to --max-tokens (for benchmarks)")
     p.add_argument("--threads", type=int, default=None,

@@ -366,19 +366,20 @@ def test_the_plain_policy_captures_a_new_variant_between_replies_and_compiles_no
     assert len(dec.graphs) == n and policy.background is None
 
 
-def test_auto_resolves_to_the_native_step_then_inductor_or_the_plain_step_where_our_kernels_run(monkeypatch):
+def test_auto_resolves_to_the_native_step_then_the_plain_step_where_our_kernels_run_else_inductor(monkeypatch):
     from tinyllm.kernels import switches
     from tinyllm.session.step_policy import resolve
 
+    monkeypatch.setattr(switches, "SWITCHES", switches.read({}))
     assert resolve("auto", None, False) == "native" and resolve("native", None, True) == "native"
-    assert resolve("auto", "on CUDA", True) == "inductor"  # TINYLLM_CUDA_AUTO's default
+    assert resolve("auto", "on CUDA", True) == "plain"  # TINYLLM_CUDA_AUTO's default
+    assert resolve("auto", "on CUDA", False) == "inductor"  # no Triton: no fused step
     assert resolve(None, "on CUDA", True) is None and resolve("plain", None, False) == "plain"
     assert resolve("inductor", None, True) == "inductor"
     with pytest.raises(ValueError, match="native CPU step cannot run this model: on CUDA"):
         resolve("native", "on CUDA", True)
-    monkeypatch.setattr(switches, "SWITCHES", switches.read({"TINYLLM_CUDA_AUTO": "plain"}))
-    assert resolve("auto", "on CUDA", True) == "plain" and resolve("auto", "on CUDA", False) == "inductor"
-    assert resolve("auto", None, True) == "native"
+    monkeypatch.setattr(switches, "SWITCHES", switches.read({"TINYLLM_CUDA_AUTO": "inductor"}))
+    assert resolve("auto", "on CUDA", True) == "inductor" and resolve("auto", None, True) == "native"
     with pytest.raises(ValueError, match="TINYLLM_CUDA_AUTO must be inductor or plain"):
         switches.read({"TINYLLM_CUDA_AUTO": "on"})
 

@@ -18,11 +18,12 @@ Contract:
   those were about 40 of the plain step's 214 kernels, 100 us of SmolLM2's 686. push runs
   always (the ring and history stay what every other step keeps). A compiled step runs them
   always too (Inductor makes them a few kernels), so their settings are values there. Where
-  they run outside a compile on CUDA, TINYLLM_FUSED_FILTERS=1 makes them two Triton kernels
-  (tinyllm.kernels.sampler_filters: the same x, bit for bit under the interpreter but for DRY's
-  pow; off until a GPU has measured it). There, too, push is one Triton launch instead of five torch
-  ones (tinyllm.kernels.sampler_push), and a greedy draw is one (tinyllm.kernels.argmax, the same
-  ids: torch's argmax reduces a row in one block, 12.8 us of SmolLM2's step on an H100).
+  they run outside a compile on CUDA, they are two Triton kernels (tinyllm.kernels.sampler_filters:
+  the same x, bit for bit on an H100 and under the interpreter but where torch's CPU pow is not
+  correctly rounded; TINYLLM_FUSED_FILTERS=0: the torch code, about 40 kernels). There, too, push
+  is one Triton launch instead of five torch ones (tinyllm.kernels.sampler_push), and a greedy
+  draw is one (tinyllm.kernels.argmax, the same ids: torch's argmax reduces a row in one block,
+  12.8 us of SmolLM2's step on an H100).
   `native_args()` hands a native step (tinyllm.decode.cpu_step) the same tensors, which it advances
   as push and draw do.
 - `draw` equals the reference, `sample(logits, params, noise=noise_at(seed, counter), prev=ring,
@@ -92,7 +93,7 @@ class StepSampler:
 
     @classmethod
     def _fused_filters(cls, logits: Tensor) -> bool:
-        """The penalty and DRY by tinyllm.kernels.sampler_filters: switched on (TINYLLM_FUSED_FILTERS=1)."""
+        """The penalty and DRY by tinyllm.kernels.sampler_filters (unless TINYLLM_FUSED_FILTERS=0)."""
         return switches.SWITCHES.fused_filters and cls._triton(logits)
 
     def _argmax(self, x: Tensor, n: int) -> Tensor:
@@ -166,7 +167,7 @@ class StepSampler:
         filters = self._filters()
         if self.greedy and not filters:  # the argmax of the valid ids' logits, in their own dtype
             return self._argmax(logits, self.n_valid)
-        if filters and self._fused_filters(logits):  # the same x in two Triton kernels (TINYLLM_FUSED_FILTERS=1)
+        if filters and self._fused_filters(logits):  # the same x in two Triton kernels
             from tinyllm.kernels import sampler_filters
 
             x = sampler_filters.filtered_logits(logits, self.n_valid, self.ring, self.penalty, self.hist, self.breaker,

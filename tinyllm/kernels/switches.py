@@ -46,9 +46,10 @@ class Switches:
     # 0 never | 1 always | auto where the matrix is large (tinyllm.kernels.qgemv.DP4A_MIN_BYTES)
     int4_kernel: str = "words"  # TINYLLM_INT4_KERNEL: words (qgemv_words) | bytes (qgemv_triton._int4_kernel)
     int8_kernel: str = "words"  # TINYLLM_INT8_KERNEL: words (qgemv_words) | bytes (qgemv_triton._int8_kernel)
-    # TINYLLM_FUSED_FILTERS=1: on CUDA (or under the interpreter) the plain step's repetition penalty and DRY as two
-    # Triton kernels (tinyllm.kernels.sampler_filters) instead of about 40 torch ones; off until a GPU has measured it
-    fused_filters: bool = False
+    # TINYLLM_FUSED_FILTERS=0: on CUDA (or under the interpreter) the plain step's repetition penalty and DRY as about
+    # 40 torch kernels, not two Triton ones (tinyllm.kernels.sampler_filters): the app's plain step on the default
+    # model ran 1,648-1,672 tok/s that way against 1,763-1,787 on an H100 (2026-12-07)
+    fused_filters: bool = True
     decode_attn: bool = True  # TINYLLM_DECODE_ATTN=0: no Triton decode attention on CUDA (tinyllm.kernels.decode_attention)
     rope_attn: bool = True  # TINYLLM_ROPE_ATTN=0: RoPE and the cache write apart from that attention
     cpu_attn: bool = True  # TINYLLM_CPU_ATTN=0: the compiled CPU step keeps Inductor's attention loop
@@ -58,10 +59,12 @@ class Switches:
     # TINYLLM_CUDA_SAVED_STEP=1: a CUDA session opened from a path saves its compiled step and a relaunch loads
     # it (tinyllm.decode.saved_step), as CPU sessions do; off until measured on a GPU
     cuda_saved_step: bool = False
-    # TINYLLM_CUDA_AUTO: what a session's compile="auto" (the app's default) runs on CUDA: inductor (the plain step's
-    # graphs until Inductor's compile, in the background, takes over) | plain (the plain step's graphs, captured
-    # ahead: our Triton kernels, nothing to compile; tinyllm.session.step_policy)
-    cuda_auto: str = "inductor"
+    # TINYLLM_CUDA_AUTO: what a session's compile="auto" (the app's default) runs on CUDA: plain (the plain step's
+    # graphs, captured ahead: our Triton kernels, nothing to compile; tinyllm.session.step_policy) | inductor (the
+    # plain step's graphs until Inductor's compile, in the background, takes over). On an H100 (2026-12-07, the
+    # default model in the app) the plain step replied at 1,763-1,787 tok/s from the first reply on, the compiled
+    # one at 1,799-1,827 once ready, 55 s after a launch whose Inductor cache was cold
+    cuda_auto: str = "plain"
     # TRITON_INTERPRET=1 (Triton's own switch: its interpreter runs the kernels on the CPU): our Triton
     # paths (tinyllm.kernels.qgemv, decode_attention) then take CPU tensors too, so a CPU runs CUDA's step (tests)
     triton_interpret: bool = False
@@ -90,14 +93,14 @@ def read(env: Mapping[str, str]) -> Switches:
     int8_kernel = get("INT8_KERNEL", "words")
     if int8_kernel not in ("bytes", "words"):
         raise ValueError(f"TINYLLM_INT8_KERNEL must be bytes or words, got {int8_kernel!r}")
-    cuda_auto = get("CUDA_AUTO", "inductor")
+    cuda_auto = get("CUDA_AUTO", "plain")
     if cuda_auto not in ("inductor", "plain"):
         raise ValueError(f"TINYLLM_CUDA_AUTO must be inductor or plain, got {cuda_auto!r}")
     return Switches(cpu_kernel=on("CPU_KERNEL"), cache_dir=get("CACHE_DIR"), qgemv=on("QGEMV"),
                     qgemv_fold=get("QGEMV_FOLD", "plain"), post_fold=get("POST_FOLD") == "1",
                     qgemv_blocks=get("QGEMV_BLOCKS"),
                     int4_dp4a=dp4a, int4_kernel=int4_kernel, int8_kernel=int8_kernel,
-                    fused_filters=get("FUSED_FILTERS") == "1",
+                    fused_filters=on("FUSED_FILTERS"),
                     decode_attn=on("DECODE_ATTN"), rope_attn=on("ROPE_ATTN"), cpu_attn=on("CPU_ATTN"),
                     attn_tile=attn_tile, pdl=get("PDL", "1"), trace_dir=get("TRACE_DIR"),
                     cuda_saved_step=get("CUDA_SAVED_STEP") == "1", cuda_auto=cuda_auto,

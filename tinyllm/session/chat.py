@@ -20,8 +20,8 @@ does not grow with the chat. The reply streams as events:
 `compile`: None (the plain step), "plain" (the plain step, its graphs captured ahead: no compile),
 "inductor" (compiled in the background, taking over at a reply boundary), "native" (the CPU step as
 one C++ call; a ValueError where it cannot run the model), "auto" (the default, what the app asks
-for: "native" on a CPU where it runs the model, else "inductor", or "plain" on CUDA with
-TINYLLM_CUDA_AUTO=plain); see tinyllm.session.step_policy.
+for: "native" on a CPU where it runs the model, "plain" on CUDA, else "inductor"); see
+tinyllm.session.step_policy.
 
 Contract:
 - `send(text)` / `edit(text)` / `regenerate()` / `continue_reply()` return generators; run them on ONE worker

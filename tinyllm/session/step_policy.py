@@ -16,8 +16,8 @@ It owns the choice of step and the background compiles. `compile` says what is a
 - "plain": the plain step with its graphs captured ahead, nothing compiled (kind "plain"): on CUDA
   our Triton kernels make it the fused step, as fast as the first reply can be. `capture_ahead`
   captures the settings' variant; `prepare` captures another variant's between replies.
-- "auto" (what the app asks for): "native" on a CPU where it runs the model; elsewhere "inductor",
-  or "plain" where our Triton kernels run the step and TINYLLM_CUDA_AUTO=plain (`resolve`).
+- "auto" (what the app asks for): "native" on a CPU where it runs the model; "plain" where our
+  Triton kernels run the step (CUDA), unless TINYLLM_CUDA_AUTO=inductor; else "inductor" (`resolve`).
 
 The state machine, one compile per sampler variant (greedy or sampling; the step is
 specialized on it): the settings' variant compiles first; a reply that needs the other
