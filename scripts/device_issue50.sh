@@ -5,6 +5,7 @@
 # CUDA build packed by `diag`, llama-cuda-bin.tar.xz.*, 42 MB, so no lease builds it again); move
 # models/tinychat/*.safetensors out of the tree first (76 MB: a call carries 64 MiB) and never `git commit -a`
 # while they are out.
+# The sixth lease: lease6, then lease6b (the suite; the side-by-side table of every file in one run, at one context).
 # The fifth lease (2026-12-07, after eight starts that failed, 1,019 s left): lease5, then lease5b (below).
 # What the fourth lease (2026-12-07) left, in order (each a call; about 7 minutes each):
 #   next   the new kernels' CUDA tests (the fused filters, argmax, push, embedding rows), then the app on the
@@ -97,6 +98,20 @@ cpudiag)  # right after diag, on the same machine: llama.cpp CUDA on the files d
         --threads 1,4,8,15 --steps 64 --repeats 2 >> "$OUT/tinyllm_cpu_threads.jsonl" 2> /tmp/ct.err
     grep -E "threads" /tmp/ct.err || tail -3 /tmp/ct.err
   done
+  ;;
+lease6)  # the sixth lease, first call: the whole -m cuda suite (the fifth lease's two failures fixed in 70d2306),
+        # then llama.cpp's side of the table, every file at a context of 512 (VRAM at nearly one context:
+        # llama-bench's is its 256 generated positions; tinyllm's bench needs 16 + 256)
+  bash scripts/device_fused.sh setup > /dev/null 2>&1 || exit 1
+  restore
+  suite 300
+  CONTEXT=512 bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -1
+  BUDGET_S=$(left 560) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -1
+  ;;
+lease6b)  # right after lease6 (its unpacked files, $ST): tinyllm's plain step on every file, then the one table;
+          # again (the script goes on where it stopped) if it says "call again"
+  [ -d /tmp/site ] || bash scripts/device_fused.sh setup > /dev/null 2>&1
+  TINYLLM_ARGS=--no-eager COMPILES=off BUDGET_S=$(left 560) bash scripts/gpu_side_by_side.sh tinyllm table 2>&1 | tail -12
   ;;
 lease5)  # one call, if the fifth lease gets only one: the whole -m cuda suite (this session's new kernels in it), then
         # the app on the default model's shape with "auto" as the plain step alone (TINYLLM_CUDA_AUTO=plain, its
