@@ -386,10 +386,12 @@ class GraphDecoder(_Decoder):
     """Prefill eagerly, then decode one token per row with one CUDA-graph replay per run.
 
     Defaults that run on either device: `use_graph=None` (graphs on CUDA, the same step eagerly
-    on a CPU) and `compile=None` (the plain step); `compile="auto"` is the app's choice (the
-    native step on a CPU where it runs the model, else the plain one; Inductor on CUDA),
-    "native" insists on the native step. After `prefill`/`append`, choose the reply's first token
-    (`draw_first`, or `step(tok)`), then `run(k)`: run() refuses to feed a stale token.
+    on a CPU) and `compile=None` (the plain step); `compile="auto"`: the native step on a CPU where
+    it runs the model, else the plain one; Inductor on CUDA, compiled here at the first run (a chat
+    session's "auto" runs the plain step's graphs on CUDA instead, and Inductor only in the background
+    when asked: tinyllm.session.step_policy); "native" insists on the native step. After
+    `prefill`/`append`, choose the reply's first token (`draw_first`, or `step(tok)`), then
+    `run(k)`: run() refuses to feed a stale token.
 
     Reusable: prefill() resets the cache, and graphs captured for one request serve the
     next (same batch size). append() prefills a new turn after the current position;

@@ -298,7 +298,8 @@ class QuantEmbedding(Embedding):
         product and the sum each rounded), random Q4_K rows were 3.9x as far from the file's
         values as the bf16 load's (relative error 6.5e-3 against 1.7e-3; in fp32 1.8e-3, with
         fp16 scales: measured on the CPU). Where Triton runs idx outside a compile, one launch
-        (tinyllm.kernels.embed_rows: the same values) instead of about six."""
+        (tinyllm.kernels.embed_rows: the same values, ids in range taken on trust) instead of the
+        about six of `torch_rows`, its slow twin. (The interpreter switch is read at each call.)"""
         if qgemv.available() and (idx.is_cuda or switches.SWITCHES.triton_interpret) \
                 and not torch.compiler.is_compiling():
             from tinyllm.kernels import embed_rows
@@ -306,6 +307,10 @@ class QuantEmbedding(Embedding):
             flat = embed_rows.rows(idx.reshape(-1).contiguous(), self.kind, self.qweight, self.scales, self.zeros,
                                    self.like.dtype)  # (B * T, C)
             return flat.view(*idx.shape, self.embedding_dim)
+        return self.torch_rows(idx)
+
+    def torch_rows(self, idx: Tensor) -> Tensor:
+        """forward's values in torch ops, on any device: idx (B, T) -> (B, T, C)."""
         q = self.qweight[idx]  # (B, T, C) int8 | (B, T, C/2) uint8
         if self.kind == "int8":
             return (q.float() * self.scales[idx].float()[..., None]).to(self.like.dtype)

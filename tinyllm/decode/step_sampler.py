@@ -99,7 +99,7 @@ class StepSampler:
     def _argmax(self, x: Tensor, n: int) -> Tensor:
         """x (B, V) -> (B,): the first largest of each row's first n values, by tinyllm.kernels.argmax where
         Triton runs x, else torch's."""
-        if self._triton(x) and x.stride(-1) == 1:
+        if self._triton(x) and x.stride(-1) == 1 and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
             from tinyllm.kernels import argmax
 
             return argmax.argmax(x, n, self.argmax_count)

@@ -1,7 +1,7 @@
 """The greedy draw of a decode step: the argmax of each row's logits in one Triton launch.
 
 Contract:
-- `argmax(x (B, V) any float dtype, n, count (B,) int32) -> (B,) int64`: for each row the index of the
+- `argmax(x (B, V) fp32, bf16 or fp16, n, count (B,) int32) -> (B,) int64`: for each row the index of the
   largest of x[b, :n], as `x[:, :n].argmax(dim=-1)` draws it: the first one where several tie, and the
   first NaN where there is one (torch counts NaN as the largest). `count` is the caller's (zeros),
   one int32 a row that every call leaves at zero again, so a CUDA graph may replay the launch.
@@ -46,7 +46,7 @@ def _first_largest(v, i):
 @triton.jit
 def _argmax_kernel(x_ptr, out_ptr, best_ptr, at_ptr, count_ptr, n, stride_x, P_BLOCK: tl.constexpr,
                    BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:  # the logits are the kernel before's
+    if PDL:  # the logits come from a kernel before (the output layer's, or the filters')
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     p, P = tl.program_id(0), tl.num_programs(0)
@@ -70,6 +70,7 @@ def argmax(x: Tensor, n: int, count: Tensor) -> Tensor:
     """x (B, V) -> (B,) int64, the first largest of each row's first n values (module docstring)."""
     B = x.shape[0]
     assert x.stride(-1) == 1 and 0 < n <= x.shape[-1] and count.shape == (B,) and count.dtype == torch.int32
+    assert x.dtype in (torch.float32, torch.bfloat16, torch.float16), "fp32, bf16 or fp16 (compared in fp32)"
     programs = triton.cdiv(n, BLOCK)
     best = torch.empty((B, programs), dtype=torch.float32, device=x.device)
     at = torch.empty((B, programs), dtype=torch.int32, device=x.device)

@@ -7,7 +7,8 @@ Contract:
   scales and zeros (V, C/g). Each value is QuantEmbedding.forward's, bit for bit: the integer, times
   the scale in fp32, plus the offset in fp32 (each rounded: no fused multiply-add), rounded once to dtype
   (to nearest even, as torch: by hand for bf16, whose cast Triton's interpreter truncates; the values are finite).
-- One launch, a program a row, no host sync (a CUDA graph captures it; PDL on Hopper).
+- One launch, a program a row, no host sync (a CUDA graph captures it; PDL on Hopper). The ids are
+  taken on trust: each in [0, V) (torch's lookup checks them; a decode step's come from its own draw).
 - Importing this module imports Triton: import it only where Triton is installed
   (tinyllm.kernels.qgemv.available()), and call it on CUDA tensors, or on CPU ones under Triton's
   interpreter (TRITON_INTERPRET=1, switches.triton_interpret).
@@ -26,7 +27,7 @@ from tinyllm.kernels import pdl
 @triton.jit
 def _rows_kernel(idx_ptr, q_ptr, s_ptr, z_ptr, out_ptr, C: tl.constexpr, G: tl.constexpr, INT4: tl.constexpr,
                  ZEROS: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:  # the ids are the step before's draw
+    if PDL:  # the ids may come from a kernel before (a decode step's draw)
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     r = tl.program_id(0).to(tl.int64)

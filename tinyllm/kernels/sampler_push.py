@@ -25,7 +25,7 @@ from tinyllm.kernels import pdl
 @triton.jit
 def _push_kernel(ids_ptr, ring_ptr, at_ptr, hist_ptr, B, stride_r, stride_h, R: tl.constexpr, H: tl.constexpr,
                  BLOCK_H: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:  # the ids are the step before's draw
+    if PDL:  # the ids are a kernel before's (the step before's draw)
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     at = tl.load(at_ptr)
@@ -37,7 +37,7 @@ def _push_kernel(ids_ptr, ring_ptr, at_ptr, hist_ptr, B, stride_r, stride_h, R: 
         later = tl.load(row + j + 1, mask=j + 1 < H, other=0)  # (BLOCK_H,) hist[b, j + 1]
         tl.debug_barrier()  # every thread has read the row before any writes it
         tl.store(row + j, tl.where(j == H - 1, new, later), mask=j < H)
-        tl.debug_barrier()
+        tl.debug_barrier()  # (rows do not overlap: kept so that a row's writes precede the next row's reads plainly)
     tl.store(at_ptr, (at + 1) % R)
 
 

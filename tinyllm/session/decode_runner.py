@@ -117,14 +117,14 @@ class DecodeRunner:
         Prefilled. See the module docstring."""
         if self.threads:
             torch.set_num_threads(self.threads)
+        t0 = time.perf_counter()  # the time to the first token counts prepare's captures too
         policy.prepare(params.greedy, self.chunk, params.filtered)
         with policy.paused():  # a running compile waits for the reply's end (BackgroundCompile)
-            yield from self._reply(context, params, dropped, policy, record)
+            yield from self._reply(context, params, dropped, policy, record, t0)
 
     def _reply(self, context: list[int], params: SamplingParams, dropped: int, policy: StepPolicy,
-               record: Callable[[list[int], str, str], None]) -> Iterator[Prefilled | Token | Finished]:
+               record: Callable[[list[int], str, str], None], t0: float) -> Iterator[Prefilled | Token | Finished]:
         dec, device = self.decoder, self.decoder.model.device
-        t0 = time.perf_counter()
         new = torch.tensor([context[dec.n:]], dtype=torch.long, device=device)  # (1, T)
         logits = dec.append(new)[:, -1]  # (1, V)
         recent = torch.tensor([context[-max(REPEAT_WINDOW, DRY_WINDOW):]], dtype=torch.long, device=device)

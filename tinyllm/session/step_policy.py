@@ -13,9 +13,10 @@ It owns the choice of step and the background compiles. `compile` says what is a
   (`BackgroundCompile`) while replies run on the plain step; the compiled step takes over at
   the start of the next reply (`prepare`) once it is ready. Kinds: "compiling", "compiled",
   "compile failed" (with `compile_error`; the plain step stays).
-- "plain": the plain step with its graphs captured ahead, nothing compiled (kind "plain"): on CUDA
-  our Triton kernels make it the fused step, as fast as the first reply can be. `capture_ahead`
-  captures the settings' variant; `prepare` captures another variant's between replies.
+- "plain": the plain step with its graphs captured ahead, nothing compiled (kind "plain", as for
+  None): on CUDA our Triton kernels make it the fused step, as fast as the first reply can be.
+  `capture_ahead` captures the settings' variant at load; a reply whose settings need another
+  variant captures its graphs in `prepare`, at its start (its time to first token says so).
 - "auto" (what the app asks for): "native" on a CPU where it runs the model; "plain" where our
   Triton kernels run the step (CUDA), unless TINYLLM_CUDA_AUTO=inductor; else "inductor" (`resolve`).
 
@@ -88,7 +89,7 @@ class StepPolicy:
         return self.compiles[-1] if self.compiles else None
 
     def capture_ahead(self, bos_id: int, greedy: bool, chunk: int, filtered: bool = False) -> None:
-        """Where a compile is asked for, before it starts: capture the plain step's graphs (every
+        """Where a compile is asked for, before it starts, or for "plain": capture the plain step's graphs (every
         bucket, runs of 1 and of `chunk` steps, the sampler's variant the replies will run: `greedy`,
         and `filtered` where a penalty or DRY is on) and run one prefill, so its kernels are
         loaded. Captured during the compile, each graph would wait for the GIL behind the compiler
@@ -151,7 +152,7 @@ class StepPolicy:
 
     def step_kind(self, greedy: bool) -> str:
         """The step the next reply with the `greedy` variant runs: "native", "plain" (no compile
-        asked), "compiling" (a compile runs, or that variant is not compiled yet), "compiled", or
+        asked: None or "plain"), "compiling" (a compile runs, or that variant is not compiled yet), "compiled", or
         "compile failed" (see compile_error; the plain step stays), "eager" (the plain step in place
         of the native one: `set_native(False)`)."""
         if self.native:
