@@ -295,3 +295,54 @@ def test_forms_and_half_scales_shape_a_mixed_checkpoint(tmp_path):
     assert ((qt.dequantize() - w).abs() <= 0.5 * step + 1e-3 * w.abs().amax()).all()
     back = load_checkpoint(path, quant="keep").model.state_dict()
     assert all(torch.equal(v, back[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_reference_dequantizes_a_block_at_a_time_with_the_same_product(kind, dtype, monkeypatch):
+    """DequantLinear over many rows (a prefill) dequantizes at most DEQUANT_BLOCK weights at a time:
+    blocks of 40 output features of 64 inputs (7 blocks, the last short) give the product of the whole
+    matrix dequantized at once, to the library product's rounding, and every output feature."""
+    from tinyllm.core import quant_linear
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(263, 64, generator=g) * 0.1
+    layer = DequantLinear(quantize(w, kind, 32), dtype)
+    x = torch.randn(3, 5, 64, generator=g).to(dtype)  # (B, T, K): 15 rows
+    whole = layer(x)
+    monkeypatch.setattr(quant_linear, "DEQUANT_BLOCK", 40 * 64 + 7)  # 40 whole rows a block
+    seen = []
+    product = layer._product
+    monkeypatch.setattr(layer, "_product", lambda x, n0, n1: seen.append((n0, n1)) or product(x, n0, n1))
+    blocked = layer(x)
+    assert seen == [(n, min(n + 40, 263)) for n in range(0, 263, 40)]
+    assert blocked.shape == whole.shape == (3, 5, 263) and blocked.dtype == dtype
+    tol = dict(rtol=1e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(blocked, whole, **tol)
+    want = x.float() @ layer.qtensor().dequantize().T  # the canonical form's product, fp32 (bf16: dequantized in bf16)
+    far = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=0, atol=5e-2)
+    torch.testing.assert_close(blocked.float(), want, **far)
+
+
+@pytest.mark.cuda
+@torch.no_grad()
+def test_cuda_a_prefill_holds_no_dequantized_copy_of_a_whole_matrix():
+    """A prompt's product on CUDA (more rows than the Triton kernels take) through an int4 matrix of 134M
+    weights: its temporaries stay within twice one block's (about 6 bytes a weight of DEQUANT_BLOCK at
+    the peak: the unpacked bytes, the bf16 values, the scaled ones; and cuBLAS's workspace) where the
+    whole matrix dequantized takes about 900 MB."""
+    from tinyllm.core.quant_linear import DEQUANT_BLOCK
+
+    w = torch.randn(32768, 4096, device="cuda") * 0.05
+    layer = quant_linear(quantize(w, "int4", 32), torch.bfloat16, torch.device("cuda"))
+    del w
+    x = torch.randn(1, 16, 4096, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    y = layer(x)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    assert y.shape == (1, 16, 32768) and peak < 16 * DEQUANT_BLOCK, peak
+    torch.testing.assert_close(y[0, :, :64].float(), (x[0].float() @ layer.qtensor().dequantize()[:64].T),
+                               rtol=0, atol=0.1)

@@ -36,7 +36,9 @@ Contract:
     DequantLinear   The reference, on any device (CUDA without Triton, a CPU's other int4
                     matrices, tests): in a compiled step of one row, one Inductor reduction over
                     the int8 / int4 loads (gpt-fast's int8 approach); else dequantized to `dtype`
-                    and the library product (int8: the per-row scale applied after it).
+                    and the library product (int8: the per-row scale applied after it), a block of
+                    at most DEQUANT_BLOCK weights at a time: a prompt's prefill holds no dequantized
+                    copy of a whole matrix (an 8B's int4 gate and up: about 0.8 GB of temporaries).
   Every kernel is graph-safe: no host syncs, no data-dependent shapes.
 - `QuantEmbedding(qt, dtype)`: row lookups dequantized to `dtype` (tied tables and tok_emb); the
   native CPU step reads it as it is.
@@ -56,6 +58,8 @@ from tinyllm.core import quant
 from tinyllm.core.linear import NONE, Embedding, Linear, TritonProducts
 from tinyllm.core.quant import QTensor, exact_in_fp16, held_exactly, pack_int4, unpack_int4
 from tinyllm.kernels import cpu_qgemv, qgemv, switches
+
+DEQUANT_BLOCK = 1 << 24  # weights the reference dequantizes at a time (32 MB in bf16)
 
 
 class QuantLinear(Linear):
@@ -201,14 +205,25 @@ class DequantLinear(QuantLinear):
         """x (..., K) -> (..., N)."""
         if torch.compiler.is_dynamo_compiling() and x.shape[:-1].numel() == 1:
             return self._reduce(x)
-        if self.kind == "int8":  # gpt-fast: the scale is per output, so it applies after the product
-            return F.linear(x, self.qweight.to(x.dtype)) * self.act_scales  # (..., N)
-        return F.linear(x, self._dequantized(x.dtype))
+        rows = max(1, DEQUANT_BLOCK // self.in_features)  # output features a block
+        if self.out_features <= rows or torch.compiler.is_compiling():
+            return self._product(x, 0, self.out_features)
+        return torch.cat([self._product(x, n, min(n + rows, self.out_features))
+                          for n in range(0, self.out_features, rows)], dim=-1)  # (..., N)
 
-    def _dequantized(self, dtype: torch.dtype) -> Tensor:
-        n, k, g = self.out_features, self.in_features, self.group
-        q = unpack_int4(self.qweight).view(n, k // g, g).to(dtype)  # (N, K/g, g)
-        return (q * self.scales.to(dtype)[..., None] + self.zeros.to(dtype)[..., None]).view(n, k)  # (N, K)
+    def _product(self, x: Tensor, n0: int, n1: int) -> Tensor:
+        """x (..., K) times output features n0..n1 of W, dequantized to x's dtype -> (..., n1 - n0)."""
+        if self.kind == "int8":  # gpt-fast: the scale is per output, so it applies after the product
+            return F.linear(x, self.qweight[n0:n1].to(x.dtype)) * self.act_scales[n0:n1]
+        return F.linear(x, self._dequantized(x.dtype, n0, n1))
+
+    def _dequantized(self, dtype: torch.dtype, n0: int = 0, n1: int | None = None) -> Tensor:
+        """Output features n0..n1 (default: all) of W in `dtype`: (n1 - n0, K)."""
+        n1 = self.out_features if n1 is None else n1
+        k, g = self.in_features, self.group
+        q = unpack_int4(self.qweight[n0:n1]).view(n1 - n0, k // g, g).to(dtype)  # (n, K/g, g)
+        s, z = self.scales[n0:n1].to(dtype)[..., None], self.zeros[n0:n1].to(dtype)[..., None]
+        return (q * s + z).view(n1 - n0, k)  # (n, K)
 
     def _reduce(self, x: Tensor) -> Tensor:
         """One row, written as a product and a sum over K, so Inductor emits one reduction
