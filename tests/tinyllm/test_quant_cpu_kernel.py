@@ -396,17 +396,25 @@ def test_a_forked_child_runs_threaded_products():
 @needs_kernel
 def test_a_build_killed_midway_leaves_no_lock_that_blocks_the_next(tmp_path):
     """cpp_extension's `lock` file outlives a killed build; the next process must still load
-    (ninja then finds every file compiled: the build only marks itself finished)."""
+    (ninja then finds every file compiled: the build only marks itself finished). On a copy of the
+    session's build in a cache of the test's own: other tests (other processes, with xdist) read the
+    shared one meanwhile, and a missing `built` there made them fail."""
+    import os
+    import shutil
     import subprocess
     import sys
 
-    folder = cpu_qgemv.build_folder()
+    folder = tmp_path / "cache" / cpu_qgemv.build_folder().name
+    shutil.copytree(cpu_qgemv.build_folder(), folder, symlinks=True)
     (folder / "lock").write_text("")  # what a build killed inside cpp_extension.load leaves,
     (folder / "built").unlink()  # ... before it could say it was finished
-    code = "from tinyllm.kernels import cpu_qgemv; assert cpu_qgemv.available(); print('loaded')"
+    code = ("from tinyllm.kernels import cpu_qgemv; assert cpu_qgemv.available(); "
+            "print('loaded', cpu_qgemv.build_folder())")
+    env = {**os.environ, "TINYLLM_CACHE_DIR": str(tmp_path / "cache")}
     # The timeout only guards against the hang this test is about; a pass never comes near it.
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0 and "loaded" in out.stdout, out.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0 and f"loaded {folder}" in out.stdout, out.stderr[-2000:]
+    assert (folder / "built").exists()
 
 
 def test_every_cpp_file_is_built_and_each_one_names_the_build(tmp_path, monkeypatch):
