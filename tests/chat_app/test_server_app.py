@@ -89,7 +89,8 @@ async def test_a_wrong_key_is_one_line_and_the_message_comes_back(stub, data_dir
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Let me in", wait=False)
-        await wait_until(pilot, lambda: not app.busy and app.prompt.text == "Let me in", what="the refusal")
+        await wait_until(pilot, lambda: not app.busy and app.prompt.text == "Let me in"
+                         and any("401" in n for n in notices(app)), what="the refusal")  # (the notice may come last)
         said = [n for n in notices(app) if "401" in n]
         assert said and "\n" not in said[0] and "Invalid API Key" in said[0] and KEY not in said[0]
         assert app.prompt.text == "Let me in" and not app.session.messages  # kept, in the input
