@@ -26,3 +26,29 @@ def fix_numpy_index() -> None:
 
     patched._fixed = True
     interpreter._LangPatchScope.set_attr = patched
+
+
+def run_interpreted(script: str, timeout: float = 600):
+    """`script` (Python source) in a child process under Triton's interpreter, fix_numpy_index()
+    applied first, from the repo's root: the CompletedProcess (stdout and stderr as text)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = "from tests.triton_interpreter import fix_numpy_index\nfix_numpy_index()\n" + script
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    return subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def sm90_ptx(fn, signature: dict, constexprs: dict, **options) -> str:
+    """The PTX Triton compiles `fn` to for sm_90 (an H100 / H200), with no GPU: signature
+    {arg: "*bf16" | "i32" | "constexpr" ...}, the constexprs' values, compile options (num_warps...)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    return triton.compile(ASTSource(fn, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                          options=options).asm["ptx"]

@@ -4,16 +4,13 @@ leaves at zero (a graph replays it). Under Triton's interpreter on the CPU, and 
 compiles for sm_90 with PDL."""
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.triton_interpreter import run_interpreted, sm90_ptx
+
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 CHECK = textwrap.dedent("""
@@ -88,25 +85,17 @@ CHECK = textwrap.dedent("""
 @pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
                     reason="needs triton (its interpreter); on a CUDA machine the CUDA test runs the kernel")
 def test_the_argmax_kernel_draws_torchs_argmax_under_the_triton_interpreter():
-    script = ("from tests.triton_interpreter import fix_numpy_index\nfix_numpy_index()\n" + CHECK
-              + "check('cpu')\ncheck_sampler()\n")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    r = run_interpreted(CHECK + "check('cpu')\ncheck_sampler()\n")
     assert r.returncode == 0 and r.stdout.endswith("ok\nsampler ok\n"), r.stdout + r.stderr[-4000:]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton (its compiler)")
 def test_the_argmax_kernel_compiles_for_the_h100_with_pdl_and_an_acquire_release_count():
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from tinyllm.kernels import argmax as am
 
     sig = {"x_ptr": "*bf16", "out_ptr": "*i64", "best_ptr": "*fp32", "at_ptr": "*i32", "count_ptr": "*i32",
            "n": "i32", "stride_x": "i32", "P_BLOCK": "constexpr", "BLOCK": "constexpr", "PDL": "constexpr"}
-    src = ASTSource(am._argmax_kernel, sig, constexprs={"P_BLOCK": 16, "BLOCK": am.BLOCK, "PDL": True})
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": am.WARPS}).asm["ptx"]
+    ptx = sm90_ptx(am._argmax_kernel, sig, {"P_BLOCK": 16, "BLOCK": am.BLOCK, "PDL": True}, num_warps=am.WARPS)
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
     assert "atom.global.gpu.acq_rel.add" in ptx, [line for line in ptx.splitlines() if "atom" in line]
 

@@ -4,16 +4,13 @@ activation dtype, a prompt's ids and a decode step's. Under Triton's interpreter
 the kernel compiles for sm_90 with PDL and no fused multiply-add."""
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.triton_interpreter import run_interpreted, sm90_ptx
+
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 CHECK = textwrap.dedent("""
@@ -47,25 +44,18 @@ CHECK = textwrap.dedent("""
 @pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
                     reason="needs triton (its interpreter); on a CUDA machine the CUDA test runs the kernel")
 def test_the_embedding_kernel_dequantizes_as_the_torch_lookup_under_the_triton_interpreter():
-    script = "from tests.triton_interpreter import fix_numpy_index\nfix_numpy_index()\n" + CHECK + "check('cpu')\n"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    r = run_interpreted(CHECK + "check('cpu')\n")
     assert r.returncode == 0 and r.stdout.endswith("36 ok\n"), r.stdout + r.stderr[-4000:]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton (its compiler)")
 def test_the_embedding_kernel_compiles_for_the_h100_with_pdl_and_no_fused_multiply_add():
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from tinyllm.kernels import embed_rows as er
 
     sig = {"idx_ptr": "*i64", "q_ptr": "*u8", "s_ptr": "*fp16", "z_ptr": "*fp16", "out_ptr": "*bf16", "C": "constexpr",
            "G": "constexpr", "INT4": "constexpr", "ZEROS": "constexpr", "BLOCK_C": "constexpr", "PDL": "constexpr"}
     consts = {"C": 576, "G": 32, "INT4": True, "ZEROS": True, "BLOCK_C": 1024, "PDL": True}
-    ptx = triton.compile(ASTSource(er._rows_kernel, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                         options={"num_warps": 4, "enable_fp_fusion": False}).asm["ptx"]
+    ptx = sm90_ptx(er._rows_kernel, sig, consts, num_warps=4, enable_fp_fusion=False)
     assert "griddepcontrol.wait" in ptx and "fma." not in ptx
 
 

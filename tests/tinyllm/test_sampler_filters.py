@@ -6,16 +6,13 @@ and within 2 ulps at the one id DRY penalizes with 1.3^28, which it does not. On
 powf, as torch's): bit for bit. Both kernels compile for sm_90 with PDL."""
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.triton_interpreter import run_interpreted, sm90_ptx
+
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 CHECK = textwrap.dedent("""
@@ -115,10 +112,7 @@ CHECK = textwrap.dedent("""
 @pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
                     reason="needs triton (its interpreter); on a CUDA machine the CUDA test runs the kernels")
 def test_the_filters_equal_the_torch_penalty_and_dry_under_the_triton_interpreter():
-    script = ("from tests.triton_interpreter import fix_numpy_index\nfix_numpy_index()\n" + CHECK
-              + "check('cpu', [torch.float32, torch.float16, torch.bfloat16])\n")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    r = run_interpreted(CHECK + "check('cpu', [torch.float32, torch.float16, torch.bfloat16])\n", timeout=900)
     assert r.returncode == 0 and r.stdout.endswith("ok\n"), r.stdout + r.stderr[-4000:]
 
 
@@ -127,16 +121,10 @@ def test_both_kernels_compile_for_the_h200_with_pdl_and_no_fused_multiply_add():
     """sm_90 PTX: each kernel waits on the one before (PDL); the filters kernel divides with IEEE
     rounding and, with the rounded pow, has no fused multiply-add at all (torch rounds the product,
     then subtracts). libdevice's powf has fmas of its own (its FTZ variant: Triton sets __CUDA_FTZ)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from tinyllm.kernels import sampler_filters as sf
 
     def ptx(fn, sig, consts):
-        src = ASTSource(fn, sig, constexprs=consts)
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": 4, "enable_fp_fusion": False}).asm["ptx"]
+        return sm90_ptx(fn, sig, consts, num_warps=4, enable_fp_fusion=False)
 
     copy = ptx(sf._copy_kernel, {"logits_ptr": "*bf16", "x_ptr": "*fp32", "V": "i32", "n_valid": "i32",
                                  "stride_l": "i32", "stride_x": "i32", "BLOCK": "constexpr", "PDL": "constexpr"},
@@ -202,9 +190,7 @@ def test_the_sampler_draws_the_same_ids_with_the_fused_filters_under_the_triton_
     """StepSampler.draw with TINYLLM_FUSED_FILTERS=1 (the two kernels) against the torch code, the
     same tensors, twelve steps of pushes and draws: the same ids, greedy with the app's defaults, each
     filter alone, and sampling (base 1.75, whose powers torch rounds correctly)."""
-    script = "from tests.triton_interpreter import fix_numpy_index\nfix_numpy_index()\n" + DRAWS
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    r = run_interpreted(DRAWS, timeout=900)
     assert r.returncode == 0 and r.stdout.endswith("ok\n"), r.stdout + r.stderr[-4000:]
 
 

@@ -3,16 +3,13 @@ code: the ring, its position (wrapping) and DRY's history, step after step, for 
 Under Triton's interpreter on the CPU, and on CUDA; the kernel compiles for sm_90 with PDL."""
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.triton_interpreter import run_interpreted, sm90_ptx
+
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 CHECK = textwrap.dedent("""
@@ -43,24 +40,17 @@ CHECK = textwrap.dedent("""
 @pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
                     reason="needs triton (its interpreter); on a CUDA machine the CUDA test runs the kernel")
 def test_the_push_kernel_moves_the_windows_as_the_torch_push_under_the_triton_interpreter():
-    script = "from tests.triton_interpreter import fix_numpy_index\nfix_numpy_index()\n" + CHECK + "check('cpu')\n"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    r = run_interpreted(CHECK + "check('cpu')\n")
     assert r.returncode == 0 and r.stdout.endswith("ok\n"), r.stdout + r.stderr[-4000:]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton (its compiler)")
 def test_the_push_kernel_compiles_for_the_h100_with_pdl_and_a_barrier_between_read_and_write():
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from tinyllm.kernels import sampler_push as sp
 
     sig = {"ids_ptr": "*i64", "ring_ptr": "*i64", "at_ptr": "*i64", "hist_ptr": "*i64", "B": "i32", "stride_r": "i32",
            "stride_h": "i32", "R": "constexpr", "H": "constexpr", "BLOCK_H": "constexpr", "PDL": "constexpr"}
-    src = ASTSource(sp._push_kernel, sig, constexprs={"R": 64, "H": 1024, "BLOCK_H": 1024, "PDL": True})
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    ptx = sm90_ptx(sp._push_kernel, sig, {"R": 64, "H": 1024, "BLOCK_H": 1024, "PDL": True}, num_warps=4)
     assert "griddepcontrol.wait" in ptx and "bar.sync" in ptx
 
 
