@@ -5,7 +5,7 @@
 # CUDA build packed by `diag`, llama-cuda-bin.tar.xz.*, 42 MB, so no lease builds it again); move
 # models/tinychat/*.safetensors out of the tree first (76 MB: a call carries 64 MiB) and never `git commit -a`
 # while they are out.
-# The sixth lease: lease6, then lease6b (the suite; the side-by-side table of every file in one run, at one context).
+# The seventh lease: lease7 (one call). The sixth lease: lease6, then lease6b (the suite; the side-by-side table of every file in one run, at one context).
 # The fifth lease (2026-12-07, after eight starts that failed, 1,019 s left): lease5, then lease5b (below).
 # What the fourth lease (2026-12-07) left, in order (each a call; about 7 minutes each):
 #   next   the new kernels' CUDA tests (the fused filters, argmax, push, embedding rows), then the app on the
@@ -98,6 +98,24 @@ cpudiag)  # right after diag, on the same machine: llama.cpp CUDA on the files d
         --threads 1,4,8,15 --steps 64 --repeats 2 >> "$OUT/tinyllm_cpu_threads.jsonl" 2> /tmp/ct.err
     grep -E "threads" /tmp/ct.err || tail -3 /tmp/ct.err
   done
+  ;;
+lease7)  # the seventh lease, one call: the whole -m cuda suite; the side-by-side table of every file in one run
+        # (llama.cpp then tinyllm's plain step, a context of 512, the bench's bandwidth probe no longer in its
+        # VRAM); the Llama-3.2-1B bf16 step's profile with the narrow dense rule, then with the old rule for all
+  bash scripts/device_fused.sh setup > /dev/null 2>&1 || exit 1
+  restore
+  suite 240
+  CONTEXT=512 bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -1
+  BUDGET_S=$(left 560) bash scripts/gpu_side_by_side.sh llama 2>&1 | tail -1
+  TINYLLM_ARGS=--no-eager COMPILES=off BUDGET_S=$(left 560) bash scripts/gpu_side_by_side.sh tinyllm table 2>&1 | tail -7
+  for r in narrow:"" old:16,512,4; do
+    [ "$(left 560)" -gt 50 ] || break
+    TINYLLM_QGEMV_BLOCKS=${r#*:} PYTHONPATH=/tmp/site:. timeout "$(left 560)" python3 -m tinyllm.tools.cli bench \
+        --device cuda --preset llama3.2-1b --profile --compile off --peers off > "$OUT/profile_1b_${r%%:*}.jsonl" \
+        2> "$OUT/profile_1b_${r%%:*}.err"
+    echo "== 1B, ${r%%:*} rule"; grep -E "replay_us|kernels_per_step" "$OUT/profile_1b_${r%%:*}.err" | head -6
+  done
+  cp /tmp/side_by_side/*.log "$OUT/" 2> /dev/null
   ;;
 lease6)  # the sixth lease, first call: the whole -m cuda suite (the fifth lease's two failures fixed in 70d2306),
         # then llama.cpp's side of the table, every file at a context of 512 (VRAM at nearly one context:

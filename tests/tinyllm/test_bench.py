@@ -34,6 +34,30 @@ def test_decode_metrics(capsys):
     assert "decode_tok_s" in err and "bucket_tok_s" in err  # the table
 
 
+def test_no_buckets_runs_no_bandwidth_probe(capsys, monkeypatch):
+    """--no-buckets (the side-by-side table's runs, which read the peak VRAM) skips the 2 GiB probe."""
+    import tinyllm.tools.bench as tb
+
+    probes = []
+    monkeypatch.setattr(tb, "measure_bandwidth", lambda *a: probes.append(a) or 1e9)
+    rc, recs, _ = run(capsys, "--prompt-lens", "16", "--no-buckets")
+    assert rc == 0 and probes == []
+    assert {r["metric"] for r in recs} == {"ttft_ms", "decode_tok_s"}
+    rc, recs, _ = run(capsys, "--prompt-lens", "16")
+    assert rc == 0 and len(probes) == 1 and "bw_fraction" in {r["metric"] for r in recs}
+
+
+@pytest.mark.cuda
+def test_the_bandwidth_probe_gives_its_memory_back():
+    """Its 2 GiB are neither kept by the caching allocator nor left in the peak a run reports."""
+    import tinyllm.tools.bench as tb
+
+    before = torch.cuda.memory_reserved()
+    assert tb.measure_bandwidth(torch.device("cuda"), 1) > 0
+    assert torch.cuda.memory_reserved() <= before + (64 << 20)
+    assert torch.cuda.max_memory_reserved() <= before + (64 << 20)
+
+
 ENGINE_ROWS = ["engine_tok_s", "engine_step_ms", "engine_live_rows", "engine_host_us", "engine_syncs_per_step",
                "engine_kv_mib", "engine_kv_gb_s", "engine_admit_ms"]
 

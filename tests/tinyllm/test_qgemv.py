@@ -115,6 +115,13 @@ INTERPRETED = textwrap.dedent("""
                 gate, up = ref.chunk(2, dim=-1)
                 assert rel_err(T.dense_gemv(x, w, True, act=act), f(gate) * up) < 1e-5, (n, k, rows, act)
 
+    # the narrow dense rule (N <= 4,096, K >= 2,048: a 1B's QKV, O and down): 1,024-value steps, the last one partial
+    assert T.rule_for(96, 2560, 2, False) == T.DENSE_NARROW and T.rule_for(96, 2560, 1, False) == T.RULE
+    x, w, ref = dense_case(96, 2560, 2)
+    assert rel_err(T.dense_gemv(x, w), ref) < 1e-5, "dense narrow"
+    g, r, fref = fused_case(x, DenseQ(w))
+    assert rel_err(T.dense_gemv(x, w, False, g, 1e-5, r), fref) < 1e-5, "dense narrow fused"
+
     for n, k, rows, kind, group in CASES:
         x, qt, ref = case(n, k, rows, kind, group)
         y = raw(x, qt, group)

@@ -91,9 +91,21 @@ RULE = Rule(*(int(v) for v in ((_OVERRIDE or "16,512,4,8,1024") + ",0,0").split(
 GATED = RULE if _OVERRIDE else RULE._replace(warps=2)
 
 
+# Narrow dense 16-bit products (N <= 4,096, K >= 2,048: a 1B's QKV, O and down) on 4 programs an SM
+# of 8 warps in 1,024-value steps. Each matrix alone, in a graph, from memory, on the H100
+# (scripts/qgemv_sweep.py, SWEEP_MODELS=1b, the Llama-3.2-1B shape): QKV 3,072 x 2,048 5.76 -> 5.02 us,
+# O 2,048 x 2,048 -> 3.25 (its best of every rule swept), down 2,048 x 8,192 -> 11.9; cuBLAS 6.7, 6.2, 15.0.
+# Gate and up and the wide output product keep their rules (no rule swept beat them).
+DENSE_NARROW = Rule(4, 2048, 8, 0, 0)
+
+
 def rule_for(n: int, k: int, bytes_per_value: float, gated: bool) -> Rule:
     """The rule of an (n, k) product (n counts both halves of a gated one)."""
-    return GATED if gated else RULE
+    if gated:
+        return GATED
+    if not _OVERRIDE and bytes_per_value == 2 and n <= 4096 and k >= 2048:
+        return DENSE_NARROW
+    return RULE
 
 
 # Integers to fp32 without the converter: OR-ing an integer 0..255 into the low mantissa bits

@@ -7,7 +7,9 @@ table goes to stderr. Timing: a warm-up run first, then the median of --repeats 
 between torch.cuda.synchronize() calls on CUDA. Speeds are measured, never asserted.
 
 Metrics (batch 1, greedy, unless said):
-  bandwidth_gb_s   a large device-to-device copy, read + write bytes counted
+  bandwidth_gb_s   a large device-to-device copy, read + write bytes counted; only where
+                   bw_fraction needs it (not with --no-buckets), and its buffers are given back,
+                   so that a run's peak memory (nvidia-smi's, torch's) is the model's, not the probe's
   ttft_ms          eager prefill of prompt_len tokens until the first token is on the host
   capture_s        capturing every bucket's graph (CUDA); graph_pool_mib: memory_allocated /
                    memory_reserved growth over that capture ("kind"); impl "compiled": the
@@ -157,6 +159,10 @@ def measure_bandwidth(device: torch.device, repeats: int) -> float:
     src = torch.empty(n, dtype=torch.uint8, device=device).fill_(1)
     dst = torch.empty_like(src)
     s = median_s(timed(lambda: dst.copy_(src), device), max(repeats, 5))
+    del src, dst
+    if device.type == "cuda":  # 2 GiB the caching allocator would keep: the model's peak is what a run reports
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     return 2 * n / s
 
 
@@ -475,8 +481,9 @@ def run(args: argparse.Namespace) -> Report:
         bench_engine(model, args.concurrency or ([1, 8, 32, 64] if cuda else [1, 4]), steps, repeats, report,
                      "inductor" if compile else None, args.engine_workload)
         return report
-    bandwidth = measure_bandwidth(device, repeats)
-    report("bandwidth_gb_s", bandwidth / 1e9, "GB/s")
+    if not args.no_buckets:  # bw_fraction's denominator; measured first, while nothing else is held
+        bandwidth = measure_bandwidth(device, repeats)
+        report("bandwidth_gb_s", bandwidth / 1e9, "GB/s")
     steps = min(steps, model.cfg.max_seq_len - 1)
     dec = GraphDecoder(model, 1, use_graph=cuda)  # graphs share one pool only if on from the start
     decs = {"": dec}
