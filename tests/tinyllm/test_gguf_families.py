@@ -50,8 +50,8 @@ HAVE_CONVERTER = (LLAMA_CPP / "convert_hf_to_gguf.py").is_file()
 if not HAVE_CONVERTER and os.environ.get("CI"):
     raise RuntimeError(f"llama.cpp's converter is not at {LLAMA_CPP}: run scripts/build_llama_cpp.sh (or set LLAMA_CPP_SRC)")
 # a mark, not a skip at collection: a run that selects none of these tests (-m cuda) reports no skip for them
-pytestmark = pytest.mark.skipif(not HAVE_CONVERTER,
-                                reason=f"llama.cpp's converter is not at {LLAMA_CPP} (scripts/build_llama_cpp.sh unpacks it)")
+pytestmark = pytest.mark.skipif(
+    not HAVE_CONVERTER, reason=f"llama.cpp's converter is not at {LLAMA_CPP} (scripts/build_llama_cpp.sh unpacks it)")
 
 # convert_hf_to_gguf.py with the BPE pre-tokenizer named instead of guessed (see the docstring)
 _CONVERT = """

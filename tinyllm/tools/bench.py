@@ -156,14 +156,18 @@ def random_ids(model: Transformer, n: int, seed: int = 0) -> torch.Tensor:
 def measure_bandwidth(device: torch.device, repeats: int) -> float:
     """Bytes/s of a large copy, read + write counted (1 GiB on CUDA, 64 MiB on a CPU)."""
     n = (1 << 30) if device.type == "cuda" else (64 << 20)
-    src = torch.empty(n, dtype=torch.uint8, device=device).fill_(1)
-    dst = torch.empty_like(src)
-    s = median_s(timed(lambda: dst.copy_(src), device), max(repeats, 5))
-    del src, dst
-    if device.type == "cuda":  # 2 GiB the caching allocator would keep: the model's peak is what a run reports
+    s = _copy_s(n, device, repeats)
+    if device.type == "cuda":  # the 2 GiB the caching allocator would keep: a run's peak is the model's
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     return 2 * n / s
+
+
+def _copy_s(n: int, device: torch.device, repeats: int) -> float:
+    """Median seconds of copying n bytes on device (its buffers freed on return)."""
+    src = torch.empty(n, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    return median_s(timed(lambda: dst.copy_(src), device), max(repeats, 5))
 
 
 def weight_bytes(model: Transformer) -> int:
