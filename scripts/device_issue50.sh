@@ -117,6 +117,25 @@ lease7)  # the seventh lease, one call: the whole -m cuda suite; the side-by-sid
   done
   cp /tmp/side_by_side/*.log "$OUT/" 2> /dev/null
   ;;
+lease7b)  # after lease7: the app on the default model's shape (chat_app.bench), a cold launch then a warm one,
+         # with the defaults (the plain step, its graphs captured ahead; the fused filters): the status bar
+  [ -d /tmp/site ] || bash scripts/device_fused.sh setup > /dev/null 2>&1
+  [ -d /tmp/tc ] || shape
+  for launch in cold warm; do
+    OUT=$OUT bash scripts/device_fused.sh app 110 new on /tmp/tc | grep -E "rc=|decode_tok_s |launch_to|status bar"
+    mv "$OUT/app_new_on.err" "$OUT/app_$launch.err"; mv "$OUT/app.jsonl" "$OUT/app_$launch.jsonl" 2> /dev/null
+  done
+  ;;
+loadprof)  # where a launch's load goes: the default model's shape opened as the app opens it, cold (an empty
+          # Triton cache) then warm (scripts/load_profile.py)
+  [ -d /tmp/site ] || bash scripts/device_fused.sh setup > /dev/null 2>&1
+  [ -d /tmp/tc ] || shape
+  export TRITON_CACHE_DIR=/tmp/triton_loadprof; rm -rf $TRITON_CACHE_DIR
+  for launch in cold warm; do
+    PYTHONPATH=/tmp/site:. timeout 150 python3 scripts/load_profile.py /tmp/tc --top 45 2> "$OUT/load_$launch.txt"
+    echo "== $launch rc=$?"; grep -v "^\s*$" "$OUT/load_$launch.txt" | grep -iv warn | head -60 | cut -c1-160
+  done
+  ;;
 lease6)  # the sixth lease, first call: the whole -m cuda suite (the fifth lease's two failures fixed in 70d2306),
         # then llama.cpp's side of the table, every file at a context of 512 (VRAM at nearly one context:
         # llama-bench's is its 256 generated positions; tinyllm's bench needs 16 + 256)
