@@ -134,6 +134,7 @@ loadprof)  # where a launch's load goes: the default model's shape opened as the
   for launch in cold warm; do
     PYTHONPATH=/tmp/site:. timeout 150 python3 scripts/load_profile.py /tmp/tc --top 45 2> "$OUT/load_$launch.txt"
     echo "== $launch rc=$?"; grep -v "^\s*$" "$OUT/load_$launch.txt" | grep -iv warn | head -60 | cut -c1-160
+    [ $launch = cold ] && python3 scripts/triton_cache_count.py $TRITON_CACHE_DIR
   done
   ;;
 lease6)  # the sixth lease, first call: the whole -m cuda suite (the fifth lease's two failures fixed in 70d2306),
