@@ -126,6 +126,29 @@ lease7b)  # after lease7: the app on the default model's shape (chat_app.bench),
     mv "$OUT/app_new_on.err" "$OUT/app_$launch.err"; mv "$OUT/app.jsonl" "$OUT/app_$launch.jsonl" 2> /dev/null
   done
   ;;
+lease8)  # one call: the precompile (tinyllm.kernels.precompile) on the GPU: its CUDA test and the graph tests, then
+         # where a launch's load goes (scripts/load_profile.py, the default model's shape as the app opens it):
+         # cold with the precompile, warm, cold without it (TINYLLM_PRECOMPILE=0); then the app itself, cold
+  bash scripts/device_fused.sh setup > /dev/null 2>&1 || exit 1
+  [ -d /tmp/tc ] || shape
+  PYTHONPATH=/tmp/site timeout 150 python3 -m pytest -q -n 8 -p no:randomly -m cuda tests/tinyllm/test_precompile.py \
+      tests/tinyllm/test_cuda_graph_cuda.py tests/tinyllm/test_chat_decode.py tests/tinyllm/test_engine_cuda.py \
+      > "$OUT/cuda_tests_lease8.txt" 2>&1
+  echo "== tests rc=$?"; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/cuda_tests_lease8.txt" | tail -8
+  for run in on:cold:a on:warm:a off:cold:b; do
+    IFS=: read -r pre launch cache <<< "$run"
+    [ "$launch" = cold ] && rm -rf /tmp/triton_$cache
+    TRITON_CACHE_DIR=/tmp/triton_$cache TINYLLM_PRECOMPILE=$([ $pre = on ] && echo 1 || echo 0) PYTHONPATH=/tmp/site:. \
+        timeout 120 python3 scripts/load_profile.py /tmp/tc --top 40 2> "$OUT/load_${pre}_$launch.txt"
+    echo "== precompile $pre, $launch: rc=$?"; grep -E "^open to ready|graphs captured" "$OUT/load_${pre}_$launch.txt"
+  done
+  python3 scripts/triton_cache_count.py /tmp/triton_a
+  if [ "$(left 560)" -gt 100 ]; then
+    rm -rf /tmp/triton_c
+    TRITON_CACHE_DIR=/tmp/triton_c OUT=$OUT bash scripts/device_fused.sh app 90 new on /tmp/tc \
+        | grep -E "rc=|decode_tok_s |launch_to|status bar"
+  fi
+  ;;
 loadprof)  # where a launch's load goes: the default model's shape opened as the app opens it, cold (an empty
           # Triton cache) then warm (scripts/load_profile.py)
   [ -d /tmp/site ] || bash scripts/device_fused.sh setup > /dev/null 2>&1

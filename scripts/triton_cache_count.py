@@ -1,11 +1,19 @@
-"""The Triton kernels in a cache directory, counted by name (a launch's compiles): python3 scripts/triton_cache_count.py DIR"""
-import collections, glob, json, sys
-c = collections.Counter()
+"""The Triton kernels in a cache directory, counted by name (a launch's compiles).
+
+    python3 scripts/triton_cache_count.py DIR
+"""
+
+import collections
+import glob
+import json
+import sys
+
+count = collections.Counter()
 for f in glob.glob(sys.argv[1] + "/*/*.json"):
     try:
-        d = json.load(open(f))
-    except Exception:
+        meta = json.load(open(f))
+    except (OSError, ValueError):
         continue
-    if isinstance(d, dict) and "name" in d and "child_paths" not in d:
-        c[d["name"]] += 1
-print("== Triton kernels compiled:", sum(c.values()), dict(c.most_common()))
+    if isinstance(meta, dict) and "name" in meta and "child_paths" not in meta:
+        count[meta["name"]] += 1
+print("== Triton kernels compiled:", sum(count.values()), dict(count.most_common()))

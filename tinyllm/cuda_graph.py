@@ -65,7 +65,7 @@ from tinyllm.decode.row_sampler import RowSampler
 from tinyllm.decode.sampling_params import SamplingParams
 from tinyllm.decode.saved_step import SavedStep
 from tinyllm.decode.step_sampler import StepSampler
-from tinyllm.kernels import cpu_qgemv, pdl
+from tinyllm.kernels import cpu_qgemv, pdl, precompile
 from tinyllm.kv_cache import SlotKVCache, StaticKVCache
 from tinyllm.kv_cache import StaticLayerKV as StaticLayerKV  # the seed's names, at the seed's path
 from tinyllm.model import Transformer
@@ -161,6 +161,7 @@ class _Decoder:
         self._step_fn = self._make_step(compile)
         self.saved = None  # the loaded compiled step (tinyllm.decode.saved_step) that runs, if one does
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor]] = {}  # by _key(shape, steps)
+        self.precompiled = 0  # Triton kernels made ready at once before captures (_precompile)
         self.pool = None
         self._use_graph = False
         self.use_graph = device.type == "cuda" if use_graph is None else use_graph
@@ -269,6 +270,16 @@ class _Decoder:
     def _state(self) -> list[Tensor]:
         return [*self.cache.step_state(), self.tok, *self.sampler.state()]
 
+    def _restorer(self) -> Callable[[], None]:
+        """A function that puts the decoder's step state (cache positions, input ids, sampler) back as it is now."""
+        state = self._state()
+        saved = [t.clone() for t in state]
+
+        def restore() -> None:
+            for t, v in zip(state, saved, strict=True):
+                t.copy_(v)
+        return restore
+
     def _record(self, shape, steps: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         # Warm up on a side stream (lazy cuBLAS / SDPA setup and compilation must not happen
         # during capture). Twice: the first run may create lazily allocated buffers (a slot
@@ -278,12 +289,7 @@ class _Decoder:
         # step each, whatever the run's length: every step of a run is the same call, so one
         # warms them all (a 16-step run's warm-ups were 32 eager steps: SmolLM2's plain
         # graphs took 11-12 s of start-up, most of it warm-up).
-        state = self._state()
-        saved = [t.clone() for t in state]
-
-        def restore() -> None:
-            for t, v in zip(state, saved, strict=True):
-                t.copy_(v)
+        restore = self._restorer()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -308,12 +314,26 @@ class _Decoder:
         self.cache.keys_needed(steps)  # refuses a full cache
         torch.cuda.synchronize()  # earlier work (a prefill) is not capture time
         t0 = time.perf_counter()
-        for shape in self._shapes(windows):
-            key = self._key(shape, steps)
-            if key not in self.graphs:
-                self.graphs[key] = self._record(shape, steps)
+        shapes = [shape for shape in self._shapes(windows) if self._key(shape, steps) not in self.graphs]
+        self._precompile(shapes)
+        for shape in shapes:
+            self.graphs[self._key(shape, steps)] = self._record(shape, steps)
         torch.cuda.synchronize()
         return time.perf_counter() - t0
+
+    def _precompile(self, shapes: list) -> None:
+        """The plain step's Triton kernels for these shapes compiled at once, on a thread pool, before any is
+        captured (tinyllm.kernels.precompile): one step of each shape with its kernels skipped, the state put
+        back after each. Inductor's step compiles its own."""
+        if self.compile is not None or not shapes or self.model.device.type != "cuda":
+            return
+        restore = self._restorer()
+
+        def dry_steps() -> None:
+            for shape in shapes:
+                self._steps(shape, 1)
+                restore()
+        self.precompiled += precompile.ahead(dry_steps)
 
     @torch.no_grad()
     def run(self, steps: int = 1, capture: bool = True) -> Tensor:
