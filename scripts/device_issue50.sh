@@ -257,7 +257,7 @@ bf16)  # right after next, on the same warm machine: the whole -m cuda suite, th
   TINYLLM_ARGS=--no-eager COMPILES=off MODELS=llama3.1 BUDGET_S=$(left 560) bash scripts/gpu_side_by_side.sh tinyllm table \
       2>&1 | tail -4
   # in what time is left: SmolLM2's attention at W 128 is one program a KV head (3 programs, 4.6 us): split always?
-  if [ "$(left 380)" -gt 100 ]; then
+  if [ "$(left 560)" -gt 100 ]; then
     FILES=data/device/smollm2-135m.q4_1.tgguf bash scripts/gpu_side_by_side.sh unpack 2>&1 | tail -1
     for tile in 128 0; do
       [ "$(left 560)" -gt 40 ] && TINYLLM_ATTN_TILE=$tile TINYLLM_ARGS=--no-eager COMPILES=off MODELS=smollm2 \
