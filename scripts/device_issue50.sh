@@ -126,6 +126,21 @@ lease7b)  # after lease7: the app on the default model's shape (chat_app.bench),
     mv "$OUT/app_new_on.err" "$OUT/app_$launch.err"; mv "$OUT/app.jsonl" "$OUT/app_$launch.jsonl" 2> /dev/null
   done
   ;;
+lease8min)  # lease8 in about 150 s: the precompile's CUDA test and the graph tests, then a cold load with it and
+            # one without it (scripts/load_profile.py on the default model's shape)
+  bash scripts/device_fused.sh setup > /dev/null 2>&1 || exit 1
+  [ -d /tmp/tc ] || shape
+  PYTHONPATH=/tmp/site timeout 70 python3 -m pytest -q -n 8 -p no:randomly -m cuda tests/tinyllm/test_precompile.py \
+      tests/tinyllm/test_cuda_graph_cuda.py > "$OUT/cuda_tests_lease8.txt" 2>&1
+  echo "== tests rc=$?"; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/cuda_tests_lease8.txt" | tail -8
+  for pre in 1 0; do
+    rm -rf /tmp/triton_$pre
+    TRITON_CACHE_DIR=/tmp/triton_$pre TINYLLM_PRECOMPILE=$pre PYTHONPATH=/tmp/site:. timeout 50 python3 \
+        scripts/load_profile.py /tmp/tc --top 40 2> "$OUT/load_cold_precompile$pre.txt"
+    echo "== precompile $pre, cold: rc=$?"; grep -E "^open to ready|graphs captured" "$OUT/load_cold_precompile$pre.txt"
+  done
+  python3 scripts/triton_cache_count.py /tmp/triton_1
+  ;;
 lease8)  # one call: the precompile (tinyllm.kernels.precompile) on the GPU: its CUDA test and the graph tests, then
          # where a launch's load goes (scripts/load_profile.py, the default model's shape as the app opens it):
          # cold with the precompile, warm, cold without it (TINYLLM_PRECOMPILE=0); then the app itself, cold
