@@ -1,4 +1,5 @@
-"""tinyllm.kernels.precompile: a capture's Triton kernels compiled at once on a thread pool, then none.
+"""tinyllm.kernels.precompile: a capture's Triton kernels compiled at once on a thread pool, then none
+(TINYLLM_PRECOMPILE=1; off by default until its CUDA test has run on a GPU).
 
 On the CPU (Triton installed, no GPU): the routing alone. Inside `ahead`, this thread's launches
 reach Triton's launcher as warm-ups and other threads' as launches, and the launcher is put
@@ -25,6 +26,8 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
 def test_inside_ahead_this_threads_launches_are_warm_ups_and_the_launcher_comes_back(monkeypatch):
     from triton.runtime.jit import JITFunction
+
+    monkeypatch.setattr(switches, "SWITCHES", switches.read({"TINYLLM_PRECOMPILE": "1"}))
 
     calls = []  # (thread, warmup) of each call that reached the launcher
 
@@ -54,10 +57,12 @@ def test_inside_ahead_this_threads_launches_are_warm_ups_and_the_launcher_comes_
     assert calls[-1] == (here, False)
 
 
-def test_switched_off_it_runs_nothing(monkeypatch):
-    monkeypatch.setattr(switches, "SWITCHES", switches.read({"TINYLLM_PRECOMPILE": "0"}))
+def test_off_by_default_it_runs_nothing(monkeypatch):
     ran = []
-    assert precompile.ahead(lambda: ran.append(1)) == 0 and ran == []
+    for env in ({}, {"TINYLLM_PRECOMPILE": "0"}):
+        monkeypatch.setattr(switches, "SWITCHES", switches.read(env))
+        assert precompile.ahead(lambda: ran.append(1)) == 0
+    assert ran == []
 
 
 CHILD = textwrap.dedent("""
@@ -92,6 +97,6 @@ CHILD = textwrap.dedent("""
 
 @pytest.mark.cuda
 def test_a_capture_compiles_its_kernels_at_once_then_none(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_CACHE_DIR": str(tmp_path / "triton"), "TINYLLM_PRECOMPILE": "1"}
     r = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout + r.stderr[-4000:]

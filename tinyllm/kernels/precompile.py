@@ -4,7 +4,9 @@ Contract: `ahead(run, threads=None) -> int` calls `run()` once with every Triton
 thread turned into a compile that launches nothing (Triton's warm-up), the compiles spread over
 `threads` threads (default: one a core, at most 32) through Triton's own AsyncCompileMode, and
 returns once all have finished, with how many kernels it made ready (compiled, or loaded from
-Triton's cache on disk); 0 where TINYLLM_PRECOMPILE=0 or this Triton has no such mode. Each
+Triton's cache on disk); 0, without calling `run`, unless TINYLLM_PRECOMPILE=1, or where this
+Triton has no such mode. Off by default: it has not run on a GPU yet (its CUDA test,
+tests/tinyllm/test_precompile.py, and `scripts/device_issue50.sh lease8` wait for a lease). Each
 lands in its kernel's cache as its launch would have compiled it, so the launches that follow
 compile nothing. A compile that fails here is left to its launch, which compiles it again and
 fails as it always did: `ahead` changes when kernels compile, never what runs.

@@ -65,9 +65,9 @@ class Switches:
     # default model in the app) the plain step replied at 1,763-1,787 tok/s from the first reply on, the compiled
     # one at 1,799-1,827 once ready, 55 s after a launch whose Inductor cache was cold
     cuda_auto: str = "plain"
-    # TINYLLM_PRECOMPILE=0: a CUDA graph capture compiles its Triton kernels one by one as its warm-up reaches them,
-    # not all at once on a thread pool first (tinyllm.kernels.precompile)
-    precompile: bool = True
+    # TINYLLM_PRECOMPILE=1: a CUDA graph capture compiles the plain step's Triton kernels all at once on a thread
+    # pool first (tinyllm.kernels.precompile), not one by one as its warm-up reaches them; off until run on a GPU
+    precompile: bool = False
     # TRITON_INTERPRET=1 (Triton's own switch: its interpreter runs the kernels on the CPU): our Triton
     # paths (tinyllm.kernels.qgemv, decode_attention) then take CPU tensors too, so a CPU runs CUDA's step (tests)
     triton_interpret: bool = False
@@ -107,7 +107,7 @@ def read(env: Mapping[str, str]) -> Switches:
                     decode_attn=on("DECODE_ATTN"), rope_attn=on("ROPE_ATTN"), cpu_attn=on("CPU_ATTN"),
                     attn_tile=attn_tile, pdl=get("PDL", "1"), trace_dir=get("TRACE_DIR"),
                     cuda_saved_step=get("CUDA_SAVED_STEP") == "1", cuda_auto=cuda_auto,
-                    precompile=on("PRECOMPILE"),
+                    precompile=get("PRECOMPILE") == "1",
                     triton_interpret=env.get("TRITON_INTERPRET") == "1")
 
 
