@@ -5,7 +5,9 @@
 # CUDA build packed by `diag`, llama-cuda-bin.tar.xz.*, 42 MB, so no lease builds it again); move
 # models/tinychat/*.safetensors out of the tree first (76 MB: a call carries 64 MiB) and never `git commit -a`
 # while they are out.
-# The seventh lease: lease7 (one call). The sixth lease: lease6, then lease6b (the suite; the side-by-side table of every file in one run, at one context).
+# Next: lease8 (one call, about 5 minutes; lease8min if less than 4 minutes of device time are left): the
+# precompile (TINYLLM_PRECOMPILE=1, off until it has run on a GPU) and where a launch's load goes.
+# The seventh lease (2026-12-07): lease6, lease6b, lease7 (the suite; the side-by-side table in one call), lease7b.
 # The fifth lease (2026-12-07, after eight starts that failed, 1,019 s left): lease5, then lease5b (below).
 # What the fourth lease (2026-12-07) left, in order (each a call; about 7 minutes each):
 #   next   the new kernels' CUDA tests (the fused filters, argmax, push, embedding rows), then the app on the
