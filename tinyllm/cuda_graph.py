@@ -314,7 +314,7 @@ class _Decoder:
         self.cache.keys_needed(steps)  # refuses a full cache
         torch.cuda.synchronize()  # earlier work (a prefill) is not capture time
         t0 = time.perf_counter()
-        shapes = [shape for shape in self._shapes(windows) if self._key(shape, steps) not in self.graphs]
+        shapes = [shape for shape in dict.fromkeys(self._shapes(windows)) if self._key(shape, steps) not in self.graphs]
         self._precompile(shapes)
         for shape in shapes:
             self.graphs[self._key(shape, steps)] = self._record(shape, steps)
@@ -331,8 +331,10 @@ class _Decoder:
 
         def dry_steps() -> None:
             for shape in shapes:
-                self._steps(shape, 1)
-                restore()
+                try:
+                    self._steps(shape, 1)
+                finally:
+                    restore()
         self.precompiled += precompile.ahead(dry_steps)
 
     @torch.no_grad()

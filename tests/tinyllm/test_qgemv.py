@@ -117,6 +117,9 @@ INTERPRETED = textwrap.dedent("""
 
     # the narrow dense rule (N <= 4,096, K >= 2,048: a 1B's QKV, O and down): 1,024-value steps, the last one partial
     assert T.rule_for(96, 2560, 2, False) == T.DENSE_NARROW and T.rule_for(96, 2560, 1, False) == T.RULE
+    cpu = torch.device("cpu")  # the interpreter counts one SM: programs take more rows than on a GPU
+    assert T._cut(96, 2560, 2, False, cpu) == (16, 1024, 8)  # 16 rows a program: at MAX_ACC values a thread
+    assert T._cut(4096, 2560, 2, False, cpu)[2] == T.RULE.warps  # 64 rows a program would spill: RULE instead
     x, w, ref = dense_case(96, 2560, 2)
     assert rel_err(T.dense_gemv(x, w), ref) < 1e-5, "dense narrow"
     g, r, fref = fused_case(x, DenseQ(w))

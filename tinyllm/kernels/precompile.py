@@ -41,7 +41,7 @@ def ahead(run: Callable[[], None], threads: int | None = None) -> int:
     if not switches.SWITCHES.precompile:
         return 0
     try:
-        from triton.runtime._async_compile import AsyncCompileMode
+        from triton.runtime import _async_compile
         from triton.runtime.jit import JITFunction
     except ImportError:  # an older Triton, without the mode: each launch compiles its kernel itself
         return 0
@@ -51,11 +51,13 @@ def ahead(run: Callable[[], None], threads: int | None = None) -> int:
         def warm_up_here(self, *args, grid, warmup, **kwargs):
             return launch(self, *args, grid=grid, warmup=warmup or getattr(_dry, "on", False), **kwargs)
 
-        JITFunction.run, _dry.on = warm_up_here, True
-        mode = AsyncCompileMode(pool, ignore_errors=True)  # a failed compile: its launch compiles it again
+        mode = _async_compile.AsyncCompileMode(pool, ignore_errors=True)  # a failed compile: its launch's again
         try:
+            JITFunction.run, _dry.on = warm_up_here, True
             with mode:  # leaving it waits for every compile and puts each kernel in its cache
                 run()
         finally:
             JITFunction.run, _dry.on = launch, False
+            if _async_compile.active_mode.get() is mode:  # left early (an interrupt): no compile goes to a closed pool
+                _async_compile.active_mode.set(None)
     return sum(f.kernel is not None for f in mode.future_kernels.values())

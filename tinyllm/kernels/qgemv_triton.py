@@ -96,7 +96,10 @@ GATED = RULE if _OVERRIDE else RULE._replace(warps=2)
 # (scripts/qgemv_sweep.py, SWEEP_MODELS=1b, the Llama-3.2-1B shape): QKV 3,072 x 2,048 5.76 -> 5.02 us,
 # O 2,048 x 2,048 -> 3.25 (its best of every rule swept), down 2,048 x 8,192 -> 11.9; cuBLAS 6.7, 6.2, 15.0.
 # Gate and up and the wide output product keep their rules (no rule swept beat them).
+# On a GPU with few SMs its programs take more rows, and where a thread's accumulator would pass MAX_ACC values
+# (the sweep's bound: beyond it, spills) the product keeps RULE.
 DENSE_NARROW = Rule(4, 2048, 8, 0, 0)
+MAX_ACC = 64
 
 
 def rule_for(n: int, k: int, bytes_per_value: float, gated: bool) -> Rule:
@@ -360,6 +363,10 @@ def _cut(n: int, k: int, bytes_per_value: float, gated: bool, device: torch.devi
     rule = rule_for(n * halves, k, bytes_per_value, gated)
     block_n, block_k = blocks(n * halves, k, bytes_per_value, rule.per_sm * _sms(device), rule.k_bytes,
                               rule.max_steps, rule.whole_row)
+    if rule is DENSE_NARROW and block_n * block_k > MAX_ACC * 32 * rule.warps:  # few SMs: its tiles would spill
+        rule = RULE
+        block_n, block_k = blocks(n, k, bytes_per_value, rule.per_sm * _sms(device), rule.k_bytes, rule.max_steps,
+                                  rule.whole_row)
     return max(block_n // halves, 1), block_k, rule.warps
 
 
