@@ -6,9 +6,21 @@ for a 1-element array of one dimension ("only 0-dimensional arrays can be conver
 scalars"), so every kernel with such a loop failed under the interpreter. This patches the
 interpreter's `__index__` to take the element itself; nothing else changes. Call it in the child
 before the first launch.
+
+`interpreted` and `compiled`: the skip marks of a kernel's interpreter test (Triton installed, no
+CUDA: on a CUDA machine its CUDA test runs the kernel) and of its sm_90 compile test (Triton).
 """
 
+import importlib.util
+
 import numpy as np
+import pytest
+import torch
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+interpreted = pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
+                                 reason="needs triton (its interpreter); on a CUDA machine the CUDA test runs the kernel")
+compiled = pytest.mark.skipif(not HAS_TRITON, reason="needs triton (its compiler)")
 
 
 def fix_numpy_index() -> None:

@@ -3,15 +3,11 @@ across programs, NaN, -inf, rows narrower than their storage, every dtype, and a
 leaves at zero (a graph replays it). Under Triton's interpreter on the CPU, and on CUDA; the kernel
 compiles for sm_90 with PDL."""
 
-import importlib.util
 import textwrap
 
 import pytest
-import torch
 
-from tests.triton_interpreter import run_interpreted, sm90_ptx
-
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+from tests.triton_interpreter import compiled, interpreted, run_interpreted, sm90_ptx
 
 CHECK = textwrap.dedent("""
     import torch
@@ -82,14 +78,13 @@ CHECK = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
-                    reason="needs triton (its interpreter); on a CUDA machine the CUDA test runs the kernel")
+@interpreted
 def test_the_argmax_kernel_draws_torchs_argmax_under_the_triton_interpreter():
     r = run_interpreted(CHECK + "check('cpu')\ncheck_sampler()\n")
     assert r.returncode == 0 and r.stdout.endswith("ok\nsampler ok\n"), r.stdout + r.stderr[-4000:]
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="needs triton (its compiler)")
+@compiled
 def test_the_argmax_kernel_compiles_for_the_h100_with_pdl_and_an_acquire_release_count():
     from tinyllm.kernels import argmax as am
 

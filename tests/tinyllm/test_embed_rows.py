@@ -3,15 +3,11 @@ torch code, bit for bit: int8 and int4 tables (fp16 and fp32 scales and offsets,
 activation dtype, a prompt's ids and a decode step's. Under Triton's interpreter on the CPU, and on CUDA;
 the kernel compiles for sm_90 with PDL and no fused multiply-add."""
 
-import importlib.util
 import textwrap
 
 import pytest
-import torch
 
-from tests.triton_interpreter import run_interpreted, sm90_ptx
-
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+from tests.triton_interpreter import compiled, interpreted, run_interpreted, sm90_ptx
 
 CHECK = textwrap.dedent("""
     import torch
@@ -41,14 +37,13 @@ CHECK = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
-                    reason="needs triton (its interpreter); on a CUDA machine the CUDA test runs the kernel")
+@interpreted
 def test_the_embedding_kernel_dequantizes_as_the_torch_lookup_under_the_triton_interpreter():
     r = run_interpreted(CHECK + "check('cpu')\n")
     assert r.returncode == 0 and r.stdout.endswith("36 ok\n"), r.stdout + r.stderr[-4000:]
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="needs triton (its compiler)")
+@compiled
 def test_the_embedding_kernel_compiles_for_the_h100_with_pdl_and_no_fused_multiply_add():
     from tinyllm.kernels import embed_rows as er
 

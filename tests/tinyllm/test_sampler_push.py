@@ -2,15 +2,11 @@
 code: the ring, its position (wrapping) and DRY's history, step after step, for one row and several.
 Under Triton's interpreter on the CPU, and on CUDA; the kernel compiles for sm_90 with PDL."""
 
-import importlib.util
 import textwrap
 
 import pytest
-import torch
 
-from tests.triton_interpreter import run_interpreted, sm90_ptx
-
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+from tests.triton_interpreter import compiled, interpreted, run_interpreted, sm90_ptx
 
 CHECK = textwrap.dedent("""
     import torch
@@ -37,14 +33,13 @@ CHECK = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(not HAS_TRITON or torch.cuda.is_available(),
-                    reason="needs triton (its interpreter); on a CUDA machine the CUDA test runs the kernel")
+@interpreted
 def test_the_push_kernel_moves_the_windows_as_the_torch_push_under_the_triton_interpreter():
     r = run_interpreted(CHECK + "check('cpu')\n")
     assert r.returncode == 0 and r.stdout.endswith("ok\n"), r.stdout + r.stderr[-4000:]
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="needs triton (its compiler)")
+@compiled
 def test_the_push_kernel_compiles_for_the_h100_with_pdl_and_a_barrier_between_read_and_write():
     from tinyllm.kernels import sampler_push as sp
 
