@@ -65,7 +65,7 @@ from tinyllm.decode.row_sampler import RowSampler
 from tinyllm.decode.sampling_params import SamplingParams
 from tinyllm.decode.saved_step import SavedStep
 from tinyllm.decode.step_sampler import StepSampler
-from tinyllm.kernels import cpu_qgemv, pdl, precompile
+from tinyllm.kernels import cpu_qgemv, pdl, precompile, switches
 from tinyllm.kv_cache import SlotKVCache, StaticKVCache
 from tinyllm.kv_cache import StaticLayerKV as StaticLayerKV  # the seed's names, at the seed's path
 from tinyllm.model import Transformer
@@ -325,8 +325,8 @@ class _Decoder:
         """The plain step's Triton kernels for these shapes compiled at once, on a thread pool, before any is
         captured (tinyllm.kernels.precompile): one step of each shape with its kernels skipped, the state put
         back after each. Inductor's step compiles its own."""
-        if self.compile is not None or not shapes or self.model.device.type != "cuda":
-            return
+        if self.compile is not None or not shapes or self.model.device.type != "cuda" or not switches.SWITCHES.precompile:
+            return  # (off: not even the state's copy)
         restore = self._restorer()
 
         def dry_steps() -> None:
