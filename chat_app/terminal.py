@@ -11,6 +11,11 @@ Work-arounds for Textual 8.2.8's Linux driver and its xterm parser:
 - `XTermParser.feed("")` means end of file: the parser is dead after it and the next key
   raises ParseError (a held-back lone ESC once fed it "" and killed the app). `SafeParser`
   never feeds "".
+- The driver suspends and resumes the screen (SIGTSTP, SIGCONT) inside the signal handler,
+  which runs in the main thread wherever it happens to be: caught inside its own writer
+  queue's `put` (the queue's lock held), the handler's first write waited on that lock
+  forever, and the app hung, never stopped. `SafeLinuxDriver` runs the same two handlers
+  from the event loop (`loop.add_signal_handler`), between callbacks.
 
 The guard's promises:
 - Outside a paste it passes every character on at once, unchanged: a lone ESC reaches the
@@ -34,8 +39,10 @@ The guard's promises:
 
 from __future__ import annotations
 
+import asyncio
 import os
 import selectors
+import signal
 import sys
 from codecs import getincrementaldecoder
 from collections.abc import Iterable
@@ -145,6 +152,15 @@ def driver_class():
 
     class SafeLinuxDriver(LinuxDriver):
         parser_class = SafeParser
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)  # puts its handlers in place with signal.signal
+            try:
+                loop = asyncio.get_running_loop()
+                loop.add_signal_handler(signal.SIGTSTP, self._sigtstp_application)
+                loop.add_signal_handler(signal.SIGCONT, self._sigcont_application)
+            except (RuntimeError, ValueError):  # no loop here, or not the main thread: Textual's stay
+                pass
 
         def run_input_thread(self) -> None:
             """Textual's loop, with the guard in front of the parser and a lenient decoder."""

@@ -173,6 +173,27 @@ async def send(pilot, text: str, wait: bool = True) -> None:
     await pilot.pause()
 
 
+async def regenerate(pilot, what: str = "the regenerated reply") -> None:
+    """Ctrl+R, then wait until the session was asked for the reply and it ended. `not app.busy`
+    alone can hold before the key does anything: Pilot's press returns before a binding's key
+    has bubbled up to the app (on a loaded CI host a second Ctrl+R was then refused as busy)."""
+    app = pilot.app
+    session = app.session
+    asked = threading.Event()
+    inner = session.regenerate  # the RemoteSession's (or a test's own wrapper of it)
+
+    def counted(*params):  # called on the app's worker thread, once the key's job runs
+        asked.set()
+        return inner(*params)
+
+    session.regenerate = counted
+    try:
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: asked.is_set() and not app.busy, what=what)
+    finally:
+        session.regenerate = inner
+
+
 def notices(app: ChatApp) -> list[str]:
     return [n.message for n in app._notifications]
 

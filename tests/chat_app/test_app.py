@@ -12,7 +12,7 @@ from chat_app.store import Store
 from chat_app.widgets.conversation import UserMessage
 from chat_app.widgets.reply import Reply, printable
 from chat_app.widgets.system_note import SystemNote
-from tests.chat_app.conftest import Held, held_in_child, loaded, notes, notices, saved_chat, send, wait_until
+from tests.chat_app.conftest import Held, held_in_child, loaded, notes, notices, regenerate, saved_chat, send, wait_until
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)
@@ -376,8 +376,7 @@ async def test_ctrl_r_in_a_greedy_chat_samples_at_regen_temperature_and_says_so_
             method = getattr(app.session, name)
             setattr(app.session, name, lambda *a, method=method, name=name: calls.append((name, *a)) or method(*a))
         for _ in range(2):
-            await pilot.press("ctrl+r")
-            await wait_until(pilot, lambda: not app.busy, what="the regenerated reply")
+            await regenerate(pilot)
         regens = [c[1] for c in calls]
         assert [c[0] for c in calls] == ["regenerate"] * 2
         assert all(p.temperature == 0.8 and isinstance(p.seed, int) for p in regens), regens
@@ -391,18 +390,15 @@ async def test_ctrl_r_in_a_greedy_chat_samples_at_regen_temperature_and_says_so_
         await send(pilot, "/set regen_temperature 1.5")
         await send(pilot, "/show")
         assert any("regen_temperature 1.5" in n for n in notes(app))  # /show: a note (item 5)
-        await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: not app.busy)
+        await regenerate(pilot)
         assert calls[-1][1].temperature == 1.5
         await pilot.press("ctrl+n")
         await wait_until(pilot, lambda: not app.session.messages)
         await send(pilot, "Hello")
         assert app.session.messages[-1].content == greedy
-        await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: not app.busy)
+        await regenerate(pilot)
         assert len([n for n in notices(app) if "the chat is greedy" in n.lower()]) == 2  # once per chat
         await send(pilot, "/set temperature 0.7")
-        await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: not app.busy)
+        await regenerate(pilot)
         assert calls[-1][1].temperature == 0.7 and calls[-1][1].seed != calls[-2][1].seed  # sampling: its own
         assert len([n for n in notices(app) if "the chat is greedy" in n.lower()]) == 2

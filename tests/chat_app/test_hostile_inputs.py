@@ -238,6 +238,61 @@ def test_sigtstp_then_sigcont_redraws_every_row(ckpt, tmp_path):
         term.close()
 
 
+# A Textual app on the app's driver that receives SIGTSTP while its main thread is inside a write
+# to the screen (the writer queue's lock held), as CI caught it by chance; it says "resumed" after
+# SIGCONT. pthread_kill hands the signal to this thread, so its handler runs inside the lock.
+SIGNALLED_INSIDE_A_WRITE = """
+import os, signal, threading
+from textual.app import App
+from textual.widgets import Static
+from chat_app.terminal import driver_class
+
+class Probe(App):
+    def __init__(self):
+        super().__init__(driver_class=driver_class())
+
+    def compose(self):
+        yield Static("mounted", id="said")
+
+    def on_mount(self):
+        self.app_resume_signal.subscribe(self, lambda _app: self.query_one("#said").update("resumed"))
+        self.set_timer(0.2, self.stop_inside_a_write)
+
+    def stop_inside_a_write(self):
+        with self._driver._writer_thread._queue.mutex:
+            signal.pthread_kill(threading.get_ident(), signal.SIGTSTP)
+
+Probe().run()
+"""
+
+
+def test_sigtstp_while_the_screen_is_being_written_still_stops_and_resumes(tmp_path):
+    """Before (CI, 2 of 30 runs under load): Textual suspended the screen inside the signal
+    handler; caught in its writer queue's put, the handler waited on the queue's own lock and
+    the app hung instead of stopping. Here the signal comes inside that lock every time."""
+    import os
+    import signal
+    import sys
+
+    if sys.platform == "win32":
+        pytest.skip("no pseudo-terminals")
+    from tests.chat_app.pty_terminal import Terminal
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TEXTUAL")}
+    term = Terminal([sys.executable, "-c", SIGNALLED_INSIDE_A_WRITE], dict(env, TERM="xterm-256color"))
+    try:
+        def state() -> str:
+            with open(f"/proc/{term.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
+
+        term.wait(lambda: state() == "T", "the app to stop")  # before: it hung in the handler
+        term.wipe()
+        os.kill(term.pid, signal.SIGCONT)
+        term.wait("resumed")  # the screen drawn again, by the app's resume signal
+    finally:
+        term.close()
+
+
 def test_a_prompt_and_its_reply_that_fit_are_not_too_long(ckpt):
     """Before: --max-len 64 --max-tokens 8 refused a prompt of 57 ids (56 and BOS), which fits:
     a reply of 8 ids takes 7 positions (its last id is drawn, never fed)."""

@@ -13,7 +13,7 @@ import pytest
 from chat_app.store import Saved, Store
 from chat_app.widgets.conversation import UserMessage
 from chat_app.widgets.reply import Reply, printable
-from tests.chat_app.conftest import loaded, notes, notices, send, wait_until
+from tests.chat_app.conftest import loaded, notes, notices, regenerate, send, wait_until
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)
@@ -143,8 +143,7 @@ async def test_three_versions_of_a_reply_and_the_next_turn_continues_the_one_sho
         await loaded(pilot)
         await send(pilot, "Hello!")
         for _ in range(2):
-            await pilot.press("ctrl+r")
-            await wait_until(pilot, lambda: not app.busy, what="the regenerated reply")
+            await regenerate(pilot)
         versions = app.store.versions(app.store.messages()[-1])
         assert len(versions) == 3 and borders(app) == ["", "‹ 3/3 ›"] and len(app.query(Reply)) == 1
         assert said(app)[-1] == ("assistant", versions[2].content)
