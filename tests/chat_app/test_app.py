@@ -153,10 +153,8 @@ async def test_ctrl_r_regenerates(make_app, data_dir):
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Hello")
-        old_widget, old_message = app.query_one(Reply), app.session.messages[-1]
-        await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: not app.busy and app.session.messages[-1] is not old_message,
-                         what="the regenerated reply")
+        old_widget = app.query_one(Reply)
+        await regenerate(pilot)
         await pilot.pause()
         assert app.query_one(Reply) is not old_widget
         assert [m.role for m in app.session.messages] == ["user", "assistant"]
