@@ -14,8 +14,9 @@ Work-arounds for Textual 8.2.8's Linux driver and its xterm parser:
 - The driver suspends and resumes the screen (SIGTSTP, SIGCONT) inside the signal handler,
   which runs in the main thread wherever it happens to be: caught inside its own writer
   queue's `put` (the queue's lock held), the handler's first write waited on that lock
-  forever, and the app hung, never stopped. `SafeLinuxDriver` runs the same two handlers
-  from the event loop (`loop.add_signal_handler`), between callbacks.
+  forever, and the app hung, never stopped. `SafeLinuxDriver`'s handlers only decide, at once
+  (as Textual's do: whether the app is suspended for $EDITOR, where it stops with the editor),
+  and leave the screen's work to the event loop (`call_soon_threadsafe`, safe in a handler).
 
 The guard's promises:
 - Outside a paste it passes every character on at once, unchanged: a lone ESC reaches the
@@ -39,7 +40,6 @@ The guard's promises:
 
 from __future__ import annotations
 
-import asyncio
 import os
 import selectors
 import signal
@@ -154,13 +154,23 @@ def driver_class():
         parser_class = SafeParser
 
         def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)  # puts its handlers in place with signal.signal
-            try:
-                loop = asyncio.get_running_loop()
-                loop.add_signal_handler(signal.SIGTSTP, self._sigtstp_application)
-                loop.add_signal_handler(signal.SIGCONT, self._sigcont_application)
-            except (RuntimeError, ValueError):  # no loop here, or not the main thread: Textual's stay
-                pass
+            super().__init__(*args, **kwargs)  # puts Textual's handlers in place
+            signal.signal(signal.SIGTSTP, self._on_sigtstp)
+            signal.signal(signal.SIGCONT, self._on_sigcont)
+
+        def _on_sigtstp(self, *_) -> None:
+            """The screen is put away from the loop, then the process stops. While the app is
+            suspended already (App.suspend: $EDITOR has the terminal and the loop waits on it)
+            it stops at once, with the editor, as Textual's handler does: no write needed."""
+            if self._auto_restart:
+                self._loop.call_soon_threadsafe(self._sigtstp_application)
+            else:
+                os.kill(os.getpid(), signal.SIGSTOP)
+
+        def _on_sigcont(self, *_) -> None:
+            """Decided now, done from the loop: the screen comes back only if it was put away."""
+            if self._auto_restart:
+                self._loop.call_soon_threadsafe(self._sigcont_application)
 
         def run_input_thread(self) -> None:
             """Textual's loop, with the guard in front of the parser and a lenient decoder."""

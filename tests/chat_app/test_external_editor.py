@@ -155,3 +155,47 @@ def test_in_a_real_terminal_the_editor_gets_it_and_gives_it_back(ckpt, tmp_path,
     finally:
         term.close()
 
+
+
+STOPPED = """
+import os, signal, sys
+with open({log!r}, "a") as log:
+    log.write(str(os.getpid()) + "\\n")
+os.killpg(0, signal.SIGTSTP)  # Ctrl+Z in the editor: the terminal signals its foreground group, the app too
+os.kill(os.getpid(), signal.SIGSTOP)  # and the editor stops itself, as vim does on SIGTSTP
+open(sys.argv[-1], "w", encoding="utf-8").write("after fg")
+"""
+
+
+def test_ctrl_z_in_the_editor_stops_the_app_with_it_and_fg_brings_both_back(ckpt, tmp_path, monkeypatch):
+    """Job control while the editor has the terminal: the app, waiting on the editor, stops with
+    it, so the shell gets its prompt back; SIGCONT (`fg`) goes on with the editor, whose text
+    reaches the input. (Had the app put its stop off to its event loop, which waits on the
+    editor, it would have run on and the shell would have waited for the job forever.)"""
+    import os
+    import signal
+
+    from tests.chat_app.pty_terminal import Terminal
+    from tests.chat_app.test_pty import start
+
+    script = editor(tmp_path, STOPPED, "stop")
+    monkeypatch.setenv("VISUAL", str(script))
+    term: Terminal = start(ckpt, tmp_path)
+    try:
+        def state(pid: int) -> str:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
+
+        def editor_stopped() -> bool:
+            log = tmp_path / "stop.log"  # the editor's pid, once it runs
+            return log.exists() and bool(log.read_text()) and state(int(log.read_text())) == "T"
+
+        term.send("\x18\x05")  # Ctrl+X Ctrl+E
+        term.wait(editor_stopped, "the editor to stop")
+        term.wait(lambda: state(term.pid) == "T", "the app to stop with it")
+        os.killpg(term.pid, signal.SIGCONT)  # fg: the job's whole group goes on
+        term.wait(lambda: term.input_text() == "after fg", "the editor's text in the input")
+        term.send(" ok")
+        term.wait(lambda: term.input_text() == "after fg ok", "the app's keys back")
+    finally:
+        term.close()
