@@ -17,6 +17,8 @@ Work-arounds for Textual 8.2.8's Linux driver and its xterm parser:
   forever, and the app hung, never stopped. `SafeLinuxDriver`'s handlers only decide, at once
   (as Textual's do: whether the app is suspended for $EDITOR, where it stops with the editor),
   and leave the screen's work to the event loop (`call_soon_threadsafe`, safe in a handler).
+  A SIGCONT brings the screen back only after a stop that put it away: Textual's started it
+  again on top of itself at any SIGCONT (a second input thread; the next Ctrl+Q then hung).
 
 The guard's promises:
 - Outside a paste it passes every character on at once, unchanged: a lone ESC reaches the
@@ -155,22 +157,35 @@ def driver_class():
 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)  # puts Textual's handlers in place
+            self._put_away = False  # the screen was put away for a SIGTSTP: a SIGCONT brings it back
             signal.signal(signal.SIGTSTP, self._on_sigtstp)
             signal.signal(signal.SIGCONT, self._on_sigcont)
 
         def _on_sigtstp(self, *_) -> None:
             """The screen is put away from the loop, then the process stops. While the app is
-            suspended already (App.suspend: $EDITOR has the terminal and the loop waits on it)
-            it stops at once, with the editor, as Textual's handler does: no write needed."""
+            suspended already (App.suspend: $EDITOR has the terminal and the loop waits on it),
+            or once the loop has closed, it stops at once, as Textual's handler does."""
             if self._auto_restart:
-                self._loop.call_soon_threadsafe(self._sigtstp_application)
-            else:
-                os.kill(os.getpid(), signal.SIGSTOP)
+                try:
+                    self._loop.call_soon_threadsafe(self._put_away_and_stop)
+                    return
+                except RuntimeError:  # the loop has closed: the screen is the terminal's already
+                    pass
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+        def _put_away_and_stop(self) -> None:
+            self._put_away = self._auto_restart
+            self._sigtstp_application()  # returns once the process goes on
 
         def _on_sigcont(self, *_) -> None:
-            """Decided now, done from the loop: the screen comes back only if it was put away."""
-            if self._auto_restart:
-                self._loop.call_soon_threadsafe(self._sigcont_application)
+            """Decided now, done from the loop: the screen comes back only if it was put away
+            (a SIGCONT with no stop before it would start a second input thread and writer)."""
+            if self._put_away and self._auto_restart:
+                self._put_away = False
+                try:
+                    self._loop.call_soon_threadsafe(self._sigcont_application)
+                except RuntimeError:
+                    pass
 
         def run_input_thread(self) -> None:
             """Textual's loop, with the guard in front of the parser and a lenient decoder."""

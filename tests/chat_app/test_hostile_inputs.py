@@ -293,6 +293,32 @@ def test_sigtstp_while_the_screen_is_being_written_still_stops_and_resumes(tmp_p
         term.close()
 
 
+def test_a_sigcont_without_a_stop_changes_nothing(ckpt, tmp_path):
+    """Before: a SIGCONT to a running app (`kill -CONT`, no stop before it) started the screen
+    again on top of itself: a second input thread and writer, and the next Ctrl+Q hung the app
+    until one more key came. Now only a stop the app made is undone."""
+    import os
+    import signal
+    import sys
+
+    if sys.platform == "win32":
+        pytest.skip("no pseudo-terminals")
+    from tests.chat_app.test_pty import CTRL_Q, start
+
+    term = start(ckpt, tmp_path)
+    try:
+        threads = len(os.listdir(f"/proc/{term.pid}/task"))
+        os.kill(term.pid, signal.SIGCONT)
+        term.send("typed")
+        term.wait(lambda: term.input_text() == "typed", "the typed text")  # the signal has been handled
+        assert len(os.listdir(f"/proc/{term.pid}/task")) == threads
+        term.send(CTRL_Q)
+        assert term.exit_code() == 0
+        assert term.modes() == {"alt_screen": False, "cursor": True, "mouse": False, "paste": False}
+    finally:
+        term.close()
+
+
 def test_a_prompt_and_its_reply_that_fit_are_not_too_long(ckpt):
     """Before: --max-len 64 --max-tokens 8 refused a prompt of 57 ids (56 and BOS), which fits:
     a reply of 8 ids takes 7 positions (its last id is drawn, never fed)."""
