@@ -23,7 +23,8 @@ into the text as one edit: a printable key joins `_typed`, and that goes in once
 already queued have been handled, or before anything else reads or changes the text (any
 other key, a paste, a click, `text`, `replace`, `load_text`). Each edit of a line rewraps it
 and each frame renders it whole (Textual's TextArea), so one edit per key made typing
-quadratic in the line's length: 5 KB typed took 5.8 s, 20 KB 62 s.
+quadratic in the line's length: 5 KB typed took 5.8 s, 20 KB 62 s. A key bound on the input
+(an arrow, Home, Backspace) acts as it arrives, in order with the letters around it.
 Attachments (chat_app.attachments): `attach(items)` (/read's) holds files for the next message,
 shown as chips above the input (chat_app.widgets.attachment_bar, which the input mounts over
 itself); `@PATH` words in a message attach what they name when it is sent (the word stays in
@@ -198,7 +199,22 @@ class PromptInput(TextArea):
             event.prevent_default()
             self.insert("\n")
             return
+        if await self._run_own_binding(event):
+            return
         await super()._on_key(event)
+
+    async def _run_own_binding(self, event: events.Key) -> bool:
+        """A key bound on the input itself (the arrows, Home, Backspace, ...) acts now, in its
+        place among the keys. Left to bubble up to the app's binding check, it acted after the
+        letters sent behind it ("ab", Left, Left, "X" in one burst gave "abX"). The input is
+        the first place that check looks, so the same binding wins; priority bindings were
+        checked before the key reached the input."""
+        for binding in self._bindings.key_to_bindings.get(event.key, ()):
+            if not binding.priority and await self.app.run_action(binding.action, self):
+                event.stop()
+                event.prevent_default()
+                return True
+        return False
 
     def _submit(self) -> None:
         """Enter: the message, with its chips and the files its @PATH words name, fenced before it."""

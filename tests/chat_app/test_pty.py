@@ -69,9 +69,9 @@ def typed(term: Terminal, *lines: str) -> None:
 
 
 def settled(term: Terminal) -> None:
-    """Every key sent so far has been handled. Textual inserts a printable key at once but runs a
-    binding only once the key has bubbled up to the app, so a letter can overtake an arrow or a
-    Backspace sent before it; F1 is a binding too, handled after every binding before it."""
+    """Every key sent so far has been handled: F1 is the app's binding, run once its key has
+    bubbled up to the app, after every key sent before it. (The input's own bindings, the
+    arrows, Home, Backspace, act as they arrive, in order with letters.)"""
     term.send(F1)
     term.wait(HELP)
     term.send(ESC)
@@ -108,9 +108,17 @@ def test_arrows_home_end_delete_and_alt_keys(chat):
     clear(chat)
     chat.send("one two three")
     typed(chat, "one two three")
-    # only bindings in one burst (see settled())
     chat.send(CTRL_LEFT + BACKSPACE + HOME + DELETE + END + ALT_BACKSPACE + LEFT + BACKSPACE)
     typed(chat, "n")  # one two |three, one two|three, |one twothree, |ne twothree, ne twothree|, ne |, ne| , n|
+
+
+def test_letters_and_bound_keys_in_one_burst_act_in_order(chat):
+    """Before: a key bound on the input (an arrow, Home, Backspace) acted only once it had
+    bubbled up to the app, after the letters sent behind it: "ab", Left, Left, "X" in one
+    burst gave "abX". A terminal's key repeat, a macro or a fast typist sends such bursts."""
+    clear(chat)
+    chat.send("ab" + LEFT + LEFT + "X" + END + "c" + BACKSPACE + BACKSPACE + "!" + HOME + "<")
+    typed(chat, "<Xa!")
 
 
 @pytest.mark.parametrize("paste, lands", [
