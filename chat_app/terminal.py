@@ -11,14 +11,9 @@ Work-arounds for Textual 8.2.8's Linux driver and its xterm parser:
 - `XTermParser.feed("")` means end of file: the parser is dead after it and the next key
   raises ParseError (a held-back lone ESC once fed it "" and killed the app). `SafeParser`
   never feeds "".
-- The driver suspends and resumes the screen (SIGTSTP, SIGCONT) inside the signal handler,
-  which runs in the main thread wherever it happens to be: caught inside its own writer
-  queue's `put` (the queue's lock held), the handler's first write waited on that lock
-  forever, and the app hung, never stopped. `SafeLinuxDriver`'s handlers only decide, at once
-  (as Textual's do: whether the app is suspended for $EDITOR, where it stops with the editor),
-  and leave the screen's work to the event loop (`call_soon_threadsafe`, safe in a handler).
-  A SIGCONT brings the screen back only after a stop that put it away: Textual's started it
-  again on top of itself at any SIGCONT (a second input thread; the next Ctrl+Q then hung).
+- Its SIGTSTP and SIGCONT handlers did the screen's work inside the signal handler: the app
+  hung when one landed inside a write to the screen, and a stray SIGCONT started a second
+  input thread. `SafeLinuxDriver` takes job control from `chat_app.job_control`.
 
 The guard's promises:
 - Outside a paste it passes every character on at once, unchanged: a lone ESC reaches the
@@ -44,10 +39,11 @@ from __future__ import annotations
 
 import os
 import selectors
-import signal
 import sys
 from codecs import getincrementaldecoder
 from collections.abc import Iterable
+
+from chat_app.job_control import JobControl
 
 PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
 VISIBLE_ESC = "\u241b"
@@ -152,40 +148,8 @@ def driver_class():
                 self.guard.sequence_ended()
             return events
 
-    class SafeLinuxDriver(LinuxDriver):
+    class SafeLinuxDriver(JobControl, LinuxDriver):
         parser_class = SafeParser
-
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)  # puts Textual's handlers in place
-            self._put_away = False  # the screen was put away for a SIGTSTP: a SIGCONT brings it back
-            signal.signal(signal.SIGTSTP, self._on_sigtstp)
-            signal.signal(signal.SIGCONT, self._on_sigcont)
-
-        def _on_sigtstp(self, *_) -> None:
-            """The screen is put away from the loop, then the process stops. While the app is
-            suspended already (App.suspend: $EDITOR has the terminal and the loop waits on it),
-            or once the loop has closed, it stops at once, as Textual's handler does."""
-            if self._auto_restart:
-                try:
-                    self._loop.call_soon_threadsafe(self._put_away_and_stop)
-                    return
-                except RuntimeError:  # the loop has closed: the screen is the terminal's already
-                    pass
-            os.kill(os.getpid(), signal.SIGSTOP)
-
-        def _put_away_and_stop(self) -> None:
-            self._put_away = self._auto_restart
-            self._sigtstp_application()  # returns once the process goes on
-
-        def _on_sigcont(self, *_) -> None:
-            """Decided now, done from the loop: the screen comes back only if it was put away
-            (a SIGCONT with no stop before it would start a second input thread and writer)."""
-            if self._put_away and self._auto_restart:
-                self._put_away = False
-                try:
-                    self._loop.call_soon_threadsafe(self._sigcont_application)
-                except RuntimeError:
-                    pass
 
         def run_input_thread(self) -> None:
             """Textual's loop, with the guard in front of the parser and a lenient decoder."""
