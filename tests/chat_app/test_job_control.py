@@ -134,6 +134,7 @@ def test_ctrl_z_then_bg_then_fg_in_bash_brings_the_screen_back(ckpt, tmp_path):
     env.update(TERM="xterm-256color", PS1="SH$ ", TINYLLM_CHAT_DATA_DIR=str(tmp_path / "data"),
                TINYLLM_CHAT_CONFIG_DIR=str(tmp_path / "config"))
     term = Terminal(["/bin/bash", "--norc", "--noprofile", "-i"], env)
+    app = 0
     try:
         term.wait("SH$", "the shell's prompt")
         term.send(f"{sys.executable} -m chat_app --model {ckpt} --device cpu --compile off\r")
@@ -152,6 +153,8 @@ def test_ctrl_z_then_bg_then_fg_in_bash_brings_the_screen_back(ckpt, tmp_path):
         term.send(CTRL_Q)
         term.wait("SH$", "the shell's prompt again")
     finally:
+        if app and parent(app) == term.pid:  # a job has a process group of its own: close() leaves it
+            os.kill(app, signal.SIGKILL)
         term.close()
 
 
