@@ -36,23 +36,18 @@ class JobControl:
     _key_thread: object
 
     def __init__(self, *args, **kwargs) -> None:
-        self._screen_up = False  # application mode runs (start_application_mode succeeded, no stop since)
-        self._put_away = False  # ... stopped by a SIGTSTP here: the next SIGCONT brings it back
+        self._put_away = False  # the screen was put away for a SIGTSTP: the next SIGCONT brings it back
         self._stop_queued = self._resume_queued = False
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]  # puts Textual's handlers in place
         signal.signal(signal.SIGTSTP, self._on_sigtstp)
         signal.signal(signal.SIGCONT, self._on_sigcont)
 
-    # ---- Textual's driver, observed -------------------------------------------------------
-
-    def start_application_mode(self) -> None:
-        super().start_application_mode()  # type: ignore[misc]
+    @property
+    def _screen_up(self) -> bool:
+        """Application mode runs: its input thread does (none before the start, joined by every
+        stop, and none started by a start that `bg` stopped)."""
         thread = self._key_thread
-        self._screen_up = thread is not None and thread.is_alive()  # type: ignore[attr-defined]  # not after bg
-
-    def stop_application_mode(self) -> None:
-        self._screen_up = False
-        super().stop_application_mode()  # type: ignore[misc]
+        return thread is not None and thread.is_alive()  # type: ignore[attr-defined]
 
     # ---- in the signal handler: decide, queue --------------------------------------------
 
@@ -78,11 +73,11 @@ class JobControl:
 
     def _put_away_and_stop(self) -> None:
         self._stop_queued = False
-        if self._auto_restart and self._screen_up:
-            self._put_away = True
-            self.suspend_application_mode()  # type: ignore[attr-defined]
-            self._must_signal_resume = True  # the app's resume signal: every row drawn again
-        os.kill(os.getpid(), signal.SIGSTOP)  # returns once the process goes on
+        if not self._screen_up:  # gone meanwhile (the app exits): nothing to put away
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
+        self._put_away = self._auto_restart
+        self._sigtstp_application()  # type: ignore[attr-defined]  # Textual's: puts it away, stops; returns on SIGCONT
 
     def _bring_back(self) -> None:
         self._resume_queued = False
